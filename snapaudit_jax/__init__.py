@@ -1,0 +1,86 @@
+"""snapaudit-jax: JAX-accelerated auditing of the privacy of LLM pipelines.
+
+Stages, one module each:
+
+* :mod:`~snapaudit_jax.calibration` -- Gaussian/GDP calibration, exponential-mechanism scales;
+* :mod:`~snapaudit_jax.mechanisms` and :mod:`~snapaudit_jax.jem` -- PV, PoE, ESA, KSA kernels;
+* :mod:`~snapaudit_jax.simulate` -- Phase B bootstrap simulation (sharded, chunked);
+* :mod:`~snapaudit_jax.exact` -- exact attack success probabilities;
+* :mod:`~snapaudit_jax.bounds` and :mod:`~snapaudit_jax.estimators` -- confidence bounds, epsilon estimators;
+* :mod:`~snapaudit_jax.audit` -- Phase C, the active (snapshot) audit;
+* :mod:`~snapaudit_jax.passive` -- the passive black-box baseline;
+* :mod:`~snapaudit_jax.snapshots` -- snapshot files.
+"""
+
+from snapaudit_jax.audit import AuditResult, RateBound, audit, make_attack
+from snapaudit_jax.bounds import (
+    clopper_pearson_lower,
+    clopper_pearson_upper,
+    empirical_bernstein_radius,
+    hoeffding_radius,
+)
+from snapaudit_jax.calibration import (
+    analytic_gaussian_sigma,
+    classical_gaussian_sigma,
+    exponential_mechanism_scale,
+    gaussian_sigma,
+    gdp_delta,
+    gdp_epsilon,
+    gdp_mu,
+)
+from snapaudit_jax.estimators import epsilon_gdp, epsilon_std, mu_lower
+from snapaudit_jax.exact import exact_hit_probability, exact_score_probability, pv_argmax_probability
+from snapaudit_jax.jem import KeywordSpaceAggregation, joint_exponential_topk, jem_prepare, jem_select
+from snapaudit_jax.mechanisms import (
+    Attack,
+    EmbeddingSpaceAggregation,
+    Mechanism,
+    PrivateVoting,
+    ProductOfExperts,
+    Release,
+)
+from snapaudit_jax.passive import passive_audit
+from snapaudit_jax.simulate import SimulationCounts, simulate
+from snapaudit_jax.snapshots import Snapshots, load_snapshots, save_snapshots
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AuditResult",
+    "Attack",
+    "EmbeddingSpaceAggregation",
+    "KeywordSpaceAggregation",
+    "Mechanism",
+    "PrivateVoting",
+    "ProductOfExperts",
+    "RateBound",
+    "Release",
+    "SimulationCounts",
+    "Snapshots",
+    "analytic_gaussian_sigma",
+    "audit",
+    "classical_gaussian_sigma",
+    "clopper_pearson_lower",
+    "clopper_pearson_upper",
+    "empirical_bernstein_radius",
+    "epsilon_gdp",
+    "epsilon_std",
+    "exact_hit_probability",
+    "exact_score_probability",
+    "exponential_mechanism_scale",
+    "gaussian_sigma",
+    "gdp_delta",
+    "gdp_epsilon",
+    "gdp_mu",
+    "hoeffding_radius",
+    "jem_prepare",
+    "jem_select",
+    "joint_exponential_topk",
+    "load_snapshots",
+    "make_attack",
+    "mu_lower",
+    "passive_audit",
+    "pv_argmax_probability",
+    "save_snapshots",
+    "simulate",
+]

@@ -1,0 +1,376 @@
+"""Phase B: bootstrap simulation of DP-noise trials from clean snapshots.
+
+The simulator keeps sufficient statistics, never raw trials:
+
+* black-box successes (and trials) per *unit* -- per snapshot under the
+  ``"stratified"`` scheme, per distinct snapshot under ``"bootstrap"``;
+* white-box successes ``score >= threshold`` per unit, when a threshold is given;
+* a fixed-bin histogram of the white-box score (for threshold search in
+  ``O(bins)``) and its min/max.
+
+Trials are organised in *blocks* whose size depends only on the snapshot
+count; block ``b`` draws its randomness from ``fold_in(stream_key, b)``. Blocks
+are spread over every device of a 1-D mesh (``jax.sharding``; multi-host meshes
+through ``jax.distributed`` work the same way) and scanned inside one jitted
+call per *chunk*; integer counts are summed with ``psum``. Hence, for a given
+key, the counts are identical whatever the chunk size, the device count or the
+number of processes, and memory is bounded by the chunk, not the trial count.
+
+Schemes:
+
+* ``"bootstrap"`` (SnapAudit Alg. 1): each trial draws a snapshot index
+  uniformly. Conditional on the snapshots, trial outcomes are i.i.d.
+  Bernoulli(``theta_tilde``).
+* ``"stratified"``: every snapshot receives the same number ``q`` of trials.
+  The per-snapshot success rates are then i.i.d. across snapshots with mean
+  equal to the true attack success rate, which is what the empirical
+  Bernstein bound of :mod:`snapaudit_jax.audit` needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import sys
+import time
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import PartitionSpec
+
+from snapaudit_jax.mechanisms import Attack, Mechanism
+from snapaudit_jax.snapshots import dedupe
+
+__all__ = ["SimulationCounts", "simulate", "BLOCK_TRIALS", "MAX_TRIALS"]
+
+BLOCK_TRIALS = 1 << 14
+CHUNK_TRIALS = 1 << 22
+MAX_TRIALS = 2_000_000_000
+_AXIS = "devices"
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulationCounts:
+    """Sufficient statistics of one simulation (one hypothesis).
+
+    Attributes:
+      scheme: ``"stratified"`` or ``"bootstrap"``.
+      unit_index: ``(n_snapshots,)`` the unit of every input snapshot.
+      trials: ``(units,)`` trials per unit.
+      hits: ``(units,)`` black-box successes per unit.
+      score_hits: ``(units,)`` white-box successes (``score >= threshold``) or ``None``.
+      histogram: ``(bins + 2,)`` score counts (underflow, bins, overflow) or ``None``.
+      score_min / score_max: extremes of the white-box score (``nan`` if not tracked).
+    """
+
+    scheme: str
+    unit_index: np.ndarray
+    trials: np.ndarray
+    hits: np.ndarray
+    score_hits: np.ndarray | None
+    histogram: np.ndarray | None
+    score_min: float
+    score_max: float
+
+    @property
+    def total_trials(self) -> int:
+        return int(self.trials.sum())
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    scheme: str
+    units: int  # accumulator length (snapshots, distinct snapshots or 1)
+    n: int  # snapshots (for index sampling / stratification)
+    rounds: int  # stratified: rounds per block
+    block: int  # trials per block
+    blocks_per_device: int
+    sample_index: bool  # bootstrap with more than one distinct snapshot
+    per_unit: bool
+    want_threshold: bool
+    bins: int  # 0: no histogram
+    track_scores: bool
+    mesh: jax.sharding.Mesh
+
+
+def _mesh(devices) -> jax.sharding.Mesh:
+    devs = list(jax.devices() if devices is None else devices)
+    return jax.sharding.Mesh(np.array(devs), (_AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def _bucket(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def _accumulate(plan: _Plan, hit, score, valid, unit, threshold, lo, width):
+    """Reduces one block of trials to the accumulators."""
+    acc = {}
+    v = valid.astype(jnp.int32)
+    if plan.scheme == "stratified":  # shapes (rounds, n): units are columns
+        acc["hits"] = jnp.sum(hit.astype(jnp.int32) * v, axis=0)
+        acc["trials"] = jnp.sum(v, axis=0)
+        if plan.want_threshold:
+            acc["score_hits"] = jnp.sum((score >= threshold).astype(jnp.int32) * v, axis=0)
+    elif plan.per_unit and plan.units > 1:
+        acc["hits"] = jax.ops.segment_sum(hit.astype(jnp.int32) * v, unit, plan.units)
+        acc["trials"] = jax.ops.segment_sum(v, unit, plan.units)
+        if plan.want_threshold:
+            acc["score_hits"] = jax.ops.segment_sum((score >= threshold).astype(jnp.int32) * v, unit, plan.units)
+    else:
+        acc["hits"] = jnp.sum(hit.astype(jnp.int32) * v)[None]
+        acc["trials"] = jnp.sum(v)[None]
+        if plan.want_threshold:
+            acc["score_hits"] = jnp.sum((score >= threshold).astype(jnp.int32) * v)[None]
+    if plan.bins:
+        pos = jnp.floor((score - lo) / width)
+        idx = jnp.clip(pos, -1, plan.bins).astype(jnp.int32) + 1
+        idx = jnp.where(jnp.isnan(score), 0, idx)
+        acc["histogram"] = jax.ops.segment_sum(v.reshape(-1), idx.reshape(-1), plan.bins + 2)
+    if plan.track_scores:
+        acc["score_min"] = jnp.min(jnp.where(valid, score, jnp.inf))
+        acc["score_max"] = jnp.max(jnp.where(valid, score, -jnp.inf))
+    return acc
+
+
+def _combine(a, b):
+    out = {}
+    for name in a:
+        if name == "score_min":
+            out[name] = jnp.minimum(a[name], b[name])
+        elif name == "score_max":
+            out[name] = jnp.maximum(a[name], b[name])
+        else:
+            out[name] = a[name] + b[name]
+    return out
+
+
+def _block_outcomes(plan: _Plan, mechanism: Mechanism, attack: Attack, prepared, unit_of_snapshot, block_key, b, total):
+    """Runs one block: returns ``(hit, score, valid, unit)``."""
+    example = jax.tree_util.tree_map(lambda x: x[0], prepared)
+    if plan.scheme == "stratified":
+        r, n = plan.rounds, plan.n
+        per_snapshot = jax.tree_util.tree_map(lambda x: x[unit_of_snapshot], prepared)
+        noise = mechanism.noise(block_key, r * n, example)
+        noise = jax.tree_util.tree_map(lambda x: x.reshape((r, n) + x.shape[1:]), noise)
+        inner = jax.vmap(mechanism.outcome, in_axes=(0, 0, None))
+        hit, score = jax.vmap(inner, in_axes=(0, None, None))(noise, per_snapshot, attack)
+        rounds = b * r + jnp.arange(r)
+        valid = jnp.broadcast_to((rounds < total)[:, None], (r, n))
+        return hit, score, valid, None
+    key_index, key_noise = jax.random.split(block_key)
+    noise = mechanism.noise(key_noise, plan.block, example)
+    if plan.sample_index:
+        snap = jax.random.randint(key_index, (plan.block,), 0, plan.n)
+        unit = unit_of_snapshot[snap]
+        rows = jax.tree_util.tree_map(lambda x: x[unit], prepared)
+        hit, score = jax.vmap(mechanism.outcome, in_axes=(0, 0, None))(noise, rows, attack)
+    else:
+        unit = jnp.zeros((plan.block,), jnp.int32)
+        hit, score = jax.vmap(mechanism.outcome, in_axes=(0, None, None))(noise, example, attack)
+    valid = (b * plan.block + jnp.arange(plan.block)) < total
+    return hit, score, valid, unit
+
+
+def _zeros(plan: _Plan):
+    acc = {"hits": jnp.zeros((plan.units,), jnp.int32), "trials": jnp.zeros((plan.units,), jnp.int32)}
+    if plan.want_threshold:
+        acc["score_hits"] = jnp.zeros((plan.units,), jnp.int32)
+    if plan.bins:
+        acc["histogram"] = jnp.zeros((plan.bins + 2,), jnp.int32)
+    if plan.track_scores:
+        acc["score_min"] = jnp.float32(jnp.inf)
+        acc["score_max"] = jnp.float32(-jnp.inf)
+    return acc
+
+
+@functools.partial(jax.jit, static_argnames=("plan",))
+def _run_chunk(args, *, plan: _Plan):
+    def local(args):
+        stream_key, base, total, mechanism, attack, prepared, unit_of_snapshot, threshold, lo, width = args
+        dev = lax.axis_index(_AXIS)
+
+        def body(acc, j):
+            b = base + dev * plan.blocks_per_device + j
+            hit, score, valid, unit = _block_outcomes(
+                plan, mechanism, attack, prepared, unit_of_snapshot, jax.random.fold_in(stream_key, b), b, total
+            )
+            return _combine(acc, _accumulate(plan, hit, score, valid, unit, threshold, lo, width)), None
+
+        acc, _ = lax.scan(body, _zeros(plan), jnp.arange(plan.blocks_per_device))
+        out = {}
+        for name, value in acc.items():
+            if name == "score_min":
+                out[name] = lax.pmin(value, _AXIS)
+            elif name == "score_max":
+                out[name] = lax.pmax(value, _AXIS)
+            else:
+                out[name] = lax.psum(value, _AXIS)
+        return out
+
+    return jax.shard_map(local, mesh=plan.mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec(), check_vma=False)(
+        args
+    )
+
+
+@functools.partial(jax.jit, static_argnames=())
+def _prepare_all(mechanism, attack, distinct):
+    return jax.vmap(mechanism.prepare, in_axes=(0, None))(distinct, attack)
+
+
+def _to_host(x) -> np.ndarray:
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        x = x.addressable_data(0)
+    return np.asarray(x)
+
+
+class _Progress:
+    """Minimal progress bar on stderr; rate-limited so logs stay short."""
+
+    def __init__(self, label: str, total: int, enabled: bool):
+        self.label, self.total, self.enabled = label, total, enabled
+        self.start = time.perf_counter()
+        self.last = -1.0
+
+    def update(self, done: int) -> None:
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if done < self.total and now - self.last < 0.5:
+            return
+        self.last = now
+        frac = done / max(self.total, 1)
+        bar = "#" * int(30 * frac)
+        rate = done / max(now - self.start, 1e-9)
+        end = "\n" if done >= self.total else ""
+        sys.stderr.write(f"\r{self.label} [{bar:<30}] {100 * frac:5.1f}% {done:,}/{self.total:,} trials {rate:,.0f}/s{end}")
+        sys.stderr.flush()
+
+
+def simulate(
+    key: jax.Array,
+    mechanism: Mechanism,
+    attack: Attack,
+    snapshots,
+    *,
+    trials: int,
+    scheme: str = "bootstrap",
+    per_unit: bool = True,
+    threshold: float | None = None,
+    histogram: tuple[float, float, int] | None = None,
+    track_scores: bool = False,
+    devices=None,
+    chunk_trials: int = CHUNK_TRIALS,
+    progress: str | None = None,
+) -> SimulationCounts:
+    """Simulates ``trials`` DP-noise trials for one hypothesis.
+
+    Args:
+      key: PRNG key of this stream (hypothesis and pass already folded in).
+      mechanism: a :class:`~snapaudit_jax.mechanisms.Mechanism`.
+      attack: the :class:`~snapaudit_jax.mechanisms.Attack`.
+      snapshots: clean outputs ``(n, ...)``.
+      trials: number of trials (``"stratified"`` rounds it up to a multiple of ``n``).
+      scheme: ``"bootstrap"`` or ``"stratified"``.
+      per_unit: bootstrap only: count per distinct snapshot (else one total).
+      threshold: count ``score >= threshold`` as white-box successes.
+      histogram: ``(lo, hi, bins)`` for a score histogram.
+      track_scores: record the min and max score.
+      devices: devices of the 1-D mesh (default: all global devices).
+      chunk_trials: trials per jitted call (memory bound).
+      progress: a label to show a progress bar on stderr; ``None`` is silent.
+
+    Returns:
+      :class:`SimulationCounts`.
+    """
+    snaps = np.asarray(snapshots, np.float32)
+    n = snaps.shape[0]
+    if trials < 1 or trials > MAX_TRIALS:
+        raise ValueError(f"trials must be in [1, {MAX_TRIALS}], got {trials}")
+    if scheme not in ("bootstrap", "stratified"):
+        raise ValueError(f"scheme must be 'bootstrap' or 'stratified', got {scheme!r}")
+    distinct, inverse, _ = dedupe(snaps)
+    num_distinct = distinct.shape[0]
+    padded = _bucket(num_distinct)
+    if padded > num_distinct:
+        distinct = np.concatenate([distinct, np.repeat(distinct[:1], padded - num_distinct, axis=0)])
+    mesh = _mesh(devices)
+    num_devices = mesh.devices.size
+
+    if scheme == "stratified":
+        rounds = max(1, BLOCK_TRIALS // n)
+        block = rounds * n
+        total = -(-trials // n)  # rounds per snapshot (trials per snapshot)
+        num_blocks = -(-total // rounds)
+        units = n
+        sample_index = False
+    else:
+        rounds, block, total = 1, BLOCK_TRIALS, trials
+        num_blocks = -(-trials // block)
+        sample_index = num_distinct > 1
+        units = padded if (per_unit and sample_index) else 1
+    per_device = max(1, min(chunk_trials // (block * num_devices), -(-num_blocks // num_devices)))
+    plan = _Plan(
+        scheme=scheme,
+        units=units,
+        n=n,
+        rounds=rounds,
+        block=block,
+        blocks_per_device=per_device,
+        sample_index=sample_index,
+        per_unit=per_unit,
+        want_threshold=threshold is not None,
+        bins=0 if histogram is None else int(histogram[2]),
+        track_scores=track_scores,
+        mesh=mesh,
+    )
+    lo, hi = (0.0, 1.0) if histogram is None else (float(histogram[0]), float(histogram[1]))
+    width = (hi - lo) / plan.bins if plan.bins else 1.0
+    if plan.bins and not width > 0:
+        raise ValueError(f"histogram range must satisfy lo < hi, got ({lo}, {hi})")
+    prepared = _prepare_all(mechanism, attack, jnp.asarray(distinct))
+    unit_of_snapshot = jnp.asarray(inverse, jnp.int32)
+    thr = jnp.float32(0.0 if threshold is None else threshold)
+
+    acc = None
+    blocks_per_call = per_device * num_devices
+    bar = _Progress(progress or "", total * (n if scheme == "stratified" else 1), progress is not None)
+    for call in range(-(-num_blocks // blocks_per_call)):
+        base = call * blocks_per_call
+        out = _run_chunk(
+            (key, jnp.int32(base), jnp.int32(total), mechanism, attack, prepared, unit_of_snapshot, thr,
+             jnp.float32(lo), jnp.float32(width)),
+            plan=plan,
+        )
+        out = {name: _to_host(value) for name, value in out.items()}
+        if acc is None:
+            acc = {name: value.astype(np.float64 if name.startswith("score_m") else np.int64) for name, value in out.items()}
+        else:
+            for name, value in out.items():
+                if name == "score_min":
+                    acc[name] = np.minimum(acc[name], value)
+                elif name == "score_max":
+                    acc[name] = np.maximum(acc[name], value)
+                else:
+                    acc[name] = acc[name] + value
+        done_blocks = min(num_blocks, base + blocks_per_call)
+        bar.update(min(done_blocks * block, total * (n if scheme == "stratified" else 1)))
+
+    if scheme == "stratified":
+        unit_index = np.arange(n)
+    elif units == 1:
+        unit_index = np.zeros(n, np.int64)
+    else:
+        unit_index = inverse
+    cut = num_distinct if (scheme == "bootstrap" and units > 1) else units
+    return SimulationCounts(
+        scheme=scheme,
+        unit_index=np.asarray(unit_index),
+        trials=acc["trials"][:cut],
+        hits=acc["hits"][:cut],
+        score_hits=acc["score_hits"][:cut] if "score_hits" in acc else None,
+        histogram=acc.get("histogram"),
+        score_min=float(acc["score_min"]) if "score_min" in acc else math.nan,
+        score_max=float(acc["score_max"]) if "score_max" in acc else math.nan,
+    )

@@ -1,0 +1,130 @@
+"""Clean-output snapshots: validation, de-duplication and ``.npz`` files.
+
+A snapshot set holds, per hypothesis, ``n`` clean outputs of the
+non-private pipeline ``M'`` stacked along axis 0: ``with`` (canary present,
+``b = 1``) and ``without`` (``b = 0``). An ``.npz`` snapshot file contains
+
+* ``with``: ``(n1, ...)`` and ``without``: ``(n0, ...)`` float arrays;
+* optionally ``candidates``: ``(c, d)`` (ESA candidate embeddings);
+* optionally ``target``: the release that signals "canary present".
+
+Files are read with ``allow_pickle=False`` and written atomically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import zipfile
+
+import numpy as np
+
+from snapaudit_jax import _validate
+
+__all__ = ["Snapshots", "dedupe", "load_snapshots", "save_snapshots", "check_clean"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshots:
+    """Clean outputs of both hypotheses (and ESA candidates, if any)."""
+
+    with_canary: np.ndarray
+    without_canary: np.ndarray
+    candidates: np.ndarray | None = None
+    target: int | None = None
+
+
+def dedupe(snapshots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct snapshots in first-appearance order.
+
+    Returns:
+      ``(distinct (D, ...), inverse (n,), multiplicity (D,))`` with
+      ``distinct[inverse] == snapshots``.
+    """
+    arr = np.asarray(snapshots)
+    flat = arr.reshape(arr.shape[0], -1)
+    _, first, inverse, counts = np.unique(flat, axis=0, return_index=True, return_inverse=True, return_counts=True)
+    order = np.argsort(first)
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    return arr[first[order]], rank[inverse.reshape(-1)], counts[order]
+
+
+def check_clean(name: str, value, *, mechanism: str, candidates: np.ndarray | None = None) -> np.ndarray:
+    """Validates one hypothesis' clean outputs for ``mechanism``; returns float64 ``(n, ...)``."""
+    arr = _validate.finite_array(name, value, ndim_min=2)
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must have shape (n_snapshots, length), got {arr.shape}")
+    if mechanism == "esa":
+        if candidates is None:
+            raise ValueError("esa needs candidate embeddings (candidates of shape (c, d))")
+        if candidates.shape[1] != arr.shape[1]:
+            raise ValueError(
+                f"{name} has embedding dimension {arr.shape[1]} but candidates have dimension {candidates.shape[1]}"
+            )
+    elif arr.shape[1] < 2:
+        raise ValueError(f"{name} must have at least 2 entries per snapshot (classes or keywords), got {arr.shape[1]}")
+    if mechanism == "ksa" and np.any(arr < 0):
+        raise ValueError(f"{name} holds keyword counts and must be >= 0, found {arr.min()}")
+    return arr
+
+
+def load_snapshots(path: str | os.PathLike) -> Snapshots:
+    """Reads an ``.npz`` snapshot file (see the module docstring).
+
+    Raises:
+      ValueError: missing file, not an ``.npz`` archive, missing keys, or
+        arrays that are empty, ragged, non-numeric or not finite.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"snapshot file {path!r} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            contents = {k: np.asarray(data[k]) for k in data.files}
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as err:
+        raise ValueError(f"snapshot file {path!r} is not a readable .npz archive: {err}") from None
+    for key in ("with", "without"):
+        if key not in contents:
+            raise ValueError(f"snapshot file {path!r} has no array {key!r} (found: {sorted(contents)})")
+    out = {}
+    for key in ("with", "without"):
+        out[key] = _validate.finite_array(f"{path}:{key}", contents[key], ndim_min=2)
+    candidates = None
+    if "candidates" in contents:
+        candidates = _validate.finite_array(f"{path}:candidates", contents["candidates"], ndim_min=2)
+        if candidates.ndim != 2:
+            raise ValueError(f"{path}:candidates must have shape (c, d), got {candidates.shape}")
+    target = None
+    if "target" in contents:
+        t = contents["target"]
+        if t.shape != () or not np.issubdtype(t.dtype, np.integer):
+            raise ValueError(f"{path}:target must be a scalar integer, got {t!r}")
+        target = int(t)
+    if out["with"].shape[1:] != out["without"].shape[1:]:
+        raise ValueError(
+            f"{path}: 'with' snapshots have shape {out['with'].shape[1:]} per snapshot but "
+            f"'without' have {out['without'].shape[1:]}"
+        )
+    return Snapshots(out["with"], out["without"], candidates, target)
+
+
+def save_snapshots(path: str | os.PathLike, snapshots: Snapshots) -> None:
+    """Writes an ``.npz`` snapshot file atomically (temporary file + rename)."""
+    path = os.fspath(path)
+    arrays = {"with": np.asarray(snapshots.with_canary), "without": np.asarray(snapshots.without_canary)}
+    if snapshots.candidates is not None:
+        arrays["candidates"] = np.asarray(snapshots.candidates)
+    if snapshots.target is not None:
+        arrays["target"] = np.asarray(int(snapshots.target))
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".snapshots-", suffix=".npz", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
