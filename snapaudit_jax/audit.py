@@ -325,7 +325,12 @@ def _assumptions(method: str, clean: str, threat: str, estimator: str, mechanism
             "2009) on the per-snapshot success rates covers snapshot and Monte Carlo error, alpha/2 per rate."
         )
     if threat == "white":
-        parts.append("The threshold was chosen on selection data independent of the evaluation data.")
+        parts.append(
+            "The threshold was chosen from exact score distributions of the selection clean outputs, without "
+            "evaluation data."
+            if supports_exact(mechanism, "white")
+            else "The threshold was chosen on selection trials independent of the evaluation trials."
+        )
     if estimator == "gdp":
         note = "" if mechanism.gaussian else " (not a Gaussian mechanism: this assumption is doubtful)"
         parts.append("epsilon_emp from the GDP conversion assumes the mechanism is mu-GDP for some mu" + note + ".")
@@ -503,7 +508,8 @@ def audit(
     label = f"{mechanism.name} eps={epsilon_theory:g}"
 
     if threat == "white":
-        if method == "exact":
+        if supports_exact(mechanism, "white"):
+            # Exact rates need no data beyond the selection snapshots: no selection trials.
             grid = exact_score_grid(mechanism, np.concatenate([sel1, sel0]), attack)
             (tpr, tpr_c), (fpr, fpr_c) = (
                 tuple(np.mean(part, axis=0) for part in _per_snapshot_pair(
@@ -541,7 +547,7 @@ def audit(
             candidates_thr = lo + (hi - lo) / bins * np.arange(bins + 1)
         tl, tl_c, fu, fu_c = _anticipated_bounds(tpr, fpr, method=method, clean=clean, trials=eval_trials, n1=n1_ev,
                                                  n0=n0_ev, alpha=alpha, tpr_c=tpr_c, fpr_c=fpr_c)
-        if method != "exact":
+        if selection_trials:
             # Rates seen on few selection trials are noisy: score each threshold by
             # the worse of its selection-data bound and the anticipated evaluation bound.
             n = selection_trials

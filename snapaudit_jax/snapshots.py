@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 import zipfile
 
 import numpy as np
 
 from snapaudit_jax import _validate
+from snapaudit_jax._io import atomic_write
 
 __all__ = ["Snapshots", "dedupe", "load_snapshots", "save_snapshots", "check_clean"]
 
@@ -112,19 +112,9 @@ def load_snapshots(path: str | os.PathLike) -> Snapshots:
 
 def save_snapshots(path: str | os.PathLike, snapshots: Snapshots) -> None:
     """Writes an ``.npz`` snapshot file atomically (temporary file + rename)."""
-    path = os.fspath(path)
     arrays = {"with": np.asarray(snapshots.with_canary), "without": np.asarray(snapshots.without_canary)}
     if snapshots.candidates is not None:
         arrays["candidates"] = np.asarray(snapshots.candidates)
     if snapshots.target is not None:
         arrays["target"] = np.asarray(int(snapshots.target))
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".snapshots-", suffix=".npz", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, lambda fh: np.savez(fh, **arrays))

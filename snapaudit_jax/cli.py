@@ -1,0 +1,195 @@
+"""Command line: ``snapaudit`` / ``python -m snapaudit_jax``.
+
+Thin layer: flags -> :class:`~snapaudit_jax.runner.SimulateConfig` ->
+:func:`~snapaudit_jax.runner.run_simulate`. Bad input exits with status 2 and
+a message naming the flag; output files are written only after every audit
+succeeded, and atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+__all__ = ["main", "build_parser"]
+
+EXIT_OK, EXIT_USAGE, EXIT_VIOLATION = 0, 2, 3
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own errors: same status as ours
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _use_all_cpu_cores() -> None:
+    # XLA runs one CPU device single-threaded for our loops; one host device
+    # per core lets the simulator shard over the cores. Read at backend start.
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        n = os.cpu_count() or 1
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="snapaudit", description="Active (snapshot) auditing of DP in-context learning mechanisms.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    s = sub.add_parser(
+        "simulate",
+        help="audit PV/PoE/ESA/KSA from clean outputs by simulating DP-noise trials",
+        description=(
+            "Audit one DP-ICL mechanism at one or more claimed epsilons. Clean outputs come from --clean-with/"
+            "--clean-without (fixed neighbouring outputs), the ESA shorthand --distance/--dim/--partitions, or a "
+            "--snapshot .npz file of LLM draws. Prints a table, or with --json a list with one object per epsilon."
+        ),
+    )
+    s.add_argument("--mechanism", required=True, choices=("pv", "poe", "esa", "ksa"))
+    s.add_argument("--epsilon", default="1,2,4,8,16", help="claimed epsilons, comma-separated (default 1,2,4,8,16)")
+    s.add_argument("--delta", type=float, default=1e-5, help="claimed delta (default 1e-5)")
+    s.add_argument("--threat", choices=("black", "white"), default="black")
+    s.add_argument("--calibration", choices=("analytic", "classical"), default="analytic",
+                   help="Gaussian noise calibration for pv/esa")
+    s.add_argument("--sensitivity", type=float, default=None,
+                   help="force the sensitivity (defaults: pv sqrt(2), esa 2/T, poe the clip, ksa 2)")
+    s.add_argument("--clean-with", default=None, help="clean output with the canary, e.g. 1,2")
+    s.add_argument("--clean-without", default=None, help="clean output without the canary, e.g. 0,3")
+    s.add_argument("--snapshot", default=None, help=".npz with arrays 'with', 'without' (and 'candidates' for esa)")
+    s.add_argument("--distance", type=float, default=None, help="esa: distance of the two unit signal vectors")
+    s.add_argument("--dim", type=int, default=None, help="esa: embedding dimension (default 384)")
+    s.add_argument("--partitions", type=int, default=None, help="esa: number of partitions T (default 1)")
+    s.add_argument("--clip", type=float, default=None, help="poe: clip Gamma (default 5)")
+    s.add_argument("--top-k", type=int, default=None, help="ksa: number of selected keywords K (default 4)")
+    s.add_argument("--target", type=int, default=None, help="release signalling 'canary present'")
+    s.add_argument("--trials", type=int, default=1_000_000, help="DP-noise trials per hypothesis")
+    s.add_argument("--snapshots", type=int, default=2000, help="n_llm: copies of the given clean outputs")
+    s.add_argument("--confidence", type=float, default=0.95)
+    s.add_argument("--method", choices=("simulate", "exact", "paper"), default="simulate")
+    s.add_argument("--estimator", choices=("gdp", "std"), default=None,
+                   help="default: gdp for pv/esa, std for poe/ksa")
+    s.add_argument("--clean", choices=("auto", "fixed", "sampled"), default="auto",
+                   help="fixed: clean outputs known exactly; sampled: i.i.d. LLM draws (auto: fixed for vectors, "
+                        "sampled for --snapshot)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    s.add_argument("--plot", default=None, metavar="FILE.png", help="plot eps_emp against eps_theory")
+    s.add_argument("--out", default=None, metavar="FILE.json", help="write the full results (all fields)")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--fail-on-violation", action="store_true", help=f"exit with status {EXIT_VIOLATION} on a violation")
+    return parser
+
+
+def _config_from_args(args):
+    from snapaudit_jax.runner import SimulateConfig, parse_vector
+
+    return SimulateConfig(
+        mechanism=args.mechanism,
+        epsilons=parse_vector("--epsilon", args.epsilon),
+        delta=args.delta,
+        threat=args.threat,
+        calibration=args.calibration,
+        sensitivity=args.sensitivity,
+        clean_with=None if args.clean_with is None else parse_vector("--clean-with", args.clean_with),
+        clean_without=None if args.clean_without is None else parse_vector("--clean-without", args.clean_without),
+        snapshot=args.snapshot,
+        distance=args.distance,
+        dim=args.dim,
+        partitions=args.partitions,
+        clip=args.clip,
+        top_k=args.top_k,
+        target=args.target,
+        trials=args.trials,
+        snapshots=args.snapshots,
+        confidence=args.confidence,
+        method=args.method,
+        estimator=args.estimator,
+        clean=args.clean,
+        seed=args.seed,
+    ).validate()
+
+
+def _name_flag(message: str) -> str:
+    """Prefixes a library message that starts with a config field by its flag."""
+    import dataclasses
+
+    from snapaudit_jax.runner import SimulateConfig
+
+    fields = {f.name for f in dataclasses.fields(SimulateConfig)} | {"epsilon"}
+    head = message.split(" ", 1)[0].rstrip(":")
+    if head in fields:
+        return f"--{head.replace('_', '-')}: {message}"
+    return message
+
+
+def _fmt(x, spec):
+    return f"{x:{spec}}" if isinstance(x, (int, float)) and math.isfinite(x) else str(x)
+
+
+def format_table(results) -> str:
+    r0 = results[0]
+    head = (
+        f"mechanism={r0.mechanism} threat={r0.threat} method={r0.method} estimator={r0.estimator} "
+        f"clean={r0.clean} delta={r0.delta:g} confidence={r0.confidence:g} trials/hyp={r0.trials:,} "
+        f"snapshots={r0.snapshots:,}"
+    )
+    cols = f"{'eps_theory':>10} {'eps_emp':>9} {'mu_emp':>8} {'TPR_hat':>10} {'FPR_hat':>10} {'TPR_low':>10} " \
+           f"{'FPR_up':>10} {'violation':>9} {'seconds':>8}"
+    lines = [head, cols]
+    for r in results:
+        lines.append(
+            f"{_fmt(r.epsilon_theory, '10.3g')} {_fmt(r.epsilon_emp, '9.3f')} {_fmt(r.mu_emp, '8.3f')} "
+            f"{_fmt(r.tpr_hat, '10.4g')} {_fmt(r.fpr_hat, '10.4g')} {_fmt(r.tpr_low, '10.4g')} "
+            f"{_fmt(r.fpr_up, '10.4g')} {('YES' if r.violation else 'no'):>9} {_fmt(r.seconds, '8.2f')}"
+        )
+    for w in sorted({w for r in results for w in r.warnings}):
+        lines.append(f"warning: {w}")
+    lines.append(f"assumptions: {r0.assumptions}")
+    return "\n".join(lines)
+
+
+def _simulate(args) -> int:
+    import warnings
+
+    from snapaudit_jax._io import write_json
+    from snapaudit_jax.runner import run_simulate
+
+    config = _config_from_args(args)
+    if args.plot is not None:
+        from snapaudit_jax.plotting import _pyplot
+
+        _pyplot()  # fail before the audits if matplotlib is missing
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # surfaced in the table / JSON instead
+        results = run_simulate(config, progress=not args.quiet and not args.json)
+    if args.json:
+        print(json.dumps([r.summary() for r in results], allow_nan=False))
+    else:
+        print(format_table(results))
+    if args.out is not None:
+        write_json(args.out, [r.to_dict() for r in results])
+    if args.plot is not None:
+        from snapaudit_jax.plotting import plot_epsilon
+
+        label = f"{config.mechanism} {config.threat}-box, {config.method}"
+        plot_epsilon(args.plot, {label: results}, title=f"{config.mechanism}: calibration={config.calibration}")
+    if args.fail_on_violation and any(r.violation for r in results):
+        return EXIT_VIOLATION
+    return EXIT_OK
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    _use_all_cpu_cores()
+    try:
+        if args.command == "simulate":
+            return _simulate(args)
+    except (ValueError, RuntimeError) as err:
+        print(f"snapaudit {args.command}: error: {_name_flag(str(err))}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_USAGE  # pragma: no cover - argparse requires a command
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""Run descriptions and their interpretation: ``SimulateConfig -> [AuditResult]``.
+
+The command line parses flags into a :class:`SimulateConfig` and calls
+:func:`run_simulate`; library users can do the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from snapaudit_jax import _validate
+from snapaudit_jax.audit import CLEAN_MODELS, METHODS, THREATS, AuditResult, audit
+from snapaudit_jax.estimators import ESTIMATORS
+from snapaudit_jax.jem import KeywordSpaceAggregation
+from snapaudit_jax.mechanisms import EmbeddingSpaceAggregation, Mechanism, PrivateVoting, ProductOfExperts
+from snapaudit_jax.snapshots import Snapshots, check_clean, load_snapshots
+
+__all__ = ["SimulateConfig", "MECHANISMS", "DEFAULT_CLEAN", "build_snapshots", "build_mechanism", "run_simulate",
+           "esa_unit_pair"]
+
+MECHANISMS = ("pv", "poe", "esa", "ksa")
+CALIBRATIONS = ("analytic", "classical")
+
+# Clean outputs used when none are given: PV and PoE from SnapAudit Table 11
+# (TREC); KSA: 10 keywords, the canary's partition says the target keyword
+# (index 4) instead of keyword 5, which moves the target onto the top-4 border.
+DEFAULT_CLEAN = {
+    "pv": ([1.0, 2.0], [0.0, 3.0]),
+    "poe": ([-25.11, -10.13], [-28.76, -5.15]),
+    "ksa": ([8, 7, 6, 5, 5, 2, 2, 1, 1, 0], [8, 7, 6, 5, 4, 3, 2, 1, 1, 0]),
+}
+DEFAULT_CLIP = 5.0  # covers the Table 11 PoE utilities, which differ by up to 4.98
+DEFAULT_TOP_K = 4
+DEFAULT_KSA_SENSITIVITY = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulateConfig:
+    """Everything ``snapaudit simulate`` needs (flags of the same names)."""
+
+    mechanism: str
+    epsilons: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0)
+    delta: float = 1e-5
+    threat: str = "black"
+    calibration: str = "analytic"
+    sensitivity: float | None = None
+    clean_with: tuple[float, ...] | None = None
+    clean_without: tuple[float, ...] | None = None
+    snapshot: str | None = None
+    distance: float | None = None
+    dim: int | None = None
+    partitions: int | None = None
+    clip: float | None = None
+    top_k: int | None = None
+    target: int | None = None
+    trials: int = 1_000_000
+    snapshots: int = 2000
+    confidence: float = 0.95
+    method: str = "simulate"
+    estimator: str | None = None
+    clean: str = "auto"
+    seed: int = 0
+
+    def validate(self) -> "SimulateConfig":
+        _validate.choice("mechanism", self.mechanism, MECHANISMS)
+        if not self.epsilons:
+            raise ValueError("epsilon must list at least one value")
+        for e in self.epsilons:
+            _validate.positive_float("epsilon", e)
+        _validate.open_unit("delta", self.delta)
+        _validate.choice("threat", self.threat, THREATS)
+        _validate.choice("calibration", self.calibration, CALIBRATIONS)
+        if self.sensitivity is not None:
+            _validate.positive_float("sensitivity", self.sensitivity)
+        _validate.positive_int("trials", self.trials)
+        _validate.positive_int("snapshots", self.snapshots)
+        _validate.open_unit("confidence", self.confidence)
+        _validate.choice("method", self.method, METHODS)
+        if self.estimator is not None:
+            _validate.choice("estimator", self.estimator, ESTIMATORS)
+        _validate.choice("clean", self.clean, ("auto",) + CLEAN_MODELS)
+        if self.clip is not None:
+            _validate.positive_float("clip", self.clip)
+        if self.top_k is not None:
+            _validate.positive_int("top_k", self.top_k)
+        if self.partitions is not None:
+            _validate.positive_int("partitions", self.partitions)
+        sources = [
+            name
+            for name, given in (
+                ("snapshot", self.snapshot is not None),
+                ("clean_with/clean_without", self.clean_with is not None or self.clean_without is not None),
+                ("distance", self.distance is not None),
+            )
+            if given
+        ]
+        if len(sources) > 1:
+            raise ValueError(f"give clean outputs one way only, got {' and '.join(sources)}")
+        if (self.clean_with is None) != (self.clean_without is None):
+            raise ValueError("clean_with and clean_without must be given together")
+        if self.distance is not None and self.mechanism != "esa":
+            raise ValueError(f"distance/dim describe ESA embeddings, not mechanism {self.mechanism!r}")
+        if self.mechanism == "esa" and self.snapshot is None and self.clean_with is not None:
+            raise ValueError("esa needs candidate embeddings: use distance/dim or a snapshot file with 'candidates'")
+        if self.calibration == "classical" and self.mechanism in ("poe", "ksa"):
+            raise ValueError(f"calibration applies to the Gaussian mechanisms pv and esa, not {self.mechanism!r}")
+        return self
+
+
+def esa_unit_pair(distance: float, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two unit vectors of ``R^dim`` at Euclidean distance ``distance`` (in ``(0, 2]``)."""
+    distance = _validate.positive_float("distance", distance)
+    if distance > 2.0:
+        raise ValueError(f"distance between unit vectors must be in (0, 2], got {distance}")
+    dim = _validate.positive_int("dim", dim, minimum=2)
+    cos = 1.0 - distance * distance / 2.0
+    u1 = np.zeros(dim)
+    u2 = np.zeros(dim)
+    u1[0] = 1.0
+    u2[0], u2[1] = cos, math.sqrt(max(0.0, 1.0 - cos * cos))
+    return u1, u2
+
+
+def build_snapshots(config: SimulateConfig) -> tuple[Snapshots, str]:
+    """The clean outputs of the run and the resolved clean model.
+
+    Vectors given on the command line (or the defaults, or the ESA
+    shorthand) are the auditor's chosen neighbouring clean outputs, repeated
+    ``snapshots`` times; they are known exactly, so ``clean="auto"`` resolves
+    to ``"fixed"``. A snapshot file holds LLM draws: ``"sampled"``.
+
+    ESA shorthand with ``T`` partitions: candidates ``u1, u2`` at the given
+    distance; without the canary every partition answers ``u2`` (mean ``u2``);
+    with it, the canary's partition answers ``u1`` (mean ``((T-1) u2 + u1)/T``).
+    For ``T = 1`` the means are ``u1`` and ``u2``.
+    """
+    n = config.snapshots
+    m = config.mechanism
+    if config.snapshot is not None:
+        snaps = load_snapshots(config.snapshot)
+        if m == "esa" and snaps.candidates is None:
+            raise ValueError(f"snapshot file {config.snapshot!r} has no 'candidates' array, which esa needs")
+        resolved = "sampled"
+    elif m == "esa":
+        d = 1.419 if config.distance is None else config.distance
+        dim = 384 if config.dim is None else config.dim
+        t = 1 if config.partitions is None else config.partitions
+        u1, u2 = esa_unit_pair(d, dim)
+        with_mean = ((t - 1) * u2 + u1) / t
+        snaps = Snapshots(np.tile(with_mean, (n, 1)), np.tile(u2, (n, 1)), candidates=np.stack([u1, u2]))
+        resolved = "fixed"
+    else:
+        w, wo = (config.clean_with, config.clean_without) if config.clean_with is not None else DEFAULT_CLEAN[m]
+        w = _validate.finite_array("clean_with", w)
+        wo = _validate.finite_array("clean_without", wo)
+        if w.ndim != 1 or wo.ndim != 1:
+            raise ValueError("clean_with and clean_without must be flat vectors")
+        if w.shape != wo.shape:
+            raise ValueError(f"clean_with has {w.size} entries but clean_without has {wo.size}")
+        snaps = Snapshots(np.tile(w, (n, 1)), np.tile(wo, (n, 1)))
+        resolved = "fixed"
+    check_clean("with", snaps.with_canary, mechanism=m, candidates=snaps.candidates)
+    check_clean("without", snaps.without_canary, mechanism=m, candidates=snaps.candidates)
+    clean = resolved if config.clean == "auto" else config.clean
+    return snaps, clean
+
+
+def default_sensitivity(config: SimulateConfig) -> float:
+    """PV: sqrt(2); ESA: 2/T; PoE: the clip Gamma; KSA: 2 (replace-one neighbours)."""
+    if config.sensitivity is not None:
+        return float(config.sensitivity)
+    return {
+        "pv": math.sqrt(2.0),
+        "esa": 2.0 / (config.partitions or 1),
+        "poe": config.clip or DEFAULT_CLIP,
+        "ksa": DEFAULT_KSA_SENSITIVITY,
+    }[config.mechanism]
+
+
+def build_mechanism(config: SimulateConfig, epsilon: float, snapshots: Snapshots) -> Mechanism:
+    """The calibrated mechanism of the run at one ``epsilon``."""
+    sens = default_sensitivity(config)
+    if config.mechanism == "pv":
+        return PrivateVoting.calibrated(epsilon, config.delta, sens, config.calibration)
+    if config.mechanism == "esa":
+        return EmbeddingSpaceAggregation.calibrated(
+            epsilon, config.delta, snapshots.candidates, partitions=config.partitions or 1, sensitivity=sens,
+            calibration=config.calibration,
+        )
+    if config.mechanism == "poe":
+        return ProductOfExperts.calibrated(epsilon, sens)
+    return KeywordSpaceAggregation.calibrated(epsilon, config.top_k or DEFAULT_TOP_K, sens)
+
+
+def run_simulate(config: SimulateConfig, *, progress: bool = False, devices=None) -> list[AuditResult]:
+    """Audits the configured mechanism at every ``epsilon``; one result each."""
+    config.validate()
+    snaps, clean = build_snapshots(config)
+    target = config.target if config.target is not None else snaps.target
+    results = []
+    for eps in config.epsilons:
+        mech = build_mechanism(config, eps, snaps)
+        results.append(
+            audit(
+                mech,
+                snaps.with_canary,
+                snaps.without_canary,
+                epsilon_theory=eps,
+                delta=config.delta,
+                threat=config.threat,
+                method=config.method,
+                estimator=config.estimator,
+                trials=config.trials,
+                confidence=config.confidence,
+                clean=clean,
+                target=target,
+                sensitivity=default_sensitivity(config),
+                seed=config.seed,
+                devices=devices,
+                progress=progress,
+            )
+        )
+    return results
+
+
+def parse_vector(name: str, text: str) -> tuple[float, ...]:
+    """``"1,2,3"`` -> ``(1.0, 2.0, 3.0)`` with an error naming ``name``."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if not parts or any(p == "" for p in parts):
+        raise ValueError(f"{name} must be a comma-separated list of numbers, got {text!r}")
+    out = []
+    for p in parts:
+        try:
+            v = float(p)
+        except ValueError:
+            raise ValueError(f"{name}: could not parse {p!r} as a number (in {text!r})") from None
+        if not math.isfinite(v):
+            raise ValueError(f"{name} must be finite, got {p!r}")
+        out.append(v)
+    return tuple(out)
+
