@@ -40,6 +40,7 @@ from snapaudit_jax.mechanisms import (
     Release,
 )
 from snapaudit_jax.passive import passive_audit
+from snapaudit_jax.platform import use_all_cpu_cores
 from snapaudit_jax.simulate import SimulationCounts, simulate
 from snapaudit_jax.snapshots import Snapshots, load_snapshots, save_snapshots
 
@@ -83,4 +84,5 @@ __all__ = [
     "pv_argmax_probability",
     "save_snapshots",
     "simulate",
+    "use_all_cpu_cores",
 ]

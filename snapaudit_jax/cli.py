@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 
 __all__ = ["main", "build_parser"]
@@ -23,15 +22,6 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse's own errors: same status as ours
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
-def _use_all_cpu_cores() -> None:
-    # XLA runs one CPU device single-threaded for our loops; one host device
-    # per core lets the simulator shard over the cores. Read at backend start.
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags:
-        n = os.cpu_count() or 1
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -181,7 +171,9 @@ def _simulate(args) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    _use_all_cpu_cores()
+    from snapaudit_jax.platform import use_all_cpu_cores
+
+    use_all_cpu_cores()
     try:
         if args.command == "simulate":
             return _simulate(args)

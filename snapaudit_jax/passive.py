@@ -8,6 +8,7 @@ bounds need no assumption about the clean stage.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -37,15 +38,20 @@ def mechanism_pipeline(mechanism: Mechanism, clean_with, clean_without, attack: 
     return pipeline
 
 
+@functools.lru_cache(maxsize=64)
+def _vectorized(pipeline: Callable, b: int):
+    """``jit(vmap)`` of one pipeline and hypothesis, cached so repeated audits do not retrace."""
+    return jax.jit(jax.vmap(lambda stream, t: pipeline(jax.random.fold_in(stream, t), b), in_axes=(None, 0)))
+
+
 def _run(pipeline, key, b: int, n: int, vectorized: bool, batch: int, bar: _Progress, offset: int):
     stream = jax.random.fold_in(key, b)
     hits = np.empty(n, bool)
     scores = np.empty(n, np.float64)
     if vectorized:
-        run = jax.jit(jax.vmap(lambda t: pipeline(jax.random.fold_in(stream, t), b)))
+        run = _vectorized(pipeline, b)
         for start in range(0, n, batch):
-            idx = jnp.arange(start, start + batch)
-            h, s = run(idx)
+            h, s = run(stream, jnp.arange(start, start + batch))
             stop = min(n, start + batch)
             hits[start:stop] = np.asarray(h)[: stop - start]
             scores[start:stop] = np.asarray(s)[: stop - start]

@@ -310,7 +310,9 @@ def simulate(
         num_blocks = -(-trials // block)
         sample_index = num_distinct > 1
         units = padded if (per_unit and sample_index) else 1
-    per_device = max(1, min(chunk_trials // (block * num_devices), -(-num_blocks // num_devices)))
+    # Blocks per device per call: the chunk size, or fewer (rounded up to a power
+    # of two, so that nearby trial counts share one compiled function) for short runs.
+    per_device = max(1, min(chunk_trials // (block * num_devices), _bucket(-(-num_blocks // num_devices))))
     plan = _Plan(
         scheme=scheme,
         units=units,

@@ -1,0 +1,174 @@
+"""Mechanism kernels against independent oracles (closed forms, mpmath, full-dimensional noise)."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import mpmath as mp
+import numpy as np
+import pytest
+from scipy import special, stats
+
+import snapaudit_jax as sa
+from snapaudit_jax.audit import make_attack
+from snapaudit_jax.exact import exact_hit_probability, exact_score_probability, pv_argmax_probability
+from snapaudit_jax.runner import esa_unit_pair
+from snapaudit_jax.simulate import simulate
+
+# Two-sided z threshold for a false-failure probability of 1e-7 per check.
+Z_1E7 = float(stats.norm.isf(0.5e-7))
+
+
+def _binomial_z(hits, n, p):
+    return (hits - n * p) / math.sqrt(n * p * (1 - p))
+
+
+def test_pv_argmax_probability_matches_mpmath_quadrature():
+    """The 1-D integral for P(argmax = t) agrees with a 30-digit mpmath quadrature, also deep in the tail."""
+    mp.mp.dps = 30
+    cases = [([1.0, 2.0, 0.5], 0.6, 0), ([0.0, 3.0, 2.5, 1.0], 0.3, 0), ([4.0, 1.0, 1.0], 2.0, 2)]
+    for votes, sigma, t in cases:
+        a = [(votes[t] - v) / sigma for j, v in enumerate(votes) if j != t]
+        f = lambda z: mp.npdf(z) * mp.fprod(mp.ncdf(ai + z) for ai in a)  # noqa: E731
+        ref = mp.quad(f, [-mp.inf, -10, 0, 10, mp.inf])
+        p, q = pv_argmax_probability(votes, sigma, t)
+        assert p == pytest.approx(float(ref), rel=1e-8), (votes, sigma, t)
+        assert q == pytest.approx(float(1 - ref), rel=1e-8)
+
+
+def test_pv_two_class_closed_form():
+    """k = 2 reduces to Phi((v_t - v_o) / (sigma sqrt 2)), with an accurate complement."""
+    p, q = pv_argmax_probability([0.0, 3.0], 0.428, 0)
+    assert p == pytest.approx(special.ndtr(-3 / (0.428 * math.sqrt(2))), rel=1e-12)
+    assert q == pytest.approx(special.ndtr(3 / (0.428 * math.sqrt(2))), rel=1e-12)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_pv_kernel_distribution_matches_exact(k):
+    """vmapped one-trial PV kernel: argmax frequencies match the exact probabilities (failure prob ~1e-7 each)."""
+    votes = jnp.array([1.0, 2.0, 1.5][:k])
+    mech = sa.PrivateVoting(sigma=jnp.float32(0.8))
+    n = 200_003
+    keys = jax.random.split(jax.random.key(3), n)
+    rel = jax.jit(jax.vmap(mech, in_axes=(0, None)))(keys, votes)
+    labels = np.asarray(rel.output)
+    assert rel.noisy.shape == (n, k)
+    for t in range(k):
+        p, _ = pv_argmax_probability(np.asarray(votes), 0.8, t)
+        assert abs(_binomial_z((labels == t).sum(), n, p)) < Z_1E7
+
+
+def test_poe_kernel_is_softmax():
+    """Gumbel-max over utility*scale samples softmax(utility*scale) (failure prob ~1e-7 per class)."""
+    mech = sa.ProductOfExperts.calibrated(2.0, clip=5.0)
+    u = jnp.array([-25.11, -10.13, -12.0])
+    n = 200_003
+    keys = jax.random.split(jax.random.key(5), n)
+    labels = np.asarray(jax.jit(jax.vmap(mech, in_axes=(0, None)))(keys, u).output)
+    probs = special.softmax(np.asarray(u, np.float64) * 0.2)
+    for t in range(3):
+        assert abs(_binomial_z((labels == t).sum(), n, probs[t])) < Z_1E7
+
+
+def test_poe_margin_is_logistic():
+    """The PoE white-box margin is Logistic(m_t - LSE_{j!=t} m_j, 1): KS test against the closed form (p > 1e-6)."""
+    mech = sa.ProductOfExperts.calibrated(4.0, clip=5.0)
+    u = np.array([-25.11, -10.13, -12.0])
+    attack = make_attack(mech, u, u, target=0)
+    prepared = mech.prepare(jnp.asarray(u), attack)
+    noise = mech.noise(jax.random.key(9), 50_000, prepared)
+    _, margins = jax.jit(jax.vmap(mech.outcome, in_axes=(0, None, None)))(noise, prepared, attack)
+    margins = np.asarray(margins, np.float64)
+    m = u * float(mech.scale)
+    loc = m[0] - special.logsumexp(m[1:])
+    assert stats.kstest(margins, stats.logistic(loc=loc).cdf).pvalue > 1e-6
+    # Power: the same test rejects a location off by 0.1.
+    assert stats.kstest(margins, stats.logistic(loc=loc + 0.1).cdf).pvalue < 1e-6
+
+
+def test_esa_projected_noise_equals_full_noise():
+    """ESA's reduced-dimension outcome gives the same release and score as full d-dimensional noise."""
+    rng = np.random.default_rng(0)
+    d, c = 97, 3
+    cand = rng.normal(size=(c, d))
+    cand /= np.linalg.norm(cand, axis=1, keepdims=True)
+    mean = cand.mean(0) + 0.05 * rng.normal(size=d)
+    mech = sa.EmbeddingSpaceAggregation(sigma=jnp.float32(0.3), candidates=jnp.asarray(cand, jnp.float32))
+    ref_w, ref_wo = cand[0] + 0.1 * rng.normal(size=d), cand[1]
+    attack = make_attack(mech, ref_w, ref_wo, target=0)
+    prepared = mech.prepare(jnp.asarray(mean, jnp.float32), attack)
+    z = rng.normal(size=(2000, d)).astype(np.float32)
+    # Express the full noise in the kernel's orthonormal basis of span(candidates, w).
+    w = attack.reference_with - attack.reference_without
+    basis, _ = jnp.linalg.qr(jnp.concatenate([mech.candidates, w[None]], 0).T)
+    assert basis.shape == (d, c + 1)
+    y = z @ np.asarray(basis)
+    hit, score = jax.vmap(mech.outcome, in_axes=(0, None, None))(jnp.asarray(y), prepared, attack)
+    noisy = mean[None] + 0.3 * z
+    release_full = np.argmin(((noisy[:, None, :] - cand[None]) ** 2).sum(-1), axis=1)
+    score_full = noisy @ (np.asarray(attack.reference_with) - np.asarray(attack.reference_without))
+    assert np.array_equal(np.asarray(hit), release_full == 0)
+    np.testing.assert_allclose(np.asarray(score), score_full, rtol=1e-4, atol=1e-4)
+
+
+def test_mechanisms_are_jittable_vmappable_key_first():
+    """Every kernel takes the key first, runs under jit and vmaps over keys."""
+    u1, u2 = esa_unit_pair(1.0, 8)
+    cases = [
+        (sa.PrivateVoting.calibrated(1.0, 1e-5), jnp.array([1.0, 2.0])),
+        (sa.ProductOfExperts.calibrated(1.0, clip=5.0), jnp.array([-3.0, -1.0])),
+        (sa.EmbeddingSpaceAggregation.calibrated(1.0, 1e-5, np.stack([u1, u2])), jnp.asarray(u1, jnp.float32)),
+        (sa.KeywordSpaceAggregation.calibrated(1.0, top_k=2), jnp.array([3.0, 2.0, 2.0, 0.0])),
+    ]
+    for mech, clean in cases:
+        keys = jax.random.split(jax.random.key(0), 7)
+        rel = jax.jit(jax.vmap(mech, in_axes=(0, None)))(keys, clean)
+        assert rel.output.shape[0] == 7
+        again = jax.jit(jax.vmap(mech, in_axes=(0, None)))(keys, clean)
+        assert np.array_equal(np.asarray(rel.output), np.asarray(again.output))  # pure: same key, same output
+
+
+def test_default_target_is_the_direction_of_the_canary():
+    """PV/PoE/KSA target the entry the canary raises; ESA the candidate the mean moves towards."""
+    pv = sa.PrivateVoting.calibrated(1.0, 1e-5)
+    assert make_attack(pv, [1, 2], [0, 3]).target == 0
+    poe = sa.ProductOfExperts.calibrated(1.0, clip=5.0)
+    assert make_attack(poe, [-25.11, -10.13], [-28.76, -5.15]).target == 0
+    u1, u2 = esa_unit_pair(1.419, 16)
+    esa = sa.EmbeddingSpaceAggregation.calibrated(1.0, 1e-5, np.stack([u2, u1]))
+    assert make_attack(esa, u1, u2).target == 1
+    with pytest.raises(ValueError, match="target"):
+        make_attack(pv, [1, 2], [0, 3], target=5)
+
+
+CASES = [
+    ("pv", lambda: sa.PrivateVoting.calibrated(2.0, 1e-5), np.array([[1.0, 2.0, 0.5]]), np.array([[0.0, 3.0, 0.5]])),
+    ("poe", lambda: sa.ProductOfExperts.calibrated(2.0, clip=5.0), np.array([[-25.11, -10.13]]),
+     np.array([[-28.76, -5.15]])),
+]
+
+
+@pytest.mark.parametrize("threat", ["black", "white"])
+@pytest.mark.parametrize("name,make,x1,x0", CASES + [("esa", None, None, None)])
+def test_simulator_matches_exact_rates(name, make, x1, x0, threat):
+    """Simulated success counts agree with exact h_b (binomial z-test, false-failure prob ~1e-7 per check)."""
+    if name == "esa":
+        u1, u2 = esa_unit_pair(1.419, 32)
+        mech = sa.EmbeddingSpaceAggregation.calibrated(2.0, 1e-5, np.stack([u1, u2]), sensitivity=1.0)
+        x1, x0 = u1[None], u2[None]
+    else:
+        mech = make()
+    attack = make_attack(mech, x1[0], x0[0])
+    n = 300_007
+    for b, x in ((1, x1), (0, x0)):
+        thr = 0.25 if threat == "white" else None
+        counts = simulate(jax.random.key(11 + b), mech, attack, np.repeat(x, 3, axis=0), trials=n, threshold=thr,
+                          per_unit=False)
+        if threat == "black":
+            p, _ = exact_hit_probability(mech, x, attack)
+            hits = counts.hits.sum()
+        else:
+            p, _ = exact_score_probability(mech, x, attack, thr)
+            hits = counts.score_hits.sum()
+        assert counts.total_trials == n
+        assert abs(_binomial_z(hits, n, float(p[0]))) < Z_1E7, (name, threat, b)

@@ -1,0 +1,132 @@
+"""Phase B simulator: sufficient statistics, chunk/device independence, no recompilation."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from scipy import stats
+
+import snapaudit_jax as sa
+from snapaudit_jax.audit import make_attack
+from snapaudit_jax.simulate import _run_chunk, simulate
+
+WORKER = str(Path(__file__).with_name("_sharding_worker.py"))
+
+PV = sa.PrivateVoting.calibrated(2.0, 1e-5)
+VOTES = np.array([[1.0, 2.0], [1.0, 2.0], [2.0, 1.0], [1.0, 2.0], [0.0, 3.0]])
+ATTACK = make_attack(PV, [1.0, 2.0], [0.0, 3.0])
+
+
+def test_counts_do_not_depend_on_chunk_size():
+    """Same key, different chunk sizes: identical counts (randomness is per block, not per chunk)."""
+    key = jax.random.key(7)
+    a = simulate(key, PV, ATTACK, VOTES, trials=100_003, threshold=0.3, chunk_trials=1 << 14)
+    b = simulate(key, PV, ATTACK, VOTES, trials=100_003, threshold=0.3, chunk_trials=1 << 20)
+    np.testing.assert_array_equal(a.hits, b.hits)
+    np.testing.assert_array_equal(a.trials, b.trials)
+    np.testing.assert_array_equal(a.score_hits, b.score_hits)
+    assert a.total_trials == 100_003
+
+
+def test_stratified_gives_every_snapshot_the_same_trials():
+    """Stratified scheme: q = ceil(trials / n) trials per snapshot, counts per snapshot."""
+    out = simulate(jax.random.key(1), PV, ATTACK, VOTES, trials=10_001, scheme="stratified")
+    assert out.trials.tolist() == [2001] * 5
+    assert out.hits.shape == (5,)
+    assert np.array_equal(out.unit_index, np.arange(5))
+    # Snapshot 2 ([2, 1]) favours the target far more than snapshot 4 ([0, 3]).
+    assert out.hits[2] > out.hits[0] > out.hits[4]
+
+
+def test_bootstrap_units_are_distinct_snapshots_sampled_by_multiplicity():
+    """Bootstrap: per-distinct counts; trials per distinct ~ Multinomial(multiplicity / n) (chi-square, p > 1e-6)."""
+    out = simulate(jax.random.key(2), PV, ATTACK, VOTES, trials=200_000)
+    assert out.unit_index.tolist() == [0, 0, 1, 0, 2]
+    assert out.trials.sum() == 200_000
+    assert stats.chisquare(out.trials, 200_000 * np.array([3, 1, 1]) / 5).pvalue > 1e-6
+
+
+def test_histogram_and_threshold_counts_agree():
+    """The histogram tail at a bin edge equals the threshold count, and it holds every trial."""
+    lo, hi, bins = -6.0, 6.0, 48
+    edge = lo + (hi - lo) / bins * 30
+    out = simulate(jax.random.key(3), PV, ATTACK, VOTES[:1], trials=50_000, threshold=edge,
+                   histogram=(lo, hi, bins), per_unit=False, track_scores=True)
+    assert out.histogram.sum() == 50_000
+    assert out.histogram[31:].sum() == out.score_hits.sum()
+    assert (out.histogram[0] > 0) == (out.score_min < lo)  # underflow bin
+    assert (out.histogram[-1] > 0) == (out.score_max >= hi)  # overflow bin
+
+
+def test_second_call_does_not_recompile():
+    """A new sigma (epsilon), key or trial count reuses the compiled chunk function."""
+    simulate(jax.random.key(0), PV, ATTACK, VOTES, trials=70_000, chunk_trials=1 << 15)
+    size = _run_chunk._cache_size()
+    other = sa.PrivateVoting.calibrated(8.0, 1e-5)
+    simulate(jax.random.key(5), other, ATTACK, VOTES, trials=70_000, chunk_trials=1 << 15)
+    simulate(jax.random.key(6), other, ATTACK, VOTES, trials=250_001, chunk_trials=1 << 15)
+    assert _run_chunk._cache_size() == size
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="trials"):
+        simulate(jax.random.key(0), PV, ATTACK, VOTES, trials=0)
+    with pytest.raises(ValueError, match="scheme"):
+        simulate(jax.random.key(0), PV, ATTACK, VOTES, trials=10, scheme="poisson")
+    with pytest.raises(ValueError, match="histogram range"):
+        simulate(jax.random.key(0), PV, ATTACK, VOTES, trials=10, histogram=(1.0, 1.0, 4))
+
+
+def _run_worker(*args, timeout=300):
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run([sys.executable, WORKER, *map(str, args)], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else None
+
+
+@pytest.mark.slow
+def test_same_counts_on_one_and_eight_devices():
+    """Sharding over 8 host devices gives exactly the counts of 1 device."""
+    one = _run_worker(1)
+    eight = _run_worker(8)
+    assert one["devices"] == 1 and eight["devices"] == 8
+    for key in one:
+        if key != "devices":
+            assert one[key] == eight[key], key
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process():
+    """jax.distributed with two CPU processes (gloo) gives exactly the single-process counts."""
+    coordinator = f"127.0.0.1:{_free_port()}"
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    procs = [
+        subprocess.Popen([sys.executable, WORKER, "2", coordinator, "2", str(pid)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+        for pid in range(2)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    multi = json.loads([line for line in outs[0][0].splitlines() if line.startswith("{")][-1])
+    single = _run_worker(1)
+    assert multi["devices"] == 4
+    for key in single:
+        if key != "devices":
+            assert single[key] == multi[key], key
