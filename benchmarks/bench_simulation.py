@@ -21,18 +21,20 @@ output with and without the canary; ``"hypotheses": 2``), so the rates are
   CLI. It is warmed up first with ``min(N, chunk)`` trials, which compiles the
   very chunk function of the timed run; backend compilations during the
   timed run are counted (``jax_compiles_timed``, expected 0).
-* ``numpy``: the same trials in plain vectorised NumPy
-  (``np.random.default_rng(seed)``), processed in chunks of 2**20 trials so
-  memory stays bounded, after a one-chunk warm-up. It samples the same
-  distribution through the same reduction as the engine: PV and ESA draw
-  float32 normals as the engine does; ESA draws ``N(0, I_r)`` in an
-  orthonormal basis of ``span(candidates, w)`` instead of ``d``-dimensional
-  noise; KSA reuses the per-histogram JEM pair table of
-  :func:`snapaudit_jax.jem.jem_prepare` and samples the pair by Gumbel-max,
-  then the ``K`` positions one after the other. Pairs of probability zero are
-  dropped from the table (the engine keeps them for static shapes).
-* ``numpy_naive`` (ESA only, extra key): full ``d``-dimensional noise on
-  ``min(N, 10**6)`` trials per hypothesis; not used for ``ratio``.
+* ``numpy`` (the baseline of ``ratio``): the same trials in plain vectorised
+  NumPy (``np.random.default_rng(seed)``), written the textbook way: PV adds
+  ``k`` normals and takes the arg-max, PoE adds ``k`` Gumbels, ESA adds
+  ``d``-dimensional noise to the mean and finds the nearest candidate, KSA
+  samples the JEM pair by Gumbel-max over the engine's pair table
+  (:func:`snapaudit_jax.jem.jem_prepare`), then the ``K`` positions. It runs
+  in chunks of 2**20 trials (2**14 for ESA), after a one-chunk warm-up, on
+  ``min(N, numpy_trials)`` trials per hypothesis (ESA: at most 10**6).
+* ``numpy_same_noise`` (extra key, ``ratio_same_noise``): NumPy drawing only
+  the *sufficient noise* the engine draws (see
+  :mod:`snapaudit_jax.mechanisms`): PV ``k - 1`` normals in the contrast
+  space, PoE one logistic (the noisy margin), ESA ``c`` normals in the span of
+  the candidate differences and the attack direction, KSA the engine's alias
+  table for the pair. This isolates the JAX execution from the algorithm.
 
 NumPy runs with ``OPENBLAS_NUM_THREADS=1`` unless the variable is set
 (reported as ``openblas_num_threads``).
@@ -82,8 +84,6 @@ from snapaudit_jax.simulate import CHUNK_TRIALS, simulate  # noqa: E402
 EPSILON, DELTA = 4.0, 1e-5
 SNAPSHOTS = 2000
 NUMPY_CHUNK = 1 << 20
-NAIVE_TRIALS = 10**6
-NAIVE_CHUNK = 1 << 14  # (chunk, 384) float32 noise: 25 MB
 MAX_Z = 6.0
 HYPOTHESES = ("with", "without")
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -110,10 +110,17 @@ def build_case(name: str):
     return mech, make_attack(mech, w, wo), (np.asarray(w, np.float64), np.asarray(wo, np.float64))
 
 
-# NumPy baselines: one factory per mechanism, ``factory(mech, attack, clean) -> Sampler``.
+# NumPy baselines: ``factory(mech, attack, clean) -> Sampler``.
 
 
-def numpy_pv(mech, attack, clean) -> Sampler:
+def gumbel_argmax(rng: np.random.Generator, logits: np.ndarray, m: int) -> np.ndarray:
+    """``argmax(logits + Gumbel(0, 1))`` for ``m`` independent draws (noise updated in place)."""
+    noisy = rng.gumbel(size=(m, logits.size))
+    noisy += logits
+    return noisy.argmax(1)
+
+
+def plain_pv(mech, attack, clean) -> Sampler:
     votes = clean.astype(np.float32)
     sigma = np.float32(mech.sigma)
 
@@ -124,33 +131,43 @@ def numpy_pv(mech, attack, clean) -> Sampler:
     return sampler
 
 
-def numpy_poe(mech, attack, clean) -> Sampler:
-    scaled = clean * float(mech.scale)
+def same_pv(mech, attack, clean) -> Sampler:
+    # The arg-max only sees the noise in the contrast space 1^perp (k - 1 dimensions).
+    k = clean.size
+    contrasts = np.eye(k, k - 1)
+    contrasts[k - 1] = -1.0  # columns e_i - e_{k-1}
+    basis, _ = np.linalg.qr(contrasts)
+    votes = clean.astype(np.float32)
+    proj = (float(mech.sigma) * basis.T).astype(np.float32)  # (k - 1, k)
 
     def sampler(rng, m):
-        z = scaled + rng.gumbel(size=(m, scaled.size))
+        z = votes + rng.standard_normal((m, k - 1), dtype=np.float32) @ proj
         return np.count_nonzero(z.argmax(1) == attack.target)
 
     return sampler
 
 
-def numpy_esa(mech, attack, clean) -> Sampler:
-    # |m + sZ - c_i|^2 = |m - c_i|^2 - 2s<Z, c_i> + (terms common to all i), and <Z, c_i> only
-    # depends on the coordinates of Z in an orthonormal basis Q of span(c_1..c_c, w).
-    cand = np.asarray(mech.candidates, np.float64)
-    w = np.asarray(attack.reference_with, np.float64) - np.asarray(attack.reference_without, np.float64)
-    q, _ = np.linalg.qr(np.vstack([cand, w]).T)
-    sq_dist = np.sum((clean - cand) ** 2, axis=1).astype(np.float32)
-    proj_t = (2.0 * float(mech.sigma) * (cand @ q)).T.astype(np.float32)  # (r, c)
+def plain_poe(mech, attack, clean) -> Sampler:
+    scaled = clean * float(mech.scale)
 
     def sampler(rng, m):
-        y = rng.standard_normal((m, q.shape[1]), dtype=np.float32)
-        return np.count_nonzero(np.argmin(sq_dist - y @ proj_t, axis=1) == attack.target)
+        return np.count_nonzero(gumbel_argmax(rng, scaled, m) == attack.target)
 
     return sampler
 
 
-def numpy_esa_naive(mech, attack, clean) -> Sampler:
+def same_poe(mech, attack, clean) -> Sampler:
+    # Gumbel max-stability: the margin of the target is Logistic(m_t - LSE_{j != t} m_j, 1).
+    m_ = clean * float(mech.scale)
+    loc = m_[attack.target] - np.logaddexp.reduce(np.delete(m_, attack.target))
+
+    def sampler(rng, m):
+        return np.count_nonzero(rng.logistic(loc, 1.0, m) > 0)
+
+    return sampler
+
+
+def plain_esa(mech, attack, clean) -> Sampler:
     mean = clean.astype(np.float32)
     cand = np.asarray(mech.candidates, np.float32)
     cand_sq = np.sum(cand * cand, axis=1)
@@ -163,18 +180,30 @@ def numpy_esa_naive(mech, attack, clean) -> Sampler:
     return sampler
 
 
-def numpy_ksa(mech, attack, clean) -> Sampler:
-    # Per-histogram precomputation: the engine's JEM pair table, then for every pair
-    # (i*, v) and position l the prefix of the sorted items position l draws from.
+def same_esa(mech, attack, clean) -> Sampler:
+    # |m + sZ - c_i|^2 = |m - c_i|^2 - 2s<Z, c_i - c_0> + (common terms); <Z, c_i - c_0> only depends
+    # on the coordinates of Z in an orthonormal basis Q of span(c_i - c_0, w).
+    cand = np.asarray(mech.candidates, np.float64)
+    w = np.asarray(attack.reference_with, np.float64) - np.asarray(attack.reference_without, np.float64)
+    q, _ = np.linalg.qr(np.vstack([cand[1:] - cand[:1], w]).T)
+    sq_dist = np.sum((clean - cand) ** 2, axis=1).astype(np.float32)
+    proj_t = (2.0 * float(mech.sigma) * ((cand - cand[:1]) @ q)).T.astype(np.float32)  # (r, c)
+
+    def sampler(rng, m):
+        y = rng.standard_normal((m, q.shape[1]), dtype=np.float32)
+        return np.count_nonzero(np.argmin(sq_dist - y @ proj_t, axis=1) == attack.target)
+
+    return sampler
+
+
+def _jem_positions(mech, attack, clean):
+    """Engine's JEM table for one histogram, and per pair and position the prefix sizes to draw from."""
     k = mech.top_k
     table = mech.prepare(jnp.asarray(clean, jnp.float32), attack).table
-    keep = np.isfinite(np.asarray(table.logits))  # zero-probability pairs never win the Gumbel-max
-    logits = np.asarray(table.logits, np.float64)[keep]
-    star = np.asarray(table.pair_pos)[keep]
-    value = np.asarray(table.pair_value, np.float64)[keep]
+    star = np.asarray(table.pair_pos)
+    value = np.asarray(table.pair_value, np.float64)
     c = np.asarray(table.sorted_counts, np.float64)  # decreasing
-    d = c.size
-    pairs = np.arange(logits.size)
+    pairs = np.arange(star.size)
     # Threshold of position l for gap g = c_(i*) - v: c_(l) - g (exactly v at l = i*).
     thr = c[None, :k] - c[star][:, None] + value[:, None]
     thr[pairs, star] = value
@@ -184,12 +213,12 @@ def numpy_ksa(mech, attack, clean) -> Sampler:
     is_star = pos == star[:, None]
     # Before i*: uniform over B_l minus the l chosen; at i*: uniform over A \ B (never
     # chosen before); after i*: uniform over A_l minus the l chosen.
-    avail = np.where(pos < star[:, None], b - pos, np.where(is_star, a - b, a - pos))
+    avail = np.maximum(np.where(pos < star[:, None], b - pos, np.where(is_star, a - b, a - pos)), 1)
     target_pos = int(np.flatnonzero(np.asarray(table.order) == attack.target)[0])
 
-    def sampler(rng, m):
-        p = np.argmax(logits + rng.gumbel(size=(m, logits.size)), axis=1)
-        chosen = np.zeros((m, d), bool)
+    def positions(rng, p):
+        m = p.size
+        chosen = np.zeros((m, c.size), bool)
         rows = np.arange(m)
         for l in range(k):
             r = rng.integers(avail[p, l])
@@ -198,10 +227,38 @@ def numpy_ksa(mech, attack, clean) -> Sampler:
             chosen[rows, np.where(is_star[p, l], b[p, l] + r, rth_free)] = True
         return np.count_nonzero(chosen[:, target_pos])
 
+    return table, positions
+
+
+def plain_ksa(mech, attack, clean) -> Sampler:
+    table, positions = _jem_positions(mech, attack, clean)
+    logits = np.asarray(table.logits, np.float64)
+    keep = np.flatnonzero(np.isfinite(logits))  # zero-probability pairs never win the Gumbel-max
+
+    def sampler(rng, m):
+        return positions(rng, keep[gumbel_argmax(rng, logits[keep], m)])
+
     return sampler
 
 
-NUMPY = {"pv": numpy_pv, "poe": numpy_poe, "esa": numpy_esa, "ksa": numpy_ksa}
+def same_ksa(mech, attack, clean) -> Sampler:
+    table, positions = _jem_positions(mech, attack, clean)
+    n = table.logits.shape[0]
+    keep_all = np.asarray(table.alias.keep_all)
+    threshold = np.asarray(table.alias.threshold, np.float64) / 2.0**32
+    alias = np.asarray(table.alias.alias)
+
+    def sampler(rng, m):
+        cell = rng.integers(0, n, m)
+        stay = keep_all[cell] | (rng.random(m) < threshold[cell])
+        return positions(rng, np.where(stay, cell, alias[cell]))
+
+    return sampler
+
+
+PLAIN = {"pv": plain_pv, "poe": plain_poe, "esa": plain_esa, "ksa": plain_ksa}
+SAME_NOISE = {"pv": same_pv, "poe": same_poe, "esa": same_esa, "ksa": same_ksa}
+PLAIN_LIMITS = {"esa": (10**6, 1 << 14)}  # (max trials, chunk) where the plain baseline is slow
 
 
 def run_engine(keys, mech, attack, snapshots, trials: int, chunk: int) -> list[int]:
@@ -261,74 +318,80 @@ def benchmark(name: str, trials: int, seed: int, chunk: int) -> dict:
     jax_peak = peak_rss_mb()
 
     rng = np.random.default_rng(seed)
-    samplers = [NUMPY[name](mech, attack, clean) for clean in cleans]
-    run_numpy(samplers[:1], rng, min(trials, NUMPY_CHUNK), NUMPY_CHUNK)
-    np_hits, np_s = timed(run_numpy, samplers, rng, trials, NUMPY_CHUNK)
+    plain_trials, plain_chunk = PLAIN_LIMITS.get(name, (trials, NUMPY_CHUNK))
+    plain_trials = min(trials, plain_trials)
+    plain = [PLAIN[name](mech, attack, clean) for clean in cleans]
+    run_numpy(plain[:1], rng, min(plain_trials, plain_chunk), plain_chunk)
+    np_hits, np_s = timed(run_numpy, plain, rng, plain_trials, plain_chunk)
     np_peak = peak_rss_mb()
+    same = [SAME_NOISE[name](mech, attack, clean) for clean in cleans]
+    run_numpy(same[:1], rng, min(trials, NUMPY_CHUNK), NUMPY_CHUNK)
+    same_hits, same_s = timed(run_numpy, same, rng, trials, NUMPY_CHUNK)
 
-    jax_rate, np_rate = len(cleans) * trials / jax_s, len(cleans) * trials / np_s
+    h = len(cleans)
+    jax_rate, np_rate, same_rate = h * trials / jax_s, h * plain_trials / np_s, h * trials / same_s
     result = {
         "mechanism": name,
         "trials": trials,
-        "hypotheses": len(cleans),
+        "hypotheses": h,
         "jax_trials_per_s": round(jax_rate, 1),
         "numpy_trials_per_s": round(np_rate, 1),
         "ratio": round(jax_rate / np_rate, 3),
         "peak_rss_mb": round(jax_peak, 1),
+        "numpy_same_noise_trials_per_s": round(same_rate, 1),
+        "ratio_same_noise": round(jax_rate / same_rate, 3),
+        "numpy_trials": plain_trials,
         "numpy_peak_rss_mb": round(np_peak, 1),
         "jax_seconds": round(jax_s, 3),
         "numpy_seconds": round(np_s, 3),
+        "numpy_same_noise_seconds": round(same_s, 3),
         "jax_compiles_timed": len(compiles),
         "devices": len(jax.devices()),
         "openblas_num_threads": os.environ["OPENBLAS_NUM_THREADS"],
         "chunk_trials": chunk,
-        "numpy_chunk_trials": NUMPY_CHUNK,
-        "jax_hits": {h: j / trials for h, j in zip(HYPOTHESES, jax_hits)},
-        "numpy_hits": {h: n / trials for h, n in zip(HYPOTHESES, np_hits)},
+        "jax_hits": {hyp: j / trials for hyp, j in zip(HYPOTHESES, jax_hits)},
+        "numpy_hits": {hyp: n / plain_trials for hyp, n in zip(HYPOTHESES, np_hits)},
+        "numpy_same_noise_hits": {hyp: n / trials for hyp, n in zip(HYPOTHESES, same_hits)},
     }
-    z = [binomial_z(j, trials, n, trials) for j, n in zip(jax_hits, np_hits)]
-    if name == "esa":
-        naive_trials = min(trials, NAIVE_TRIALS)
-        naive = [numpy_esa_naive(mech, attack, clean) for clean in cleans]
-        run_numpy(naive[:1], rng, min(naive_trials, NAIVE_CHUNK), NAIVE_CHUNK)
-        naive_hits, naive_s = timed(run_numpy, naive, rng, naive_trials, NAIVE_CHUNK)
-        result["numpy_naive_trials"] = naive_trials
-        result["numpy_naive_trials_per_s"] = round(len(cleans) * naive_trials / naive_s, 1)
-        result["numpy_naive_seconds"] = round(naive_s, 3)
-        result["numpy_naive_hits"] = {h: n / naive_trials for h, n in zip(HYPOTHESES, naive_hits)}
-        z += [binomial_z(j, trials, n, naive_trials) for j, n in zip(jax_hits, naive_hits)]
+    z = [binomial_z(j, trials, n, plain_trials) for j, n in zip(jax_hits, np_hits)]
+    z += [binomial_z(j, trials, n, trials) for j, n in zip(jax_hits, same_hits)]
     result["max_hit_z"] = round(max(z), 3)
     return result
 
 
 def readable(r: dict) -> str:
-    line = (
+    return (
         f"{r['mechanism']}: {r['trials']:,} trials x {r['hypotheses']} hypotheses on {r['devices']} devices | "
-        f"jax {r['jax_trials_per_s'] / 1e6:,.2f} M/s ({r['jax_seconds']:.2f} s) | "
-        f"numpy {r['numpy_trials_per_s'] / 1e6:,.2f} M/s ({r['numpy_seconds']:.2f} s) | ratio {r['ratio']:.2f} | "
-        f"peak RSS {r['peak_rss_mb']:.0f} MB after jax, {r['numpy_peak_rss_mb']:.0f} MB after numpy | "
-        f"hit rates jax {r['jax_hits']} numpy {r['numpy_hits']} (max z {r['max_hit_z']})"
+        f"jax {r['jax_trials_per_s'] / 1e6:,.2f} M/s | numpy {r['numpy_trials_per_s'] / 1e6:,.3f} M/s "
+        f"(ratio {r['ratio']:.2f}) | numpy same noise {r['numpy_same_noise_trials_per_s'] / 1e6:,.2f} M/s "
+        f"(ratio {r['ratio_same_noise']:.2f}) | peak RSS {r['peak_rss_mb']:.0f} MB after jax | hit rates "
+        f"with/without: jax {rates(r['jax_hits'])}, numpy {rates(r['numpy_hits'])}, "
+        f"same noise {rates(r['numpy_same_noise_hits'])} (max z {r['max_hit_z']})"
     )
-    if "numpy_naive_trials_per_s" in r:
-        line += f" | naive numpy (d-dim noise) {r['numpy_naive_trials_per_s'] / 1e6:,.3f} M/s"
-    return line
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
+def rates(hits: dict) -> str:
+    return "/".join(f"{hits[h]:.5f}" for h in HYPOTHESES)
+
+
+def int_at_least(minimum: int):
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text}")
+        return value
+
+    return parse
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mechanism", required=True, choices=sorted(NUMPY))
-    parser.add_argument("--trials", required=True, type=positive_int, help="trials per hypothesis")
+    parser.add_argument("--mechanism", required=True, choices=sorted(PLAIN))
+    parser.add_argument("--trials", required=True, type=int_at_least(1), help="trials per hypothesis")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a readable line")
     parser.add_argument("--out", help="also write the JSON object to this file (atomically)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--chunk-trials", type=positive_int, default=CHUNK_TRIALS, help="trials per jitted call")
+    parser.add_argument("--seed", type=int_at_least(0), default=0)
+    parser.add_argument("--chunk-trials", type=int_at_least(1), default=CHUNK_TRIALS, help="trials per jitted call")
     args = parser.parse_args(argv)
 
     result = benchmark(args.mechanism, args.trials, args.seed, args.chunk_trials)

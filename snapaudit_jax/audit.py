@@ -183,6 +183,11 @@ def _finish(estimate, estimate_complement, radius_parts, side, **kw) -> RateBoun
                      range_term=float(range_term), monte_carlo_term=float(mc_term), **kw)
 
 
+def _sample_variance(x: np.ndarray) -> float:
+    """Unbiased sample variance; exactly 0 for constant samples (no rounding residue)."""
+    return float(np.var(x, ddof=1)) if np.ptp(x) > 0 else 0.0
+
+
 def _bernstein_parts(variance: float, n: int, alpha: float) -> tuple[float, float]:
     log_term = math.log(2.0 / alpha)
     return math.sqrt(2.0 * max(variance, 0.0) * log_term / n), 7.0 * log_term / (3.0 * (n - 1))
@@ -191,7 +196,7 @@ def _bernstein_parts(variance: float, n: int, alpha: float) -> tuple[float, floa
 def _bound_stratified(hits: np.ndarray, trials: np.ndarray, side: str, alpha: float) -> RateBound:
     rates = hits / trials
     n = rates.size
-    var = float(np.var(rates, ddof=1))
+    var = _sample_variance(rates)
     var_term, range_term = _bernstein_parts(var, n, alpha)
     return _finish(float(rates.mean()), float(np.mean((trials - hits) / trials)), (var_term, range_term, 0.0), side,
                    variance=var,
@@ -216,7 +221,7 @@ def _bound_paper(counts: SimulationCounts, hits: np.ndarray, side: str, alpha: f
     unit_rate = np.where(counts.trials > 0, hits / np.maximum(counts.trials, 1), hits.sum() / m)
     per_snapshot = unit_rate[counts.unit_index]
     n = per_snapshot.size
-    var = float(np.var(per_snapshot, ddof=1))
+    var = _sample_variance(per_snapshot)
     var_term, range_term = _bernstein_parts(var, n, alpha)
     mc_term = float(hoeffding_radius(m, alpha, two_sided=True))
     return _finish(float(hits.sum() / m), float((m - hits.sum()) / m), (var_term, range_term, mc_term), side,
@@ -230,7 +235,7 @@ def _bound_exact(probabilities: tuple[np.ndarray, np.ndarray], clean: str, side:
     n = p.size
     if clean == "fixed":
         return RateBound(est, est, est_c, 0.0, 0.0, 0.0, 0.0, 0, n, 0.0)
-    var = float(np.var(p, ddof=1))
+    var = _sample_variance(p)
     var_term, range_term = _bernstein_parts(var, n, alpha)
     return _finish(est, est_c, (var_term, range_term, 0.0), side, variance=var, trials=0, snapshots=n,
                    failure_probability=alpha)
@@ -280,6 +285,16 @@ def _objective(tl, tl_c, fu, fu_c, estimator, delta):
 # ---------------------------------------------------------------------------
 # Attack design
 # ---------------------------------------------------------------------------
+
+
+def _best_threshold(objective: np.ndarray, youden: np.ndarray) -> int:
+    """Index of the best objective; near-ties (GDP is flat in the threshold for Gaussian scores) go to
+    the threshold with the largest TPR - FPR rather than to an extreme of the grid."""
+    best = float(np.max(objective))
+    if not np.isfinite(best):
+        return int(np.argmax(objective))
+    ties = objective >= best - 1e-9 * max(1.0, abs(best))
+    return int(np.argmax(np.where(ties, youden, -np.inf)))
 
 
 def make_attack(mechanism: Mechanism, reference_with, reference_without, target: int | None = None) -> Attack:
@@ -556,7 +571,7 @@ def audit(
             fu = np.maximum(fu, clopper_pearson_upper(k0, n, alpha / 2))
             fu_c = np.minimum(fu_c, clopper_pearson_lower(n - k0, n, alpha / 2))
         objective = _objective(tl, tl_c, fu, fu_c, estimator, delta)
-        threshold = float(candidates_thr[int(np.argmax(objective))])
+        threshold = float(candidates_thr[_best_threshold(objective, tpr - fpr)])
 
     if method == "exact":
         if threat == "black":

@@ -50,7 +50,7 @@ def epsilon_std(tpr_low, fpr_up, delta, *, tpr_low_complement=None, fpr_up_compl
     Args:
       tpr_low: lower bound(s) on the true-positive rate.
       fpr_up: upper bound(s) on the false-positive rate.
-      delta: the ``delta`` of the claim being audited.
+      delta: the ``delta`` of the claim being audited, in ``[0, 1)``.
       tpr_low_complement: ``1 - tpr_low`` computed accurately (optional).
       fpr_up_complement: ``1 - fpr_up`` computed accurately (optional).
 
@@ -61,6 +61,9 @@ def epsilon_std(tpr_low, fpr_up, delta, *, tpr_low_complement=None, fpr_up_compl
     Guarantees:
       Assumption-free: if ``tpr_low``/``fpr_up`` hold, so does the bound.
     """
+    delta = _validate.nonnegative_float("delta", delta)  # 0 audits a pure-DP claim
+    if delta >= 1.0:
+        raise ValueError(f"delta must be in [0, 1), got {delta}")
     tpr, tpr_c, fpr, fpr_c = _pairs(tpr_low, fpr_up, tpr_low_complement, fpr_up_complement)
     with np.errstate(divide="ignore", invalid="ignore"):
         num1 = tpr - delta

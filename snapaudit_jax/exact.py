@@ -5,8 +5,8 @@ closed form or a one-dimensional integral for:
 
 * PV, black-box, any ``k``:
   ``P(argmax(v + sigma Z) = t) = int phi(z) prod_{j != t} Phi((v_t - v_j)/sigma + z) dz``;
-* PV and ESA, white-box (score ``<noisy, w>`` is Gaussian):
-  ``P(score >= tau) = Phi((<v, w> - tau) / (sigma |w|))``;
+* PV and ESA, white-box (score ``<noisy, w>`` is Gaussian; PV uses the
+  contrast part ``w - mean(w)``): ``P(score >= tau) = Phi((<v, w> - tau) / (sigma |w|))``;
 * PoE, black-box: ``softmax(scale * U)_t`` (Gumbel-max);
 * PoE, white-box (noisy margin ~ ``Logistic(m_t - LSE_{j != t} m_j, 1)``):
   ``P(margin >= tau) = sigmoid(m_t - LSE_{j != t} m_j - tau)``;
@@ -127,12 +127,18 @@ def _margin_location(utilities: np.ndarray, scale: float, target: int) -> np.nda
     return m[:, target] - special.logsumexp(np.delete(m, target, axis=1), axis=1)
 
 
+def _direction(mechanism: Mechanism, attack: Attack) -> np.ndarray:
+    """The white-box score direction: ``w`` (ESA) or its contrast part ``w - mean(w)`` (PV)."""
+    w = np.asarray(attack.reference_with, np.float64) - np.asarray(attack.reference_without, np.float64)
+    return w - w.mean() if isinstance(mechanism, PrivateVoting) else w
+
+
 def _score_z(mechanism: Mechanism, clean: np.ndarray, attack: Attack, thresholds: np.ndarray):
     """``(z, kind)``: P(score >= tau) = F(z) with F = Phi ('normal') or sigmoid ('logistic')."""
     if isinstance(mechanism, ProductOfExperts):
         loc = _margin_location(clean, float(mechanism.scale), int(attack.target))
         return loc[:, None] - thresholds[None, :], "logistic"
-    w = np.asarray(attack.reference_with, np.float64) - np.asarray(attack.reference_without, np.float64)
+    w = _direction(mechanism, attack)
     centre = (clean @ w)[:, None] - thresholds[None, :]
     spread = float(mechanism.sigma) * float(np.linalg.norm(w))
     if spread == 0.0:
@@ -169,7 +175,7 @@ def exact_score_grid(mechanism: Mechanism, clean, attack: Attack, num: int = 400
     if isinstance(mechanism, ProductOfExperts):
         loc = _margin_location(x, float(mechanism.scale), int(attack.target))
         return np.linspace(loc.min() - 40.0, loc.max() + 40.0, num)
-    w = np.asarray(attack.reference_with, np.float64) - np.asarray(attack.reference_without, np.float64)
+    w = _direction(mechanism, attack)
     centres = x @ w
     spread = float(mechanism.sigma) * float(np.linalg.norm(w))
     if spread == 0.0:

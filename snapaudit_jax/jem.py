@@ -21,10 +21,11 @@ such position ``i`` gives the count
 (positions 0-based). Non-zero terms need ``g = c_(i) - v`` for a count value
 ``v``, so the pairs ``(i, v)`` -- at most ``K * U`` of them, ``U`` the number
 of distinct count values -- carry the whole distribution:
-``P(i, v) ~ m(i, g) exp(-scale * g)``. Given the pair, the sequence is drawn
-uniformly position by position. Gaps are exact differences of the counts
-(no flooring), so real-valued counts are supported; integer or dyadic counts
-are exact in floating point.
+``P(i, v) ~ m(i, g) exp(-scale * g)``. The pair is drawn from an alias table
+(two 32-bit words); given the pair, the sequence is drawn uniformly position
+by position (one word each). Gaps are exact differences of the counts (no
+flooring), so real-valued counts are supported; integer or dyadic counts are
+exact in floating point.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import numpy as np
 
 from snapaudit_jax import _validate
 from snapaudit_jax.calibration import exponential_mechanism_scale
+from snapaudit_jax.sampling import AliasTable, alias_draw, alias_table
 from snapaudit_jax.mechanisms import Attack, Mechanism, Release, _pytree_dataclass, _static
 
 __all__ = [
@@ -58,9 +60,11 @@ class JemTable(NamedTuple):
     Attributes:
       order: ``(d,)`` item ids by decreasing count (ties by id).
       sorted_counts: ``(d,)`` counts in that order.
-      logits: ``(K * U,)`` log-probabilities (unnormalised) of the pairs.
-      pair_pos: ``(K * U,)`` position ``i`` of each pair.
-      pair_value: ``(K * U,)`` count value ``v`` of each pair.
+      logits: ``(P,)`` unnormalised log-probabilities of the pairs, ``P`` the
+        power of two at or above ``K * U`` (padding cells are ``-inf``).
+      pair_pos: ``(P,)`` position ``i`` of each pair.
+      pair_value: ``(P,)`` count value ``v`` of each pair.
+      alias: alias table of ``softmax(logits)``.
     """
 
     order: jax.Array
@@ -68,6 +72,7 @@ class JemTable(NamedTuple):
     logits: jax.Array
     pair_pos: jax.Array
     pair_value: jax.Array
+    alias: AliasTable
 
 
 def _prefix_sizes(neg_sorted: jax.Array, threshold: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -116,29 +121,29 @@ def jem_prepare(counts: jax.Array, k: int, scale: jax.Array, num_values: int | N
     log_count = jnp.sum(log_terms, axis=-1)  # (k, U)
     gap = ci[:, None] - values[None, :]
     valid = jnp.isfinite(values)[None, :] & (gap >= 0)
-    logits = jnp.where(valid, log_count - scale * jnp.where(valid, gap, 0.0), -jnp.inf)
+    logits = jnp.where(valid, log_count - scale * jnp.where(valid, gap, 0.0), -jnp.inf).reshape(-1)
+    pairs = 1 << max(0, (k * u - 1).bit_length())
+    pad = pairs - k * u
+    logits = jnp.concatenate([logits, jnp.full((pad,), -jnp.inf)])
     return JemTable(
         order=order,
         sorted_counts=c,
-        logits=logits.reshape(-1),
-        pair_pos=jnp.repeat(pos, u).astype(jnp.int32),
-        pair_value=jnp.tile(values, k),
+        logits=logits,
+        pair_pos=jnp.concatenate([jnp.repeat(pos, u), jnp.zeros((pad,), pos.dtype)]).astype(jnp.int32),
+        pair_value=jnp.concatenate([jnp.tile(values, k), jnp.zeros((pad,), values.dtype)]),
+        alias=alias_table(logits),
     )
 
 
-def jem_noise(key: jax.Array, num: int, table: JemTable, k: int):
-    """Randomness of ``num`` JEM draws: Gumbels for the pair, 32-bit words for positions."""
-    kg, kb = jax.random.split(key)
-    return (
-        jax.random.gumbel(kg, (num,) + table.logits.shape),
-        jax.random.bits(kb, (num, k), jnp.uint32),
-    )
+def jem_noise(key: jax.Array, num: int, k: int) -> jax.Array:
+    """Randomness of ``num`` JEM draws: ``(num, K + 2)`` uint32 words (pair, then positions)."""
+    return jax.random.bits(key, (num, k + 2), jnp.uint32)
 
 
-def jem_select(noise, table: JemTable, k: int) -> jax.Array:
-    """One JEM draw from its noise: returns the ``(K,)`` sequence of item ids."""
-    gumbel, bits = noise
-    p = jnp.argmax(table.logits + gumbel)
+def jem_select(words: jax.Array, table: JemTable, k: int) -> jax.Array:
+    """One JEM draw from its ``(K + 2,)`` words: returns the ``(K,)`` sequence of item ids."""
+    p = alias_draw(words[:2], table.alias)
+    bits = words[2:]
     i_star = table.pair_pos[p]
     c = table.sorted_counts
     thr = c[:k] - c[i_star] + table.pair_value[p]
@@ -196,8 +201,7 @@ def joint_exponential_topk(
     """
     scale = exponential_mechanism_scale(epsilon, sensitivity)
     table = jem_prepare(counts, k, jnp.float32(scale), num_values)
-    noise = jem_noise(key, 1, table, k)
-    return jem_select(jax.tree_util.tree_map(lambda x: x[0], noise), table, k)
+    return jem_select(jem_noise(key, 1, k)[0], table, k)
 
 
 def sequence_utility(sorted_top: jax.Array, counts: jax.Array, sequence: jax.Array) -> jax.Array:
@@ -253,8 +257,7 @@ class KeywordSpaceAggregation(Mechanism):
 
     def __call__(self, key, clean):
         table = jem_prepare(clean, self.top_k, self.scale, self.num_values)
-        noise = jem_noise(key, 1, table, self.top_k)
-        seq = jem_select(jax.tree_util.tree_map(lambda x: x[0], noise), table, self.top_k)
+        seq = jem_select(jem_noise(key, 1, self.top_k)[0], table, self.top_k)
         return Release(seq, seq)
 
     def prepare(self, clean, attack):
@@ -266,9 +269,17 @@ class KeywordSpaceAggregation(Mechanism):
         )
 
     def noise(self, key, num, prepared):
-        return jem_noise(key, num, prepared.table, self.top_k)
+        return jem_noise(key, num, self.top_k).T
 
-    def outcome(self, noise, prepared, attack):
+    def outcomes(self, noise, prepared, attack):
+        # JEM's sequential selection is per trial: vmap over the trailing trial axis.
+        shared = all(x.shape[-1] == 1 for x in jax.tree_util.tree_leaves(prepared)) and noise.shape[-1] != 1
+        if shared:
+            prepared = jax.tree_util.tree_map(lambda x: x[..., 0], prepared)
+        one = jax.vmap(self._outcome_one, in_axes=(-1, None if shared else -1, None))
+        return one(noise, prepared, attack)
+
+    def _outcome_one(self, noise, prepared, attack):
         seq = jem_select(noise, prepared.table, self.top_k)
         hit = jnp.any(seq == attack.target)
         score = sequence_utility(prepared.top_with, attack.reference_with, seq) - sequence_utility(

@@ -18,11 +18,21 @@ Every mechanism offers two layers:
   over keys in your own code.
 * the simulator protocol used by :mod:`snapaudit_jax.simulate`:
   ``prepare(clean, attack)`` (deterministic, once per distinct snapshot),
-  ``noise(key, num, prepared)`` (the DP randomness for ``num`` trials in one
-  batched draw) and ``outcome(noise, prepared, attack) -> (hit, score)`` (one
-  trial, deterministic). ``outcome(noise(key, 1, p)[0], p, a)`` has exactly
-  the distribution of ``attack`` applied to ``mechanism(key, clean)``; the
-  split lets the simulator draw noise for a whole block at once.
+  ``noise(key, num, prepared)`` (the DP randomness of ``num`` trials in one
+  batched draw, trial axis *last*) and ``outcomes(noise, prepared, attack)
+  -> (hit, score)`` (deterministic; ``prepared`` leaves carry a trailing
+  trial axis of size 1 -- shared -- or ``num``). ``outcome`` is the same for
+  one trial. ``outcome(noise(key, 1, p)[..., 0], p, a)`` has exactly the
+  distribution of ``attack`` applied to ``mechanism(key, clean)``; the split
+  lets the simulator draw noise for a whole block at once, and the trailing
+  trial axis keeps XLA's CPU loops vectorised (a small minor axis does not).
+
+The simulator protocol draws only the noise the outcome depends on (the
+*sufficient noise*): PV draws ``k - 1`` normals in the contrast space of the
+votes, PoE one logistic variate (the noisy margin), ESA ``c`` normals in the
+span of the candidate differences and the attack direction, KSA two words for
+an alias-table draw plus ``K`` position words. All variates come from
+:mod:`snapaudit_jax.sampling`, which is exact in the tails.
 
 The :class:`Attack` is the membership-inference attack: ``hit`` is the
 black-box decision "the release is the target" (for KSA: "the target keyword
@@ -36,6 +46,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import math
 from typing import Any, ClassVar, NamedTuple
 
@@ -43,7 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from snapaudit_jax import _validate
+from snapaudit_jax import _validate, sampling
 from snapaudit_jax.calibration import exponential_mechanism_scale, gaussian_sigma
 
 __all__ = [
@@ -107,11 +118,21 @@ class Mechanism(abc.ABC):
 
     @abc.abstractmethod
     def noise(self, key: jax.Array, num: int, prepared: Any) -> Any:
-        """DP randomness for ``num`` trials, leading axis ``num``."""
+        """DP randomness for ``num`` trials, trial axis last."""
 
     @abc.abstractmethod
+    def outcomes(self, noise: Any, prepared: Any, attack: Attack) -> tuple[jax.Array, jax.Array]:
+        """``(hit, score)`` of a batch: ``(num,)`` bool black-box decisions and float32 statistics.
+
+        ``noise`` leaves end with the trial axis ``num``; ``prepared`` leaves
+        end with an axis of size 1 (one snapshot for all trials) or ``num``.
+        """
+
     def outcome(self, noise: Any, prepared: Any, attack: Attack) -> tuple[jax.Array, jax.Array]:
-        """``(hit, score)`` of one trial: bool black-box decision, float32 statistic."""
+        """``(hit, score)`` of one trial (no trial axis)."""
+        add = functools.partial(jax.tree_util.tree_map, lambda x: jnp.asarray(x)[..., None])
+        hit, score = self.outcomes(add(noise), add(prepared), attack)
+        return hit[0], score[0]
 
     # Host-side helpers ---------------------------------------------------
     @classmethod
@@ -132,15 +153,16 @@ class Mechanism(abc.ABC):
         return dataclasses.replace(self, **changes)
 
 
-def noisy_margin(noisy: jax.Array, target: int) -> jax.Array:
-    """``noisy[target] - max_{j != target} noisy[j]``."""
-    others = jnp.where(jnp.arange(noisy.shape[-1]) == target, -jnp.inf, noisy)
-    return noisy[target] - jnp.max(others)
+class _PvPrepared(NamedTuple):
+    votes: jax.Array  # (k,)
+    basis: jax.Array  # (k, k - 1) orthonormal basis of the contrast space 1^perp
+    direction: jax.Array  # (k,) contrast part of the attack direction
 
 
-def _gaussian_lr_score(noisy: jax.Array, attack: Attack) -> jax.Array:
-    # Log-likelihood ratio of N(r1, s^2 I) vs N(r0, s^2 I), up to an affine map.
-    return jnp.dot(noisy, attack.reference_with - attack.reference_without)
+def contrast_direction(attack: Attack) -> jax.Array:
+    """``w - mean(w)`` for ``w = reference_with - reference_without`` (PV's white-box direction)."""
+    w = attack.reference_with - attack.reference_without
+    return w - jnp.mean(w)
 
 
 @_pytree_dataclass
@@ -158,6 +180,11 @@ class PrivateVoting(Mechanism):
       With ``sigma = analytic_gaussian_sigma(eps, delta, sqrt(2))`` the
       release is ``(eps, delta)``-DP for replace-one neighbours (one vote moves
       between two classes: L2 sensitivity ``sqrt(2)``).
+
+    The arg-max ignores noise along the all-ones vector, and vote vectors of
+    neighbouring contexts have equal totals, so the white-box score is
+    ``<noisy, w - mean(w)>`` and the simulator draws the noise in the
+    ``(k - 1)``-dimensional contrast space only.
     """
 
     sigma: jax.Array
@@ -170,18 +197,23 @@ class PrivateVoting(Mechanism):
 
     def __call__(self, key, clean):
         votes = jnp.asarray(clean, jnp.float32)
-        noisy = votes + self.sigma * jax.random.normal(key, votes.shape)
+        noisy = votes + self.sigma * sampling.normal(key, votes.shape)
         return Release(jnp.argmax(noisy), noisy)
 
     def prepare(self, clean, attack):
-        return jnp.asarray(clean, jnp.float32)
+        votes = jnp.asarray(clean, jnp.float32)
+        k = votes.shape[-1]
+        contrasts = jnp.eye(k, k - 1).at[k - 1].set(-1.0)  # columns e_i - e_{k-1}, a basis of 1^perp
+        basis, _ = jnp.linalg.qr(contrasts)
+        return _PvPrepared(votes, basis, contrast_direction(attack))
 
     def noise(self, key, num, prepared):
-        return jax.random.normal(key, (num,) + prepared.shape)
+        return sampling.normal(key, (prepared.basis.shape[-1], num))
 
-    def outcome(self, noise, prepared, attack):
-        noisy = prepared + self.sigma * noise
-        return jnp.argmax(noisy) == attack.target, _gaussian_lr_score(noisy, attack)
+    def outcomes(self, noise, prepared, attack):
+        # votes (k, T), basis (k, k-1, T), noise (k-1, num): noisy (k, num).
+        noisy = prepared.votes + self.sigma * jnp.sum(prepared.basis * noise[None], axis=1)
+        return jnp.argmax(noisy, axis=0) == attack.target, jnp.sum(noisy * prepared.direction, axis=0)
 
 
 @_pytree_dataclass
@@ -220,23 +252,26 @@ class ProductOfExperts(Mechanism):
 
     def __call__(self, key, clean):
         utility = jnp.asarray(clean, jnp.float32)
-        noisy = utility * self.scale + jax.random.gumbel(key, utility.shape)
+        noisy = utility * self.scale + sampling.gumbel(key, utility.shape)
         return Release(jnp.argmax(noisy), noisy)
 
     def prepare(self, clean, attack):
-        return jnp.asarray(clean, jnp.float32) * self.scale
+        # Location of the noisy margin (Gumbel max-stability): m_t - LSE_{j != t} m_j.
+        m = jnp.asarray(clean, jnp.float32) * self.scale
+        others = jnp.where(jnp.arange(m.shape[-1]) == attack.target, -jnp.inf, m)
+        return m[attack.target] - jax.nn.logsumexp(others)
 
     def noise(self, key, num, prepared):
-        return jax.random.gumbel(key, (num,) + prepared.shape)
+        return sampling.logistic(key, (num,))
 
-    def outcome(self, noise, prepared, attack):
-        noisy = prepared + noise
-        return jnp.argmax(noisy) == attack.target, noisy_margin(noisy, attack.target)
+    def outcomes(self, noise, prepared, attack):
+        margin = prepared + noise  # the release is the target iff the margin is positive
+        return margin > 0, margin
 
 
 class _EsaPrepared(NamedTuple):
     sq_dist: jax.Array  # (c,) |m - c_i|^2
-    cand_proj: jax.Array  # (c, r) candidates in the orthonormal basis
+    cand_proj: jax.Array  # (c, r) c_i - c_0 in the orthonormal basis
     dir_proj: jax.Array  # (r,) attack direction in the basis
     score0: jax.Array  # () <m, w>
 
@@ -259,9 +294,10 @@ class EmbeddingSpaceAggregation(Mechanism):
       a sensitivity is forced (e.g. the flawed value 1).
 
     The simulator never draws ``d``-dimensional noise: the release depends on
-    the noise only through ``<Z, c_i>`` and the white-box score through
+    the noise only through ``<Z, c_i - c_0>`` and the white-box score through
     ``<Z, w>``, so it draws ``N(0, I_r)`` in an orthonormal basis of
-    ``span(c_1..c_c, w)`` (``r <= c + 1``), which has the same distribution.
+    ``span(c_1 - c_0, ..., c_{c-1} - c_0, w)`` (``r = min(c, d)``), which has
+    the same distribution.
     """
 
     sigma: jax.Array
@@ -302,26 +338,29 @@ class EmbeddingSpaceAggregation(Mechanism):
 
     def __call__(self, key, clean):
         mean = jnp.asarray(clean, jnp.float32)
-        noisy = mean + self.sigma * jax.random.normal(key, mean.shape)
+        noisy = mean + self.sigma * sampling.normal(key, mean.shape)
         sq = jnp.sum(jnp.square(noisy[None, :] - self.candidates), axis=-1)
         return Release(jnp.argmin(sq), noisy)
 
     def prepare(self, clean, attack):
         mean = jnp.asarray(clean, jnp.float32)
         w = attack.reference_with - attack.reference_without
-        basis, _ = jnp.linalg.qr(jnp.concatenate([self.candidates, w[None, :]], axis=0).T)
+        diffs = self.candidates[1:] - self.candidates[:1]
+        basis, _ = jnp.linalg.qr(jnp.concatenate([diffs, w[None, :]], axis=0).T)
         return _EsaPrepared(
             sq_dist=jnp.sum(jnp.square(mean[None, :] - self.candidates), axis=-1),
-            cand_proj=self.candidates @ basis,
+            cand_proj=(self.candidates - self.candidates[:1]) @ basis,
             dir_proj=w @ basis,
             score0=jnp.dot(mean, w),
         )
 
     def noise(self, key, num, prepared):
-        return jax.random.normal(key, (num, prepared.dir_proj.shape[-1]))
+        return sampling.normal(key, (prepared.dir_proj.shape[-1], num))
 
-    def outcome(self, noise, prepared, attack):
-        # |m + sZ - c_i|^2 = |m - c_i|^2 - 2s<Z, c_i> + (terms common to all i).
-        release = jnp.argmin(prepared.sq_dist - 2.0 * self.sigma * (prepared.cand_proj @ noise))
-        score = prepared.score0 + self.sigma * jnp.dot(prepared.dir_proj, noise)
+    def outcomes(self, noise, prepared, attack):
+        # |m + sZ - c_i|^2 = |m - c_i|^2 - 2s<Z, c_i - c_0> + (terms common to all i).
+        # cand_proj (c, r, T), noise (r, num): projections (c, num).
+        proj = jnp.sum(prepared.cand_proj * noise[None], axis=1)
+        release = jnp.argmin(prepared.sq_dist - 2.0 * self.sigma * proj, axis=0)
+        score = prepared.score0 + self.sigma * jnp.sum(prepared.dir_proj * noise, axis=0)
         return release == attack.target, score

@@ -18,7 +18,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from snapaudit_jax import _validate
-from snapaudit_jax.audit import AuditResult, RateBound, _anticipated_bounds, _bound_binomial, _objective, is_violation
+from snapaudit_jax.audit import (
+    AuditResult,
+    RateBound,
+    _anticipated_bounds,
+    _best_threshold,
+    _bound_binomial,
+    _objective,
+    is_violation,
+)
 from snapaudit_jax.estimators import ESTIMATORS, epsilon_gdp, epsilon_std, mu_lower
 from snapaudit_jax.mechanisms import Attack, Mechanism
 from snapaudit_jax.simulate import _Progress
@@ -33,7 +41,7 @@ def mechanism_pipeline(mechanism: Mechanism, clean_with, clean_without, attack: 
     def pipeline(key, b: int):
         prepared = mechanism.prepare(clean[b], attack)
         noise = mechanism.noise(key, 1, prepared)
-        return mechanism.outcome(jax.tree_util.tree_map(lambda x: x[0], noise), prepared, attack)
+        return mechanism.outcome(jax.tree_util.tree_map(lambda x: x[..., 0], noise), prepared, attack)
 
     return pipeline
 
@@ -134,7 +142,7 @@ def passive_audit(
         fpr = 1.0 - np.searchsorted(sorted0, cand, side="left") / n_sel
         bounds = _anticipated_bounds(tpr, fpr, method="simulate", clean="fixed", trials=trials - n_sel, n1=1, n0=1,
                                      alpha=alpha)
-        threshold = float(cand[int(np.argmax(_objective(*bounds, estimator, delta)))])
+        threshold = float(cand[_best_threshold(_objective(*bounds, estimator, delta), tpr - fpr)])
         hits1, hits0 = s1[n_sel:] >= threshold, s0[n_sel:] >= threshold
     else:
         hits1, hits0 = h1, h0

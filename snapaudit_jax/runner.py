@@ -92,19 +92,20 @@ class SimulateConfig:
             name
             for name, given in (
                 ("snapshot", self.snapshot is not None),
-                ("clean_with/clean_without", self.clean_with is not None or self.clean_without is not None),
-                ("distance", self.distance is not None),
+                ("clean_with", self.clean_with is not None or self.clean_without is not None),
+                ("distance", self.distance is not None or self.dim is not None),
             )
             if given
         ]
         if len(sources) > 1:
-            raise ValueError(f"give clean outputs one way only, got {' and '.join(sources)}")
+            raise ValueError(f"{sources[0]} conflicts with {sources[1]}: give the clean outputs one way only")
         if (self.clean_with is None) != (self.clean_without is None):
             raise ValueError("clean_with and clean_without must be given together")
-        if self.distance is not None and self.mechanism != "esa":
-            raise ValueError(f"distance/dim describe ESA embeddings, not mechanism {self.mechanism!r}")
-        if self.mechanism == "esa" and self.snapshot is None and self.clean_with is not None:
-            raise ValueError("esa needs candidate embeddings: use distance/dim or a snapshot file with 'candidates'")
+        if (self.distance is not None or self.dim is not None) and self.mechanism != "esa":
+            raise ValueError(f"distance and dim describe ESA embeddings, not mechanism {self.mechanism!r}")
+        if self.mechanism == "esa" and self.clean_with is not None:
+            raise ValueError("clean_with cannot describe esa, which needs candidate embeddings: use distance/dim or "
+                             "a snapshot file with 'candidates'")
         if self.calibration == "classical" and self.mechanism in ("poe", "ksa"):
             raise ValueError(f"calibration applies to the Gaussian mechanisms pv and esa, not {self.mechanism!r}")
         return self

@@ -146,29 +146,32 @@ def _combine(a, b):
     return out
 
 
+def _trial_last(tree, index=None):
+    """Prepared leaves ``(D, ...)`` -> ``(..., T)``: rows ``index`` (one per trial), or row 0 with ``T = 1``."""
+    if index is None:
+        return jax.tree_util.tree_map(lambda x: x[0][..., None], tree)
+    return jax.tree_util.tree_map(lambda x: jnp.moveaxis(x[index], 0, -1), tree)
+
+
 def _block_outcomes(plan: _Plan, mechanism: Mechanism, attack: Attack, prepared, unit_of_snapshot, block_key, b, total):
     """Runs one block: returns ``(hit, score, valid, unit)``."""
     example = jax.tree_util.tree_map(lambda x: x[0], prepared)
     if plan.scheme == "stratified":
+        # Trial j * n + i of the block is round j of snapshot i.
         r, n = plan.rounds, plan.n
-        per_snapshot = jax.tree_util.tree_map(lambda x: x[unit_of_snapshot], prepared)
-        noise = mechanism.noise(block_key, r * n, example)
-        noise = jax.tree_util.tree_map(lambda x: x.reshape((r, n) + x.shape[1:]), noise)
-        inner = jax.vmap(mechanism.outcome, in_axes=(0, 0, None))
-        hit, score = jax.vmap(inner, in_axes=(0, None, None))(noise, per_snapshot, attack)
+        rows = _trial_last(prepared, jnp.tile(unit_of_snapshot, r))
+        hit, score = mechanism.outcomes(mechanism.noise(block_key, r * n, example), rows, attack)
         rounds = b * r + jnp.arange(r)
         valid = jnp.broadcast_to((rounds < total)[:, None], (r, n))
-        return hit, score, valid, None
+        return hit.reshape(r, n), score.reshape(r, n), valid, None
     key_index, key_noise = jax.random.split(block_key)
     noise = mechanism.noise(key_noise, plan.block, example)
     if plan.sample_index:
-        snap = jax.random.randint(key_index, (plan.block,), 0, plan.n)
-        unit = unit_of_snapshot[snap]
-        rows = jax.tree_util.tree_map(lambda x: x[unit], prepared)
-        hit, score = jax.vmap(mechanism.outcome, in_axes=(0, 0, None))(noise, rows, attack)
+        unit = unit_of_snapshot[jax.random.randint(key_index, (plan.block,), 0, plan.n)]
+        hit, score = mechanism.outcomes(noise, _trial_last(prepared, unit), attack)
     else:
         unit = jnp.zeros((plan.block,), jnp.int32)
-        hit, score = jax.vmap(mechanism.outcome, in_axes=(0, None, None))(noise, example, attack)
+        hit, score = mechanism.outcomes(noise, _trial_last(prepared), attack)
     valid = (b * plan.block + jnp.arange(plan.block)) < total
     return hit, score, valid, unit
 
@@ -188,15 +191,20 @@ def _zeros(plan: _Plan):
 @functools.partial(jax.jit, static_argnames=("plan",))
 def _run_chunk(args, *, plan: _Plan):
     def local(args):
-        stream_key, base, total, mechanism, attack, prepared, unit_of_snapshot, threshold, lo, width = args
+        stream_key, base, total, num_blocks, mechanism, attack, prepared, unit_of_snapshot, threshold, lo, width = args
         dev = lax.axis_index(_AXIS)
 
         def body(acc, j):
             b = base + dev * plan.blocks_per_device + j
-            hit, score, valid, unit = _block_outcomes(
-                plan, mechanism, attack, prepared, unit_of_snapshot, jax.random.fold_in(stream_key, b), b, total
-            )
-            return _combine(acc, _accumulate(plan, hit, score, valid, unit, threshold, lo, width)), None
+
+            def run_block(acc):
+                hit, score, valid, unit = _block_outcomes(
+                    plan, mechanism, attack, prepared, unit_of_snapshot, jax.random.fold_in(stream_key, b), b, total
+                )
+                return _combine(acc, _accumulate(plan, hit, score, valid, unit, threshold, lo, width))
+
+            # The last call of a run is padded with blocks past the end: skip their work.
+            return lax.cond(b < num_blocks, run_block, lambda acc: acc, acc), None
 
         acc, _ = lax.scan(body, _zeros(plan), jnp.arange(plan.blocks_per_device))
         out = {}
@@ -341,8 +349,8 @@ def simulate(
     for call in range(-(-num_blocks // blocks_per_call)):
         base = call * blocks_per_call
         out = _run_chunk(
-            (key, jnp.int32(base), jnp.int32(total), mechanism, attack, prepared, unit_of_snapshot, thr,
-             jnp.float32(lo), jnp.float32(width)),
+            (key, jnp.int32(base), jnp.int32(total), jnp.int32(num_blocks), mechanism, attack, prepared,
+             unit_of_snapshot, thr, jnp.float32(lo), jnp.float32(width)),
             plan=plan,
         )
         out = {name: _to_host(value) for name, value in out.items()}

@@ -20,7 +20,13 @@ from scipy import stats
 
 from snapaudit_jax import bounds as b
 
-mp.mp.dps = 40
+
+@pytest.fixture(autouse=True)
+def _mpmath_precision():
+    """Every test here runs with 40-digit mpmath, without leaking the setting to other modules."""
+    with mp.workdps(40):
+        yield
+
 
 FALSE_FAILURE = 1e-6  # per test function, Bonferroni-split over its checks
 R = 20_000

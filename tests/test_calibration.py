@@ -16,7 +16,13 @@ from dp_accounting.pld.common import DifferentialPrivacyParameters
 
 from snapaudit_jax import calibration as cal
 
-mp.mp.dps = 50
+
+@pytest.fixture(autouse=True)
+def _mpmath_precision():
+    """Every test here runs with 50-digit mpmath, without leaking the setting to other modules."""
+    with mp.workdps(50):
+        yield
+
 
 # Grid for the profile: includes large eps/mu (up to 60/12) and small mu.
 # On this grid the two terms of the profile cancel by at most ~3 decimal

@@ -20,7 +20,13 @@ from scipy import special
 from snapaudit_jax import estimators as est
 from snapaudit_jax.calibration import gdp_epsilon
 
-mp.mp.dps = 50
+
+@pytest.fixture(autouse=True)
+def _mpmath_precision():
+    """Every test here runs with 50-digit mpmath, without leaking the setting to other modules."""
+    with mp.workdps(50):
+        yield
+
 
 # Estimates computed from float rates may exceed the exact value by rounding only;
 # 1e-9 relative is orders of magnitude above that and orders below any real error.
@@ -116,10 +122,10 @@ def test_epsilon_std_both_complements_precision():
 
 
 def test_epsilon_std_rejects_invalid_delta():
-    """KNOWN BUG: epsilon_std does not validate delta; a negative delta inflates the 'lower bound'."""
-    # 0.9 and 0.01 give ln(0.9/0.01) = 4.50 at delta = 0; delta = -0.5 returns ln(1.4/0.01) = 4.94,
-    # and nan silently returns 0. epsilon_gdp (and the conventions) validate delta at the boundary.
-    for bad in [-0.5, math.nan]:
+    """A negative or nan delta is refused (it would inflate the lower bound); delta = 0 is a pure-DP claim."""
+    # 0.9 and 0.01 give ln(0.9/0.01) = 4.50 at delta = 0; delta = -0.5 would give ln(1.4/0.01) = 4.94.
+    assert est.epsilon_std(0.9, 0.01, 0.0) == pytest.approx(math.log(90.0))
+    for bad in [-0.5, math.nan, 1.0]:
         with pytest.raises(ValueError, match="delta"):
             est.epsilon_std(0.9, 0.01, bad)
 

@@ -30,7 +30,7 @@ def _enumerate(counts, k, scale, floor=False):
 
 def _sample(counts, k, scale, n, seed, num_values=None):
     table = jem_prepare(jnp.asarray(counts, jnp.float32), k, jnp.float32(scale), num_values)
-    noise = jem_noise(jax.random.key(seed), n, table, k)
+    noise = jem_noise(jax.random.key(seed), n, k)
     return np.asarray(jax.jit(jax.vmap(lambda z: jem_select(z, table, k)))(noise)), table
 
 
@@ -108,9 +108,9 @@ def test_ksa_outcome_hit_and_likelihood_ratio_score():
     attack = make_attack(mech, w, wo)
     assert attack.target == 4
     prepared = mech.prepare(jnp.asarray(w), attack)
-    noise = mech.noise(jax.random.key(1), 64, prepared)
-    hit, score = jax.vmap(mech.outcome, in_axes=(0, None, None))(noise, prepared, attack)
-    seqs = jax.vmap(lambda z: jem_select(z, prepared.table, 4))(noise)
+    noise = mech.noise(jax.random.key(1), 64, prepared)  # (K + 2, 64): trial axis last
+    hit, score = mech.outcomes(noise, jax.tree_util.tree_map(lambda x: x[..., None], prepared), attack)
+    seqs = jax.vmap(lambda z: jem_select(z, prepared.table, 4))(noise.T)
     for s, h, sc in zip(np.asarray(seqs), np.asarray(hit), np.asarray(score)):
         assert h == (4 in s)
         top_w, top_wo = np.sort(w)[::-1][:4], np.sort(wo)[::-1][:4]

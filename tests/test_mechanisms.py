@@ -71,19 +71,23 @@ def test_poe_kernel_is_softmax():
 
 
 def test_poe_margin_is_logistic():
-    """The PoE white-box margin is Logistic(m_t - LSE_{j!=t} m_j, 1): KS test against the closed form (p > 1e-6)."""
+    """Max-stability: the margin of the Gumbel kernel and the simulator's one-logistic outcome are both
+    Logistic(m_t - LSE_{j!=t} m_j, 1) (KS tests, p > 1e-6); power: a location off by 0.1 is rejected."""
     mech = sa.ProductOfExperts.calibrated(4.0, clip=5.0)
     u = np.array([-25.11, -10.13, -12.0])
     attack = make_attack(mech, u, u, target=0)
+    n = 50_000
+    noisy = jax.jit(jax.vmap(mech, in_axes=(0, None)))(jax.random.split(jax.random.key(9), n), jnp.asarray(u)).noisy
+    noisy = np.asarray(noisy, np.float64)
+    kernel_margin = noisy[:, 0] - noisy[:, 1:].max(axis=1)
     prepared = mech.prepare(jnp.asarray(u), attack)
-    noise = mech.noise(jax.random.key(9), 50_000, prepared)
-    _, margins = jax.jit(jax.vmap(mech.outcome, in_axes=(0, None, None)))(noise, prepared, attack)
-    margins = np.asarray(margins, np.float64)
+    hits, sim_margin = mech.outcomes(mech.noise(jax.random.key(10), n, prepared), prepared[None], attack)
+    assert np.array_equal(np.asarray(hits), np.asarray(sim_margin) > 0)
     m = u * float(mech.scale)
     loc = m[0] - special.logsumexp(m[1:])
-    assert stats.kstest(margins, stats.logistic(loc=loc).cdf).pvalue > 1e-6
-    # Power: the same test rejects a location off by 0.1.
-    assert stats.kstest(margins, stats.logistic(loc=loc + 0.1).cdf).pvalue < 1e-6
+    for margins in (kernel_margin, np.asarray(sim_margin, np.float64)):
+        assert stats.kstest(margins, stats.logistic(loc=loc).cdf).pvalue > 1e-6
+        assert stats.kstest(margins, stats.logistic(loc=loc + 0.1).cdf).pvalue < 1e-6
 
 
 def test_esa_projected_noise_equals_full_noise():
@@ -98,17 +102,57 @@ def test_esa_projected_noise_equals_full_noise():
     attack = make_attack(mech, ref_w, ref_wo, target=0)
     prepared = mech.prepare(jnp.asarray(mean, jnp.float32), attack)
     z = rng.normal(size=(2000, d)).astype(np.float32)
-    # Express the full noise in the kernel's orthonormal basis of span(candidates, w).
+    # Express the full noise in the kernel's orthonormal basis of span(c_i - c_0, w).
     w = attack.reference_with - attack.reference_without
-    basis, _ = jnp.linalg.qr(jnp.concatenate([mech.candidates, w[None]], 0).T)
-    assert basis.shape == (d, c + 1)
+    basis, _ = jnp.linalg.qr(jnp.concatenate([mech.candidates[1:] - mech.candidates[:1], w[None]], 0).T)
+    assert basis.shape == (d, c)
     y = z @ np.asarray(basis)
-    hit, score = jax.vmap(mech.outcome, in_axes=(0, None, None))(jnp.asarray(y), prepared, attack)
+    hit, score = mech.outcomes(jnp.asarray(y.T), jax.tree_util.tree_map(lambda x: x[..., None], prepared), attack)
     noisy = mean[None] + 0.3 * z
     release_full = np.argmin(((noisy[:, None, :] - cand[None]) ** 2).sum(-1), axis=1)
     score_full = noisy @ (np.asarray(attack.reference_with) - np.asarray(attack.reference_without))
     assert np.array_equal(np.asarray(hit), release_full == 0)
     np.testing.assert_allclose(np.asarray(score), score_full, rtol=1e-4, atol=1e-4)
+
+
+def test_pv_contrast_noise_equals_full_noise():
+    """PV's (k-1)-dimensional contrast noise gives the same release and score as k-dimensional noise."""
+    rng = np.random.default_rng(1)
+    k = 5
+    votes = np.array([3.0, 1.0, 2.0, 2.5, 0.0])
+    mech = sa.PrivateVoting(sigma=jnp.float32(0.7))
+    attack = make_attack(mech, votes + [1, 0, -1, 0, 0], votes, target=0)
+    prepared = mech.prepare(jnp.asarray(votes, jnp.float32), attack)
+    z = rng.normal(size=(3000, k)).astype(np.float32)
+    y = z @ np.asarray(prepared.basis)  # coordinates in the contrast basis
+    hit, score = mech.outcomes(jnp.asarray(y.T), jax.tree_util.tree_map(lambda x: x[..., None], prepared), attack)
+    noisy = votes + 0.7 * z
+    w = np.array([1.0, 0, -1.0, 0, 0])
+    assert np.array_equal(np.asarray(hit), noisy.argmax(1) == 0)
+    np.testing.assert_allclose(np.asarray(score), noisy @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_outcome_matches_batched_outcomes():
+    """The one-trial outcome equals the batched outcomes, with shared and per-trial prepared inputs."""
+    u1, u2 = esa_unit_pair(1.2, 16)
+    cases = [
+        (sa.PrivateVoting.calibrated(2.0, 1e-5), np.array([[1.0, 2.0, 0.0], [2.0, 1.0, 0.0]])),
+        (sa.ProductOfExperts.calibrated(2.0, clip=5.0), np.array([[-3.0, -1.0], [-1.0, -2.0]])),
+        (sa.EmbeddingSpaceAggregation.calibrated(2.0, 1e-5, np.stack([u1, u2])), np.stack([u1, u2])),
+        (sa.KeywordSpaceAggregation.calibrated(2.0, top_k=2, num_values=4), np.array([[3.0, 2, 2, 0], [2, 3, 2, 0]])),
+    ]
+    for mech, clean in cases:
+        attack = make_attack(mech, clean[0], clean[1])
+        prepared = jax.vmap(mech.prepare, in_axes=(0, None))(jnp.asarray(clean, jnp.float32), attack)
+        example = jax.tree_util.tree_map(lambda x: x[0], prepared)
+        noise = mech.noise(jax.random.key(4), 6, example)
+        rows = jax.tree_util.tree_map(lambda x: jnp.moveaxis(x[np.array([0, 1, 1, 0, 1, 0])], 0, -1), prepared)
+        hits, scores = jax.jit(type(mech).outcomes)(mech, noise, rows, attack)
+        one_trial = jax.jit(type(mech).outcome)
+        for t, row in enumerate([0, 1, 1, 0, 1, 0]):
+            one = jax.tree_util.tree_map(lambda x: x[row], prepared)
+            h, sc = one_trial(mech, jax.tree_util.tree_map(lambda x: x[..., t], noise), one, attack)
+            assert bool(h) == bool(hits[t]) and float(sc) == pytest.approx(float(scores[t]), rel=1e-5, abs=1e-5)
 
 
 def test_mechanisms_are_jittable_vmappable_key_first():

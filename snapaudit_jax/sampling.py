@@ -1,0 +1,156 @@
+"""Random variates that are exact in the tails, and alias-table sampling.
+
+Audits live in the tails: a false-positive rate of 1e-7 is an ordinary
+number at ``eps = 16``. The float32 samplers of ``jax.random`` cannot reach
+such events: ``jax.random.normal`` applies ``erfinv`` to a uniform with
+resolution ``2^-23`` and never exceeds about 5.4 in absolute value (the mass
+beyond, ~6e-8, is missing); Gumbel and logistic variates built from
+``uniform`` stop near 16.6. Biased tails bias TPR/FPR and so the bounds.
+
+Here every continuous variate is an exact transform of ``(s, u)``: a fair
+sign bit ``s`` and ``u`` uniform on ``(0, 1/2)`` built from two 32-bit words,
+whose float32 value keeps full relative precision down to ``2^-64``:
+
+* normal: ``s * (-ndtri(u))``           (``P(Z > z) = Phi(-z)`` down to ``z ~ 9.2``)
+* logistic: ``s * log((1 - u) / u)``    (tails down to ``2^-64``)
+* exponential: ``-log1p(-u)`` or ``-log(u)`` by ``s``; Gumbel: ``-log(E)``.
+
+Categorical draws over many small-probability cells use an alias table with
+32-bit coins (Walker 1977; Vose 1991): two words per draw, probabilities
+resolved to ``2^-32`` of a cell, instead of one Gumbel per cell.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+__all__ = [
+    "sign_and_half_uniform",
+    "normal",
+    "logistic",
+    "gumbel",
+    "normal_from_bits",
+    "logistic_from_bits",
+    "AliasTable",
+    "alias_table",
+    "alias_draw",
+]
+
+_2P32 = 2.0**-32
+
+
+def sign_and_half_uniform(words: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(sign, u)`` from ``(2, ...)`` uint32 words: ``u`` uniform on ``(0, 1/2)``.
+
+    The first word gives the sign (top bit) and 31 high bits of ``u``; the
+    second refines ``u`` below ``2^-32``, so tiny ``u`` keep float32 relative
+    precision down to ``2^-65``.
+    """
+    hi, lo = words[0], words[1]  # two planes: contiguous, unlike a trailing axis of 2
+    sign = (hi >> 31) == 1
+    u = ((hi & 0x7FFFFFFF).astype(jnp.float32) + (lo.astype(jnp.float32) + 0.5) * jnp.float32(_2P32)) * jnp.float32(
+        _2P32
+    )
+    return sign, u
+
+
+def normal_from_bits(words: jax.Array) -> jax.Array:
+    """Standard normal from ``(2, ...)`` uint32 words (inverse-CDF transform)."""
+    sign, u = sign_and_half_uniform(words)
+    z = -jax.scipy.special.ndtri(u)
+    return jnp.where(sign, z, -z)
+
+
+def logistic_from_bits(words: jax.Array) -> jax.Array:
+    """Standard logistic from ``(2, ...)`` uint32 words."""
+    sign, u = sign_and_half_uniform(words)
+    x = jnp.log1p(-u) - jnp.log(u)
+    return jnp.where(sign, x, -x)
+
+
+def _words(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    # Flat planes: XLA's CPU loops vectorise poorly over a small minor axis, so the
+    # transform runs on 1-D arrays and the caller's shape is restored afterwards.
+    return jax.random.bits(key, (2, math.prod(shape)), jnp.uint32)
+
+
+def normal(key: jax.Array, shape=()) -> jax.Array:
+    """Standard normal float32 variates, exact in the tails (see the module docstring)."""
+    return normal_from_bits(_words(key, shape)).reshape(shape)
+
+
+def logistic(key: jax.Array, shape=()) -> jax.Array:
+    """Standard logistic float32 variates, exact in the tails."""
+    return logistic_from_bits(_words(key, shape)).reshape(shape)
+
+
+def gumbel(key: jax.Array, shape=()) -> jax.Array:
+    """Standard Gumbel float32 variates ``-log(E)``, ``E ~ Exp(1)``, exact in both tails."""
+    sign, u = sign_and_half_uniform(_words(key, shape))
+    e = jnp.where(sign, -jnp.log1p(-u), -jnp.log(u))
+    return (-jnp.log(e)).reshape(shape)
+
+
+class AliasTable(NamedTuple):
+    """Alias table over ``n`` cells (``n`` a power of two).
+
+    Attributes:
+      threshold: ``(n,)`` uint32: keep the cell if ``coin < threshold``.
+      keep_all: ``(n,)`` bool: the cell never defers to its alias.
+      alias: ``(n,)`` int32 alias of each cell.
+    """
+
+    threshold: jax.Array
+    keep_all: jax.Array
+    alias: jax.Array
+
+
+def alias_table(logits: jax.Array) -> AliasTable:
+    """Builds an alias table for ``softmax(logits)`` (pure, vmappable).
+
+    ``logits`` has a power-of-two length; ``-inf`` cells get probability 0.
+    Vose's construction pairs every under-full cell with an over-full one; a
+    cell that starts under-full keeps its exact probability, so rare cells
+    are resolved to float32 relative precision (and to ``2^-32 / n``
+    absolute, the coin's resolution).
+    """
+    n = logits.shape[0]
+    if n & (n - 1):
+        raise ValueError(f"alias tables need a power-of-two number of cells, got {n}")
+    p = jax.nn.softmax(logits)
+    scaled = p * n
+
+    def body(_, state):
+        q, keep, alias, done = state
+        small = ~done & (q < 1.0)
+        large = ~done & (q >= 1.0)
+        has_pair = jnp.any(small) & jnp.any(large)
+        s = jnp.argmax(small)
+        l = jnp.argmax(large)
+        # Cell s keeps q[s] of its slot and sends the rest to l.
+        new_q = q.at[l].add(jnp.where(has_pair, q[s] - 1.0, 0.0))
+        keep = keep.at[s].set(jnp.where(has_pair, q[s], keep[s]))
+        alias = alias.at[s].set(jnp.where(has_pair, l, alias[s]))
+        done = done.at[s].set(done[s] | has_pair)
+        return new_q, keep, alias, done
+
+    init = (scaled, jnp.ones((n,), jnp.float32), jnp.arange(n, dtype=jnp.int32), jnp.zeros((n,), bool))
+    q, keep, alias, done = jax.lax.fori_loop(0, n, body, init)
+    # Unpaired cells (numerical leftovers, all ~1) keep their whole slot.
+    keep = jnp.where(done, keep, 1.0)
+    keep_all = keep >= 1.0
+    threshold = jnp.floor(jnp.clip(keep, 0.0, 1.0) * jnp.float32(2.0**32))
+    threshold = jnp.minimum(threshold, jnp.float32(2.0**32 - 256)).astype(jnp.uint32)
+    return AliasTable(threshold=threshold, keep_all=keep_all, alias=alias)
+
+
+def alias_draw(words: jax.Array, table: AliasTable) -> jax.Array:
+    """One draw from ``(2,)`` uint32 words: cell ``words[0] mod n``, coin ``words[1]``."""
+    n = table.threshold.shape[0]
+    cell = (words[0] & jnp.uint32(n - 1)).astype(jnp.int32)
+    keep = table.keep_all[cell] | (words[1] < table.threshold[cell])
+    return jnp.where(keep, cell, table.alias[cell])
