@@ -375,8 +375,146 @@ def is_violation(epsilon_emp: float, epsilon_theory: float) -> bool:
     return bool(epsilon_emp > epsilon_theory * (1.0 + VIOLATION_RTOL))
 
 
-def _stream(key, pass_id: int, hypothesis: int):
-    return jax.random.fold_in(jax.random.fold_in(key, pass_id), hypothesis)
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """What the stages of one audit share."""
+
+    mechanism: Mechanism
+    attack: Attack
+    method: str
+    clean: str
+    estimator: str
+    delta: float
+    alpha: float
+    key: jax.Array
+    devices: Any
+    label: str | None  # progress-bar label, None for silence
+
+    def stream(self, pass_id: int, hypothesis: int) -> jax.Array:
+        return jax.random.fold_in(jax.random.fold_in(self.key, pass_id), hypothesis)
+
+    def progress(self, suffix: str) -> str | None:
+        return None if self.label is None else f"{self.label} {suffix}"
+
+
+def _check_snapshots(mechanism: Mechanism, with_canary, without_canary):
+    """Validated ``(mechanism, x1, x0)``; KSA gets a static bound on distinct counts that covers them."""
+    candidates = np.asarray(mechanism.candidates) if isinstance(mechanism, EmbeddingSpaceAggregation) else None
+    x1 = check_clean("with_canary", with_canary, mechanism=mechanism.name, candidates=candidates)
+    x0 = check_clean("without_canary", without_canary, mechanism=mechanism.name, candidates=candidates)
+    if x1.shape[1:] != x0.shape[1:]:
+        raise ValueError(f"with_canary has shape {x1.shape[1:]} per snapshot but without_canary has {x0.shape[1:]}")
+    if isinstance(mechanism, KeywordSpaceAggregation):
+        if mechanism.top_k > x1.shape[1]:
+            raise ValueError(f"top_k must be <= the vocabulary size {x1.shape[1]}, got {mechanism.top_k}")
+        needed = bucket_num_values(np.concatenate([x1, x0]))
+        if mechanism.num_values is None or mechanism.num_values < needed:
+            mechanism = mechanism.with_static(num_values=needed)
+    return mechanism, x1, x0
+
+
+def _sensitivity_warnings(mechanism: Mechanism, attack: Attack, sensitivity: float | None) -> list[str]:
+    if sensitivity is None:
+        return []
+    dist = type(mechanism).neighbour_distance(np.asarray(attack.reference_with), np.asarray(attack.reference_without))
+    if dist <= float(sensitivity) * (1.0 + 1e-6):
+        return []
+    msg = (
+        f"the reference clean outputs are {dist:.6g} apart but the noise is calibrated for sensitivity "
+        f"{float(sensitivity):.6g}: if they come from neighbouring contexts, the claimed sensitivity is too small"
+    )
+    _warnings.warn(msg, stacklevel=3)
+    return [msg]
+
+
+def _choose_threshold(run: _Run, selection, evaluation, eval_trials: int, selection_trials: int, bins: int) -> float:
+    """White-box threshold from the selection data only.
+
+    With exact score distributions (PV, ESA, PoE) the rates of the selection
+    clean outputs are computed, so no trials are spent; otherwise a pilot run
+    fixes a histogram range and ``selection_trials`` independent trials fill it.
+    Each threshold is scored by the bound the evaluation would give.
+    """
+    mech, attack = run.mechanism, run.attack
+    sel1, sel0 = selection
+    if not selection_trials:
+        candidates = exact_score_grid(mech, np.concatenate([sel1, sel0]), attack)
+        (tpr, tpr_c), (fpr, fpr_c) = (
+            tuple(np.mean(part, axis=0) for part in _per_snapshot_pair(
+                lambda x: exact_score_probability(mech, x, attack, candidates), sel))
+            for sel in (sel1, sel0)
+        )
+    else:
+        pilots = [
+            simulate(run.stream(_PILOT, b), mech, attack, sel, trials=_PILOT_TRIALS, per_unit=False,
+                     track_scores=True, devices=run.devices)
+            for b, sel in ((1, sel1), (0, sel0))
+        ]
+        lo = min(p.score_min for p in pilots)
+        hi = max(p.score_max for p in pilots)
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise ValueError(f"white-box scores are not finite (range {lo}, {hi}); the attack references are degenerate")
+        span = hi - lo if hi > lo else 1.0
+        lo, hi = lo - 0.5 * span, hi + 0.5 * span
+        hists = [
+            simulate(run.stream(_SELECT, b), mech, attack, sel, trials=selection_trials, per_unit=False,
+                     histogram=(lo, hi, bins), devices=run.devices, progress=run.progress(f"select b={b}")).histogram
+            for b, sel in ((1, sel1), (0, sel0))
+        ]
+        # #(score >= edge_j) = mass of bins j+1.. (bin 0 is the underflow).
+        k1 = np.cumsum(hists[0][::-1])[::-1][1:]
+        k0 = np.cumsum(hists[1][::-1])[::-1][1:]
+        n = selection_trials
+        tpr, tpr_c, fpr, fpr_c = k1 / n, (n - k1) / n, k0 / n, (n - k0) / n
+        candidates = lo + (hi - lo) / bins * np.arange(bins + 1)
+    tl, tl_c, fu, fu_c = _anticipated_bounds(
+        tpr, fpr, method=run.method, clean=run.clean, trials=eval_trials, n1=len(evaluation[0]),
+        n0=len(evaluation[1]), alpha=run.alpha, tpr_c=tpr_c, fpr_c=fpr_c,
+    )
+    if selection_trials:
+        # Rates seen on few selection trials are noisy: score each threshold by
+        # the worse of its selection-data bound and the anticipated evaluation bound.
+        a = run.alpha / 2
+        tl = np.minimum(tl, clopper_pearson_lower(k1, n, a))
+        tl_c = np.maximum(tl_c, clopper_pearson_upper(n - k1, n, a))
+        fu = np.maximum(fu, clopper_pearson_upper(k0, n, a))
+        fu_c = np.minimum(fu_c, clopper_pearson_lower(n - k0, n, a))
+    objective = _objective(tl, tl_c, fu, fu_c, run.estimator, run.delta)
+    return float(candidates[_best_threshold(objective, tpr - fpr)])
+
+
+def _evaluate(run: _Run, evaluation, trials: int, threshold: float | None) -> tuple[RateBound, RateBound, int]:
+    """``(TPR bound, FPR bound, trials per hypothesis)`` on the evaluation snapshots."""
+    mech, attack, alpha = run.mechanism, run.attack, run.alpha
+    ev1, ev0 = evaluation
+    if run.method == "exact":
+        if threshold is None:
+            rates = [_per_snapshot_pair(lambda x: exact_hit_probability(mech, x, attack), ev) for ev in (ev1, ev0)]
+        else:
+            rates = [
+                _per_snapshot_pair(lambda x: exact_score_probability(mech, x, attack, threshold), ev)
+                for ev in (ev1, ev0)
+            ]
+        return _bound_exact(rates[0], run.clean, "lower", alpha / 2), _bound_exact(rates[1], run.clean, "upper",
+                                                                                    alpha / 2), 0
+    scheme = "bootstrap" if (run.method == "paper" or run.clean == "fixed") else "stratified"
+    counts = [
+        simulate(run.stream(_EVAL, b), mech, attack, ev, trials=trials, scheme=scheme,
+                 per_unit=(run.method == "paper"), threshold=threshold, devices=run.devices,
+                 progress=run.progress(f"b={b}"))
+        for b, ev in ((1, ev1), (0, ev0))
+    ]
+    hits = [c.hits if threshold is None else c.score_hits for c in counts]
+    if run.method == "paper":
+        bounds = (_bound_paper(counts[0], hits[0], "lower", alpha / 4), _bound_paper(counts[1], hits[1], "upper",
+                                                                                      alpha / 4))
+    elif scheme == "stratified":
+        bounds = (_bound_stratified(hits[0], counts[0].trials, "lower", alpha / 2),
+                  _bound_stratified(hits[1], counts[1].trials, "upper", alpha / 2))
+    else:
+        bounds = (_bound_binomial(int(hits[0].sum()), counts[0].total_trials, len(ev1), "lower", alpha / 2),
+                  _bound_binomial(int(hits[1].sum()), counts[1].total_trials, len(ev0), "upper", alpha / 2))
+    return bounds[0], bounds[1], counts[0].total_trials
 
 
 def audit(
@@ -468,141 +606,41 @@ def audit(
             + (" (ESA needs exactly 2 candidates)" if isinstance(mechanism, EmbeddingSpaceAggregation) else "")
             + "; use method='simulate'"
         )
-    candidates = np.asarray(mechanism.candidates) if isinstance(mechanism, EmbeddingSpaceAggregation) else None
-    x1 = check_clean("with_canary", with_canary, mechanism=mechanism.name, candidates=candidates)
-    x0 = check_clean("without_canary", without_canary, mechanism=mechanism.name, candidates=candidates)
-    if x1.shape[1:] != x0.shape[1:]:
-        raise ValueError(f"with_canary has shape {x1.shape[1:]} per snapshot but without_canary has {x0.shape[1:]}")
-    if isinstance(mechanism, KeywordSpaceAggregation):
-        if mechanism.top_k > x1.shape[1]:
-            raise ValueError(f"top_k must be <= the vocabulary size {x1.shape[1]}, got {mechanism.top_k}")
-        needed = bucket_num_values(np.concatenate([x1, x0]))
-        if mechanism.num_values is None or mechanism.num_values < needed:
-            mechanism = mechanism.with_static(num_values=needed)
+    mechanism, x1, x0 = _check_snapshots(mechanism, with_canary, without_canary)
 
-    alpha = 1.0 - confidence
-    n1_all, n0_all = x1.shape[0], x0.shape[0]
+    # Attack design uses held-out selection snapshots when the snapshots are random draws.
     needs_selection = clean == "sampled" and (threat == "white" or (attack is None and target is None))
+    s = 0
     if needs_selection:
         if selection_snapshots is None:
-            selection_snapshots = 1 if threat == "black" else max(1, math.ceil(min(n1_all, n0_all) / 10))
-        selection_snapshots = _validate.positive_int("selection_snapshots", selection_snapshots)
-    else:
-        selection_snapshots = 0
-    s = selection_snapshots
+            selection_snapshots = 1 if threat == "black" else max(1, math.ceil(min(len(x1), len(x0)) / 10))
+        s = _validate.positive_int("selection_snapshots", selection_snapshots)
     if clean == "sampled" or method == "paper":
-        for name, n in (("with_canary", n1_all), ("without_canary", n0_all)):
+        for name, n in (("with_canary", len(x1)), ("without_canary", len(x0))):
             if n - s < 2:
                 raise ValueError(
                     f"{name} needs at least {s + 2} snapshots ({s} for attack selection + 2 for the Bernstein bound), "
                     f"got {n}"
                 )
-    if s:
-        sel1, sel0, ev1, ev0 = x1[:s], x0[:s], x1[s:], x0[s:]
-    else:
-        sel1, sel0, ev1, ev0 = x1, x0, x1, x0
-
+    selection = (x1[:s], x0[:s]) if s else (x1, x0)
+    evaluation = (x1[s:], x0[s:]) if s else (x1, x0)
     if attack is None:
-        attack = make_attack(mechanism, sel1.mean(axis=0), sel0.mean(axis=0), target)
-    messages = []
-    if sensitivity is not None:
-        dist = type(mechanism).neighbour_distance(np.asarray(attack.reference_with), np.asarray(attack.reference_without))
-        if dist > float(sensitivity) * (1.0 + 1e-6):
-            msg = (
-                f"the reference clean outputs are {dist:.6g} apart but the noise is calibrated for sensitivity "
-                f"{float(sensitivity):.6g}: if they come from neighbouring contexts, the claimed sensitivity is too small"
-            )
-            messages.append(msg)
-            _warnings.warn(msg, stacklevel=2)
+        attack = make_attack(mechanism, selection[0].mean(axis=0), selection[1].mean(axis=0), target)
+    messages = _sensitivity_warnings(mechanism, attack, sensitivity)
 
-    key = jax.random.key(seed)
-    threshold = None
-    selection_trials = 0
-    eval_trials = trials
-    n1_ev, n0_ev = ev1.shape[0], ev0.shape[0]
-    label = f"{mechanism.name} eps={epsilon_theory:g}"
-
+    run = _Run(
+        mechanism=mechanism, attack=attack, method=method, clean=clean, estimator=estimator, delta=delta,
+        alpha=1.0 - confidence, key=jax.random.key(seed), devices=devices,
+        label=f"{mechanism.name} eps={epsilon_theory:g}" if progress else None,
+    )
+    threshold, selection_trials = None, 0
     if threat == "white":
-        if supports_exact(mechanism, "white"):
-            # Exact rates need no data beyond the selection snapshots: no selection trials.
-            grid = exact_score_grid(mechanism, np.concatenate([sel1, sel0]), attack)
-            (tpr, tpr_c), (fpr, fpr_c) = (
-                tuple(np.mean(part, axis=0) for part in _per_snapshot_pair(
-                    lambda x: exact_score_probability(mechanism, x, attack, grid), sel))
-                for sel in (sel1, sel0)
-            )
-            candidates_thr = grid
-        else:
+        if not supports_exact(mechanism, "white"):
             selection_trials = max(1, int(round(selection_fraction * trials)))
-            eval_trials = trials - selection_trials
-            if eval_trials < 1:
+            if trials - selection_trials < 1:
                 raise ValueError(f"trials={trials} leaves no evaluation trials after selection")
-            pilots = [
-                simulate(_stream(key, _PILOT, b), mechanism, attack, sel, trials=_PILOT_TRIALS, per_unit=False,
-                         track_scores=True, devices=devices)
-                for b, sel in ((1, sel1), (0, sel0))
-            ]
-            lo = min(p.score_min for p in pilots)
-            hi = max(p.score_max for p in pilots)
-            if not (math.isfinite(lo) and math.isfinite(hi)):
-                raise ValueError(f"white-box scores are not finite (range {lo}, {hi}); the attack references are degenerate")
-            span = hi - lo if hi > lo else 1.0
-            lo, hi = lo - 0.5 * span, hi + 0.5 * span
-            hists = [
-                simulate(_stream(key, _SELECT, b), mechanism, attack, sel, trials=selection_trials, per_unit=False,
-                         histogram=(lo, hi, bins), devices=devices,
-                         progress=(f"{label} select b={b}" if progress else None)).histogram
-                for b, sel in ((1, sel1), (0, sel0))
-            ]
-            # #(score >= edge_j) = mass of bins j+1.. (bin 0 is the underflow).
-            k1 = np.cumsum(hists[0][::-1])[::-1][1:]
-            k0 = np.cumsum(hists[1][::-1])[::-1][1:]
-            tpr, tpr_c = k1 / selection_trials, (selection_trials - k1) / selection_trials
-            fpr, fpr_c = k0 / selection_trials, (selection_trials - k0) / selection_trials
-            candidates_thr = lo + (hi - lo) / bins * np.arange(bins + 1)
-        tl, tl_c, fu, fu_c = _anticipated_bounds(tpr, fpr, method=method, clean=clean, trials=eval_trials, n1=n1_ev,
-                                                 n0=n0_ev, alpha=alpha, tpr_c=tpr_c, fpr_c=fpr_c)
-        if selection_trials:
-            # Rates seen on few selection trials are noisy: score each threshold by
-            # the worse of its selection-data bound and the anticipated evaluation bound.
-            n = selection_trials
-            tl = np.minimum(tl, clopper_pearson_lower(k1, n, alpha / 2))
-            tl_c = np.maximum(tl_c, clopper_pearson_upper(n - k1, n, alpha / 2))
-            fu = np.maximum(fu, clopper_pearson_upper(k0, n, alpha / 2))
-            fu_c = np.minimum(fu_c, clopper_pearson_lower(n - k0, n, alpha / 2))
-        objective = _objective(tl, tl_c, fu, fu_c, estimator, delta)
-        threshold = float(candidates_thr[_best_threshold(objective, tpr - fpr)])
-
-    if method == "exact":
-        if threat == "black":
-            probs = [_per_snapshot_pair(lambda x: exact_hit_probability(mechanism, x, attack), ev) for ev in (ev1, ev0)]
-        else:
-            probs = [
-                _per_snapshot_pair(lambda x: exact_score_probability(mechanism, x, attack, threshold), ev)
-                for ev in (ev1, ev0)
-            ]
-        eval_trials = 0
-        tpr_b = _bound_exact(probs[0], clean, "lower", alpha / 2)
-        fpr_b = _bound_exact(probs[1], clean, "upper", alpha / 2)
-    else:
-        scheme = "bootstrap" if (method == "paper" or clean == "fixed") else "stratified"
-        counts = [
-            simulate(_stream(key, _EVAL, b), mechanism, attack, ev, trials=eval_trials, scheme=scheme,
-                     per_unit=(method == "paper"), threshold=threshold, devices=devices,
-                     progress=(f"{label} b={b}" if progress else None))
-            for b, ev in ((1, ev1), (0, ev0))
-        ]
-        hits = [c.hits if threshold is None else c.score_hits for c in counts]
-        if method == "paper":
-            tpr_b = _bound_paper(counts[0], hits[0], "lower", alpha / 4)
-            fpr_b = _bound_paper(counts[1], hits[1], "upper", alpha / 4)
-        elif scheme == "stratified":
-            tpr_b = _bound_stratified(hits[0], counts[0].trials, "lower", alpha / 2)
-            fpr_b = _bound_stratified(hits[1], counts[1].trials, "upper", alpha / 2)
-        else:
-            tpr_b = _bound_binomial(int(hits[0].sum()), counts[0].total_trials, n1_ev, "lower", alpha / 2)
-            fpr_b = _bound_binomial(int(hits[1].sum()), counts[1].total_trials, n0_ev, "upper", alpha / 2)
-        eval_trials = counts[0].total_trials
+        threshold = _choose_threshold(run, selection, evaluation, trials - selection_trials, selection_trials, bins)
+    tpr_b, fpr_b, eval_trials = _evaluate(run, evaluation, trials - selection_trials, threshold)
 
     kw = dict(tpr_low_complement=tpr_b.complement, fpr_up_complement=fpr_b.complement)
     eps_std = float(epsilon_std(tpr_b.bound, fpr_b.bound, delta, **kw))
@@ -634,7 +672,7 @@ def audit(
         violation=is_violation(eps_emp, epsilon_theory),
         trials=int(eval_trials),
         selection_trials=int(selection_trials),
-        snapshots=int(min(n1_all, n0_all)),
+        snapshots=int(min(len(x1), len(x0))),
         selection_snapshots=int(s),
         confidence=confidence,
         target=int(attack.target),

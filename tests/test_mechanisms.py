@@ -2,6 +2,7 @@
 
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import mpmath as mp
@@ -170,6 +171,20 @@ def test_mechanisms_are_jittable_vmappable_key_first():
         assert rel.output.shape[0] == 7
         again = jax.jit(jax.vmap(mech, in_axes=(0, None)))(keys, clean)
         assert np.array_equal(np.asarray(rel.output), np.asarray(again.output))  # pure: same key, same output
+
+
+def test_noise_parameters_are_traced_leaves():
+    """A new epsilon (sigma / scale) reuses the trace: mechanisms are pytrees with array leaves."""
+
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def release(mech, key, clean):
+        return mech(key, clean).output
+
+    key, votes = jax.random.key(0), jnp.array([1.0, 2.0])
+    for eps in (1.0, 4.0, 16.0):
+        release(sa.PrivateVoting.calibrated(eps, 1e-5), key, votes)
+    chex.clear_trace_counter()
 
 
 def test_default_target_is_the_direction_of_the_canary():
