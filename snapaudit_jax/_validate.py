@@ -75,5 +75,6 @@ def finite_array(name: str, value: Any, *, ndim_min: int = 1, dtype=np.float64) 
         raise ValueError(f"{name} must not be empty, got shape {arr.shape}")
     if not np.all(np.isfinite(arr)):
         bad = np.argwhere(~np.isfinite(arr))[0]
-        raise ValueError(f"{name} must be finite (no nan/inf), found {arr[tuple(bad)]} at index {tuple(int(i) for i in bad)}")
+        index = tuple(int(i) for i in bad)
+        raise ValueError(f"{name} must be finite (no nan/inf), found {arr[index]} at index {index}")
     return arr

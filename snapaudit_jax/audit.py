@@ -183,6 +183,15 @@ def _finish(estimate, estimate_complement, radius_parts, side, **kw) -> RateBoun
                      range_term=float(range_term), monte_carlo_term=float(mc_term), **kw)
 
 
+def estimate(tpr: RateBound, fpr: RateBound, delta: float, estimator: str) -> tuple[float, float, float, float]:
+    """``(epsilon_emp, epsilon_std, epsilon_gdp, mu_emp)`` from the two rate bounds."""
+    kw = dict(tpr_low_complement=tpr.complement, fpr_up_complement=fpr.complement)
+    eps_std = float(epsilon_std(tpr.bound, fpr.bound, delta, **kw))
+    eps_gdp = float(epsilon_gdp(tpr.bound, fpr.bound, delta, **kw))
+    mu = float(mu_lower(tpr.bound, fpr.bound, **kw))
+    return (eps_gdp if estimator == "gdp" else eps_std), eps_std, eps_gdp, mu
+
+
 def _sample_variance(x: np.ndarray) -> float:
     """Unbiased sample variance; exactly 0 for constant samples (no rounding residue)."""
     return float(np.var(x, ddof=1)) if np.ptp(x) > 0 else 0.0
@@ -334,7 +343,8 @@ def _assumptions(method: str, clean: str, threat: str, estimator: str, mechanism
     else:
         parts.append("Snapshots are i.i.d. draws of the clean stage.")
         parts.append(
-            "Exact h_b per snapshot; one-sided empirical Bernstein bound (Maurer & Pontil 2009) over snapshots, alpha/2 per rate."
+            "Exact h_b per snapshot; one-sided empirical Bernstein bound (Maurer & Pontil 2009) over snapshots, "
+            "alpha/2 per rate."
             if method == "exact"
             else "Every snapshot gets the same number of trials; one-sided empirical Bernstein bound (Maurer & Pontil "
             "2009) on the per-snapshot success rates covers snapshot and Monte Carlo error, alpha/2 per rate."
@@ -453,7 +463,7 @@ def _choose_threshold(run: _Run, selection, evaluation, eval_trials: int, select
         lo = min(p.score_min for p in pilots)
         hi = max(p.score_max for p in pilots)
         if not (math.isfinite(lo) and math.isfinite(hi)):
-            raise ValueError(f"white-box scores are not finite (range {lo}, {hi}); the attack references are degenerate")
+            raise ValueError(f"white-box scores are not finite (range {lo}, {hi}): degenerate attack references")
         span = hi - lo if hi > lo else 1.0
         lo, hi = lo - 0.5 * span, hi + 0.5 * span
         hists = [
@@ -642,11 +652,7 @@ def audit(
         threshold = _choose_threshold(run, selection, evaluation, trials - selection_trials, selection_trials, bins)
     tpr_b, fpr_b, eval_trials = _evaluate(run, evaluation, trials - selection_trials, threshold)
 
-    kw = dict(tpr_low_complement=tpr_b.complement, fpr_up_complement=fpr_b.complement)
-    eps_std = float(epsilon_std(tpr_b.bound, fpr_b.bound, delta, **kw))
-    mu = float(mu_lower(tpr_b.bound, fpr_b.bound, **kw))
-    eps_gdp = float(epsilon_gdp(tpr_b.bound, fpr_b.bound, delta, **kw))
-    eps_emp = eps_gdp if estimator == "gdp" else eps_std
+    eps_emp, eps_std, eps_gdp, mu = estimate(tpr_b, fpr_b, delta, estimator)
     noise = {}
     for field in ("sigma", "scale"):
         if hasattr(mechanism, field):

@@ -30,7 +30,6 @@ exact in floating point.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import ClassVar, NamedTuple
 
 import jax
@@ -40,7 +39,7 @@ import numpy as np
 from snapaudit_jax import _validate
 from snapaudit_jax.calibration import exponential_mechanism_scale
 from snapaudit_jax.sampling import AliasTable, alias_draw, alias_table
-from snapaudit_jax.mechanisms import Attack, Mechanism, Release, _pytree_dataclass, _static
+from snapaudit_jax.mechanisms import Mechanism, Release, _pytree_dataclass, _static
 
 __all__ = [
     "JemTable",

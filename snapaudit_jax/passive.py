@@ -25,9 +25,10 @@ from snapaudit_jax.audit import (
     _best_threshold,
     _bound_binomial,
     _objective,
+    estimate,
     is_violation,
 )
-from snapaudit_jax.estimators import ESTIMATORS, epsilon_gdp, epsilon_std, mu_lower
+from snapaudit_jax.estimators import ESTIMATORS
 from snapaudit_jax.mechanisms import Attack, Mechanism
 from snapaudit_jax.simulate import _Progress
 
@@ -149,10 +150,7 @@ def passive_audit(
     m = hits1.size
     tpr_b: RateBound = _bound_binomial(int(hits1.sum()), m, m, "lower", alpha / 2)
     fpr_b: RateBound = _bound_binomial(int(hits0.sum()), m, m, "upper", alpha / 2)
-    kw = dict(tpr_low_complement=tpr_b.complement, fpr_up_complement=fpr_b.complement)
-    eps_std = float(epsilon_std(tpr_b.bound, fpr_b.bound, delta, **kw))
-    eps_gdp = float(epsilon_gdp(tpr_b.bound, fpr_b.bound, delta, **kw))
-    eps_emp = eps_gdp if estimator == "gdp" else eps_std
+    eps_emp, eps_std, eps_gdp, mu = estimate(tpr_b, fpr_b, delta, estimator)
     assumptions = "End-to-end runs are i.i.d.; one-sided Clopper-Pearson bound on each rate, alpha/2 each."
     if threat == "white":
         assumptions += " The threshold was chosen on selection runs independent of the evaluation runs."
@@ -169,7 +167,7 @@ def passive_audit(
         epsilon_emp=eps_emp,
         epsilon_std=eps_std,
         epsilon_gdp=eps_gdp,
-        mu_emp=float(mu_lower(tpr_b.bound, fpr_b.bound, **kw)),
+        mu_emp=mu,
         tpr_hat=tpr_b.estimate,
         fpr_hat=fpr_b.estimate,
         tpr_low=tpr_b.bound,

@@ -252,7 +252,9 @@ class _Progress:
         bar = "#" * int(30 * frac)
         rate = done / max(now - self.start, 1e-9)
         end = "\n" if done >= self.total else ""
-        sys.stderr.write(f"\r{self.label} [{bar:<30}] {100 * frac:5.1f}% {done:,}/{self.total:,} trials {rate:,.0f}/s{end}")
+        sys.stderr.write(
+            f"\r{self.label} [{bar:<30}] {100 * frac:5.1f}% {done:,}/{self.total:,} trials {rate:,.0f}/s{end}"
+        )
         sys.stderr.flush()
 
 
@@ -355,7 +357,8 @@ def simulate(
         )
         out = {name: _to_host(value) for name, value in out.items()}
         if acc is None:
-            acc = {name: value.astype(np.float64 if name.startswith("score_m") else np.int64) for name, value in out.items()}
+            acc = {name: value.astype(np.float64 if name.startswith("score_m") else np.int64)
+                   for name, value in out.items()}
         else:
             for name, value in out.items():
                 if name == "score_min":

@@ -92,10 +92,12 @@ def test_cp_matches_mpmath_root(alpha):
         up = float(b.clopper_pearson_upper(k, n, alpha))
         lo = float(b.clopper_pearson_lower(k, n, alpha))
         if k < n:
-            ref = root_in_bracket(lambda u: binom_cdf_mp(k, n, u) - alpha, up * (1 - 1e-3), min(up * (1 + 1e-3), 1))
+            ref = root_in_bracket(lambda u, k=k, n=n: binom_cdf_mp(k, n, u) - alpha, up * (1 - 1e-3),
+                                  min(up * (1 + 1e-3), 1))
             assert abs(up - ref) <= 1e-10 * ref, (k, n, up, ref)
         if k > 0:
-            ref = root_in_bracket(lambda p: binom_sf_mp(k, n, p) - alpha, lo * (1 - 1e-3), min(lo * (1 + 1e-3), 1))
+            ref = root_in_bracket(lambda p, k=k, n=n: binom_sf_mp(k, n, p) - alpha, lo * (1 - 1e-3),
+                                  min(lo * (1 + 1e-3), 1))
             assert abs(lo - ref) <= 1e-10 * ref, (k, n, lo, ref)
 
 
@@ -242,7 +244,9 @@ def _eb_stats(name, n, seed):
 
 @pytest.mark.parametrize("name", sorted(EB_DISTRIBUTIONS))
 def test_empirical_bernstein_coverage(name):
-    """Both one-sided EB bounds at alpha=0.05 hold in >= 95% of 20000 reps for n in {10,100,2000}; false-failure <= 1e-6."""
+    """Both one-sided EB bounds at alpha=0.05 hold in >= 95% of 20000 reps for n in {10,100,2000}.
+
+    False-failure probability <= 1e-6."""
     c = miss_threshold(2 * len(EB_N))
     for n in EB_N:
         mean, var, mu = _eb_stats(name, n, seed=7)
@@ -279,7 +283,9 @@ def test_hoeffding_closed_form():
 
 
 def test_hoeffding_coverage_and_power():
-    """One-sided Hoeffding covers Bernoulli(0.5), n=100, in >= 95% of 20000 reps; half the radius does not. False-failure <= 1e-6."""
+    """One-sided Hoeffding covers Bernoulli(0.5), n=100, in >= 95% of 20000 reps; half the radius does not.
+
+    False-failure probability <= 1e-6."""
     rng = np.random.default_rng(11)
     n, p = 100, 0.5
     mean = rng.binomial(n, p, size=R) / n

@@ -108,8 +108,8 @@ BAD = [
 @pytest.mark.parametrize("argv,needle", BAD)
 def test_bad_input_exits_2_names_the_flag_and_writes_nothing(capsys, tmp_path, argv, needle):
     out_json, png = tmp_path / "r.json", tmp_path / "p.png"
-    code, out, err = run(capsys, *argv, "--trials", "1000", "--out", out_json, "--plot", png) if "--trials" not in argv \
-        else run(capsys, *argv, "--out", out_json, "--plot", png)
+    extra = [] if "--trials" in argv else ["--trials", "1000"]
+    code, out, err = run(capsys, *argv, *extra, "--out", out_json, "--plot", png)
     assert code == 2
     assert needle in err
     assert out == ""

@@ -226,7 +226,9 @@ def _thresholds(mu, eps):
 
 @pytest.mark.parametrize("mu", MUS)
 def test_estimators_valid_and_tight_at_true_gaussian_rates(mu):
-    """At the exact rates of every threshold test of a mu-GDP Gaussian, eps_gdp == eps(mu) and eps_std <= eps(mu), tight at t*."""
+    """At the exact rates of every threshold test of a mu-GDP Gaussian, eps_gdp == eps(mu) and eps_std <= eps(mu).
+
+    eps_std is tight at the likelihood-ratio threshold t*."""
     for delta in DELTAS:
         eps_true = gdp_epsilon(mu, delta)
         t = _thresholds(mu, eps_true)

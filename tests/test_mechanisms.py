@@ -30,8 +30,7 @@ def test_pv_argmax_probability_matches_mpmath_quadrature():
     cases = [([1.0, 2.0, 0.5], 0.6, 0), ([0.0, 3.0, 2.5, 1.0], 0.3, 0), ([4.0, 1.0, 1.0], 2.0, 2)]
     for votes, sigma, t in cases:
         a = [(votes[t] - v) / sigma for j, v in enumerate(votes) if j != t]
-        f = lambda z: mp.npdf(z) * mp.fprod(mp.ncdf(ai + z) for ai in a)  # noqa: E731
-        ref = mp.quad(f, [-mp.inf, -10, 0, 10, mp.inf])
+        ref = mp.quad(lambda z, a=a: mp.npdf(z) * mp.fprod(mp.ncdf(ai + z) for ai in a), [-mp.inf, -10, 0, 10, mp.inf])
         p, q = pv_argmax_probability(votes, sigma, t)
         assert p == pytest.approx(float(ref), rel=1e-8), (votes, sigma, t)
         assert q == pytest.approx(float(1 - ref), rel=1e-8)
@@ -151,8 +150,8 @@ def test_outcome_matches_batched_outcomes():
         hits, scores = jax.jit(type(mech).outcomes)(mech, noise, rows, attack)
         one_trial = jax.jit(type(mech).outcome)
         for t, row in enumerate([0, 1, 1, 0, 1, 0]):
-            one = jax.tree_util.tree_map(lambda x: x[row], prepared)
-            h, sc = one_trial(mech, jax.tree_util.tree_map(lambda x: x[..., t], noise), one, attack)
+            one = jax.tree_util.tree_map(lambda x, row=row: x[row], prepared)
+            h, sc = one_trial(mech, jax.tree_util.tree_map(lambda x, t=t: x[..., t], noise), one, attack)
             assert bool(h) == bool(hits[t]) and float(sc) == pytest.approx(float(scores[t]), rel=1e-5, abs=1e-5)
 
 

@@ -44,7 +44,9 @@ def test_logistic_and_gumbel_transforms():
     assert np.abs(x).max() > 40  # far beyond the ~16.6 reach of float32-uniform logistics
 
 
-@pytest.mark.parametrize("name,dist", [("normal", stats.norm), ("logistic", stats.logistic), ("gumbel", stats.gumbel_r)])
+@pytest.mark.parametrize(
+    "name,dist", [("normal", stats.norm), ("logistic", stats.logistic), ("gumbel", stats.gumbel_r)]
+)
 def test_variates_follow_their_law(name, dist):
     """KS test on 200k draws (false-failure prob 1e-6); power: a shift of 0.03 is rejected."""
     x = np.asarray(getattr(sampling, name)(jax.random.key(0), (200_000,)), np.float64)
