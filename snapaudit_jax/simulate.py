@@ -92,6 +92,7 @@ class _Plan:
     want_threshold: bool
     bins: int  # 0: no histogram
     track_scores: bool
+    shared_leaves: tuple[bool, ...]  # prepared leaves equal for every distinct snapshot
     mesh: jax.sharding.Mesh
 
 
@@ -146,11 +147,19 @@ def _combine(a, b):
     return out
 
 
-def _trial_last(tree, index=None):
-    """Prepared leaves ``(D, ...)`` -> ``(..., T)``: rows ``index`` (one per trial), or row 0 with ``T = 1``."""
-    if index is None:
-        return jax.tree_util.tree_map(lambda x: x[0][..., None], tree)
-    return jax.tree_util.tree_map(lambda x: jnp.moveaxis(x[index], 0, -1), tree)
+def _trial_last(tree, index=None, shared=None):
+    """Prepared leaves ``(D, ...)`` -> ``(..., T)``: rows ``index`` (one per trial), or row 0 with ``T = 1``.
+
+    Leaves flagged in ``shared`` (equal for every snapshot, e.g. a basis that
+    only depends on the attack) stay at ``T = 1`` instead of being gathered.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    shared = shared or (False,) * len(leaves)
+    out = [
+        x[0][..., None] if (index is None or same) else jnp.moveaxis(x[index], 0, -1)
+        for x, same in zip(leaves, shared)
+    ]
+    return jax.tree_util.tree_unflatten(treedef, out)
 
 
 def _block_outcomes(plan: _Plan, mechanism: Mechanism, attack: Attack, prepared, unit_of_snapshot, block_key, b, total):
@@ -159,7 +168,7 @@ def _block_outcomes(plan: _Plan, mechanism: Mechanism, attack: Attack, prepared,
     if plan.scheme == "stratified":
         # Trial j * n + i of the block is round j of snapshot i.
         r, n = plan.rounds, plan.n
-        rows = _trial_last(prepared, jnp.tile(unit_of_snapshot, r))
+        rows = _trial_last(prepared, jnp.tile(unit_of_snapshot, r), plan.shared_leaves)
         hit, score = mechanism.outcomes(mechanism.noise(block_key, r * n, example), rows, attack)
         rounds = b * r + jnp.arange(r)
         valid = jnp.broadcast_to((rounds < total)[:, None], (r, n))
@@ -168,7 +177,7 @@ def _block_outcomes(plan: _Plan, mechanism: Mechanism, attack: Attack, prepared,
     noise = mechanism.noise(key_noise, plan.block, example)
     if plan.sample_index:
         unit = unit_of_snapshot[jax.random.randint(key_index, (plan.block,), 0, plan.n)]
-        hit, score = mechanism.outcomes(noise, _trial_last(prepared, unit), attack)
+        hit, score = mechanism.outcomes(noise, _trial_last(prepared, unit, plan.shared_leaves), attack)
     else:
         unit = jnp.zeros((plan.block,), jnp.int32)
         hit, score = mechanism.outcomes(noise, _trial_last(prepared), attack)
@@ -323,6 +332,11 @@ def simulate(
     # Blocks per device per call: the chunk size, or fewer (rounded up to a power
     # of two, so that nearby trial counts share one compiled function) for short runs.
     per_device = max(1, min(chunk_trials // (block * num_devices), _bucket(-(-num_blocks // num_devices))))
+    prepared = _prepare_all(mechanism, attack, jnp.asarray(distinct))
+    shared = tuple(
+        bool(np.all(leaf[:num_distinct] == leaf[:1]))
+        for leaf in map(_to_host, jax.tree_util.tree_leaves(prepared))
+    )
     plan = _Plan(
         scheme=scheme,
         units=units,
@@ -335,13 +349,13 @@ def simulate(
         want_threshold=threshold is not None,
         bins=0 if histogram is None else int(histogram[2]),
         track_scores=track_scores,
+        shared_leaves=shared,
         mesh=mesh,
     )
     lo, hi = (0.0, 1.0) if histogram is None else (float(histogram[0]), float(histogram[1]))
     width = (hi - lo) / plan.bins if plan.bins else 1.0
     if plan.bins and not width > 0:
         raise ValueError(f"histogram range must satisfy lo < hi, got ({lo}, {hi})")
-    prepared = _prepare_all(mechanism, attack, jnp.asarray(distinct))
     unit_of_snapshot = jnp.asarray(inverse, jnp.int32)
     thr = jnp.float32(0.0 if threshold is None else threshold)
 
