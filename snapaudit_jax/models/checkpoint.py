@@ -1,0 +1,383 @@
+"""Loading checkpoints into the Flax NNX models.
+
+* Hugging Face folders: ``config.json`` + ``model.safetensors`` (or a sharded
+  ``model.safetensors.index.json``) for GPT-2, Llama and BERT.
+* GGUF files of the Llama architecture (llama.cpp): tensors are dequantised
+  with ``gguf``; llama.cpp stores Q and K with rows permuted for its
+  interleaved rotary convention, which is undone here.
+
+Pickle-based checkpoints (``.bin``, ``.pt``, ``.pth``, ``.pkl``, ``.ckpt``) can
+execute code when loaded and are refused unless ``allow_pickle=True``.
+Every failure names the file and, where it applies, the tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from snapaudit_jax.models.bert import Bert
+from snapaudit_jax.models.config import BertConfig, ConfigError, GPT2Config, LlamaConfig, RopeScaling, config_from_hf
+from snapaudit_jax.models.decoders import GPT2, Llama
+
+__all__ = ["CheckpointError", "load_hf_folder", "load_gguf", "build_model", "PICKLE_SUFFIXES"]
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded: missing, truncated, corrupted or mismatched."""
+
+
+# ---------------------------------------------------------------------------
+# Name maps: our parameter path -> (checkpoint name, transpose)
+# ---------------------------------------------------------------------------
+
+Entry = tuple[tuple, str, bool]
+
+
+def _gpt2_map(cfg: GPT2Config) -> list[Entry]:
+    out: list[Entry] = [
+        (("wte", "embedding"), "wte.weight", False),
+        (("wpe", "embedding"), "wpe.weight", False),
+        (("ln_f", "scale"), "ln_f.weight", False),
+        (("ln_f", "bias"), "ln_f.bias", False),
+    ]
+    for i in range(cfg.n_layer):
+        hf = f"h.{i}."
+        for ours, theirs in (("ln_1", "ln_1"), ("ln_2", "ln_2")):
+            out += [(("blocks", i, ours, "scale"), hf + theirs + ".weight", False),
+                    (("blocks", i, ours, "bias"), hf + theirs + ".bias", False)]
+        # Conv1D stores (in, out): no transpose.
+        for ours, theirs in (("c_attn", "attn.c_attn"), ("attn_proj", "attn.c_proj"), ("c_fc", "mlp.c_fc"),
+                             ("mlp_proj", "mlp.c_proj")):
+            out += [(("blocks", i, ours, "kernel"), hf + theirs + ".weight", False),
+                    (("blocks", i, ours, "bias"), hf + theirs + ".bias", False)]
+    return out
+
+
+def _llama_map(cfg: LlamaConfig) -> list[Entry]:
+    out: list[Entry] = [
+        (("embed", "embedding"), "embed_tokens.weight", False),
+        (("norm", "scale"), "norm.weight", False),
+    ]
+    if not cfg.tie_word_embeddings:
+        out.append((("lm_head", "kernel"), "lm_head.weight", True))
+    for i in range(cfg.num_hidden_layers):
+        hf = f"layers.{i}."
+        out += [(("blocks", i, "input_norm", "scale"), hf + "input_layernorm.weight", False),
+                (("blocks", i, "post_norm", "scale"), hf + "post_attention_layernorm.weight", False)]
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            out.append((("blocks", i, name, "kernel"), hf + f"self_attn.{name}.weight", True))
+            if cfg.attention_bias:
+                out.append((("blocks", i, name, "bias"), hf + f"self_attn.{name}.bias", False))
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            out.append((("blocks", i, name, "kernel"), hf + f"mlp.{name}.weight", True))
+            if cfg.mlp_bias:
+                out.append((("blocks", i, name, "bias"), hf + f"mlp.{name}.bias", False))
+    return out
+
+
+def _bert_map(cfg: BertConfig) -> list[Entry]:
+    out: list[Entry] = [
+        (("word", "embedding"), "embeddings.word_embeddings.weight", False),
+        (("position", "embedding"), "embeddings.position_embeddings.weight", False),
+        (("token_type", "embedding"), "embeddings.token_type_embeddings.weight", False),
+        (("embed_norm", "scale"), "embeddings.LayerNorm.weight", False),
+        (("embed_norm", "bias"), "embeddings.LayerNorm.bias", False),
+    ]
+    for i in range(cfg.num_hidden_layers):
+        hf = f"encoder.layer.{i}."
+        for ours, theirs in (("query", "attention.self.query"), ("key", "attention.self.key"),
+                             ("value", "attention.self.value"), ("attn_out", "attention.output.dense"),
+                             ("intermediate", "intermediate.dense"), ("output", "output.dense")):
+            out += [(("layers", i, ours, "kernel"), hf + theirs + ".weight", True),
+                    (("layers", i, ours, "bias"), hf + theirs + ".bias", False)]
+        for ours, theirs in (("attn_norm", "attention.output.LayerNorm"), ("out_norm", "output.LayerNorm")):
+            out += [(("layers", i, ours, "scale"), hf + theirs + ".weight", False),
+                    (("layers", i, ours, "bias"), hf + theirs + ".bias", False)]
+    return out
+
+
+_MODELS: dict[type, tuple[type, Callable, tuple[str, ...]]] = {
+    GPT2Config: (GPT2, _gpt2_map, ("transformer.", "")),
+    LlamaConfig: (Llama, _llama_map, ("model.", "")),
+    BertConfig: (Bert, _bert_map, ("bert.", "")),
+}
+
+
+def build_model(cfg, get_tensor: Callable[[str], np.ndarray | None], source: str):
+    """Builds the NNX model of ``cfg`` from named tensors (no random initialisation).
+
+    Args:
+      cfg: a model config.
+      get_tensor: returns the checkpoint tensor of a name, or ``None`` if absent.
+      source: the file(s) the tensors come from (for error messages).
+
+    Raises:
+      CheckpointError: a missing tensor or a shape mismatch (naming the tensor).
+    """
+    cls, name_map, prefixes = _MODELS[type(cfg)]
+    abstract = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    wanted = {path: (name, transpose) for path, name, transpose in name_map(cfg)}
+    pairs = []
+    for path, var in nnx.to_flat_state(state):
+        if path not in wanted:
+            raise CheckpointError(f"{source}: internal error, no checkpoint name for parameter {path}")
+        name, transpose = wanted[path]
+        tensor, found = None, name
+        for prefix in prefixes:
+            tensor = get_tensor(prefix + name)
+            if tensor is not None:
+                found = prefix + name
+                break
+        if tensor is None:
+            raise CheckpointError(f"{source}: missing tensor {name!r}")
+        array = np.asarray(tensor, np.float32)
+        if transpose:
+            array = array.T
+        expected = tuple(var.shape)
+        if array.shape != expected:
+            raise CheckpointError(
+                f"{source}: tensor {found!r} has shape {tuple(np.shape(tensor))}, expected "
+                f"{expected[::-1] if transpose else expected} for this config"
+            )
+        pairs.append((path, var.replace(jnp.asarray(array))))
+    return nnx.merge(graphdef, nnx.from_flat_state(pairs))
+
+
+# ---------------------------------------------------------------------------
+# Hugging Face folders
+# ---------------------------------------------------------------------------
+
+
+def _safetensors_reader(files: Iterable[str]):
+    from safetensors import safe_open
+
+    handles = {}
+    index = {}
+    for path in files:
+        try:
+            handle = safe_open(path, framework="numpy")
+        except Exception as err:  # safetensors raises its own error types for truncated/corrupt headers
+            raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from None
+        handles[path] = handle
+        for key in handle.keys():
+            index[key] = path
+
+    def get(name: str):
+        path = index.get(name)
+        if path is None:
+            return None
+        try:
+            return handles[path].get_tensor(name)
+        except Exception as err:
+            raise CheckpointError(f"{path}: tensor {name!r} is unreadable (truncated or corrupted file: {err})") from None
+
+    return get, set(index)
+
+
+def _pickle_reader(path: str):
+    try:
+        import torch
+    except ImportError as err:
+        raise CheckpointError(f"{path}: reading a pickle checkpoint needs torch (pip install torch)") from err
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise CheckpointError(f"{path}: not a readable torch checkpoint ({err})") from None
+    arrays = {k: v.float().numpy() for k, v in state.items()}
+    return arrays.get, set(arrays)
+
+
+def _weight_files(folder: str, allow_pickle: bool) -> tuple[str, list[str]]:
+    index = os.path.join(folder, "model.safetensors.index.json")
+    single = os.path.join(folder, "model.safetensors")
+    if os.path.isfile(single):
+        return "safetensors", [single]
+    if os.path.isfile(index):
+        try:
+            with open(index) as fh:
+                weight_map = json.load(fh)["weight_map"]
+        except (OSError, ValueError, KeyError) as err:
+            raise CheckpointError(f"{index}: not a valid safetensors index ({err})") from None
+        shards = sorted({os.path.join(folder, f) for f in weight_map.values()})
+        missing = [s for s in shards if not os.path.isfile(s)]
+        if missing:
+            raise CheckpointError(f"{index}: shard file {missing[0]!r} does not exist")
+        return "safetensors", shards
+    pickles = sorted(f for f in os.listdir(folder) if f.endswith(PICKLE_SUFFIXES))
+    if pickles:
+        if not allow_pickle:
+            raise CheckpointError(
+                f"{os.path.join(folder, pickles[0])}: pickle checkpoints can run arbitrary code when loaded and are "
+                "refused; convert it to safetensors or pass allow_pickle=True (--allow-pickle) if you trust it"
+            )
+        return "pickle", [os.path.join(folder, pickles[0])]
+    raise CheckpointError(f"{folder}: no model.safetensors, model.safetensors.index.json or weights file found")
+
+
+def read_config(folder: str):
+    path = os.path.join(folder, "config.json")
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{folder}: no config.json (not a Hugging Face checkpoint folder)")
+    try:
+        with open(path) as fh:
+            raw = json.load(fh)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path}: not valid JSON ({err})") from None
+    try:
+        return config_from_hf(raw, source=path), raw
+    except ConfigError as err:
+        raise CheckpointError(str(err)) from None
+
+
+def load_hf_folder(folder: str | os.PathLike, *, allow_pickle: bool = False):
+    """``(config, model)`` from a Hugging Face checkpoint folder.
+
+    Args:
+      folder: a folder with ``config.json`` and safetensors weights.
+      allow_pickle: also accept ``.bin``/``.pt`` weights (they can execute code).
+
+    Raises:
+      CheckpointError: missing or invalid files, unsupported architecture,
+        missing tensors or shape mismatches.
+    """
+    folder = os.fspath(folder)
+    if not os.path.isdir(folder):
+        raise CheckpointError(f"{folder}: checkpoint folder does not exist")
+    cfg, _ = read_config(folder)
+    kind, files = _weight_files(folder, allow_pickle)
+    get, _ = _safetensors_reader(files) if kind == "safetensors" else _pickle_reader(files[0])
+    source = files[0] if len(files) == 1 else f"{folder} (sharded)"
+    return cfg, build_model(cfg, get, source)
+
+
+# ---------------------------------------------------------------------------
+# GGUF
+# ---------------------------------------------------------------------------
+
+_GGUF_NAMES = {
+    "token_embd.weight": "embed_tokens.weight",
+    "output_norm.weight": "norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_GGUF_BLOCK = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def gguf_field(reader, key: str, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    return field.contents()
+
+
+def _unpermute_rotary(w: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation (interleaved -> half-split rotary pairs)."""
+    out_dim, in_dim = w.shape
+    return w.reshape(heads, out_dim // heads // 2, 2, in_dim).swapaxes(1, 2).reshape(out_dim, in_dim)
+
+
+def _open_gguf(path: str):
+    from gguf import GGUFReader
+
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path}: GGUF file does not exist")
+    try:
+        return GGUFReader(path)
+    except Exception as err:
+        raise CheckpointError(f"{path}: not a readable GGUF file (truncated or corrupted: {err})") from None
+
+
+def gguf_llama_config(reader, path: str) -> LlamaConfig:
+    arch = gguf_field(reader, "general.architecture")
+    if arch != "llama":
+        raise CheckpointError(f"{path}: GGUF architecture {arch!r} is not supported (llama)")
+
+    def need(key):
+        value = gguf_field(reader, f"llama.{key}")
+        if value is None:
+            raise CheckpointError(f"{path}: GGUF metadata is missing 'llama.{key}'")
+        return value
+
+    hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
+    names = {t.name for t in reader.tensors}
+    vocab = gguf_field(reader, "llama.vocab_size")
+    if vocab is None:
+        vocab = len(gguf_field(reader, "tokenizer.ggml.tokens", []))
+    scaling = None
+    if gguf_field(reader, "llama.rope.scaling.type") == "linear":
+        scaling = {"rope_type": "linear", "factor": gguf_field(reader, "llama.rope.scaling.factor")}
+    return LlamaConfig(
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(need("feed_forward_length")),
+        num_hidden_layers=int(need("block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(gguf_field(reader, "llama.attention.head_count_kv", heads)),
+        head_dim=int(gguf_field(reader, "llama.rope.dimension_count", hidden // heads)),
+        max_position_embeddings=int(gguf_field(reader, "llama.context_length", 8192)),
+        rms_norm_eps=float(gguf_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(gguf_field(reader, "llama.rope.freq_base", 10000.0)),
+        rope_scaling=RopeScaling.from_hf(scaling, source=path),
+        tie_word_embeddings="output.weight" not in names,
+        bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_id=gguf_field(reader, "tokenizer.ggml.eos_token_id"),
+    )
+
+
+def load_gguf(path: str | os.PathLike):
+    """``(config, model, reader)`` from a Llama-architecture GGUF file (no torch needed).
+
+    Raises:
+      CheckpointError: unreadable file, unsupported architecture, missing or
+        mis-shaped tensors.
+    """
+    from gguf.quants import dequantize
+
+    path = os.fspath(path)
+    reader = _open_gguf(path)
+    cfg = gguf_llama_config(reader, path)
+    by_name = {}
+    for tensor in reader.tensors:
+        name = tensor.name
+        if name in _GGUF_NAMES:
+            by_name[_GGUF_NAMES[name]] = tensor
+        elif name.startswith("blk."):
+            _, layer, kind, suffix = name.split(".", 3)
+            if kind in _GGUF_BLOCK:
+                by_name[f"layers.{layer}.{_GGUF_BLOCK[kind]}.{suffix}"] = tensor
+
+    def get(name: str):
+        tensor = by_name.get(name)
+        if tensor is None:
+            return None
+        try:
+            w = dequantize(tensor.data, tensor.tensor_type)
+        except Exception as err:
+            raise CheckpointError(f"{path}: tensor {tensor.name!r} cannot be dequantised ({err})") from None
+        # GGUF lists dimensions innermost first; the data is already row-major (out, in).
+        w = np.asarray(w, np.float32).reshape(tuple(int(d) for d in reversed(tensor.shape)))
+        if name.endswith("self_attn.q_proj.weight"):
+            w = _unpermute_rotary(w, cfg.num_attention_heads)
+        elif name.endswith("self_attn.k_proj.weight"):
+            w = _unpermute_rotary(w, cfg.num_key_value_heads)
+        return w
+
+    return cfg, build_model(cfg, get, path), reader

@@ -1,0 +1,157 @@
+"""Decoder-only language models in Flax NNX: GPT-2 and Llama.
+
+Both expose the same call::
+
+    hidden, cache = model(tokens, positions, key_mask, cache=cache, index=index)
+    logits = model.logits(hidden)
+
+* ``tokens``, ``positions``: ``(B, L)`` int32 (positions from
+  :func:`~snapaudit_jax.models.layers.positions_from_mask` for left padding);
+* ``key_mask``: ``(B, S)`` bool, slots holding real tokens; without a cache
+  ``S = L`` and it is the attention mask of the batch;
+* ``cache``: a tuple of :class:`~snapaudit_jax.models.layers.LayerCache` (one per
+  layer, ``S`` slots) or ``None``; new keys/values are written at ``index``.
+
+``logits`` is separate so scoring can apply the vocabulary projection only to
+the positions it needs.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from snapaudit_jax.models.config import GPT2Config, LlamaConfig
+from snapaudit_jax.models.layers import LayerCache, apply_rope, attend, causal_allowed, rope_frequencies, write_cache
+
+__all__ = ["GPT2", "Llama"]
+
+
+def _self_attention(q, k, v, key_mask, cache, index):
+    """Attention of new tokens over the cache (or over themselves without a cache)."""
+    length = q.shape[1]
+    if cache is None:
+        return attend(q, k, v, causal_allowed(key_mask, 0, length)), None
+    cache = write_cache(cache, k, v, index)
+    return attend(q, cache.k, cache.v, causal_allowed(key_mask, index, length)), cache
+
+
+class _GPT2Block(nnx.Module):
+    def __init__(self, cfg: GPT2Config, rngs: nnx.Rngs):
+        e = cfg.n_embd
+        self.cfg = cfg
+        self.ln_1 = nnx.LayerNorm(e, epsilon=cfg.layer_norm_epsilon, rngs=rngs)
+        self.c_attn = nnx.Linear(e, 3 * e, rngs=rngs)  # HF Conv1D: (in, out), x @ W + b
+        self.attn_proj = nnx.Linear(e, e, rngs=rngs)
+        self.ln_2 = nnx.LayerNorm(e, epsilon=cfg.layer_norm_epsilon, rngs=rngs)
+        self.c_fc = nnx.Linear(e, cfg.n_inner, rngs=rngs)
+        self.mlp_proj = nnx.Linear(cfg.n_inner, e, rngs=rngs)
+
+    def __call__(self, x, key_mask, cache, index):
+        cfg = self.cfg
+        b, length, _ = x.shape
+        q, k, v = jnp.split(self.c_attn(self.ln_1(x)), 3, axis=-1)
+        shape = (b, length, cfg.n_head, cfg.head_dim)
+        out, cache = _self_attention(q.reshape(shape), k.reshape(shape), v.reshape(shape), key_mask, cache, index)
+        x = x + self.attn_proj(out.reshape(b, length, cfg.n_embd))
+        h = self.c_fc(self.ln_2(x))
+        h = jax.nn.gelu(h, approximate=cfg.activation == "gelu_new")
+        return x + self.mlp_proj(h), cache
+
+
+class GPT2(nnx.Module):
+    """GPT-2 language model with tied input/output embeddings (Radford et al. 2019)."""
+
+    def __init__(self, cfg: GPT2Config, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.wte = nnx.Embed(cfg.vocab_size, cfg.n_embd, rngs=rngs)
+        self.wpe = nnx.Embed(cfg.n_positions, cfg.n_embd, rngs=rngs)
+        self.blocks = nnx.List([_GPT2Block(cfg, rngs) for _ in range(cfg.n_layer)])
+        self.ln_f = nnx.LayerNorm(cfg.n_embd, epsilon=cfg.layer_norm_epsilon, rngs=rngs)
+
+    @property
+    def num_layers(self) -> int:
+        return self.cfg.n_layer
+
+    def cache_shape(self) -> tuple[int, int]:
+        return self.cfg.n_head, self.cfg.head_dim
+
+    def __call__(self, tokens, positions, key_mask, cache=None, index=0):
+        x = self.wte(tokens) + self.wpe(positions)
+        new_cache = []
+        for i, block in enumerate(self.blocks):
+            x, layer_cache = block(x, key_mask, None if cache is None else cache[i], index)
+            new_cache.append(layer_cache)
+        return self.ln_f(x), (None if cache is None else tuple(new_cache))
+
+    def logits(self, hidden):
+        return self.wte.attend(hidden)
+
+
+class _LlamaBlock(nnx.Module):
+    def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
+        e, d = cfg.hidden_size, cfg.head_dim
+        self.cfg = cfg
+        self.input_norm = nnx.RMSNorm(e, epsilon=cfg.rms_norm_eps, rngs=rngs)
+        self.q_proj = nnx.Linear(e, cfg.num_attention_heads * d, use_bias=cfg.attention_bias, rngs=rngs)
+        self.k_proj = nnx.Linear(e, cfg.num_key_value_heads * d, use_bias=cfg.attention_bias, rngs=rngs)
+        self.v_proj = nnx.Linear(e, cfg.num_key_value_heads * d, use_bias=cfg.attention_bias, rngs=rngs)
+        self.o_proj = nnx.Linear(cfg.num_attention_heads * d, e, use_bias=cfg.attention_bias, rngs=rngs)
+        self.post_norm = nnx.RMSNorm(e, epsilon=cfg.rms_norm_eps, rngs=rngs)
+        self.gate_proj = nnx.Linear(e, cfg.intermediate_size, use_bias=cfg.mlp_bias, rngs=rngs)
+        self.up_proj = nnx.Linear(e, cfg.intermediate_size, use_bias=cfg.mlp_bias, rngs=rngs)
+        self.down_proj = nnx.Linear(cfg.intermediate_size, e, use_bias=cfg.mlp_bias, rngs=rngs)
+
+    def __call__(self, x, positions, inv_freq, key_mask, cache, index):
+        cfg = self.cfg
+        b, length, _ = x.shape
+        h = self.input_norm(x)
+        q = self.q_proj(h).reshape(b, length, cfg.num_attention_heads, cfg.head_dim)
+        k = self.k_proj(h).reshape(b, length, cfg.num_key_value_heads, cfg.head_dim)
+        v = self.v_proj(h).reshape(b, length, cfg.num_key_value_heads, cfg.head_dim)
+        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        out, cache = _self_attention(q, k, v, key_mask, cache, index)
+        x = x + self.o_proj(out.reshape(b, length, -1))
+        h = self.post_norm(x)
+        return x + self.down_proj(jax.nn.silu(self.gate_proj(h)) * self.up_proj(h)), cache
+
+
+class Llama(nnx.Module):
+    """Llama-architecture language model (Touvron et al. 2023): also SmolLM2."""
+
+    def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.embed = nnx.Embed(cfg.vocab_size, cfg.hidden_size, rngs=rngs)
+        self.blocks = nnx.List([_LlamaBlock(cfg, rngs) for _ in range(cfg.num_hidden_layers)])
+        self.norm = nnx.RMSNorm(cfg.hidden_size, epsilon=cfg.rms_norm_eps, rngs=rngs)
+        self.lm_head = None if cfg.tie_word_embeddings else nnx.Linear(
+            cfg.hidden_size, cfg.vocab_size, use_bias=False, rngs=rngs
+        )
+
+    @property
+    def num_layers(self) -> int:
+        return self.cfg.num_hidden_layers
+
+    def cache_shape(self) -> tuple[int, int]:
+        return self.cfg.num_key_value_heads, self.cfg.head_dim
+
+    def __call__(self, tokens, positions, key_mask, cache=None, index=0):
+        cfg = self.cfg
+        inv_freq = rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        x = self.embed(tokens)
+        new_cache = []
+        for i, block in enumerate(self.blocks):
+            x, layer_cache = block(x, positions, inv_freq, key_mask, None if cache is None else cache[i], index)
+            new_cache.append(layer_cache)
+        return self.norm(x), (None if cache is None else tuple(new_cache))
+
+    def logits(self, hidden):
+        return self.embed.attend(hidden) if self.lm_head is None else self.lm_head(hidden)
+
+
+def empty_cache(model, batch: int, slots: int) -> tuple[LayerCache, ...]:
+    """A zero KV cache of ``slots`` slots for every layer of ``model``."""
+    kv_heads, dim = model.cache_shape()
+    zeros = jnp.zeros((batch, slots, kv_heads, dim), jnp.float32)
+    return tuple(LayerCache(zeros, zeros) for _ in range(model.num_layers))

@@ -1,0 +1,89 @@
+"""Batched sentence embeddings with a BERT encoder (mean pooling + L2 normalisation)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from snapaudit_jax.models.bert import mean_pool_normalize
+from snapaudit_jax.models.lm import batch_bucket, length_bucket
+
+__all__ = ["SentenceEmbedder"]
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _embed(graphdef, state, tokens, mask):
+    return mean_pool_normalize(nnx.merge(graphdef, state)(tokens, mask), mask)
+
+
+class SentenceEmbedder:
+    """Sentence embeddings as sentence-transformers computes them for mean-pooling models.
+
+    Texts are tokenised with the checkpoint's ``tokenizer.json`` (with its
+    ``[CLS]``/``[SEP]`` post-processing), truncated to ``max_seq_length``
+    (``sentence_bert_config.json`` if present, else the position limit),
+    right-padded to a bucketed length and embedded in batches.
+    """
+
+    def __init__(self, name: str, config, module, backend, max_seq_length: int, pad_id: int = 0):
+        self.name = name
+        self.config = config
+        self.graphdef, self.state = nnx.split(module)
+        self.backend = backend
+        self.max_seq_length = int(min(max_seq_length, config.max_position_embeddings))
+        self.backend.no_padding()
+        self.backend.enable_truncation(max_length=self.max_seq_length)
+        self.pad_id = pad_id
+
+    @property
+    def dim(self) -> int:
+        return self.config.hidden_size
+
+    @classmethod
+    def from_folder(cls, name: str, folder: str, config, module) -> "SentenceEmbedder":
+        from tokenizers import Tokenizer as Backend
+
+        path = os.path.join(folder, "tokenizer.json")
+        if not os.path.isfile(path):
+            raise ValueError(f"{folder}: no tokenizer.json")
+        backend = Backend.from_file(path)
+        limit = config.max_position_embeddings
+        st_config = os.path.join(folder, "sentence_bert_config.json")
+        if os.path.isfile(st_config):
+            with open(st_config) as fh:
+                limit = int(json.load(fh).get("max_seq_length", limit))
+        pad = backend.token_to_id("[PAD]")
+        return cls(name, config, module, backend, limit, 0 if pad is None else pad)
+
+    def embed(self, texts: Sequence[str], *, batch_size: int = 32) -> np.ndarray:
+        """``(n, d)`` float32 unit-norm embeddings of ``texts``."""
+        texts = list(texts)
+        if not texts:
+            raise ValueError("texts must not be empty")
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise ValueError(f"texts[{i}] must be a string, got {type(t).__name__}")
+        rows = [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=True)]
+        out = np.empty((len(rows), self.dim), np.float32)
+        order = np.argsort([len(r) for r in rows])  # similar lengths share a bucket
+        for start in range(0, len(rows), batch_size):
+            idx = order[start:start + batch_size]
+            chunk = [rows[i] for i in idx]
+            length = length_bucket(max(map(len, chunk)))
+            batch = batch_bucket(len(chunk))
+            tokens = np.full((batch, length), self.pad_id, np.int32)
+            mask = np.zeros((batch, length), bool)
+            for j, ids in enumerate(chunk):
+                tokens[j, : len(ids)] = ids
+                mask[j, : len(ids)] = True
+            mask[len(chunk):, 0] = True  # filler rows
+            emb = _embed(self.graphdef, self.state, jnp.asarray(tokens), jnp.asarray(mask))
+            out[idx] = np.asarray(emb)[: len(chunk)]
+        return out

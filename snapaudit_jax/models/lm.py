@@ -1,0 +1,257 @@
+"""Batched, jitted inference for the decoder models: generation and label scoring.
+
+Prompts are left-padded to a bucketed length and batches to a power of two,
+so repeated calls with similar sizes reuse one compiled function. Generation
+prefills the prompts into a fixed-size KV cache and decodes greedily (or at a
+temperature, with an explicit key) inside a ``lax.while_loop`` that stops when
+every sequence has produced an end-of-sequence token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from snapaudit_jax.models.decoders import empty_cache
+from snapaudit_jax.models.layers import positions_from_mask
+from snapaudit_jax.models.tokenizer import Tokenizer
+
+__all__ = ["LanguageModel", "Generation", "length_bucket", "batch_bucket"]
+
+_LENGTHS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+
+
+def length_bucket(n: int) -> int:
+    """Smallest bucket >= ``n`` (at most 1.5x padding)."""
+    for b in _LENGTHS:
+        if n <= b:
+            return b
+    return -(-n // 4096) * 4096
+
+
+def batch_bucket(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """One generated continuation."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    prompt_tokens: int
+
+
+def _left_pad(rows: Sequence[Sequence[int]], length: int, batch: int, pad: int):
+    tokens = np.full((batch, length), pad, np.int32)
+    mask = np.zeros((batch, length), bool)
+    for i, ids in enumerate(rows):
+        ids = list(ids)[-length:]
+        tokens[i, length - len(ids):] = ids
+        mask[i, length - len(ids):] = True
+    for i in range(len(rows), batch):  # filler rows: one token so no row is fully masked
+        tokens[i, -1] = pad
+        mask[i, -1] = True
+    return jnp.asarray(tokens), jnp.asarray(mask)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "greedy", "eos_ids", "pad_id"))
+def _generate(graphdef, state, tokens, mask, key, temperature, *, max_new, greedy, eos_ids, pad_id):
+    model = nnx.merge(graphdef, state)
+    batch, length = tokens.shape
+    slots = length + max_new
+    key_mask = jnp.zeros((batch, slots), bool).at[:, :length].set(mask)
+    positions = positions_from_mask(mask)
+    hidden, cache = model(tokens, positions, key_mask, cache=empty_cache(model, batch, slots), index=0)
+    eos = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
+
+    def pick(logits, k):
+        if greedy:
+            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return jax.random.categorical(k, logits / temperature, axis=-1).astype(jnp.int32)
+
+    key, sub = jax.random.split(key)
+    first = pick(model.logits(hidden[:, -1]), sub)
+    out = jnp.full((batch, max_new), pad_id, jnp.int32).at[:, 0].set(first)
+    finished = jnp.isin(first, eos)
+
+    def cond(carry):
+        step, _, _, _, finished, _, _, _ = carry
+        return (step < max_new) & ~jnp.all(finished)
+
+    def body(carry):
+        step, cache, last, pos, finished, out, key, key_mask = carry
+        slot = length + step - 1
+        key_mask = key_mask.at[:, slot].set(True)
+        hidden, cache = model(last[:, None], pos[:, None], key_mask, cache=cache, index=slot)
+        key, sub = jax.random.split(key)
+        nxt = jnp.where(finished, pad_id, pick(model.logits(hidden[:, 0]), sub))
+        out = jax.lax.dynamic_update_slice(out, nxt[:, None], (0, step))
+        return step + 1, cache, nxt, pos + 1, finished | jnp.isin(nxt, eos), out, key, key_mask
+
+    carry = (jnp.int32(1), cache, first, positions[:, -1] + 1, finished, out, key, key_mask)
+    return jax.lax.while_loop(cond, body, carry)[5]
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "span"))
+def _continuation_logprob(graphdef, state, tokens, mask, targets, target_mask, *, span):
+    """Sum of log-probs of the last ``span`` tokens (``targets``, masked) given what precedes them."""
+    model = nnx.merge(graphdef, state)
+    hidden, _ = model(tokens, positions_from_mask(mask), mask)
+    logits = model.logits(hidden[:, -span - 1:-1])  # (B, span, V): predictions of the last span tokens
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    return jnp.sum(jnp.where(target_mask, picked, 0.0), axis=-1)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _last_logprobs(graphdef, state, tokens, mask, label_ids):
+    """``log P(label_j | prompt)`` for single-token labels: ``(B, n_labels)``."""
+    model = nnx.merge(graphdef, state)
+    hidden, _ = model(tokens, positions_from_mask(mask), mask)
+    logp = jax.nn.log_softmax(model.logits(hidden[:, -1]), axis=-1)
+    return logp[:, label_ids]
+
+
+class LanguageModel:
+    """A decoder model (GPT-2 or Llama) with its tokenizer.
+
+    Args:
+      name: a label for reports.
+      config: the model config.
+      module: the NNX model.
+      tokenizer: a :class:`~snapaudit_jax.models.tokenizer.Tokenizer`.
+    """
+
+    def __init__(self, name: str, config, module, tokenizer: Tokenizer):
+        self.name = name
+        self.config = config
+        self.tokenizer = tokenizer
+        self.graphdef, self.state = nnx.split(module)
+        self.max_length = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions")
+
+    @property
+    def module(self):
+        return nnx.merge(self.graphdef, self.state)
+
+    # --- prompts ---------------------------------------------------------------
+    def chat_prompt(self, user: str, system: str | None = None) -> str:
+        """The chat-template rendering of one user turn (with an optional system prompt)."""
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+    def _ids(self, prompts) -> list[list[int]]:
+        if not prompts:
+            raise ValueError("prompts must not be empty")
+        if all(isinstance(p, str) for p in prompts):
+            rows = self.tokenizer.encode_batch(prompts)
+        else:
+            rows = [list(map(int, p)) for p in prompts]
+        for i, ids in enumerate(rows):
+            if not ids:
+                raise ValueError(f"prompts[{i}] is empty after tokenisation")
+            if len(ids) > self.max_length:
+                raise ValueError(f"prompts[{i}] has {len(ids)} tokens, more than the model's {self.max_length}")
+        return rows
+
+    # --- generation ----------------------------------------------------------
+    def generate(
+        self,
+        prompts: Sequence[str] | Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int = 32,
+        temperature: float | None = None,
+        key: jax.Array | None = None,
+        batch_size: int = 8,
+    ) -> list[Generation]:
+        """Continues every prompt; greedy unless ``temperature`` is given (then ``key`` is required).
+
+        Prompts are processed in batches of ``batch_size`` (padded to a power
+        of two); generation stops at an end-of-sequence token or after
+        ``max_new_tokens`` tokens.
+        """
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        greedy = temperature is None
+        if not greedy:
+            if not temperature > 0:
+                raise ValueError(f"temperature must be > 0, got {temperature}")
+            if key is None:
+                raise ValueError("temperature sampling needs an explicit PRNG key")
+        key = jax.random.key(0) if key is None else key
+        rows = self._ids(prompts)
+        max_new = length_bucket(max_new_tokens)
+        results: list[Generation] = []
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start:start + batch_size]
+            length = length_bucket(max(map(len, chunk)))
+            tokens, mask = _left_pad(chunk, length, batch_bucket(len(chunk)), self.tokenizer.pad_id)
+            out = _generate(
+                self.graphdef, self.state, tokens, mask, jax.random.fold_in(key, start),
+                jnp.float32(1.0 if greedy else temperature), max_new=max_new, greedy=greedy,
+                eos_ids=tuple(self.tokenizer.eos_ids), pad_id=int(self.tokenizer.pad_id),
+            )
+            out = np.asarray(out)
+            for i, ids in enumerate(chunk):
+                gen = []
+                for t in out[i, :max_new_tokens]:
+                    gen.append(int(t))
+                    if int(t) in self.tokenizer.eos_ids:
+                        break
+                results.append(Generation(self.tokenizer.decode(gen), tuple(gen), len(ids)))
+        return results
+
+    # --- scoring -------------------------------------------------------------
+    def label_logprobs(
+        self, prompts: Sequence[str], labels: Sequence[str], *, normalize: bool = False, batch_size: int = 8
+    ) -> np.ndarray:
+        """``log P(label | prompt)`` for every prompt and label: ``(n_prompts, n_labels)``.
+
+        Labels are tokenised on their own and appended to the prompt, so
+        include any leading space they need. Single-token labels cost one
+        forward pass per batch of prompts; multi-token labels are teacher-forced.
+        ``normalize=True`` renormalises over the labels (log-softmax).
+        """
+        if not labels:
+            raise ValueError("labels must not be empty")
+        label_ids = [self.tokenizer.encode_continuation(lab) for lab in labels]
+        for lab, ids in zip(labels, label_ids):
+            if not ids:
+                raise ValueError(f"label {lab!r} is empty after tokenisation")
+        rows = self._ids(list(prompts))
+        out = np.empty((len(rows), len(labels)), np.float64)
+        single = all(len(ids) == 1 for ids in label_ids)
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start:start + batch_size]
+            if single:
+                length = length_bucket(max(map(len, chunk)))
+                tokens, mask = _left_pad(chunk, length, batch_bucket(len(chunk)), self.tokenizer.pad_id)
+                lp = _last_logprobs(self.graphdef, self.state, tokens, mask, jnp.asarray([i[0] for i in label_ids]))
+                out[start:start + len(chunk)] = np.asarray(lp)[: len(chunk)]
+                continue
+            span = max(map(len, label_ids))
+            seqs, targets, tmask = [], [], []
+            for ids in chunk:
+                for lab in label_ids:
+                    seqs.append(ids + lab)
+                    pad = span - len(lab)
+                    targets.append([0] * pad + lab)
+                    tmask.append([False] * pad + [True] * len(lab))
+            length = length_bucket(max(map(len, seqs)))
+            batch = batch_bucket(len(seqs))
+            tokens, mask = _left_pad(seqs, length, batch, self.tokenizer.pad_id)
+            t = np.zeros((batch, span), np.int32)
+            m = np.zeros((batch, span), bool)
+            t[: len(seqs)], m[: len(seqs)] = targets, tmask
+            lp = _continuation_logprob(self.graphdef, self.state, tokens, mask, jnp.asarray(t), jnp.asarray(m),
+                                       span=span)
+            out[start:start + len(chunk)] = np.asarray(lp)[: len(seqs)].reshape(len(chunk), len(labels))
+        if normalize:
+            out = out - np.logaddexp.reduce(out, axis=1, keepdims=True)
+        return out
