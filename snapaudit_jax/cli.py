@@ -68,6 +68,32 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default=None, metavar="FILE.json", help="write the full results (all fields)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--fail-on-violation", action="store_true", help=f"exit with status {EXIT_VIOLATION} on a violation")
+
+    a = sub.add_parser(
+        "audit",
+        help="run real DP-ICL audits from a TOML config (phase A on the LLM, active and passive audits)",
+        description="Audit DP-ICL pipelines on a language model as configured in CONFIG.toml (see "
+                    "examples/quickstart.toml); writes results.json, results_full.json, table.md and PNG plots.",
+    )
+    a.add_argument("config", help="TOML configuration")
+    a.add_argument("--out", default=None, help="output folder (default: runs/<config name>)")
+    a.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+    g = sub.add_parser("generate", help="generate text with a Flax language model")
+    g.add_argument("--model", default="smollm2", help="smollm2, a .gguf file or a Hugging Face folder")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=None, help="sample at this temperature (default: greedy)")
+    g.add_argument("--seed", type=int, default=None, help="PRNG seed for sampling (required with --temperature)")
+    g.add_argument("--allow-pickle", action="store_true", help="accept pickle checkpoints (.bin/.pt)")
+    g.add_argument("--json", action="store_true")
+
+    e = sub.add_parser("embed", help="sentence embeddings (L2-normalised) with a Flax BERT encoder")
+    e.add_argument("--model", default="minilm", help="minilm or a Hugging Face BERT folder")
+    e.add_argument("--text", action="append", required=True, help="a text (repeat for several)")
+    e.add_argument("--allow-pickle", action="store_true")
+    e.add_argument("--json", action="store_true")
     return parser
 
 
@@ -169,18 +195,76 @@ def _simulate(args) -> int:
     return EXIT_OK
 
 
+def _audit(args) -> int:
+    import os
+
+    from snapaudit_jax.experiment import load_config, run_audit
+
+    config = load_config(args.config)
+    out = args.out or os.path.join("runs", os.path.splitext(os.path.basename(args.config))[0])
+    result = run_audit(config, out, progress=not args.quiet)
+    with open(os.path.join(out, "table.md")) as fh:
+        print(fh.read())
+    if result["mia"]:
+        print(f"MIA AUC rows: {len(result['mia']['rows'])} (mia.json)")
+    return EXIT_OK
+
+
+def _generate(args) -> int:
+    import time
+
+    import jax
+
+    from snapaudit_jax.models import load_language_model
+
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.temperature is not None and args.seed is None:
+        raise ValueError("--seed is required with --temperature (sampling needs an explicit key)")
+    if args.temperature is not None and not args.temperature > 0:
+        raise ValueError(f"--temperature must be > 0, got {args.temperature}")
+    if not args.prompt.strip():
+        raise ValueError("--prompt must not be empty")
+    lm = load_language_model(args.model, allow_pickle=args.allow_pickle)
+    prompt = lm.chat_prompt(args.prompt) if args.chat else args.prompt
+    start = time.perf_counter()
+    key = None if args.seed is None else jax.random.key(args.seed)
+    gen = lm.generate([prompt], max_new_tokens=args.max_new_tokens, temperature=args.temperature, key=key)[0]
+    seconds = time.perf_counter() - start
+    if args.json:
+        print(json.dumps({"model": args.model, "text": gen.text, "token_ids": list(gen.token_ids),
+                          "seconds": seconds}))
+    else:
+        print(gen.text)
+    return EXIT_OK
+
+
+def _embed(args) -> int:
+    from snapaudit_jax.models import load_embedder
+
+    embedder = load_embedder(args.model, allow_pickle=args.allow_pickle)
+    vectors = embedder.embed(args.text)
+    if args.json:
+        print(json.dumps({"model": args.model, "embeddings": vectors.astype(float).tolist()}))
+    else:
+        for text, v in zip(args.text, vectors):
+            print(f"{text[:40]!r}: dim {v.size}, first {v[:4].round(4).tolist()}")
+    return EXIT_OK
+
+
+_COMMANDS = {"simulate": _simulate, "audit": _audit, "generate": _generate, "embed": _embed}
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from snapaudit_jax.platform import use_all_cpu_cores
 
     use_all_cpu_cores()
     try:
-        if args.command == "simulate":
-            return _simulate(args)
-    except (ValueError, RuntimeError) as err:
+        return _COMMANDS[args.command](args)
+    except (ValueError, RuntimeError, OSError) as err:
         print(f"snapaudit {args.command}: error: {_name_flag(str(err))}", file=sys.stderr)
         return EXIT_USAGE
-    return EXIT_USAGE  # pragma: no cover - argparse requires a command
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -32,7 +32,7 @@ from snapaudit_jax.estimators import ESTIMATORS
 from snapaudit_jax.mechanisms import Attack, Mechanism
 from snapaudit_jax.simulate import _Progress
 
-__all__ = ["passive_audit", "mechanism_pipeline"]
+__all__ = ["passive_audit", "passive_bounds", "mechanism_pipeline"]
 
 
 def mechanism_pipeline(mechanism: Mechanism, clean_with, clean_without, attack: Attack) -> Callable:
@@ -120,16 +120,51 @@ def passive_audit(
     """
     start = time.perf_counter()
     trials = _validate.positive_int("trials", trials)
+    bar = _Progress(f"passive {name}", 2 * trials, progress)
+    h1, s1 = _run(pipeline, key, 1, trials, vectorized, batch, bar, 0)
+    h0, s0 = _run(pipeline, key, 0, trials, vectorized, batch, bar, trials)
+    return passive_bounds(
+        (h1, s1), (h0, s0), epsilon_theory=epsilon_theory, delta=delta, threat=threat, estimator=estimator,
+        confidence=confidence, selection_fraction=selection_fraction, name=name, start=start,
+    )
+
+
+def passive_bounds(
+    with_canary: tuple[np.ndarray, np.ndarray],
+    without_canary: tuple[np.ndarray, np.ndarray],
+    *,
+    epsilon_theory: float,
+    delta: float = 1e-5,
+    threat: str = "black",
+    estimator: str = "std",
+    confidence: float = 0.95,
+    selection_fraction: float = 0.5,
+    name: str = "pipeline",
+    start: float | None = None,
+) -> AuditResult:
+    """The passive audit's statistics from the outcomes of end-to-end runs.
+
+    Args:
+      with_canary / without_canary: ``(hits, scores)`` arrays of the runs of
+        each hypothesis (same length; i.i.d. runs, in run order).
+      Other arguments: as :func:`passive_audit`.
+
+    Returns:
+      :class:`~snapaudit_jax.audit.AuditResult` with ``method="passive"``.
+    """
+    start = time.perf_counter() if start is None else start
     epsilon_theory = _validate.positive_float("epsilon_theory", epsilon_theory)
     delta = _validate.open_unit("delta", delta)
     threat = _validate.choice("threat", threat, ("black", "white"))
     estimator = _validate.choice("estimator", estimator, ESTIMATORS)
     confidence = _validate.open_unit("confidence", confidence)
     selection_fraction = _validate.open_unit("selection_fraction", selection_fraction)
+    (h1, s1), (h0, s0) = ((np.asarray(h, bool), np.asarray(sc, np.float64)) for h, sc in (with_canary, without_canary))
+    if not (h1.shape == s1.shape == h0.shape == s0.shape) or h1.ndim != 1 or h1.size == 0:
+        raise ValueError(f"hits and scores must be non-empty 1-D arrays of one length, got shapes "
+                         f"{h1.shape}, {s1.shape}, {h0.shape}, {s0.shape}")
+    trials = h1.size
     alpha = 1.0 - confidence
-    bar = _Progress(f"passive {name}", 2 * trials, progress)
-    h1, s1 = _run(pipeline, key, 1, trials, vectorized, batch, bar, 0)
-    h0, s0 = _run(pipeline, key, 0, trials, vectorized, batch, bar, trials)
 
     threshold = None
     n_sel = 0

@@ -25,21 +25,23 @@ def _pyplot():
 
 def plot_epsilon(
     path: str | os.PathLike,
-    series: Mapping[str, Sequence[AuditResult]],
+    series: Mapping[str, Sequence[AuditResult] | Sequence[tuple[float, float]]],
     *,
     title: str | None = None,
 ) -> None:
     """Draws ``eps_emp`` against ``eps_theory`` for each named series, with ``y = x``.
 
-    Points above the diagonal are certified violations (at the audit's
+    A series is a list of :class:`AuditResult` or of ``(eps_theory, eps_emp)``
+    pairs. Points above the diagonal are certified violations (at the audit's
     confidence). The PNG is written atomically.
     """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 4.5), dpi=120)
     top = 0.0
     for label, results in series.items():
-        xs = [r.epsilon_theory for r in results]
-        ys = [r.epsilon_emp for r in results]
+        pairs = [(r.epsilon_theory, r.epsilon_emp) if isinstance(r, AuditResult) else tuple(r) for r in results]
+        xs = [x for x, _ in pairs]
+        ys = [y for _, y in pairs]
         top = max(top, max(xs), max(ys))
         ax.plot(xs, ys, marker="o", label=label)
     ax.plot([0, top * 1.05], [0, top * 1.05], color="black", linestyle="--", linewidth=1, label="y = x")

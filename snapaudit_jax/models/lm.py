@@ -62,7 +62,9 @@ def _left_pad(rows: Sequence[Sequence[int]], length: int, batch: int, pad: int):
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "greedy", "eos_ids", "pad_id"))
-def _generate(graphdef, state, tokens, mask, key, temperature, *, max_new, greedy, eos_ids, pad_id):
+def _generate(graphdef, state, tokens, mask, key, temperature, live, limit, *, max_new, greedy, eos_ids, pad_id):
+    """``(B, max_new)`` new tokens; rows with ``live`` false (batch filler) count as finished from the start and
+    the loop stops after ``limit <= max_new`` tokens (both dynamic, so they do not retrace)."""
     model = nnx.merge(graphdef, state)
     batch, length = tokens.shape
     slots = length + max_new
@@ -79,11 +81,11 @@ def _generate(graphdef, state, tokens, mask, key, temperature, *, max_new, greed
     key, sub = jax.random.split(key)
     first = pick(model.logits(hidden[:, -1]), sub)
     out = jnp.full((batch, max_new), pad_id, jnp.int32).at[:, 0].set(first)
-    finished = jnp.isin(first, eos)
+    finished = jnp.isin(first, eos) | ~live
 
     def cond(carry):
         step, _, _, _, finished, _, _, _ = carry
-        return (step < max_new) & ~jnp.all(finished)
+        return (step < limit) & ~jnp.all(finished)
 
     def body(carry):
         step, cache, last, pos, finished, out, key, key_mask = carry
@@ -108,6 +110,15 @@ def _continuation_logprob(graphdef, state, tokens, mask, targets, target_mask, *
     logp = jax.nn.log_softmax(logits, axis=-1)
     picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
     return jnp.sum(jnp.where(target_mask, picked, 0.0), axis=-1)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "span"))
+def _greedy_match(graphdef, state, tokens, mask, targets, target_mask, *, span):
+    """Whether greedy decoding would emit the last ``span`` tokens (masked): all argmaxes equal them."""
+    model = nnx.merge(graphdef, state)
+    hidden, _ = model(tokens, positions_from_mask(mask), mask)
+    best = jnp.argmax(model.logits(hidden[:, -span - 1:-1]), axis=-1)
+    return jnp.all((best == targets) | ~target_mask, axis=-1)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
@@ -191,10 +202,12 @@ class LanguageModel:
         for start in range(0, len(rows), batch_size):
             chunk = rows[start:start + batch_size]
             length = length_bucket(max(map(len, chunk)))
-            tokens, mask = _left_pad(chunk, length, batch_bucket(len(chunk)), self.tokenizer.pad_id)
+            batch = batch_bucket(len(chunk))
+            tokens, mask = _left_pad(chunk, length, batch, self.tokenizer.pad_id)
             out = _generate(
                 self.graphdef, self.state, tokens, mask, jax.random.fold_in(key, start),
-                jnp.float32(1.0 if greedy else temperature), max_new=max_new, greedy=greedy,
+                jnp.float32(1.0 if greedy else temperature), jnp.asarray(np.arange(batch) < len(chunk)),
+                jnp.int32(max_new_tokens), max_new=max_new, greedy=greedy,
                 eos_ids=tuple(self.tokenizer.eos_ids), pad_id=int(self.tokenizer.pad_id),
             )
             out = np.asarray(out)
@@ -254,4 +267,36 @@ class LanguageModel:
             out[start:start + len(chunk)] = np.asarray(lp)[: len(seqs)].reshape(len(chunk), len(labels))
         if normalize:
             out = out - np.logaddexp.reduce(out, axis=1, keepdims=True)
+        return out
+
+    def greedy_continues_with(
+        self, prompts: Sequence[str], continuations: Sequence[str], *, batch_size: int = 8
+    ) -> np.ndarray:
+        """Whether greedy decoding of each prompt begins with its continuation: ``(n,)`` bool.
+
+        Exact and cheap: greedy decoding emits the continuation iff, teacher-forced,
+        the arg-max at every continuation position is the continuation's token
+        (ties aside), so one forward pass replaces step-by-step decoding.
+        """
+        if len(prompts) != len(continuations):
+            raise ValueError(f"got {len(prompts)} prompts but {len(continuations)} continuations")
+        rows = self._ids(list(prompts))
+        conts = [self.tokenizer.encode_continuation(c) for c in continuations]
+        for c, ids in zip(continuations, conts):
+            if not ids:
+                raise ValueError(f"continuation {c!r} is empty after tokenisation")
+        out = np.empty(len(rows), bool)
+        for start in range(0, len(rows), batch_size):
+            chunk = list(zip(rows[start:start + batch_size], conts[start:start + batch_size]))
+            span = max(len(c) for _, c in chunk)
+            seqs = [p + c for p, c in chunk]
+            batch = batch_bucket(len(seqs))
+            tokens, mask = _left_pad(seqs, length_bucket(max(map(len, seqs))), batch, self.tokenizer.pad_id)
+            t = np.zeros((batch, span), np.int32)
+            m = np.zeros((batch, span), bool)
+            for i, (_, c) in enumerate(chunk):
+                t[i, span - len(c):] = c
+                m[i, span - len(c):] = True
+            match = _greedy_match(self.graphdef, self.state, tokens, mask, jnp.asarray(t), jnp.asarray(m), span=span)
+            out[start:start + len(chunk)] = np.asarray(match)[: len(chunk)]
         return out

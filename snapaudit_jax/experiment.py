@@ -1,0 +1,544 @@
+"""``snapaudit audit CONFIG.toml``: real DP-ICL audits end to end.
+
+Phase A runs the pipelines on the language model (clean snapshots, cached and
+resumable), Phase B/C audits the private releases with the core engine
+(active), and the same pipelines are audited end to end with the same
+model-call budget (passive). A run folder receives ``results.json`` (one row
+per pipeline, mode, threat and epsilon), ``results_full.json``, ``table.md``,
+PNG plots, the snapshots with their manifests, the model-answer cache and,
+if configured, ``mia.json`` (clean-output membership-inference AUC).
+
+The configuration file is TOML; every section and key is documented in
+:class:`AuditConfig` and ``examples/quickstart.toml``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+import tomllib
+from typing import Any
+
+import jax
+import numpy as np
+
+from snapaudit_jax import _validate
+from snapaudit_jax._io import write_json, write_text
+from snapaudit_jax.audit import CLEAN_MODELS, AuditResult, audit
+from snapaudit_jax.mechanisms import Attack
+from snapaudit_jax.passive import passive_bounds
+
+__all__ = ["AuditConfig", "PipelineSettings", "MiaSettings", "load_config", "run_audit", "ConfigFileError"]
+
+PIPELINE_NAMES = ("pv", "poe", "esa", "ksa")
+_DEFAULT_DATASET = {"pv": "agnews", "poe": "agnews", "esa": "samsum", "ksa": "samsum"}
+_DEFAULT_PARTITIONS = {"pv": 3, "esa": 1, "ksa": 8}
+
+
+class ConfigFileError(ValueError):
+    """An invalid audit configuration (the message names the key)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineSettings:
+    """``[pipelines.<name>]``: one DP-ICL pipeline.
+
+    Attributes:
+      name: ``pv``, ``poe``, ``esa`` or ``ksa``.
+      dataset: dataset name (``agnews``, ``trec``, ``samsum``, ``xsum``).
+      data_path: local file/folder of the dataset (default: the shipped demo data).
+      num_exemplars: context size ``k``.
+      partitions: ``T`` (PV 3, ESA 1, KSA 8; PoE uses one expert per exemplar).
+      clip: PoE's ``Gamma``.
+      top_k: KSA's ``K``.
+      signals: ESA's signal sentences: ``"msgs"``, ``"gs"`` or a list of two sentences.
+      signal_vocabulary: ESA: words for the signal search.
+      signal_seeds: ESA: seed sentences for the signal search.
+      signal_sweeps: ESA: MSGS sweeps.
+      reconstruct: KSA: run the reconstruction prompt in the passive audit
+        (the black-box decision is then "target keyword in the final answer").
+    """
+
+    name: str
+    dataset: str
+    data_path: str | None = None
+    num_exemplars: int = 6
+    partitions: int | None = None
+    clip: float = 5.0
+    top_k: int = 4
+    signals: Any = "msgs"
+    signal_vocabulary: int = 120
+    signal_seeds: int = 2
+    signal_sweeps: int = 2
+    reconstruct: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class MiaSettings:
+    """``[mia]``: clean-output membership inference (SnapAudit Table 12)."""
+
+    canaries: int = 6
+    pipelines: tuple[str, ...] = ("pv", "poe")
+    queries: tuple[str, ...] = ("direct", "copy")
+    defenses: tuple[str, ...] = ("none", "strict")
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditConfig:
+    """A full audit run (see ``examples/quickstart.toml``)."""
+
+    llm: str = "smollm2"
+    embedder: str = "minilm"
+    allow_pickle: bool = False
+    epsilons: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0)
+    delta: float = 1e-5
+    confidence: float = 0.95
+    query: str = "copy"
+    defense: str = "none"
+    threats: tuple[str, ...] = ("black", "white")
+    snapshots: int = 200
+    trials: int = 200_000
+    passive_runs: int | None = None
+    clean: str = "sampled"
+    calibration: str = "analytic"
+    seed: int = 0
+    case_seed: int = 0
+    batch_size: int = 8
+    verify: int = 4
+    pipelines: tuple[PipelineSettings, ...] = ()
+    mia: MiaSettings | None = None
+
+
+def _take(section: dict, key: str, where: str, convert, default):
+    if key not in section:
+        return default
+    value = section.pop(key)
+    try:
+        return convert(value)
+    except (TypeError, ValueError) as err:
+        raise ConfigFileError(f"{where}.{key}: {err}") from None
+
+
+def _choice(options):
+    def convert(value):
+        if value not in options:
+            raise ValueError(f"must be one of {', '.join(map(repr, options))}, got {value!r}")
+        return value
+
+    return convert
+
+
+def _choices(options):
+    def convert(values):
+        if isinstance(values, str) or not isinstance(values, list) or not values:
+            raise ValueError(f"must be a non-empty list of {', '.join(map(repr, options))}, got {values!r}")
+        return tuple(_choice(options)(v) for v in values)
+
+    return convert
+
+
+def _pos_int(name, minimum=1):
+    return lambda v: _validate.positive_int(name, v, minimum=minimum)
+
+
+def _reject_unknown(section: dict, where: str):
+    if section:
+        raise ConfigFileError(f"{where}: unknown key(s) {', '.join(sorted(section))}")
+
+
+def load_config(path: str | os.PathLike) -> AuditConfig:
+    """Reads and validates a TOML audit configuration.
+
+    Raises:
+      ConfigFileError: unreadable file, invalid TOML, unknown or invalid keys
+        (the message names ``section.key``, the rule and the value).
+    """
+    from snapaudit_jax.data import DATASETS
+    from snapaudit_jax.pipelines.prompts import DEFENSES, QUERY_MODES
+
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as fh:
+            raw = tomllib.load(fh)
+    except OSError as err:
+        raise ConfigFileError(f"{path}: cannot read the configuration ({err.strerror})") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigFileError(f"{path}: invalid TOML ({err})") from None
+    model = dict(raw.pop("model", {}))
+    audit_s = dict(raw.pop("audit", {}))
+    pipes = dict(raw.pop("pipelines", {}))
+    mia = raw.pop("mia", None)
+    _reject_unknown(raw, path)
+    kw: dict[str, Any] = {}
+    kw["llm"] = _take(model, "llm", "model", str, "smollm2")
+    kw["embedder"] = _take(model, "embedder", "model", str, "minilm")
+    kw["allow_pickle"] = _take(model, "allow_pickle", "model", bool, False)
+    _reject_unknown(model, "model")
+    eps = _take(audit_s, "epsilons", "audit", lambda v: tuple(_validate.positive_float("epsilon", e) for e in v),
+                (1.0, 2.0, 4.0, 8.0, 16.0))
+    if not eps:
+        raise ConfigFileError("audit.epsilons: must list at least one epsilon")
+    kw["epsilons"] = eps
+    kw["delta"] = _take(audit_s, "delta", "audit", lambda v: _validate.open_unit("delta", v), 1e-5)
+    kw["confidence"] = _take(audit_s, "confidence", "audit", lambda v: _validate.open_unit("confidence", v), 0.95)
+    kw["query"] = _take(audit_s, "query", "audit", _choice(QUERY_MODES), "copy")
+    kw["defense"] = _take(audit_s, "defense", "audit", _choice(DEFENSES), "none")
+    kw["threats"] = _take(audit_s, "threats", "audit", _choices(("black", "white")), ("black", "white"))
+    kw["snapshots"] = _take(audit_s, "snapshots", "audit", _pos_int("snapshots", 2), 200)
+    kw["trials"] = _take(audit_s, "trials", "audit", _pos_int("trials"), 200_000)
+    kw["passive_runs"] = _take(audit_s, "passive_runs", "audit", _pos_int("passive_runs", 2), None)
+    kw["clean"] = _take(audit_s, "clean", "audit", _choice(CLEAN_MODELS), "sampled")
+    kw["calibration"] = _take(audit_s, "calibration", "audit", _choice(("analytic", "classical")), "analytic")
+    kw["seed"] = _take(audit_s, "seed", "audit", _pos_int("seed", 0), 0)
+    kw["case_seed"] = _take(audit_s, "case_seed", "audit", _pos_int("case_seed", 0), 0)
+    kw["batch_size"] = _take(audit_s, "batch_size", "audit", _pos_int("batch_size"), 8)
+    kw["verify"] = _take(audit_s, "verify", "audit", _pos_int("verify", 0), 4)
+    _reject_unknown(audit_s, "audit")
+    if not pipes:
+        raise ConfigFileError(f"{path}: no [pipelines.<name>] section (choose from {', '.join(PIPELINE_NAMES)})")
+    settings = []
+    for name, body in pipes.items():
+        where = f"pipelines.{name}"
+        if name not in PIPELINE_NAMES:
+            raise ConfigFileError(f"{where}: unknown pipeline (choose from {', '.join(PIPELINE_NAMES)})")
+        body = dict(body)
+        s = dict(
+            name=name,
+            dataset=_take(body, "dataset", where, _choice(tuple(DATASETS)), _DEFAULT_DATASET[name]),
+            data_path=_take(body, "data_path", where, str, None),
+            num_exemplars=_take(body, "num_exemplars", where, _pos_int("num_exemplars", 2), 6),
+            partitions=_take(body, "partitions", where, _pos_int("partitions"), _DEFAULT_PARTITIONS.get(name)),
+            clip=_take(body, "clip", where, lambda v: _validate.positive_float("clip", v), 5.0),
+            top_k=_take(body, "top_k", where, _pos_int("top_k"), 4),
+            signals=_take(body, "signals", where, _signals, "msgs"),
+            signal_vocabulary=_take(body, "signal_vocabulary", where, _pos_int("signal_vocabulary", 2), 120),
+            signal_seeds=_take(body, "signal_seeds", where, _pos_int("signal_seeds"), 2),
+            signal_sweeps=_take(body, "signal_sweeps", where, _pos_int("signal_sweeps"), 2),
+            reconstruct=_take(body, "reconstruct", where, bool, False),
+        )
+        _reject_unknown(body, where)
+        if s["partitions"] is not None and s["partitions"] > s["num_exemplars"]:
+            raise ConfigFileError(f"{where}.partitions: must be <= num_exemplars={s['num_exemplars']}, "
+                                  f"got {s['partitions']}")
+        settings.append(PipelineSettings(**s))
+    kw["pipelines"] = tuple(settings)
+    if mia is not None:
+        mia = dict(mia)
+        kw["mia"] = MiaSettings(
+            canaries=_take(mia, "canaries", "mia", _pos_int("canaries", 2), 6),
+            pipelines=_take(mia, "pipelines", "mia", _choices(("pv", "poe", "ksa")), ("pv", "poe")),
+            queries=_take(mia, "queries", "mia", _choices(QUERY_MODES), ("direct", "copy")),
+            defenses=_take(mia, "defenses", "mia", _choices(DEFENSES), ("none", "strict")),
+        )
+        _reject_unknown(mia, "mia")
+    return AuditConfig(**kw)
+
+
+def _signals(value):
+    if value in ("msgs", "gs"):
+        return value
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) and v.strip() for v in value):
+        return tuple(value)
+    raise ValueError(f'must be "msgs", "gs" or a list of two sentences, got {value!r}')
+
+
+# ---------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------
+
+
+class _Log:
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.start = time.perf_counter()
+
+    def __call__(self, message: str) -> None:
+        if self.enabled:
+            sys.stderr.write(f"[{time.perf_counter() - self.start:7.1f}s] {message}\n")
+            sys.stderr.flush()
+
+    def bar(self, done: int, total: int, label: str) -> None:
+        if self.enabled:
+            end = "\n" if done >= total else ""
+            sys.stderr.write(f"\r    {label}: {done}/{total} new prompts{end}")
+            sys.stderr.flush()
+
+
+def _signal_pair(settings: PipelineSettings, examples, oracle, log) -> tuple[tuple[str, str], dict]:
+    from snapaudit_jax.msgs import greedy_search, multi_sweep_greedy_search, word_vocabulary
+
+    if isinstance(settings.signals, tuple):
+        y1, y2 = settings.signals
+        d = float(np.linalg.norm(np.subtract(*oracle.embed([y1, y2]))))
+        return (y1, y2), {"method": "given", "distance": d}
+    vocab = word_vocabulary([e.text for e in examples], max_words=settings.signal_vocabulary, min_count=1, seed=0)
+    seeds = [" ".join(e.text.split()[:6]) for e in examples[: settings.signal_seeds]]
+    embed = oracle.embedder.embed
+    log(f"  signal search ({settings.signals}, {len(vocab)} words, {len(seeds)} seeds)")
+    gs = greedy_search(seeds[0], embed, vocab, batch_size=256, max_rounds=8)
+    if settings.signals == "gs":
+        pair = gs
+    else:
+        pair = multi_sweep_greedy_search(seeds, embed, vocab, sweeps=settings.signal_sweeps, batch_size=256,
+                                         max_rounds=8)
+    info = {"method": settings.signals, "distance": pair.distance, "gs_distance": gs.distance,
+            "evaluations": pair.evaluations + (0 if pair is gs else gs.evaluations)}
+    return (pair.sentence_1, pair.sentence_2), info
+
+
+def _apriori_attack(pipeline) -> Attack:
+    """An attack fixed before seeing any output (the passive auditor's)."""
+    import jax.numpy as jnp
+
+    from snapaudit_jax.pipelines import EmbeddingPipeline, KeywordPipeline, PrivateVotingPipeline
+
+    if isinstance(pipeline, PrivateVotingPipeline):
+        r1, r0 = np.array([1.0, 0.0]), np.array([0.0, 1.0])
+    elif isinstance(pipeline, EmbeddingPipeline):
+        r1, r0 = pipeline.candidates[0], pipeline.candidates[1]
+    elif isinstance(pipeline, KeywordPipeline):
+        r1 = np.zeros(len(pipeline.vocabulary))
+        r1[pipeline.target] = 1.0
+        r0 = np.zeros_like(r1)
+    else:
+        r1 = r0 = np.zeros(2)
+    return Attack(jnp.asarray(r1, jnp.float32), jnp.asarray(r0, jnp.float32), int(pipeline.target))
+
+
+def _passive_outcomes(pipeline, mechanism, attack, clean: np.ndarray, key) -> tuple[np.ndarray, np.ndarray]:
+    """``(hits, scores)`` of end-to-end runs: one private release per clean output."""
+    import jax.numpy as jnp
+
+    def one(k, c):
+        prepared = mechanism.prepare(c, attack)
+        noise = jax.tree_util.tree_map(lambda x: x[..., 0], mechanism.noise(k, 1, prepared))
+        return mechanism.outcome(noise, prepared, attack)
+
+    keys = jax.random.split(key, clean.shape[0])
+    hits, scores = jax.jit(jax.vmap(one))(keys, jnp.asarray(clean, jnp.float32))
+    return np.asarray(hits), np.asarray(scores)
+
+
+def _ksa_reconstructed_hits(pipeline, mechanism, clean, key) -> np.ndarray:
+    """KSA end to end: JEM release -> reconstruction prompt -> model -> target keyword in the answer?"""
+    import jax.numpy as jnp
+
+    from snapaudit_jax.pipelines import keywords_of
+
+    keys = jax.random.split(key, clean.shape[0])
+    seqs = np.asarray(jax.jit(jax.vmap(lambda k, c: mechanism(k, c).output))(keys, jnp.asarray(clean, jnp.float32)))
+    texts = pipeline.oracle.generate(pipeline.reconstruction_prompts(seqs), pipeline.max_new_tokens)
+    return np.array([pipeline.target_keyword in keywords_of(t) for t in texts])
+
+
+def _row(pipeline: str, mode: str, result: AuditResult, llm_calls: int, seconds: float) -> dict:
+    return {
+        "pipeline": pipeline,
+        "mode": mode,
+        "threat": result.threat,
+        "epsilon_theory": result.epsilon_theory,
+        "epsilon_emp": result.epsilon_emp,
+        "llm_calls": int(llm_calls),
+        "seconds": float(seconds),
+    }
+
+
+def _auc(pos: np.ndarray, neg: np.ndarray) -> float:
+    """Mann-Whitney AUC, ties counted 1/2."""
+    pos, neg = np.asarray(pos, float), np.asarray(neg, float)
+    greater = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
+    return float(greater / (pos.size * neg.size))
+
+
+def _clean_signal(pipeline, clean) -> float:
+    """A scalar membership signal of one clean output (larger: canary more likely present)."""
+    from snapaudit_jax.pipelines import KeywordPipeline, ProductOfExpertsPipeline
+
+    if isinstance(pipeline, ProductOfExpertsPipeline):
+        return float(clean[0] - clean[1])
+    if isinstance(pipeline, KeywordPipeline):
+        return float(clean)
+    return float(clean[0])
+
+
+def run_audit(config: AuditConfig, out_dir: str, *, progress: bool = True) -> dict:
+    """Runs the configured audits and writes the run folder; returns the summary dict."""
+    from snapaudit_jax.data import get_spec, load_examples
+    from snapaudit_jax.models import load_embedder, load_language_model
+    from snapaudit_jax.pipelines import PIPELINES, KeywordPipeline, LLMOracle, make_case
+    from snapaudit_jax.pipelines.phase_a import generate_snapshots
+    from snapaudit_jax.plotting import plot_epsilon
+
+    log = _Log(progress)
+    os.makedirs(out_dir, exist_ok=True)
+    log(f"loading {config.llm}")
+    lm = load_language_model(config.llm, allow_pickle=config.allow_pickle)
+    needs_embedder = any(p.name == "esa" for p in config.pipelines)
+    embedder = load_embedder(config.embedder, allow_pickle=config.allow_pickle) if needs_embedder else None
+    oracle = LLMOracle(lm, embedder, cache_path=os.path.join(out_dir, "llm_cache.jsonl"),
+                       batch_size=config.batch_size, progress=log.bar)
+    n_passive = config.passive_runs or config.snapshots
+    rows, full, summaries = [], [], {}
+    for settings in config.pipelines:
+        log(f"pipeline {settings.name}: dataset {settings.dataset}, query {config.query}, defense {config.defense}")
+        spec = get_spec(settings.dataset)
+        examples = load_examples(settings.dataset, settings.data_path)
+        extra = {}
+        signals = None
+        if settings.name == "esa":
+            signals, extra["signals"] = _signal_pair(settings, examples, oracle, log)
+        case = make_case(examples, spec, mode=config.query, num_exemplars=settings.num_exemplars,
+                         seed=config.case_seed, oracle=oracle, signals=signals if config.query == "copy" else None)
+        kwargs = {"defense": config.defense}
+        if settings.name == "poe":
+            kwargs["clip"] = settings.clip
+        else:
+            kwargs["partitions"] = settings.partitions
+        if settings.name == "esa":
+            kwargs["signals"] = signals
+        if settings.name == "ksa":
+            kwargs["top_k"] = settings.top_k
+        pipeline = PIPELINES[settings.name](oracle, case, **kwargs)
+        log(f"  phase A: {config.snapshots} calls of M' per context")
+        run = generate_snapshots(pipeline, snapshots=config.snapshots, seed=config.seed,
+                                 run_dir=os.path.join(out_dir, "snapshots"), verify=config.verify)
+        snaps = run.snapshots
+        if isinstance(pipeline, KeywordPipeline) and pipeline.vocabulary is None:
+            pipeline.vocabulary = tuple(run.manifest["vocabulary"])
+        if settings.name == "esa":
+            extra["candidate_coverage"] = pipeline.candidate_coverage(8, config.seed)
+        # Passive runs: fresh partition assignments (seed stream 1), the same model-call budget.
+        log(f"  passive: {n_passive} end-to-end runs per context")
+        t0 = time.perf_counter()
+        if isinstance(pipeline, KeywordPipeline):
+            passive_clean = tuple(pipeline.count(pipeline.clean_calls(b, n_passive, config.seed + 1)) for b in (1, 0))
+        else:
+            passive_clean = tuple(pipeline.clean_outputs(b, n_passive, config.seed + 1) for b in (1, 0))
+        passive_llm_seconds = time.perf_counter() - t0
+        passive_calls = 2 * n_passive * pipeline.calls_per_clean
+        attack = _apriori_attack(pipeline)
+        for eps in config.epsilons:
+            mech = pipeline.mechanism(eps, config.delta, config.calibration)
+            for threat in config.threats:
+                res = audit(mech, snaps.with_canary, snaps.without_canary, epsilon_theory=eps, delta=config.delta,
+                            threat=threat, trials=config.trials, confidence=config.confidence, clean=config.clean,
+                            target=int(snaps.target), sensitivity=pipeline.sensitivity, seed=config.seed)
+                rows.append(_row(settings.name, "active", res, run.manifest["llm_calls"], res.seconds))
+                full.append({"pipeline": settings.name, "mode": "active", **res.to_dict()})
+            t1 = time.perf_counter()
+            key = jax.random.fold_in(jax.random.key(config.seed), int(eps * 1000))
+            outcomes = [_passive_outcomes(pipeline, mech, attack, c, jax.random.fold_in(key, b))
+                        for b, c in ((1, passive_clean[0]), (0, passive_clean[1]))]
+            calls = passive_calls
+            if isinstance(pipeline, KeywordPipeline) and settings.reconstruct:
+                outcomes = [(_ksa_reconstructed_hits(pipeline, mech, c, jax.random.fold_in(key, 10 + b)), o[1])
+                            for b, c, o in ((1, passive_clean[0], outcomes[0]), (0, passive_clean[1], outcomes[1]))]
+                calls += 2 * n_passive
+            for threat in config.threats:
+                res = passive_bounds(outcomes[0], outcomes[1], epsilon_theory=eps, delta=config.delta,
+                                     threat=threat, estimator="gdp" if mech.gaussian else "std",
+                                     confidence=config.confidence, name=settings.name)
+                seconds = time.perf_counter() - t1 + passive_llm_seconds / len(config.epsilons)
+                rows.append(_row(settings.name, "passive", res, calls, seconds))
+                full.append({"pipeline": settings.name, "mode": "passive", **res.to_dict()})
+        summaries[settings.name] = {"manifest": run.manifest, **extra, "passive_runs": n_passive,
+                                    "passive_llm_calls": passive_calls, "target": int(snaps.target)}
+        plot_rows = [r for r in rows if r["pipeline"] == settings.name]
+        _plot(plot_epsilon, os.path.join(out_dir, f"{settings.name}.png"), settings.name, plot_rows)
+    mia = _run_mia(config, lm, oracle, log) if config.mia else None
+    summary = {"config": dataclasses.asdict(config), "pipelines": summaries, "llm_calls": oracle.stats.as_dict()}
+    write_json(os.path.join(out_dir, "results.json"), rows)
+    write_json(os.path.join(out_dir, "results_full.json"), {"summary": summary, "results": full})
+    if mia is not None:
+        write_json(os.path.join(out_dir, "mia.json"), mia)
+    write_text(os.path.join(out_dir, "table.md"), format_report(rows, summaries, mia))
+    log(f"done: {out_dir}")
+    return {"rows": rows, "summary": summary, "mia": mia}
+
+
+def _plot(plot_epsilon, path, name, rows):
+    series = {}
+    for r in rows:
+        series.setdefault(f"{r['mode']} {r['threat']}-box", []).append((r["epsilon_theory"], r["epsilon_emp"]))
+    plot_epsilon(path, series, title=f"{name}: 95% lower bounds on epsilon")
+
+
+def _run_mia(config: AuditConfig, lm, oracle, log) -> dict:
+    """Clean-output MIA AUC per pipeline, query and defense over ``canaries`` audit cases."""
+    from snapaudit_jax.data import get_spec, load_examples
+    from snapaudit_jax.pipelines import PIPELINES, KeywordPipeline, make_case
+
+    mia = config.mia
+    out = []
+    for name in mia.pipelines:
+        settings = next((p for p in config.pipelines if p.name == name), PipelineSettings(name, _DEFAULT_DATASET[name]))
+        examples = load_examples(settings.dataset, settings.data_path)
+        spec = get_spec(settings.dataset)
+        for query in mia.queries:
+            for defense in mia.defenses:
+                log(f"mia: {name} {query} {defense}")
+                pos, neg = [], []
+                for c in range(mia.canaries):
+                    case = make_case(examples, spec, mode=query, num_exemplars=settings.num_exemplars,
+                                     seed=1000 + c, oracle=oracle)
+                    kwargs = {"defense": defense}
+                    if name == "poe":
+                        kwargs["clip"] = settings.clip
+                    else:
+                        kwargs["partitions"] = settings.partitions
+                    if name == "ksa":
+                        kwargs["top_k"] = settings.top_k
+                    pipe = PIPELINES[name](oracle, case, **kwargs)
+                    if isinstance(pipe, KeywordPipeline):
+                        h1, h0 = pipe.histograms(pipe.clean_calls(1, 1, c), pipe.clean_calls(0, 1, c))
+                        pos.append(float(h1[0, pipe.target]))
+                        neg.append(float(h0[0, pipe.target]))
+                    else:
+                        pos.append(_clean_signal(pipe, pipe.clean_outputs(1, 1, c)[0]))
+                        neg.append(_clean_signal(pipe, pipe.clean_outputs(0, 1, c)[0]))
+                out.append({"pipeline": name, "query": query, "defense": defense, "canaries": mia.canaries,
+                            "auc": _auc(pos, neg)})
+    return {"rows": out, "note": "AUC of a one-call clean-output signal over canaries (SnapAudit Table 12)"}
+
+
+def format_report(rows: list[dict], summaries: dict, mia: dict | None) -> str:
+    """Markdown tables: epsilon_emp by pipeline x epsilon, for active/passive and black/white."""
+    lines = ["# DP-ICL audit", ""]
+    for name, info in summaries.items():
+        m = info["manifest"]
+        lines.append(f"## {name}")
+        lines.append(
+            f"query `{m['query']}`, defense `{m['defense']}`, model `{m['model']}`; phase A: {m['snapshots']} calls "
+            f"of M' per context = {m['llm_calls']} model calls, {m['unique_computations']} computed "
+            f"(the rest reused: greedy decoding is deterministic), {m['seconds']:.1f} s; distinct snapshots "
+            f"{m['distinct_snapshots']}; determinism check {m['determinism_check']}."
+        )
+        if "signals" in info:
+            lines.append(f"ESA signals: {info['signals']}; candidate stage: {info.get('candidate_coverage')}.")
+        lines.append("")
+        lines.append("| eps_theory | active black | active white | passive black | passive white | LLM calls active/passive |")
+        lines.append("|---:|---:|---:|---:|---:|---:|")
+        mine = [r for r in rows if r["pipeline"] == name]
+        for eps in sorted({r["epsilon_theory"] for r in mine}):
+            cell = {}
+            calls = {}
+            for r in mine:
+                if r["epsilon_theory"] == eps:
+                    cell[(r["mode"], r["threat"])] = f"{r['epsilon_emp']:.2f}"
+                    calls[r["mode"]] = r["llm_calls"]
+            get = lambda m, t: cell.get((m, t), "-")  # noqa: E731
+            lines.append(f"| {eps:g} | {get('active', 'black')} | {get('active', 'white')} | {get('passive', 'black')} "
+                         f"| {get('passive', 'white')} | {calls.get('active', '-')}/{calls.get('passive', '-')} |")
+        lines.append("")
+    if mia:
+        lines.append("## Clean-output membership inference (AUC)")
+        lines.append("")
+        lines.append("| pipeline | query | defense | AUC |")
+        lines.append("|---|---|---|---:|")
+        for r in mia["rows"]:
+            lines.append(f"| {r['pipeline']} | {r['query']} | {r['defense']} | {r['auc']:.2f} |")
+        lines.append("")
+    lines.append("Entries are 95%-confidence lower bounds on epsilon (see results_full.json for assumptions).")
+    return "\n".join(lines) + "\n"

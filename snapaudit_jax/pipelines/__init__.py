@@ -1,0 +1,28 @@
+"""DP-ICL pipelines on real language models: prompts, cached model calls, the four pipelines."""
+
+from snapaudit_jax.pipelines.dpicl import (
+    PIPELINES,
+    AuditCase,
+    EmbeddingPipeline,
+    KeywordPipeline,
+    Pipeline,
+    PrivateVotingPipeline,
+    ProductOfExpertsPipeline,
+    keywords_of,
+    make_case,
+)
+from snapaudit_jax.pipelines.oracle import CallStats, LLMOracle
+
+__all__ = [
+    "PIPELINES",
+    "AuditCase",
+    "CallStats",
+    "EmbeddingPipeline",
+    "KeywordPipeline",
+    "LLMOracle",
+    "Pipeline",
+    "PrivateVotingPipeline",
+    "ProductOfExpertsPipeline",
+    "keywords_of",
+    "make_case",
+]

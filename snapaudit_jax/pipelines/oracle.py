@@ -1,0 +1,160 @@
+"""Model calls of the pipelines, deduplicated, cached on disk and counted.
+
+Clean outputs are computed with greedy decoding, which is deterministic, so a
+prompt asked many times is computed once and its answer reused ("counted n
+times"). The cache is an append-only JSONL file: an interrupted run resumes
+with every answer it had already computed; a torn last line is ignored.
+:meth:`LLMOracle.verify` recomputes a sample without the cache, in other batch
+compositions, to confirm the determinism the cache relies on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from snapaudit_jax.models import LanguageModel, SentenceEmbedder
+
+__all__ = ["LLMOracle", "CallStats"]
+
+
+@dataclasses.dataclass
+class CallStats:
+    """Logical model calls (what a deployed pipeline would pay) and unique computations."""
+
+    calls: int = 0
+    computed: int = 0
+    cached: int = 0
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _key(kind: str, model: str, *parts) -> str:
+    h = hashlib.sha256()
+    for p in (kind, model, *parts):
+        h.update(str(p).encode())
+        h.update(b"\x00")
+    return h.hexdigest()
+
+
+class LLMOracle:
+    """Cached, counted access to a language model and a sentence embedder.
+
+    Args:
+      lm: the pipeline's language model.
+      embedder: sentence embedder (ESA), optional.
+      cache_path: JSONL file for answers (``None``: in memory only).
+      batch_size: prompts per model batch.
+      progress: callable ``(done, total, label)`` for progress reporting, optional.
+    """
+
+    def __init__(self, lm: LanguageModel, embedder: SentenceEmbedder | None = None, *, cache_path: str | None = None,
+                 batch_size: int = 8, progress=None):
+        self.lm = lm
+        self.embedder = embedder
+        self.cache_path = cache_path
+        self.batch_size = batch_size
+        self.progress = progress
+        self.stats = CallStats()
+        self._cache: dict[str, object] = {}
+        if cache_path and os.path.exists(cache_path):
+            with open(cache_path) as fh:
+                for line in fh:
+                    try:
+                        row = json.loads(line)
+                    except ValueError:
+                        continue  # torn last line of an interrupted run
+                    self._cache[row["k"]] = row["v"]
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def _store(self, items: dict[str, object]) -> None:
+        self._cache.update(items)
+        if self.cache_path:
+            with open(self.cache_path, "a") as fh:
+                for k, v in items.items():
+                    fh.write(json.dumps({"k": k, "v": v}) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+
+    def _run(self, kind: str, keys: list[str], payloads: list, compute, label: str) -> list:
+        self.stats.calls += len(keys)
+        todo = {}
+        for k, p in zip(keys, payloads):
+            if k not in self._cache and k not in todo:
+                todo[k] = p
+        self.stats.cached += len(keys) - len(todo)
+        items = list(todo.items())
+        step = self.batch_size
+        for start in range(0, len(items), step):
+            chunk = items[start:start + step]
+            values = compute([p for _, p in chunk])
+            self._store({k: v for (k, _), v in zip(chunk, values)})
+            self.stats.computed += len(chunk)
+            if self.progress:
+                self.progress(min(start + step, len(items)), len(items), label)
+        return [self._cache[k] for k in keys]
+
+    # --- the four kinds of model calls ---------------------------------------------------------
+    def label_logprobs(self, prompts: Sequence[str], labels: Sequence[str]) -> np.ndarray:
+        """``log P(label | prompt)``: ``(n, n_labels)``."""
+        keys = [_key("logprobs", self.lm.name, p, *labels) for p in prompts]
+        out = self._run("logprobs", keys, list(prompts),
+                        lambda ps: self.lm.label_logprobs(ps, labels, batch_size=self.batch_size).tolist(),
+                        "label scoring")
+        return np.asarray(out, np.float64).reshape(len(prompts), len(labels))
+
+    def continues_with(self, prompts: Sequence[str], continuations: Sequence[str]) -> np.ndarray:
+        """Whether greedy decoding reproduces each continuation: ``(n,)`` bool."""
+        keys = [_key("continues", self.lm.name, p, c) for p, c in zip(prompts, continuations)]
+
+        def compute(pairs):
+            ps, cs = zip(*pairs)
+            return self.lm.greedy_continues_with(ps, cs, batch_size=self.batch_size).tolist()
+
+        out = self._run("continues", keys, list(zip(prompts, continuations)), compute, "copy checks")
+        return np.asarray(out, bool)
+
+    def generate(self, prompts: Sequence[str], max_new_tokens: int) -> list[str]:
+        """Greedy continuations (text)."""
+        keys = [_key("generate", self.lm.name, max_new_tokens, p) for p in prompts]
+        return self._run(
+            "generate", keys, list(prompts),
+            lambda ps: [g.text for g in self.lm.generate(ps, max_new_tokens=max_new_tokens,
+                                                         batch_size=self.batch_size)],
+            "generation",
+        )
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit-norm sentence embeddings ``(n, d)``."""
+        if self.embedder is None:
+            raise ValueError("this pipeline needs a sentence embedder")
+        keys = [_key("embed", self.embedder.name, t) for t in texts]
+        out = self._run("embed", keys, list(texts),
+                        lambda ts: self.embedder.embed(ts, batch_size=max(self.batch_size, 16)).tolist(),
+                        "embedding")
+        return np.asarray(out, np.float32)
+
+    # --- determinism check -----------------------------------------------------------------------
+    def verify(self, prompts: Sequence[str], labels: Sequence[str] | None = None) -> dict:
+        """Recomputes ``prompts`` one at a time (no cache) and compares with the cached batched answers.
+
+        Returns ``{"checked", "max_abs_diff", "mismatches"}`` for label scoring
+        (``labels`` given) or ``{"checked", "mismatches"}`` for greedy generation.
+        """
+        if labels is not None:
+            cached = self.label_logprobs(prompts, labels)
+            fresh = np.concatenate([self.lm.label_logprobs([p], labels, batch_size=1) for p in prompts])
+            diff = np.abs(cached - fresh)
+            flips = int(np.sum(np.argmax(cached, 1) != np.argmax(fresh, 1)))
+            return {"checked": len(prompts), "max_abs_diff": float(diff.max()), "mismatches": flips}
+        cached = self.generate(prompts, 32)
+        fresh = [self.lm.generate([p], max_new_tokens=32, batch_size=1)[0].text for p in prompts]
+        return {"checked": len(prompts), "mismatches": int(sum(a != b for a, b in zip(cached, fresh)))}

@@ -1,0 +1,151 @@
+"""Phase A: clean snapshots of a DP-ICL pipeline, saved with a manifest, resumable.
+
+``n`` calls of the non-private counterpart ``M'`` per neighbouring context,
+each with its own random partition assignment. Prompts repeat across calls
+and greedy decoding is deterministic, so every distinct prompt is computed
+once and reused; the manifest reports logical calls, unique computations and
+a determinism check that recomputes a sample without the cache.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import os
+import time
+
+import numpy as np
+
+from snapaudit_jax._io import write_json
+from snapaudit_jax.pipelines.dpicl import EmbeddingPipeline, KeywordPipeline, Pipeline
+from snapaudit_jax.pipelines.oracle import LLMOracle
+from snapaudit_jax.snapshots import Snapshots, dedupe, load_snapshots, save_snapshots
+
+__all__ = ["SnapshotRun", "generate_snapshots", "case_fingerprint"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotRun:
+    """Snapshots of one pipeline and how they were made."""
+
+    snapshots: Snapshots
+    manifest: dict
+
+
+def case_fingerprint(pipeline: Pipeline, snapshots: int, seed: int) -> str:
+    """Hash of everything that determines the snapshots (model, case, pipeline settings, n, seed)."""
+    case = pipeline.case
+    parts = {
+        "model": pipeline.oracle.lm.name,
+        "embedder": getattr(pipeline.oracle.embedder, "name", None),
+        "pipeline": pipeline.name,
+        "partitions": pipeline.partitions,
+        "defense": pipeline.defense,
+        "mode": case.mode,
+        "query": case.query_text,
+        "secret": case.secret,
+        "decoy": case.decoy,
+        "with": [e.text for e in case.exemplars(1)],
+        "without": [e.text for e in case.exemplars(0)],
+        "snapshots": snapshots,
+        "seed": seed,
+        "extra": {k: v for k, v in vars(pipeline).items() if isinstance(v, (int, float, str, tuple))},
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, (frozenset, set)):
+        return a == b
+    return bool(np.allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), atol=1e-3))
+
+
+def _verify(pipeline: Pipeline, sample: int, seed: int) -> dict:
+    """Recomputes ``sample`` partition answers without the cache, one prompt per batch."""
+    rng = np.random.default_rng([seed, 99])
+    groups = []
+    for b in (1, 0):
+        for i in rng.choice(10**6, size=max(1, sample // 2), replace=False):
+            groups.append(pipeline.assign(pipeline.case.exemplars(b), np.random.default_rng([seed, b, int(i)]))[0])
+    cached = pipeline.answers(groups)
+    fresh_pipeline = copy.copy(pipeline)
+    fresh_pipeline.oracle = LLMOracle(pipeline.oracle.lm, pipeline.oracle.embedder, batch_size=1)
+    fresh = fresh_pipeline.answers(groups)
+    mismatches = sum(not _same(a, b) for a, b in zip(cached, fresh))
+    return {"checked": len(groups), "mismatches": int(mismatches)}
+
+
+def generate_snapshots(
+    pipeline: Pipeline,
+    *,
+    snapshots: int,
+    seed: int,
+    run_dir: str | None = None,
+    verify: int = 4,
+) -> SnapshotRun:
+    """Phase A for one pipeline.
+
+    Args:
+      pipeline: the pipeline (its oracle caches answers; give it a
+        ``cache_path`` in ``run_dir`` to resume interrupted runs).
+      snapshots: ``n_llm``, calls of ``M'`` per context.
+      seed: partition-assignment seed.
+      run_dir: folder for ``<name>.npz`` and ``<name>.manifest.json``; an
+        existing pair with the same fingerprint is loaded instead of recomputed.
+      verify: partition answers to recompute uncached (0: no check).
+
+    Returns:
+      :class:`SnapshotRun`.
+    """
+    if snapshots < 2:
+        raise ValueError(f"snapshots must be >= 2, got {snapshots}")
+    fingerprint = case_fingerprint(pipeline, snapshots, seed)
+    npz = manifest_path = None
+    if run_dir is not None:
+        os.makedirs(run_dir, exist_ok=True)
+        npz = os.path.join(run_dir, f"{pipeline.name}.npz")
+        manifest_path = os.path.join(run_dir, f"{pipeline.name}.manifest.json")
+        if os.path.isfile(npz) and os.path.isfile(manifest_path):
+            with open(manifest_path) as fh:
+                manifest = json.load(fh)
+            if manifest.get("fingerprint") == fingerprint:
+                if isinstance(pipeline, KeywordPipeline):
+                    pipeline.vocabulary = tuple(manifest["vocabulary"])
+                return SnapshotRun(load_snapshots(npz), manifest | {"resumed": True})
+    start = time.perf_counter()
+    before = dataclasses.replace(pipeline.oracle.stats)
+    if isinstance(pipeline, KeywordPipeline):
+        w, wo = pipeline.histograms(pipeline.clean_calls(1, snapshots, seed), pipeline.clean_calls(0, snapshots, seed))
+    else:
+        w, wo = pipeline.clean_outputs(1, snapshots, seed), pipeline.clean_outputs(0, snapshots, seed)
+    stats = pipeline.oracle.stats
+    candidates = pipeline.candidates if isinstance(pipeline, EmbeddingPipeline) else None
+    snaps = Snapshots(w, wo, candidates=candidates, target=int(pipeline.target))
+    manifest = {
+        "fingerprint": fingerprint,
+        "pipeline": pipeline.name,
+        "model": pipeline.oracle.lm.name,
+        "embedder": getattr(pipeline.oracle.embedder, "name", None),
+        "query": pipeline.case.mode,
+        "defense": pipeline.defense,
+        "partitions": pipeline.partitions,
+        "snapshots": snapshots,
+        "seed": seed,
+        "canary_id": pipeline.case.context.canary.id,
+        "llm_calls": stats.calls - before.calls,
+        "unique_computations": stats.computed - before.computed,
+        "reused_answers": stats.cached - before.cached,
+        "distinct_snapshots": {"with": int(len(dedupe(w)[0])), "without": int(len(dedupe(wo)[0]))},
+        "seconds": time.perf_counter() - start,
+        "determinism_check": _verify(pipeline, verify, seed) if verify else None,
+        "note": "greedy decoding is deterministic: each distinct prompt is computed once and its answer reused",
+    }
+    if isinstance(pipeline, KeywordPipeline):
+        manifest["vocabulary"] = list(pipeline.vocabulary)
+        manifest["target_keyword"] = pipeline.target_keyword
+    if run_dir is not None:
+        save_snapshots(npz, snaps)
+        write_json(manifest_path, manifest)
+    return SnapshotRun(snaps, manifest)
