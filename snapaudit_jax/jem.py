@@ -271,12 +271,13 @@ class KeywordSpaceAggregation(Mechanism):
         return jem_noise(key, num, self.top_k).T
 
     def outcomes(self, noise, prepared, attack):
-        # JEM's sequential selection is per trial: vmap over the trailing trial axis.
-        shared = all(x.shape[-1] == 1 for x in jax.tree_util.tree_leaves(prepared)) and noise.shape[-1] != 1
-        if shared:
-            prepared = jax.tree_util.tree_map(lambda x: x[..., 0], prepared)
-        one = jax.vmap(self._outcome_one, in_axes=(-1, None if shared else -1, None))
-        return one(noise, prepared, attack)
+        # JEM's sequential selection is per trial: vmap over the trailing trial axis; leaves shared by
+        # all trials (trailing size 1) are broadcast instead.
+        num = noise.shape[-1]
+        shared = jax.tree_util.tree_map(lambda x: x.shape[-1] == 1 and num != 1, prepared)
+        prepared = jax.tree_util.tree_map(lambda x, s: x[..., 0] if s else x, prepared, shared)
+        axes = jax.tree_util.tree_map(lambda s: None if s else -1, shared)
+        return jax.vmap(self._outcome_one, in_axes=(-1, axes, None))(noise, prepared, attack)
 
     def _outcome_one(self, noise, prepared, attack):
         seq = jem_select(noise, prepared.table, self.top_k)

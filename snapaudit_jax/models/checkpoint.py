@@ -321,9 +321,26 @@ def gguf_llama_config(reader, path: str) -> LlamaConfig:
     vocab = gguf_field(reader, "llama.vocab_size")
     if vocab is None:
         vocab = len(gguf_field(reader, "tokenizer.ggml.tokens", []))
-    scaling = None
-    if gguf_field(reader, "llama.rope.scaling.type") == "linear":
-        scaling = {"rope_type": "linear", "factor": gguf_field(reader, "llama.rope.scaling.factor")}
+    head_dim = int(gguf_field(reader, "llama.rope.dimension_count", hidden // heads))
+    scaling_type = gguf_field(reader, "llama.rope.scaling.type")
+    if scaling_type not in (None, "none", "linear"):
+        raise CheckpointError(f"{path}: GGUF llama.rope.scaling.type {scaling_type!r} is not supported (none, linear)")
+    rope_scaling = RopeScaling()
+    if scaling_type == "linear":
+        rope_scaling = RopeScaling.from_hf(
+            {"rope_type": "linear", "factor": gguf_field(reader, "llama.rope.scaling.factor")}, source=path
+        )
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if freqs is not None:  # Llama 3.x: the llama3 RoPE scaling as per-frequency divisors
+        from gguf.quants import dequantize
+
+        factors = np.asarray(dequantize(freqs.data, freqs.tensor_type), np.float64).ravel()
+        if factors.size != head_dim // 2 or rope_scaling.rope_type != "default":
+            raise CheckpointError(
+                f"{path}: tensor 'rope_freqs.weight' has {factors.size} entries (expected head_dim / 2 = "
+                f"{head_dim // 2}) or is combined with rope scaling {scaling_type!r}; not supported"
+            )
+        rope_scaling = RopeScaling("freq_factors", freq_factors=tuple(map(float, factors)))
     return LlamaConfig(
         vocab_size=int(vocab),
         hidden_size=hidden,
@@ -331,11 +348,11 @@ def gguf_llama_config(reader, path: str) -> LlamaConfig:
         num_hidden_layers=int(need("block_count")),
         num_attention_heads=heads,
         num_key_value_heads=int(gguf_field(reader, "llama.attention.head_count_kv", heads)),
-        head_dim=int(gguf_field(reader, "llama.rope.dimension_count", hidden // heads)),
+        head_dim=head_dim,
         max_position_embeddings=int(gguf_field(reader, "llama.context_length", 8192)),
         rms_norm_eps=float(gguf_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(gguf_field(reader, "llama.rope.freq_base", 10000.0)),
-        rope_scaling=RopeScaling.from_hf(scaling, source=path),
+        rope_scaling=rope_scaling,
         tie_word_embeddings="output.weight" not in names,
         bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_id=gguf_field(reader, "tokenizer.ggml.eos_token_id"),

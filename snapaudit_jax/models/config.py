@@ -73,13 +73,19 @@ class GPT2Config:
 
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
-    """RoPE frequency scaling: ``"default"``, ``"linear"`` or ``"llama3"``."""
+    """RoPE frequency scaling: ``"default"``, ``"linear"``, ``"llama3"`` or ``"freq_factors"``.
+
+    ``"freq_factors"`` divides each inverse frequency by an explicit factor:
+    llama.cpp stores the Llama-3 scaling of a GGUF file that way, as the
+    ``rope_freqs.weight`` tensor (``freq_factors``, ``(head_dim / 2,)``).
+    """
 
     rope_type: str = "default"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    freq_factors: tuple[float, ...] | None = None
 
     @classmethod
     def from_hf(cls, scaling: dict | None, source: str = "config.json") -> "RopeScaling":

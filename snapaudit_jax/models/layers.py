@@ -77,7 +77,7 @@ def positions_from_mask(mask: jax.Array) -> jax.Array:
 
 
 def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> jax.Array:
-    """Inverse frequencies ``(D/2,)`` of rotary embeddings, with Llama-3 or linear scaling.
+    """Inverse frequencies ``(D/2,)`` of rotary embeddings, with Llama-3, linear or per-frequency scaling.
 
     References:
       Su et al. 2021 (RoFormer); Llama 3 frequency scaling (Meta 2024, the
@@ -86,6 +86,8 @@ def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> jax.A
     inv = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
     if scaling.rope_type == "linear":
         return inv / scaling.factor
+    if scaling.rope_type == "freq_factors":  # llama.cpp rope_freqs: theta_i = pos * inv_i / factor_i
+        return inv / jnp.asarray(scaling.freq_factors, jnp.float32)
     if scaling.rope_type == "llama3":
         old = scaling.original_max_position_embeddings
         low_wavelen = old / scaling.low_freq_factor

@@ -197,6 +197,12 @@ class LanguageModel:
                 raise ValueError("temperature sampling needs an explicit PRNG key")
         key = jax.random.key(0) if key is None else key
         rows = self._ids(prompts)
+        longest = max(map(len, rows))
+        if longest + max_new_tokens > self.max_length:
+            raise ValueError(
+                f"a prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds the model's "
+                f"{self.max_length} positions"
+            )
         max_new = length_bucket(max_new_tokens)
         results: list[Generation] = []
         for start in range(0, len(rows), batch_size):

@@ -192,11 +192,13 @@ class Pipeline(abc.ABC):
     def clean_calls(self, b: int, n: int, seed: int) -> list:
         """The aggregates of ``n`` calls of ``M'`` under hypothesis ``b``, each with its own partition assignment.
 
-        Call ``i`` draws its assignment from ``default_rng([seed, b, i])``, so
-        a call's answer does not depend on how many calls are made.
+        Call ``i`` draws its assignment from ``default_rng([seed, i])`` under
+        *both* hypotheses: call ``i`` of C1 and of C0 split the exemplars the
+        same way, the canary taking the replacement's place, so their clean
+        outputs are neighbouring. A call's answer does not depend on ``n``.
         """
         exemplars = self.case.exemplars(b)
-        calls = [self.assign(exemplars, np.random.default_rng([seed, b, i])) for i in range(n)]
+        calls = [self.assign(exemplars, np.random.default_rng([seed, i])) for i in range(n)]
         answers = self.answers([g for call in calls for g in call])
         out, pos = [], 0
         for call in calls:

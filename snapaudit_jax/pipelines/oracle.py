@@ -25,11 +25,13 @@ __all__ = ["LLMOracle", "CallStats"]
 
 @dataclasses.dataclass
 class CallStats:
-    """Logical model calls (what a deployed pipeline would pay) and unique computations."""
+    """Logical calls (what a deployed pipeline would pay) and unique computations, per model."""
 
-    calls: int = 0
+    calls: int = 0  # language-model calls
     computed: int = 0
     cached: int = 0
+    embed_calls: int = 0  # sentence-embedder calls
+    embed_computed: int = 0
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -85,19 +87,24 @@ class LLMOracle:
                 os.fsync(fh.fileno())
 
     def _run(self, kind: str, keys: list[str], payloads: list, compute, label: str) -> list:
-        self.stats.calls += len(keys)
         todo = {}
         for k, p in zip(keys, payloads):
             if k not in self._cache and k not in todo:
                 todo[k] = p
-        self.stats.cached += len(keys) - len(todo)
+        if kind == "embed":
+            self.stats.embed_calls += len(keys)
+            self.stats.embed_computed += len(todo)
+        else:
+            self.stats.calls += len(keys)
+            self.stats.cached += len(keys) - len(todo)
         items = list(todo.items())
         step = self.batch_size
         for start in range(0, len(items), step):
             chunk = items[start:start + step]
             values = compute([p for _, p in chunk])
             self._store({k: v for (k, _), v in zip(chunk, values)})
-            self.stats.computed += len(chunk)
+            if kind != "embed":
+                self.stats.computed += len(chunk)
             if self.progress:
                 self.progress(min(start + step, len(items)), len(items), label)
         return [self._cache[k] for k in keys]
