@@ -1,0 +1,177 @@
+"""DP-ICL pipelines: audit cases, partition coupling, cached counted calls, Phase A manifests and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flax")
+pytest.importorskip("torch")
+
+from _tiny_llm import make_tiny_llm_folder  # noqa: E402
+
+from snapaudit_jax.data import get_spec, load_examples  # noqa: E402
+from snapaudit_jax.models import load_embedder, load_language_model  # noqa: E402
+from snapaudit_jax.pipelines import (  # noqa: E402
+    EmbeddingPipeline,
+    KeywordPipeline,
+    LLMOracle,
+    PrivateVotingPipeline,
+    ProductOfExpertsPipeline,
+    keywords_of,
+    make_case,
+)
+from snapaudit_jax.pipelines import prompts as P  # noqa: E402
+from snapaudit_jax.pipelines.phase_a import generate_snapshots  # noqa: E402
+
+AGNEWS = load_examples("agnews")
+SPEC = get_spec("agnews")
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    folder = make_tiny_llm_folder(str(tmp_path_factory.mktemp("tiny")), [e.text for e in AGNEWS])
+    return load_language_model(folder)
+
+
+def test_copy_case_is_a_neighbouring_pair_with_a_shared_prefix():
+    case = make_case(AGNEWS, SPEC, mode="copy", num_exemplars=6, seed=3)
+    w, wo = case.exemplars(1), case.exemplars(0)
+    diff = [i for i, (a, b) in enumerate(zip(w, wo)) if a != b]
+    assert len(w) == len(wo) == 6 and diff == [case.context.position]
+    canary, replacement = w[diff[0]], wo[diff[0]]
+    assert canary.text == f"{case.query_text} {case.secret}." and replacement.text == f"{case.query_text} {case.decoy}."
+    assert case.query_text.endswith(P.SECRET_LEAD)
+    assert not set(case.secret.split()) & set(case.decoy.split())
+    assert make_case(AGNEWS, SPEC, mode="copy", num_exemplars=6, seed=3) == case
+    assert make_case(AGNEWS, SPEC, mode="copy", num_exemplars=6, seed=4).secret != case.secret
+    with pytest.raises(ValueError, match="query mode"):
+        make_case(AGNEWS, SPEC, mode="sideways", num_exemplars=6, seed=3)
+
+
+def test_direct_case_asks_about_the_canary():
+    case = make_case(AGNEWS, SPEC, mode="direct", num_exemplars=5, seed=1)
+    assert case.query_text == case.context.canary.text and case.secret == ""
+
+
+def test_pv_calls_are_coupled_and_neighbouring(tiny_lm):
+    oracle = LLMOracle(tiny_lm)
+    case = make_case(AGNEWS, SPEC, mode="copy", num_exemplars=6, seed=0)
+    pv = PrivateVotingPipeline(oracle, case, partitions=3)
+    w, wo = pv.clean_outputs(1, 12, seed=5), pv.clean_outputs(0, 12, seed=5)
+    assert w.shape == wo.shape == (12, 2)
+    assert np.all(w.sum(1) == 3) and np.all(wo.sum(1) == 3)
+    # Call i splits both contexts the same way: the vote vectors differ by at most one moved vote.
+    assert np.all(np.abs(w - wo).sum(1) <= 2)
+    for i in range(12):
+        a = pv.assign(case.exemplars(1), np.random.default_rng([5, i]))
+        b = pv.assign(case.exemplars(0), np.random.default_rng([5, i]))
+        moved = [j for j, (ga, gb) in enumerate(zip(a, b)) if ga != gb]
+        assert len(moved) == 1 and case.context.canary in a[moved[0]] and case.context.replacement in b[moved[0]]
+    # 2 x 12 calls x 3 partitions, but prompts repeat: each distinct prompt is computed once.
+    assert oracle.stats.calls == 72 and oracle.stats.computed < 72
+    assert oracle.stats.computed + oracle.stats.cached == 72
+
+
+def test_contextleak_adds_one_filter_call_per_partition(tiny_lm):
+    case = make_case(AGNEWS, SPEC, mode="direct", num_exemplars=6, seed=0)
+    oracle = LLMOracle(tiny_lm)
+    pv = PrivateVotingPipeline(oracle, case, partitions=3, defense="contextleak")
+    pv.clean_outputs(1, 2, seed=0)
+    assert pv.calls_per_clean == 6 and oracle.stats.calls == 12
+    with pytest.raises(ValueError, match="defense"):
+        PrivateVotingPipeline(oracle, case, partitions=3, defense="firewall")
+    with pytest.raises(ValueError, match="partitions"):
+        PrivateVotingPipeline(oracle, case, partitions=7)
+
+
+def test_poe_utilities_are_clipped_sums(tiny_lm):
+    oracle = LLMOracle(tiny_lm)
+    case = make_case(AGNEWS, SPEC, mode="copy", num_exemplars=4, seed=2)
+    poe = ProductOfExpertsPipeline(oracle, case, clip=3.0)
+    u = poe.clean_outputs(1, 3, seed=0)
+    assert u.shape == (3, 2) and np.all(u <= 0) and np.all(u >= -3.0 * 4)
+    assert np.all(u == u[0])  # per-example experts: no partition randomness
+    lp = np.clip(oracle.label_logprobs([poe._copy((e,)) for e in case.exemplars(1)], poe.labels), -3.0, 0.0)
+    np.testing.assert_allclose(u[0], lp.sum(0))
+
+
+def test_oracle_cache_resumes_from_disk(tiny_lm, tmp_path):
+    path = str(tmp_path / "cache.jsonl")
+    prompts = [tiny_lm.chat_prompt(f"question {i}") for i in range(5)]
+    first = LLMOracle(tiny_lm, cache_path=path)
+    a = first.label_logprobs(prompts, ["Yes", "No"])
+    assert first.stats.computed == 5
+    with open(path, "a") as fh:
+        fh.write('{"k": "torn')  # an interrupted write
+    second = LLMOracle(tiny_lm, cache_path=path)
+    b = second.label_logprobs(prompts, ["Yes", "No"])
+    assert second.stats.computed == 0 and second.stats.cached == 5
+    np.testing.assert_array_equal(a, b)
+
+
+def test_phase_a_writes_manifest_and_resumes(tiny_lm, tmp_path):
+    case = make_case(AGNEWS, SPEC, mode="copy", num_exemplars=6, seed=0)
+    oracle = LLMOracle(tiny_lm, cache_path=str(tmp_path / "cache.jsonl"))
+    run = generate_snapshots(PrivateVotingPipeline(oracle, case, partitions=3), snapshots=10, seed=1,
+                             run_dir=str(tmp_path), verify=2)
+    m = run.manifest
+    assert m["llm_calls"] == 60 and m["unique_computations"] + m["reused_answers"] == 60
+    assert m["determinism_check"] == {"checked": 2, "mismatches": 0}
+    assert run.snapshots.with_canary.shape == (10, 2) and run.snapshots.target == 0
+    saved = json.load(open(tmp_path / "pv.manifest.json"))
+    assert saved["fingerprint"] == m["fingerprint"]
+    again = generate_snapshots(PrivateVotingPipeline(LLMOracle(tiny_lm), case, partitions=3), snapshots=10, seed=1,
+                               run_dir=str(tmp_path))
+    assert again.manifest["resumed"] is True
+    np.testing.assert_array_equal(again.snapshots.with_canary, run.snapshots.with_canary)
+    other = generate_snapshots(PrivateVotingPipeline(oracle, case, partitions=3), snapshots=12, seed=1,
+                               run_dir=str(tmp_path), verify=0)
+    assert "resumed" not in other.manifest and other.snapshots.with_canary.shape == (12, 2)
+
+
+def test_keywords_and_ksa_histograms(tiny_lm):
+    assert keywords_of("The Amber falcon, 4821 and the amber!") == {"amber", "falcon", "4821"}
+    case = make_case(load_examples("samsum"), get_spec("samsum"), mode="copy", num_exemplars=4, seed=0)
+    ksa = KeywordPipeline(LLMOracle(tiny_lm), case, partitions=4, top_k=2)
+    with pytest.raises(ValueError, match="vocabulary"):
+        _ = ksa.target
+    h1, h0 = ksa.histograms(ksa.clean_calls(1, 3, 0), ksa.clean_calls(0, 3, 0))
+    assert h1.shape == h0.shape == (3, len(ksa.vocabulary))
+    assert ksa.vocabulary[ksa.target] == case.secret.split()[0]
+    assert np.all(h1 <= 4) and np.all(np.abs(h1 - h0) <= 1)  # one partition changes: counts move by <= 1
+    assert ksa.count([({"not-a-known-word"},)]).sum() == 0
+
+
+def test_esa_pipeline_means_and_candidates(tiny_lm):
+    embedder = load_embedder("minilm")
+    oracle = LLMOracle(tiny_lm, embedder)
+    signals = ("the cat sleeps on the warm mat", "quarterly revenue exceeded all forecasts")
+    case = make_case(load_examples("samsum"), get_spec("samsum"), mode="copy", num_exemplars=3, seed=0,
+                     signals=signals)
+    esa = EmbeddingPipeline(oracle, case, signals=signals, partitions=1)
+    means = esa.clean_outputs(1, 2, 0)
+    assert means.shape == (2, 384)
+    np.testing.assert_allclose(np.linalg.norm(means, axis=1), 1.0, atol=1e-5)  # T = 1: one unit embedding
+    np.testing.assert_allclose(esa.candidates, embedder.embed(list(signals)), atol=1e-6)
+    assert esa.sensitivity == 2.0
+    assert oracle.stats.embed_calls > 0 and oracle.stats.calls == 2
+
+
+@pytest.mark.slow
+def test_smollm2_copy_query_reveals_the_canary():
+    """On the embedded SmolLM2 the copy query separates: votes [1, 2] with the canary, [0, 3] without, and the
+    one-pass greedy check agrees with step-by-step greedy decoding."""
+    lm = load_language_model("smollm2")
+    oracle = LLMOracle(lm)
+    case = make_case(AGNEWS, SPEC, mode="copy", num_exemplars=6, seed=0)
+    pv = PrivateVotingPipeline(oracle, case, partitions=3)
+    assert np.all(pv.clean_outputs(1, 4, 0) == [1, 2]) and np.all(pv.clean_outputs(0, 4, 0) == [0, 3])
+    groups = pv.assign(case.exemplars(1), np.random.default_rng([0, 0]))
+    prompts = [pv._copy(g) for g in groups]
+    fast = lm.greedy_continues_with(prompts, [" " + case.secret] * len(prompts))
+    slow = [g.text.startswith(" " + case.secret) for g in lm.generate(prompts, max_new_tokens=12)]
+    assert list(fast) == slow and sum(slow) == 1
