@@ -14,6 +14,6 @@ def _quickstart_lines():
 def test_quickstart_has_two_lines_and_ci_runs_the_test_line():
     lines = _quickstart_lines()
     assert len(lines) == 2
-    assert "examples/reproduce_flaws.py" in lines[0]
+    assert "snapaudit audit examples/quickstart.toml" in lines[0]
     assert "pytest" in lines[1]
     assert lines[1] in (ROOT / ".ci" / "run").read_text()
