@@ -121,6 +121,7 @@ def test_phase_a_writes_manifest_and_resumes(tiny_lm, tmp_path):
     m = run.manifest
     assert m["llm_calls"] == 60 and m["unique_computations"] + m["reused_answers"] == 60
     assert m["determinism_check"] == {"checked": 2, "mismatches": 0}
+    assert m["unique_computations"] <= len(m["prompt_hashes"]) and all(len(h) == 64 for h in m["prompt_hashes"])
     assert run.snapshots.with_canary.shape == (10, 2) and run.snapshots.target == 0
     saved = json.load(open(tmp_path / "pv.manifest.json"))
     assert saved["fingerprint"] == m["fingerprint"]

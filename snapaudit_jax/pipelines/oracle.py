@@ -38,6 +38,7 @@ class CallStats:
 
 
 def _key(kind: str, model: str, *parts) -> str:
+    """SHA-256 of a request (kind, model and every part): the cache key and the manifest's prompt hash."""
     h = hashlib.sha256()
     for p in (kind, model, *parts):
         h.update(str(p).encode())
@@ -64,6 +65,7 @@ class LLMOracle:
         self.batch_size = batch_size
         self.progress = progress
         self.stats = CallStats()
+        self.requested: set[str] = set()  # hashes of every distinct request made through this oracle
         self._cache: dict[str, object] = {}
         if cache_path and os.path.exists(cache_path):
             with open(cache_path) as fh:
@@ -87,6 +89,7 @@ class LLMOracle:
                 os.fsync(fh.fileno())
 
     def _run(self, kind: str, keys: list[str], payloads: list, compute, label: str) -> list:
+        self.requested.update(keys)
         todo = {}
         for k, p in zip(keys, payloads):
             if k not in self._cache and k not in todo:

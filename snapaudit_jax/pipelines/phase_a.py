@@ -116,6 +116,7 @@ def generate_snapshots(
                 return SnapshotRun(load_snapshots(npz), manifest | {"resumed": True})
     start = time.perf_counter()
     before = dataclasses.replace(pipeline.oracle.stats)
+    requested_before = set(pipeline.oracle.requested)
     if isinstance(pipeline, KeywordPipeline):
         w, wo = pipeline.histograms(pipeline.clean_calls(1, snapshots, seed), pipeline.clean_calls(0, snapshots, seed))
     else:
@@ -138,6 +139,7 @@ def generate_snapshots(
         "unique_computations": stats.computed - before.computed,
         "reused_answers": stats.cached - before.cached,
         "distinct_snapshots": {"with": int(len(dedupe(w)[0])), "without": int(len(dedupe(wo)[0]))},
+        "prompt_hashes": sorted(pipeline.oracle.requested - requested_before),
         "seconds": time.perf_counter() - start,
         "determinism_check": _verify(pipeline, verify, seed) if verify else None,
         "note": "greedy decoding is deterministic: each distinct prompt is computed once and its answer reused",
