@@ -535,7 +535,8 @@ def format_report(rows: list[dict], summaries: dict, mia: dict | None) -> str:
         if "signals" in info:
             lines.append(f"ESA signals: {info['signals']}; candidate stage: {info.get('candidate_coverage')}.")
         lines.append("")
-        lines.append("| eps_theory | active black | active white | passive black | passive white | LLM calls active/passive |")
+        lines.append("| eps_theory | active black | active white | passive black | passive white "
+                     "| LLM calls active/passive |")
         lines.append("|---:|---:|---:|---:|---:|---:|")
         mine = [r for r in rows if r["pipeline"] == name]
         for eps in sorted({r["epsilon_theory"] for r in mine}):
@@ -545,9 +546,9 @@ def format_report(rows: list[dict], summaries: dict, mia: dict | None) -> str:
                 if r["epsilon_theory"] == eps:
                     cell[(r["mode"], r["threat"])] = f"{r['epsilon_emp']:.2f}"
                     calls[r["mode"]] = r["llm_calls"]
-            get = lambda m, t: cell.get((m, t), "-")  # noqa: E731
-            lines.append(f"| {eps:g} | {get('active', 'black')} | {get('active', 'white')} | {get('passive', 'black')} "
-                         f"| {get('passive', 'white')} | {calls.get('active', '-')}/{calls.get('passive', '-')} |")
+            shown = [cell.get((m, t), "-") for m in ("active", "passive") for t in ("black", "white")]
+            lines.append(f"| {eps:g} | " + " | ".join(shown)
+                         + f" | {calls.get('active', '-')}/{calls.get('passive', '-')} |")
         lines.append("")
     if mia:
         lines.append("## Clean-output membership inference (AUC)")

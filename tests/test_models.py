@@ -63,7 +63,7 @@ _DECODER_CONFIGS = {
     ),
     "llama": lambda: transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=43, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, rope_theta=5e5, tie_word_embeddings=True,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=320, rope_theta=5e5, tie_word_embeddings=True,
         bos_token_id=1, eos_token_id=2, initializer_range=0.1,
     ),
     "llama3": lambda: transformers.LlamaConfig(
@@ -291,6 +291,52 @@ def test_cached_decoding_equals_uncached_forward(tiny, name):
     assert np.abs(np.asarray(got, np.float64) - ref)[full_mask.astype(bool)].max() <= CACHE_TOL
 
 
+@pytest.mark.parametrize("name", ["llama"])  # the tiny GPT-2 has 64 positions; both share this attention path
+def test_long_prefill_block_causal_attention(tiny, name):
+    """Prompts of >= 128 tokens take the block-causal prefill path (queries split into blocks that skip
+    hidden keys): logits still match transformers, and a cached prefill followed by decoding steps equals
+    the full forward."""
+    hf_model, folder = tiny[name]
+    ids, mask = _left_padded((256, 131, 200, 64), seed=7)
+    assert _max_diff(folder, hf_model, ids, mask) <= LOGIT_TOL
+    _, model = load_hf_folder(folder)
+    chunks = (1, 2)
+    extra = np.random.default_rng(8).integers(3, VOCAB, (ids.shape[0], sum(chunks)))
+    full = np.concatenate([ids, extra], axis=1)
+    full_mask = np.concatenate([mask, np.ones_like(extra)], axis=1)
+    ref = _our_logits(model, full, full_mask)
+    graphdef, state = nnx.split(model)
+    got = _cached_logits(graphdef, state, jnp.asarray(full, jnp.int32), jnp.asarray(full_mask, bool),
+                         ids.shape[1], chunks)
+    assert np.abs(np.asarray(got, np.float64) - ref)[full_mask.astype(bool)].max() <= CACHE_TOL
+
+
+def test_block_causal_attention_equals_full_attention():
+    """``attend(..., causal_blocks=k)`` equals the unsplit computation on every query that sees a key,
+    for a prefill into a cache with spare slots (S > L) and an odd length that does not split evenly."""
+    from snapaudit_jax.models.layers import attend, attention_bias, causal_allowed
+
+    rng = np.random.default_rng(0)
+    b, length, slots, heads, kv, d = 3, 77, 90, 6, 2, 8
+    q = jnp.asarray(rng.normal(size=(b, length, heads, d)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=(b, slots, kv, d)), jnp.float32)
+    v = jnp.asarray(rng.normal(size=(b, slots, kv, d)), jnp.float32)
+    key_mask = np.zeros((b, slots), bool)
+    for i, n in enumerate((77, 40, 9)):
+        key_mask[i, length - n:length] = True
+    allowed = causal_allowed(jnp.asarray(key_mask), 0, length)
+    bias = attention_bias(allowed)
+    full = np.asarray(attend(q, k, v, bias))
+    real = np.asarray(allowed).any(-1)  # (B, L): queries with at least one visible key
+    for blocks in (2, 3, 4, 77):
+        got = np.asarray(attend(q, k, v, bias, causal_blocks=blocks))
+        assert np.abs(got - full)[real].max() <= 1e-5, blocks
+    # Power: splitting a pass that does not start at slot 0 would drop visible keys (wrong on real rows).
+    late = attention_bias(causal_allowed(jnp.ones((b, slots), bool), slots - length, length))
+    wrong = np.asarray(attend(q, k, v, late, causal_blocks=4)) - np.asarray(attend(q, k, v, late))
+    assert np.abs(wrong).max() > 1e-2
+
+
 def _language_model(folder, eos):
     cfg, module = load_hf_folder(folder)
     tok = Tokenizer(backend=_word_tokenizer(), bos_id=None, eos_ids=(eos,), pad_id=0)
@@ -375,6 +421,38 @@ def test_label_logprobs_match_transformers(tiny, name, labels):
     assert np.abs(got - ref).max() <= LOGIT_TOL
     norm = lm.label_logprobs(prompts, labels, normalize=True)
     assert np.abs(norm - (ref - np.logaddexp.reduce(ref, axis=1, keepdims=True))).max() <= LOGIT_TOL
+
+
+# ---------------------------------------------------------------------------
+# 5b. Data parallelism over several devices gives the single-device outputs
+# ---------------------------------------------------------------------------
+
+PARALLEL_PROMPTS = ["t5 t6 t7", "t9", "t10 t11 t12 t13 t14"]  # 3 rows: padded to 4, split over 2 devices
+PARALLEL_LABELS = ["t4", "t50", "t96"]
+PARALLEL_TEXTS = ["t5 t6", "t7 t8 t9 t10", "t11"]
+
+
+def test_data_parallel_matches_single_device(tiny):
+    import subprocess
+    import sys
+
+    lm = load_language_model(str(tiny["llama"][1]))
+    emb = load_embedder(str(tiny["bert"][1]))
+    assert lm.parallel.size == len(jax.local_devices())
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run(
+        [sys.executable, "-m", "tests._parallel_worker", str(tiny["llama"][1]), str(tiny["bert"][1]), "2"],
+        cwd=root, capture_output=True, text=True, timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["devices"] == 2
+    assert got["auto"] == [2, 1, 2, 1]  # CPU replicas of the weights stay within the host-memory budget
+    np.testing.assert_allclose(got["logprobs"], lm.label_logprobs(PARALLEL_PROMPTS, PARALLEL_LABELS), atol=1e-5)
+    np.testing.assert_allclose(got["multi"], lm.label_logprobs(PARALLEL_PROMPTS, ["t4 t5", "t8"]), atol=1e-5)
+    assert got["greedy"] == [list(g.token_ids) for g in lm.generate(PARALLEL_PROMPTS, max_new_tokens=6)]
+    assert got["match"] == lm.greedy_continues_with(PARALLEL_PROMPTS, ["t4"] * 3).tolist()
+    np.testing.assert_allclose(got["embed"], emb.embed(PARALLEL_TEXTS), atol=1e-5)
 
 
 # ---------------------------------------------------------------------------

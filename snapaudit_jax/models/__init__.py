@@ -67,8 +67,12 @@ def default_model_path(name: str) -> str:
     raise CheckpointError(f"unknown embedded model {name!r} (smollm2, minilm)")
 
 
-def load_language_model(name_or_path: str = DEFAULT_LLM, *, allow_pickle: bool = False) -> LanguageModel:
+def load_language_model(
+    name_or_path: str = DEFAULT_LLM, *, allow_pickle: bool = False, data_parallel: bool | None = None
+) -> LanguageModel:
     """A :class:`LanguageModel` from ``"smollm2"``, a ``.gguf`` file or a Hugging Face folder.
+
+    ``data_parallel``: see :class:`LanguageModel` (default: automatic).
 
     Raises:
       CheckpointError / TokenizerError: the checkpoint cannot be loaded (the
@@ -77,24 +81,28 @@ def load_language_model(name_or_path: str = DEFAULT_LLM, *, allow_pickle: bool =
     path = default_model_path(name_or_path) if name_or_path == "smollm2" else os.fspath(name_or_path)
     if path.endswith(".gguf"):
         cfg, module, reader = load_gguf(path)
-        return LanguageModel(name_or_path, cfg, module, Tokenizer.from_gguf(reader, path))
+        return LanguageModel(name_or_path, cfg, module, Tokenizer.from_gguf(reader, path), data_parallel=data_parallel)
     if os.path.isdir(path):
         cfg, _ = read_config(path)
         if isinstance(cfg, BertConfig):
             raise CheckpointError(f"{path}: a BERT checkpoint is an embedder, not a language model (use load_embedder)")
         cfg, module = load_hf_folder(path, allow_pickle=allow_pickle)
-        return LanguageModel(name_or_path, cfg, module, Tokenizer.from_folder(path, eos_token_id=cfg.eos_token_id))
+        tokenizer = Tokenizer.from_folder(path, eos_token_id=cfg.eos_token_id)
+        return LanguageModel(name_or_path, cfg, module, tokenizer, data_parallel=data_parallel)
     if path.endswith(tuple(".bin .pt .pth .pkl .pickle .ckpt".split())):
         raise CheckpointError(f"{path}: pass the checkpoint folder (with config.json), not the weights file")
     raise CheckpointError(f"{path}: not a .gguf file or a checkpoint folder")
 
 
-def load_embedder(name_or_path: str = DEFAULT_EMBEDDER, *, allow_pickle: bool = False) -> SentenceEmbedder:
-    """A :class:`SentenceEmbedder` from ``"minilm"`` or a Hugging Face BERT folder."""
+def load_embedder(
+    name_or_path: str = DEFAULT_EMBEDDER, *, allow_pickle: bool = False, data_parallel: bool | None = None
+) -> SentenceEmbedder:
+    """A :class:`SentenceEmbedder` from ``"minilm"`` or a Hugging Face BERT folder (``data_parallel``: as
+    :func:`load_language_model`)."""
     path = default_model_path(name_or_path) if name_or_path == "minilm" else os.fspath(name_or_path)
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: embedder checkpoint folder does not exist")
     cfg, module = load_hf_folder(path, allow_pickle=allow_pickle)
     if not isinstance(cfg, BertConfig):
         raise CheckpointError(f"{path}: the embedder must be a BERT checkpoint, got {type(cfg).__name__}")
-    return SentenceEmbedder.from_folder(name_or_path, path, cfg, module)
+    return SentenceEmbedder.from_folder(name_or_path, path, cfg, module, data_parallel=data_parallel)

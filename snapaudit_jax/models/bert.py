@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from snapaudit_jax.models.config import BertConfig
-from snapaudit_jax.models.layers import attend
+from snapaudit_jax.models.layers import attend, attention_bias
 
 __all__ = ["Bert", "mean_pool_normalize"]
 
@@ -25,12 +25,11 @@ class _BertLayer(nnx.Module):
         self.output = nnx.Linear(cfg.intermediate_size, h, rngs=rngs)
         self.out_norm = nnx.LayerNorm(h, epsilon=cfg.layer_norm_eps, rngs=rngs)
 
-    def __call__(self, x, mask):
+    def __call__(self, x, bias):
         cfg = self.cfg
         b, length, _ = x.shape
         shape = (b, length, cfg.num_attention_heads, cfg.head_dim)
-        allowed = jnp.broadcast_to(mask[:, None, :], (b, length, length))  # bidirectional, padding masked
-        att = attend(self.query(x).reshape(shape), self.key(x).reshape(shape), self.value(x).reshape(shape), allowed)
+        att = attend(self.query(x).reshape(shape), self.key(x).reshape(shape), self.value(x).reshape(shape), bias)
         x = self.attn_norm(x + self.attn_out(att.reshape(b, length, -1)))
         h = self.intermediate(x)
         if cfg.activation == "relu":
@@ -56,8 +55,10 @@ class Bert(nnx.Module):
         positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
         x = self.word(tokens) + self.position(positions) + self.token_type(jnp.zeros_like(tokens))
         x = self.embed_norm(x)
+        length = tokens.shape[1]
+        bias = attention_bias(jnp.broadcast_to(mask[:, None, :], (tokens.shape[0], length, length)))  # bidirectional
         for layer in self.layers:
-            x = layer(x, mask)
+            x = layer(x, bias)
         return x
 
 

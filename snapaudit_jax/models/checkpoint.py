@@ -38,7 +38,9 @@ class CheckpointError(ValueError):
 # Name maps: our parameter path -> (checkpoint name, transpose)
 # ---------------------------------------------------------------------------
 
-Entry = tuple[tuple, str, bool]
+# A checkpoint name, or several whose (transposed) tensors are concatenated
+# along the last axis (fused projections such as Llama's Q/K/V).
+Entry = tuple[tuple, "str | tuple[str, ...]", bool]
 
 
 def _gpt2_map(cfg: GPT2Config) -> list[Entry]:
@@ -72,14 +74,14 @@ def _llama_map(cfg: LlamaConfig) -> list[Entry]:
         hf = f"layers.{i}."
         out += [(("blocks", i, "input_norm", "scale"), hf + "input_layernorm.weight", False),
                 (("blocks", i, "post_norm", "scale"), hf + "post_attention_layernorm.weight", False)]
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            out.append((("blocks", i, name, "kernel"), hf + f"self_attn.{name}.weight", True))
-            if cfg.attention_bias:
-                out.append((("blocks", i, name, "bias"), hf + f"self_attn.{name}.bias", False))
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            out.append((("blocks", i, name, "kernel"), hf + f"mlp.{name}.weight", True))
-            if cfg.mlp_bias:
-                out.append((("blocks", i, name, "bias"), hf + f"mlp.{name}.bias", False))
+        fused = (("qkv_proj", tuple(f"self_attn.{n}" for n in ("q_proj", "k_proj", "v_proj")), cfg.attention_bias),
+                 ("o_proj", ("self_attn.o_proj",), cfg.attention_bias),
+                 ("gate_up_proj", ("mlp.gate_proj", "mlp.up_proj"), cfg.mlp_bias),
+                 ("down_proj", ("mlp.down_proj",), cfg.mlp_bias))
+        for ours, theirs, has_bias in fused:
+            out.append((("blocks", i, ours, "kernel"), tuple(hf + n + ".weight" for n in theirs), True))
+            if has_bias:
+                out.append((("blocks", i, ours, "bias"), tuple(hf + n + ".bias" for n in theirs), False))
     return out
 
 
@@ -111,6 +113,17 @@ _MODELS: dict[type, tuple[type, Callable, tuple[str, ...]]] = {
 }
 
 
+def _concat_parts(parts, names, source):
+    """Concatenates the tensors of a fused parameter along their output axis."""
+    lead = parts[0].shape[:-1]
+    for name, part in zip(names, parts):
+        if part.shape[:-1] != lead:
+            raise CheckpointError(
+                f"{source}: tensor {name!r} has input size {part.shape[:-1]}, but {names[0]!r} has {lead}"
+            )
+    return np.concatenate(parts, axis=-1)
+
+
 def build_model(cfg, get_tensor: Callable[[str], np.ndarray | None], source: str):
     """Builds the NNX model of ``cfg`` from named tensors (no random initialisation).
 
@@ -130,23 +143,27 @@ def build_model(cfg, get_tensor: Callable[[str], np.ndarray | None], source: str
     for path, var in nnx.to_flat_state(state):
         if path not in wanted:
             raise CheckpointError(f"{source}: internal error, no checkpoint name for parameter {path}")
-        name, transpose = wanted[path]
-        tensor, found = None, name
-        for prefix in prefixes:
-            tensor = get_tensor(prefix + name)
-            if tensor is not None:
-                found = prefix + name
-                break
-        if tensor is None:
-            raise CheckpointError(f"{source}: missing tensor {name!r}")
-        array = np.asarray(tensor, np.float32)
-        if transpose:
-            array = array.T
+        names, transpose = wanted[path]
+        names = (names,) if isinstance(names, str) else names
+        parts, found = [], []
+        for name in names:
+            tensor = None
+            for prefix in prefixes:
+                tensor = get_tensor(prefix + name)
+                if tensor is not None:
+                    found.append(prefix + name)
+                    break
+            if tensor is None:
+                raise CheckpointError(f"{source}: missing tensor {name!r}")
+            array = np.asarray(tensor, np.float32)
+            parts.append(array.T if transpose else array)
+        array = parts[0] if len(parts) == 1 else _concat_parts(parts, found, source)
         expected = tuple(var.shape)
         if array.shape != expected:
+            shown = " + ".join(f"{n!r} {tuple(p.shape[::-1] if transpose else p.shape)}" for n, p in zip(found, parts))
             raise CheckpointError(
-                f"{source}: tensor {found!r} has shape {tuple(np.shape(tensor))}, expected "
-                f"{expected[::-1] if transpose else expected} for this config"
+                f"{source}: tensor {shown} has shape {tuple(array.shape[::-1] if transpose else array.shape)} "
+                f"in all, expected {expected[::-1] if transpose else expected} for this config"
             )
         pairs.append((path, var.replace(jnp.asarray(array))))
     return nnx.merge(graphdef, nnx.from_flat_state(pairs))
@@ -178,7 +195,8 @@ def _safetensors_reader(files: Iterable[str]):
         try:
             return handles[path].get_tensor(name)
         except Exception as err:
-            raise CheckpointError(f"{path}: tensor {name!r} is unreadable (truncated or corrupted file: {err})") from None
+            raise CheckpointError(
+                f"{path}: tensor {name!r} is unreadable (truncated or corrupted file: {err})") from None
 
     return get, set(index)
 

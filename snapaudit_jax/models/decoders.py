@@ -23,18 +23,39 @@ import jax.numpy as jnp
 from flax import nnx
 
 from snapaudit_jax.models.config import GPT2Config, LlamaConfig
-from snapaudit_jax.models.layers import LayerCache, apply_rope, attend, causal_allowed, rope_frequencies, write_cache
+from snapaudit_jax.models.layers import (
+    LayerCache,
+    apply_rope,
+    attend,
+    attention_bias,
+    causal_allowed,
+    rope_frequencies,
+    rope_tables,
+    write_cache,
+)
 
 __all__ = ["GPT2", "Llama"]
 
 
-def _self_attention(q, k, v, key_mask, cache, index):
+def _mask_bias(key_mask, cache, index, length):
+    """The additive attention mask of a forward pass, shared by all layers."""
+    return attention_bias(causal_allowed(key_mask, 0 if cache is None else index, length))
+
+
+def _prefill_blocks(length: int, index) -> int:
+    """Query blocks of block-causal attention: only for a pass starting at slot 0 (a prefill)."""
+    if isinstance(index, int) and index == 0:
+        return max(1, min(4, length // 64))
+    return 1
+
+
+def _self_attention(q, k, v, bias, cache, index):
     """Attention of new tokens over the cache (or over themselves without a cache)."""
-    length = q.shape[1]
+    blocks = _prefill_blocks(q.shape[1], 0 if cache is None else index)
     if cache is None:
-        return attend(q, k, v, causal_allowed(key_mask, 0, length)), None
+        return attend(q, k, v, bias, causal_blocks=blocks), None
     cache = write_cache(cache, k, v, index)
-    return attend(q, cache.k, cache.v, causal_allowed(key_mask, index, length)), cache
+    return attend(q, cache.k, cache.v, bias, causal_blocks=blocks), cache
 
 
 class _GPT2Block(nnx.Module):
@@ -48,12 +69,12 @@ class _GPT2Block(nnx.Module):
         self.c_fc = nnx.Linear(e, cfg.n_inner, rngs=rngs)
         self.mlp_proj = nnx.Linear(cfg.n_inner, e, rngs=rngs)
 
-    def __call__(self, x, key_mask, cache, index):
+    def __call__(self, x, bias, cache, index):
         cfg = self.cfg
         b, length, _ = x.shape
         q, k, v = jnp.split(self.c_attn(self.ln_1(x)), 3, axis=-1)
         shape = (b, length, cfg.n_head, cfg.head_dim)
-        out, cache = _self_attention(q.reshape(shape), k.reshape(shape), v.reshape(shape), key_mask, cache, index)
+        out, cache = _self_attention(q.reshape(shape), k.reshape(shape), v.reshape(shape), bias, cache, index)
         x = x + self.attn_proj(out.reshape(b, length, cfg.n_embd))
         h = self.c_fc(self.ln_2(x))
         h = jax.nn.gelu(h, approximate=cfg.activation == "gelu_new")
@@ -79,9 +100,10 @@ class GPT2(nnx.Module):
 
     def __call__(self, tokens, positions, key_mask, cache=None, index=0):
         x = self.wte(tokens) + self.wpe(positions)
+        bias = _mask_bias(key_mask, cache, index, tokens.shape[1])
         new_cache = []
         for i, block in enumerate(self.blocks):
-            x, layer_cache = block(x, key_mask, None if cache is None else cache[i], index)
+            x, layer_cache = block(x, bias, None if cache is None else cache[i], index)
             new_cache.append(layer_cache)
         return self.ln_f(x), (None if cache is None else tuple(new_cache))
 
@@ -94,27 +116,26 @@ class _LlamaBlock(nnx.Module):
         e, d = cfg.hidden_size, cfg.head_dim
         self.cfg = cfg
         self.input_norm = nnx.RMSNorm(e, epsilon=cfg.rms_norm_eps, rngs=rngs)
-        self.q_proj = nnx.Linear(e, cfg.num_attention_heads * d, use_bias=cfg.attention_bias, rngs=rngs)
-        self.k_proj = nnx.Linear(e, cfg.num_key_value_heads * d, use_bias=cfg.attention_bias, rngs=rngs)
-        self.v_proj = nnx.Linear(e, cfg.num_key_value_heads * d, use_bias=cfg.attention_bias, rngs=rngs)
-        self.o_proj = nnx.Linear(cfg.num_attention_heads * d, e, use_bias=cfg.attention_bias, rngs=rngs)
+        # Q, K and V (and the gate and up projections) are fused into one matrix product each.
+        heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.qkv_proj = nnx.Linear(e, (heads + 2 * kv) * d, use_bias=cfg.attention_bias, rngs=rngs)
+        self.o_proj = nnx.Linear(heads * d, e, use_bias=cfg.attention_bias, rngs=rngs)
         self.post_norm = nnx.RMSNorm(e, epsilon=cfg.rms_norm_eps, rngs=rngs)
-        self.gate_proj = nnx.Linear(e, cfg.intermediate_size, use_bias=cfg.mlp_bias, rngs=rngs)
-        self.up_proj = nnx.Linear(e, cfg.intermediate_size, use_bias=cfg.mlp_bias, rngs=rngs)
+        self.gate_up_proj = nnx.Linear(e, 2 * cfg.intermediate_size, use_bias=cfg.mlp_bias, rngs=rngs)
         self.down_proj = nnx.Linear(cfg.intermediate_size, e, use_bias=cfg.mlp_bias, rngs=rngs)
 
-    def __call__(self, x, positions, inv_freq, key_mask, cache, index):
+    def __call__(self, x, rope, bias, cache, index):
         cfg = self.cfg
         b, length, _ = x.shape
-        h = self.input_norm(x)
-        q = self.q_proj(h).reshape(b, length, cfg.num_attention_heads, cfg.head_dim)
-        k = self.k_proj(h).reshape(b, length, cfg.num_key_value_heads, cfg.head_dim)
-        v = self.v_proj(h).reshape(b, length, cfg.num_key_value_heads, cfg.head_dim)
-        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
-        out, cache = _self_attention(q, k, v, key_mask, cache, index)
+        heads, kv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        qkv = self.qkv_proj(self.input_norm(x))
+        qk = apply_rope(qkv[..., : (heads + kv) * d].reshape(b, length, heads + kv, d), *rope)
+        q, k = qk[:, :, :heads], qk[:, :, heads:]
+        v = qkv[..., (heads + kv) * d:].reshape(b, length, kv, d)
+        out, cache = _self_attention(q, k, v, bias, cache, index)
         x = x + self.o_proj(out.reshape(b, length, -1))
-        h = self.post_norm(x)
-        return x + self.down_proj(jax.nn.silu(self.gate_proj(h)) * self.up_proj(h)), cache
+        gate, up = jnp.split(self.gate_up_proj(self.post_norm(x)), 2, axis=-1)
+        return x + self.down_proj(jax.nn.silu(gate) * up), cache
 
 
 class Llama(nnx.Module):
@@ -138,11 +159,12 @@ class Llama(nnx.Module):
 
     def __call__(self, tokens, positions, key_mask, cache=None, index=0):
         cfg = self.cfg
-        inv_freq = rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        rope = rope_tables(positions, rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
+        bias = _mask_bias(key_mask, cache, index, tokens.shape[1])
         x = self.embed(tokens)
         new_cache = []
         for i, block in enumerate(self.blocks):
-            x, layer_cache = block(x, positions, inv_freq, key_mask, None if cache is None else cache[i], index)
+            x, layer_cache = block(x, rope, bias, None if cache is None else cache[i], index)
             new_cache.append(layer_cache)
         return self.norm(x), (None if cache is None else tuple(new_cache))
 

@@ -8,12 +8,12 @@ import os
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from snapaudit_jax.models.bert import mean_pool_normalize
 from snapaudit_jax.models.lm import batch_bucket, length_bucket
+from snapaudit_jax.models.parallel import DataParallel
 
 __all__ = ["SentenceEmbedder"]
 
@@ -32,10 +32,13 @@ class SentenceEmbedder:
     right-padded to a bucketed length and embedded in batches.
     """
 
-    def __init__(self, name: str, config, module, backend, max_seq_length: int, pad_id: int = 0):
+    def __init__(self, name: str, config, module, backend, max_seq_length: int, pad_id: int = 0, *,
+                 data_parallel: bool | None = None):
         self.name = name
         self.config = config
-        self.graphdef, self.state = nnx.split(module)
+        self.graphdef, state = nnx.split(module)
+        self.parallel = DataParallel.auto(state, data_parallel)
+        self.state = self.parallel.replicate(state)
         self.backend = backend
         self.max_seq_length = int(min(max_seq_length, config.max_position_embeddings))
         self.backend.no_padding()
@@ -47,7 +50,8 @@ class SentenceEmbedder:
         return self.config.hidden_size
 
     @classmethod
-    def from_folder(cls, name: str, folder: str, config, module) -> "SentenceEmbedder":
+    def from_folder(cls, name: str, folder: str, config, module, *,
+                    data_parallel: bool | None = None) -> "SentenceEmbedder":
         from tokenizers import Tokenizer as Backend
 
         path = os.path.join(folder, "tokenizer.json")
@@ -60,7 +64,7 @@ class SentenceEmbedder:
             with open(st_config) as fh:
                 limit = int(json.load(fh).get("max_seq_length", limit))
         pad = backend.token_to_id("[PAD]")
-        return cls(name, config, module, backend, limit, 0 if pad is None else pad)
+        return cls(name, config, module, backend, limit, 0 if pad is None else pad, data_parallel=data_parallel)
 
     def embed(self, texts: Sequence[str], *, batch_size: int = 32) -> np.ndarray:
         """``(n, d)`` float32 unit-norm embeddings of ``texts``."""
@@ -77,13 +81,13 @@ class SentenceEmbedder:
             idx = order[start:start + batch_size]
             chunk = [rows[i] for i in idx]
             length = length_bucket(max(map(len, chunk)))
-            batch = batch_bucket(len(chunk))
+            batch = self.parallel.batch_size(batch_bucket(len(chunk)))
             tokens = np.full((batch, length), self.pad_id, np.int32)
             mask = np.zeros((batch, length), bool)
             for j, ids in enumerate(chunk):
                 tokens[j, : len(ids)] = ids
                 mask[j, : len(ids)] = True
             mask[len(chunk):, 0] = True  # filler rows
-            emb = _embed(self.graphdef, self.state, jnp.asarray(tokens), jnp.asarray(mask))
+            emb = _embed(self.graphdef, self.state, *self.parallel.split(tokens, mask))
             out[idx] = np.asarray(emb)[: len(chunk)]
         return out

@@ -18,7 +18,16 @@ import jax.numpy as jnp
 
 from snapaudit_jax.models.config import RopeScaling
 
-__all__ = ["LayerCache", "attend", "causal_allowed", "rope_frequencies", "apply_rope", "positions_from_mask"]
+__all__ = [
+    "LayerCache",
+    "attend",
+    "attention_bias",
+    "causal_allowed",
+    "rope_frequencies",
+    "rope_tables",
+    "apply_rope",
+    "positions_from_mask",
+]
 
 _NEG = -1e30  # masked logits (finite, so fully masked rows stay NaN-free)
 
@@ -44,23 +53,70 @@ def causal_allowed(key_mask: jax.Array, index, length: int) -> jax.Array:
     return causal[None] & key_mask[:, None, :]
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array) -> jax.Array:
+def attention_bias(allowed: jax.Array) -> jax.Array:
+    """Additive mask ``(B, 1, 1, L, S)`` (0 or a large negative) from ``(B, L, S)`` bool.
+
+    Built once per forward pass and shared by every layer.
+    """
+    return jnp.where(allowed, 0.0, _NEG).astype(jnp.float32)[:, None, None]
+
+
+def _group_queries(q, kv_heads):
+    """``(B, L, H, D)`` -> scaled ``(B*K, G, L, D)`` (the ``G = H/K`` query heads of each key/value head)."""
+    b, length, heads, dim = q.shape
+    q = (q * (1.0 / math.sqrt(dim))).reshape(b, length, kv_heads, heads // kv_heads, dim)
+    return q.transpose(0, 2, 3, 1, 4).reshape(b * kv_heads, heads // kv_heads, length, dim)
+
+
+def _attend_grouped(q, k, v, bias):
+    """Attention of grouped queries ``(N, G, L, D)`` over ``(N, S, D)`` keys/values; bias ``(B, 1, 1, L, S)``.
+
+    The softmax is normalised after the value product (``L x D`` divisions instead of ``L x S``).
+    """
+    n, groups, length, dim = q.shape
+    b, slots = bias.shape[0], k.shape[1]
+    scores = jnp.einsum("nqd,nsd->nqs", q.reshape(n, groups * length, dim), k)
+    scores = scores.reshape(b, n // b, groups, length, slots) + bias
+    weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+    total = jnp.sum(weights, axis=-1)
+    out = jnp.einsum("nqs,nsd->nqd", weights.reshape(n, groups * length, slots), v)
+    return out.reshape(b, n // b, groups, length, dim) / total[..., None]
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array, *, causal_blocks: int = 1) -> jax.Array:
     """Scaled dot-product attention with grouped-query heads.
 
+    The ``H / K`` query heads of a key/value head are stacked along the query
+    axis, so each of the ``B * K`` groups is one larger matrix product (faster
+    on CPU than many small ones).
+
     Args:
-      q: ``(B, L, H, D)``; k, v: ``(B, S, K, D)``; allowed: ``(B, L, S)`` bool.
+      q: ``(B, L, H, D)``; k, v: ``(B, S, K, D)``; bias: ``(B, 1, 1, L, S)``
+        additive mask from :func:`attention_bias`.
+      causal_blocks: for a causal pass whose first query sits at slot 0 (a
+        prefill), split the queries into this many blocks; block ``[a, e)``
+        only reads slots ``[0, e)``, skipping keys the mask hides anyway
+        (about half the work for many blocks). Query rows with no visible key
+        (padding) differ from the unsplit result; their outputs are never used.
 
     Returns:
       ``(B, L, H, D)``.
     """
     b, length, heads, dim = q.shape
-    kv_heads = k.shape[2]
-    q = q.reshape(b, length, kv_heads, heads // kv_heads, dim)
-    scores = jnp.einsum("blkgd,bskd->bkgls", q, k) / math.sqrt(dim)
-    scores = jnp.where(allowed[:, None, None], scores, _NEG)
-    probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("bkgls,bskd->blkgd", probs, v)
-    return out.reshape(b, length, heads, dim)
+    slots, kv_heads = k.shape[1], k.shape[2]
+    qg = _group_queries(q, kv_heads)
+    k = k.transpose(0, 2, 1, 3).reshape(b * kv_heads, slots, dim)
+    v = v.transpose(0, 2, 1, 3).reshape(b * kv_heads, slots, dim)
+    blocks = max(1, min(causal_blocks, length))
+    if blocks == 1:
+        out = _attend_grouped(qg, k, v, bias)
+        return out.transpose(0, 3, 1, 2, 4).reshape(b, length, heads, dim)
+    edges = [round(i * length / blocks) for i in range(blocks + 1)]
+    out = jnp.concatenate(
+        [_attend_grouped(qg[:, :, a:e], k[:, :e], v[:, :e], bias[..., a:e, :e]) for a, e in zip(edges, edges[1:])],
+        axis=3,
+    )
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, length, heads, dim)
 
 
 def write_cache(cache: LayerCache, k: jax.Array, v: jax.Array, index) -> LayerCache:
@@ -101,11 +157,14 @@ def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> jax.A
     return inv
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
-    """Rotates ``(B, L, heads, D)`` by ``positions`` ``(B, L)`` (half-split convention of HF Llama)."""
-    freqs = positions[..., None].astype(jnp.float32) * inv_freq  # (B, L, D/2)
-    cos = jnp.cos(freqs)[:, :, None, :]
-    sin = jnp.sin(freqs)[:, :, None, :]
+def rope_tables(positions: jax.Array, inv_freq: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(cos, sin)``, each ``(B, L, 1, D/2)``, of rotary angles ``positions * inv_freq`` (once per forward)."""
+    freqs = positions[..., None].astype(jnp.float32) * inv_freq
+    return jnp.cos(freqs)[:, :, None, :], jnp.sin(freqs)[:, :, None, :]
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotates ``(B, L, heads, D)`` by precomputed tables (half-split convention of HF Llama)."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)

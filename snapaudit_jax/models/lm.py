@@ -20,6 +20,7 @@ from flax import nnx
 
 from snapaudit_jax.models.decoders import empty_cache
 from snapaudit_jax.models.layers import positions_from_mask
+from snapaudit_jax.models.parallel import DataParallel
 from snapaudit_jax.models.tokenizer import Tokenizer
 
 __all__ = ["LanguageModel", "Generation", "length_bucket", "batch_bucket"]
@@ -58,7 +59,7 @@ def _left_pad(rows: Sequence[Sequence[int]], length: int, batch: int, pad: int):
     for i in range(len(rows), batch):  # filler rows: one token so no row is fully masked
         tokens[i, -1] = pad
         mask[i, -1] = True
-    return jnp.asarray(tokens), jnp.asarray(mask)
+    return tokens, mask
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "greedy", "eos_ids", "pad_id"))
@@ -138,14 +139,24 @@ class LanguageModel:
       config: the model config.
       module: the NNX model.
       tokenizer: a :class:`~snapaudit_jax.models.tokenizer.Tokenizer`.
+      data_parallel: split each batch over the local devices (weights
+        replicated); ``None`` decides by :meth:`DataParallel.auto
+        <snapaudit_jax.models.parallel.DataParallel.auto>` (on CPU: while the
+        replicas fit a host-memory budget).
     """
 
-    def __init__(self, name: str, config, module, tokenizer: Tokenizer):
+    def __init__(self, name: str, config, module, tokenizer: Tokenizer, *, data_parallel: bool | None = None):
         self.name = name
         self.config = config
         self.tokenizer = tokenizer
-        self.graphdef, self.state = nnx.split(module)
-        self.max_length = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions")
+        self.graphdef, state = nnx.split(module)
+        self.parallel = DataParallel.auto(state, data_parallel)
+        self.state = self.parallel.replicate(state)
+        self.max_length = getattr(config, "max_position_embeddings", None) or config.n_positions
+
+    def _batch(self, rows: int) -> int:
+        """Padded batch size: a power of two, and a multiple of the device count."""
+        return self.parallel.batch_size(batch_bucket(rows))
 
     @property
     def module(self):
@@ -208,11 +219,12 @@ class LanguageModel:
         for start in range(0, len(rows), batch_size):
             chunk = rows[start:start + batch_size]
             length = length_bucket(max(map(len, chunk)))
-            batch = batch_bucket(len(chunk))
-            tokens, mask = _left_pad(chunk, length, batch, self.tokenizer.pad_id)
+            batch = self._batch(len(chunk))
+            tokens, mask, live = self.parallel.split(
+                *_left_pad(chunk, length, batch, self.tokenizer.pad_id), jnp.asarray(np.arange(batch) < len(chunk)))
             out = _generate(
                 self.graphdef, self.state, tokens, mask, jax.random.fold_in(key, start),
-                jnp.float32(1.0 if greedy else temperature), jnp.asarray(np.arange(batch) < len(chunk)),
+                jnp.float32(1.0 if greedy else temperature), live,
                 jnp.int32(max_new_tokens), max_new=max_new, greedy=greedy,
                 eos_ids=tuple(self.tokenizer.eos_ids), pad_id=int(self.tokenizer.pad_id),
             )
@@ -250,7 +262,8 @@ class LanguageModel:
             chunk = rows[start:start + batch_size]
             if single:
                 length = length_bucket(max(map(len, chunk)))
-                tokens, mask = _left_pad(chunk, length, batch_bucket(len(chunk)), self.tokenizer.pad_id)
+                tokens, mask = self.parallel.split(
+                    *_left_pad(chunk, length, self._batch(len(chunk)), self.tokenizer.pad_id))
                 lp = _last_logprobs(self.graphdef, self.state, tokens, mask, jnp.asarray([i[0] for i in label_ids]))
                 out[start:start + len(chunk)] = np.asarray(lp)[: len(chunk)]
                 continue
@@ -263,13 +276,12 @@ class LanguageModel:
                     targets.append([0] * pad + lab)
                     tmask.append([False] * pad + [True] * len(lab))
             length = length_bucket(max(map(len, seqs)))
-            batch = batch_bucket(len(seqs))
-            tokens, mask = _left_pad(seqs, length, batch, self.tokenizer.pad_id)
+            batch = self._batch(len(seqs))
             t = np.zeros((batch, span), np.int32)
             m = np.zeros((batch, span), bool)
             t[: len(seqs)], m[: len(seqs)] = targets, tmask
-            lp = _continuation_logprob(self.graphdef, self.state, tokens, mask, jnp.asarray(t), jnp.asarray(m),
-                                       span=span)
+            tokens, mask, t, m = self.parallel.split(*_left_pad(seqs, length, batch, self.tokenizer.pad_id), t, m)
+            lp = _continuation_logprob(self.graphdef, self.state, tokens, mask, t, m, span=span)
             out[start:start + len(chunk)] = np.asarray(lp)[: len(seqs)].reshape(len(chunk), len(labels))
         if normalize:
             out = out - np.logaddexp.reduce(out, axis=1, keepdims=True)
@@ -296,13 +308,14 @@ class LanguageModel:
             chunk = list(zip(rows[start:start + batch_size], conts[start:start + batch_size]))
             span = max(len(c) for _, c in chunk)
             seqs = [p + c for p, c in chunk]
-            batch = batch_bucket(len(seqs))
-            tokens, mask = _left_pad(seqs, length_bucket(max(map(len, seqs))), batch, self.tokenizer.pad_id)
+            batch = self._batch(len(seqs))
             t = np.zeros((batch, span), np.int32)
             m = np.zeros((batch, span), bool)
             for i, (_, c) in enumerate(chunk):
                 t[i, span - len(c):] = c
                 m[i, span - len(c):] = True
-            match = _greedy_match(self.graphdef, self.state, tokens, mask, jnp.asarray(t), jnp.asarray(m), span=span)
+            tokens, mask = _left_pad(seqs, length_bucket(max(map(len, seqs))), batch, self.tokenizer.pad_id)
+            tokens, mask, t, m = self.parallel.split(tokens, mask, t, m)
+            match = _greedy_match(self.graphdef, self.state, tokens, mask, t, m, span=span)
             out[start:start + len(chunk)] = np.asarray(match)[: len(chunk)]
         return out

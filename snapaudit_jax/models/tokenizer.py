@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Sequence
@@ -43,19 +44,30 @@ def _byte_alphabet() -> dict[int, str]:
     return dict(zip(printable, map(chr, chars)))
 
 
-def _render_template(template: str, messages, add_generation_prompt: bool, **special) -> str:
+def _raise_exception(message):
+    raise TokenizerError(f"chat template error: {message}")
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_template(template: str):
+    """The compiled jinja2 template of a chat-template source (compiling costs far more than rendering)."""
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    def raise_exception(message):
-        raise TokenizerError(f"chat template error: {message}")
-
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
-    env.globals["raise_exception"] = raise_exception
+    env.globals["raise_exception"] = _raise_exception
     try:
-        return env.from_string(template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **special
-        )
+        return env.from_string(template)
+    except jinja2.TemplateError as err:
+        raise TokenizerError(f"chat template error: {err}") from None
+
+
+def _render_template(template: str, messages, add_generation_prompt: bool, **special) -> str:
+    import jinja2
+
+    compiled = _compiled_template(template)
+    try:
+        return compiled.render(messages=messages, add_generation_prompt=add_generation_prompt, **special)
     except jinja2.TemplateError as err:
         raise TokenizerError(f"chat template error: {err}") from None
 
@@ -156,7 +168,8 @@ class Tokenizer:
         elif pre in _GPT2_PRE:
             backend.pre_tokenizer = byte_level
         else:
-            raise TokenizerError(f"{path}: GGUF pre-tokenizer {pre!r} is not supported ({', '.join(_DIGIT_SPLIT_PRE)}, gpt2)")
+            raise TokenizerError(
+                f"{path}: GGUF pre-tokenizer {pre!r} is not supported ({', '.join(_DIGIT_SPLIT_PRE)}, gpt2)")
         backend.decoder = decoders.ByteLevel()
         # Control tokens (type 3) stay whole; they are written in the byte alphabet.
         control = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types)
@@ -214,7 +227,8 @@ class Tokenizer:
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
                 raise TokenizerError(f"messages[{i}] must be a dict with 'role' and 'content', got {m!r}")
-        return _render_template(self.chat_template, list(messages), add_generation_prompt, **(self.special_tokens or {}))
+        return _render_template(
+            self.chat_template, list(messages), add_generation_prompt, **(self.special_tokens or {}))
 
     @property
     def vocab_size(self) -> int:

@@ -91,7 +91,8 @@ def yes_no_instruction(mode: str, text: str) -> str:
 
 
 def paraphrase_instruction(text: str) -> str:
-    return f"Rewrite the following text with different words, keeping its meaning. Reply with the rewritten text only.\nText: {text}"
+    return ("Rewrite the following text with different words, keeping its meaning. "
+            f"Reply with the rewritten text only.\nText: {text}")
 
 
 def esa_generator_instruction(text: str, mode: str, y1: str, y2: str) -> str:
