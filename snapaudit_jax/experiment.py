@@ -31,13 +31,18 @@ import dataclasses
 import os
 import sys
 import time
-import tomllib
 from typing import Any
 
 import jax
 import numpy as np
 
 from snapaudit_jax import _validate
+from snapaudit_jax._config import ConfigFileError, read_toml
+from snapaudit_jax._config import choice as _choice
+from snapaudit_jax._config import choices as _choices
+from snapaudit_jax._config import pos_int as _pos_int
+from snapaudit_jax._config import reject_unknown as _reject_unknown
+from snapaudit_jax._config import take as _take
 from snapaudit_jax._io import write_json, write_text
 from snapaudit_jax.audit import CLEAN_MODELS, AuditResult, audit
 from snapaudit_jax.mechanisms import Attack
@@ -48,10 +53,6 @@ __all__ = ["AuditConfig", "PipelineSettings", "MiaSettings", "load_config", "run
 PIPELINE_NAMES = ("pv", "poe", "esa", "ksa")
 _DEFAULT_DATASET = {"pv": "agnews", "poe": "agnews", "esa": "samsum", "ksa": "samsum"}
 _DEFAULT_PARTITIONS = {"pv": 3, "esa": 1, "ksa": 8}
-
-
-class ConfigFileError(ValueError):
-    """An invalid audit configuration (the message names the key)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,43 +125,6 @@ class AuditConfig:
     mia: MiaSettings | None = None
 
 
-def _take(section: dict, key: str, where: str, convert, default):
-    if key not in section:
-        return default
-    value = section.pop(key)
-    try:
-        return convert(value)
-    except (TypeError, ValueError) as err:
-        raise ConfigFileError(f"{where}.{key}: {err}") from None
-
-
-def _choice(options):
-    def convert(value):
-        if value not in options:
-            raise ValueError(f"must be one of {', '.join(map(repr, options))}, got {value!r}")
-        return value
-
-    return convert
-
-
-def _choices(options):
-    def convert(values):
-        if isinstance(values, str) or not isinstance(values, list) or not values:
-            raise ValueError(f"must be a non-empty list of {', '.join(map(repr, options))}, got {values!r}")
-        return tuple(_choice(options)(v) for v in values)
-
-    return convert
-
-
-def _pos_int(name, minimum=1):
-    return lambda v: _validate.positive_int(name, v, minimum=minimum)
-
-
-def _reject_unknown(section: dict, where: str):
-    if section:
-        raise ConfigFileError(f"{where}: unknown key(s) {', '.join(sorted(section))}")
-
-
 def load_config(path: str | os.PathLike) -> AuditConfig:
     """Reads and validates a TOML audit configuration.
 
@@ -172,13 +136,7 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
     from snapaudit_jax.pipelines.prompts import DEFENSES, QUERY_MODES
 
     path = os.fspath(path)
-    try:
-        with open(path, "rb") as fh:
-            raw = tomllib.load(fh)
-    except OSError as err:
-        raise ConfigFileError(f"{path}: cannot read the configuration ({err.strerror})") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigFileError(f"{path}: invalid TOML ({err})") from None
+    raw = read_toml(path)
     model = dict(raw.pop("model", {}))
     audit_s = dict(raw.pop("audit", {}))
     pipes = dict(raw.pop("pipelines", {}))

@@ -1,0 +1,485 @@
+"""Split-conformal calibration kernels: nonconformity scores, the exact threshold, ambiguity sets.
+
+Shapes: ``n`` documents, ``m`` candidates. ``probs`` is ``(n, m)``, each row a
+distribution over the candidate pool (an attacker's posterior, a softmax of
+similarities, or sampling frequencies); ``labels`` is ``(n,)``, the position of
+the true identity in the pool.
+
+Exact arithmetic. Scores are functions of the probabilities quantised to
+fixed point, ``q = floor(p * 2**30)`` (``uint32``), and summed as integers,
+so a score does not depend on summation order: the score a calibration
+document gets from :func:`aps_scores` is bit-for-bit the score the same
+candidate gets inside :func:`prediction_sets` (a different XLA program), which
+is what makes ``y in C(x)  <=>  s(x, y) <= qhat`` hold exactly. Probabilities
+below ``2**-30`` count as 0; ties in ``q`` are ties.
+
+The kernels are pure and jit/vmap-able; when called eagerly with concrete
+arrays they validate their input (NaN, negative or unnormalised rows, labels
+outside the pool) and raise ``ValueError``. Under ``jit`` the checks are
+skipped (validate at your own boundary).
+
+References:
+  Vovk et al. 2005 (split conformal); Romano et al. 2020 (APS); Huang et al.
+  2026, Conformal Privacy Auditing, eqs. (6), (8), (9), Lemma 5.1.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "SCORES",
+    "FIXED_POINT_BITS",
+    "quantize",
+    "aps_scores",
+    "rank_scores",
+    "prob_scores",
+    "scores",
+    "conformal_rank",
+    "threshold",
+    "prediction_sets",
+    "set_sizes",
+    "leakage_proxy",
+    "pvalues",
+    "sample_frequencies",
+    "frequencies_from_samples",
+    "truncate_top_k",
+]
+
+SCORES = ("aps", "rank", "prob")
+FIXED_POINT_BITS = 30
+_ONE = 1 << FIXED_POINT_BITS  # the fixed-point 1.0
+_SCALE = float(2.0**-FIXED_POINT_BITS)
+_ROW_SUM_TOL = 1e-3
+
+
+# ---------------------------------------------------------------------------
+# Validation (eager calls only)
+# ---------------------------------------------------------------------------
+
+
+def _concrete(*xs) -> bool:
+    return not any(isinstance(x, jax.core.Tracer) for x in xs)
+
+
+def _check_probs(probs, name: str = "probs") -> None:
+    p = np.asarray(probs)
+    if p.ndim != 2:
+        raise ValueError(f"{name} must have shape (n, m), got shape {p.shape}")
+    if p.shape[1] == 0:
+        raise ValueError(f"{name}: the candidate pool is empty (m = 0)")
+    if not np.issubdtype(p.dtype, np.floating):
+        raise ValueError(f"{name} must be floating point, got dtype {p.dtype}")
+    bad = ~np.isfinite(p)
+    if bad.any():
+        i, j = np.argwhere(bad)[0]
+        raise ValueError(f"{name} must be finite, got {p[i, j]} at [{i}, {j}]")
+    if (p < 0).any():
+        i, j = np.argwhere(p < 0)[0]
+        raise ValueError(f"{name} must be >= 0, got {p[i, j]} at [{i}, {j}]")
+    sums = p.sum(axis=1, dtype=np.float64)
+    off = np.abs(sums - 1.0) > _ROW_SUM_TOL
+    if off.any():
+        i = int(np.argmax(off))
+        raise ValueError(f"{name} rows must sum to 1 (within {_ROW_SUM_TOL}), row {i} sums to {sums[i]:.6g}")
+
+
+def _check_labels(labels, n: int, m: int) -> None:
+    y = np.asarray(labels)
+    if y.shape != (n,):
+        raise ValueError(f"labels must have shape ({n},), got shape {y.shape}")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(f"labels must be integers, got dtype {y.dtype}")
+    bad = (y < 0) | (y >= m)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(
+            f"labels must index the candidate pool [0, {m}), got {y[i]} for document {i} "
+            "(an identity missing from the pool: use the open-world accounting of conformal.calibrate)"
+        )
+
+
+# ---------------------------------------------------------------------------
+# Scores
+# ---------------------------------------------------------------------------
+
+
+def quantize(probs: jax.Array) -> jax.Array:
+    """``floor(p * 2**30)`` as ``uint32`` (``p`` clipped to ``[0, 1]``): the fixed point all scores use."""
+    p = jnp.clip(jnp.asarray(probs, jnp.float32), 0.0, 1.0)
+    return jnp.floor(p * float(_ONE)).astype(jnp.uint32)
+
+
+def _to_score(mass: jax.Array) -> jax.Array:
+    """Fixed-point mass -> float32 score (monotone, elementwise, program-independent)."""
+    return mass.astype(jnp.float32) * jnp.float32(_SCALE)
+
+
+def _mass_at_least(q: jax.Array, t: jax.Array) -> jax.Array:
+    """``sum_j q_j [q_j >= t]`` per row, exact in ``uint32``: ``q`` ``(n, m)``, ``t`` ``(n,)``."""
+    return jnp.sum(jnp.where(q >= t[:, None], q, jnp.uint32(0)), axis=-1, dtype=jnp.uint32)
+
+
+def _count_at_least(q: jax.Array, t: jax.Array) -> jax.Array:
+    return jnp.sum(q >= t[:, None], axis=-1, dtype=jnp.int32)
+
+
+@jax.jit
+def _aps(probs, labels):
+    q = quantize(probs)
+    qy = jnp.take_along_axis(q, labels[:, None].astype(jnp.int32), axis=1)[:, 0]
+    return _to_score(_mass_at_least(q, qy))
+
+
+@jax.jit
+def _rank(probs, labels):
+    q = quantize(probs)
+    qy = jnp.take_along_axis(q, labels[:, None].astype(jnp.int32), axis=1)[:, 0]
+    return _count_at_least(q, qy).astype(jnp.float32)
+
+
+@jax.jit
+def _prob(probs, labels):
+    q = quantize(probs)
+    qy = jnp.take_along_axis(q, labels[:, None].astype(jnp.int32), axis=1)[:, 0]
+    return _to_score(jnp.uint32(_ONE) - qy)
+
+
+def _scores(kernel, probs, labels):
+    if _concrete(probs, labels):
+        _check_probs(probs)
+        _check_labels(labels, np.shape(probs)[0], np.shape(probs)[1])
+    return kernel(jnp.asarray(probs, jnp.float32), jnp.asarray(labels, jnp.int32))
+
+
+def aps_scores(probs: jax.Array, labels: jax.Array) -> jax.Array:
+    """APS mass score of the true candidate: ``s = sum_{j: p_j >= p_y} p_j`` in ``(0, 1]``.
+
+    Ties with ``p_y`` count in the mass (the "<=" rule of eq. 9: a candidate
+    tied with the truth is in the set whenever the truth is).
+
+    Args:
+      probs: ``(n, m)`` rows summing to 1.
+      labels: ``(n,)`` int, positions of the true identities.
+
+    Returns:
+      ``(n,)`` float32 scores (smaller: the attacker is surer of the truth).
+
+    References:
+      CPA eq. (6); Romano et al. 2020 (non-randomised APS).
+    """
+    return _scores(_aps, probs, labels)
+
+
+def rank_scores(probs: jax.Array, labels: jax.Array) -> jax.Array:
+    """Rank score: ``#{j : p_j >= p_y}`` (1 for the strict favourite; ties count against), ``(n,)`` float32.
+
+    Needs only the attacker's ranking (any monotone transform of ``probs`` gives the same scores).
+    """
+    return _scores(_rank, probs, labels)
+
+
+def prob_scores(probs: jax.Array, labels: jax.Array) -> jax.Array:
+    """Raw-probability score: ``1 - p_y``, ``(n,)`` float32."""
+    return _scores(_prob, probs, labels)
+
+
+_SCORE_FNS = {"aps": aps_scores, "rank": rank_scores, "prob": prob_scores}
+
+
+def scores(probs: jax.Array, labels: jax.Array, score: str = "aps") -> jax.Array:
+    """The score named ``score`` (one of :data:`SCORES`) of the true candidates."""
+    if score not in _SCORE_FNS:
+        raise ValueError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
+    return _SCORE_FNS[score](probs, labels)
+
+
+# ---------------------------------------------------------------------------
+# The split-conformal threshold
+# ---------------------------------------------------------------------------
+
+
+def _alpha_fraction(alpha) -> Fraction:
+    """``alpha`` as the decimal it prints as (``0.3`` is 3/10, not the binary float just below it)."""
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating, np.integer, Fraction)):
+        raise ValueError(f"alpha must be a number in (0, 1), got {alpha!r}")
+    if isinstance(alpha, Fraction):
+        frac = alpha
+    else:
+        value = float(alpha)
+        if math.isnan(value):
+            raise ValueError("alpha must be a number in (0, 1), got nan")
+        frac = Fraction(repr(value))
+    if not 0 < frac < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+    return frac
+
+
+def conformal_rank(n: int, alpha) -> int:
+    """``k = ceil((n + 1)(1 - alpha))``, computed exactly; ``k > n`` means the threshold is ``+inf``.
+
+    Args:
+      n: number of calibration scores (>= 1).
+      alpha: miscoverage level in (0, 1), read as the decimal it prints as.
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"the calibration set must hold at least 1 score, got n = {n!r}")
+    k = (n + 1) * (1 - _alpha_fraction(alpha))
+    return int(math.ceil(k))
+
+
+@functools.partial(jax.jit, static_argnames=("ranks",))
+def _order_statistics(cal_scores, ranks):
+    # n is small next to the test pools (calibration sets of 10^2..10^4), so one sort serves every alpha.
+    ordered = jnp.sort(cal_scores)
+    n = cal_scores.shape[0]
+    picks = [ordered[k - 1] if k <= n else jnp.float32(jnp.inf) for k in ranks]
+    return jnp.stack(picks)
+
+
+def threshold(cal_scores: jax.Array, alpha: float | Sequence[float]) -> jax.Array:
+    """The split-conformal threshold: the ``ceil((n+1)(1-alpha))``-th smallest calibration score, or ``+inf``.
+
+    Args:
+      cal_scores: ``(n,)`` scores of the calibration documents' true identities.
+      alpha: a miscoverage level in (0, 1), or a sequence of them (concrete
+        Python numbers: the order statistic's index is static).
+
+    Returns:
+      A scalar (one ``alpha``) or ``(len(alpha),)`` float32 array; ``+inf``
+      (full sets) where ``ceil((n+1)(1-alpha)) > n``, never the maximum score.
+
+    Guarantees:
+      If the ``n`` calibration documents and a test document are exchangeable
+      (their scores computed the same way; Lemma 5.1 for sampled attackers),
+      ``P(s_test <= qhat) >= 1 - alpha`` (CPA Theorem 5.2), and
+      ``<= 1 - alpha + 1/(n+1)`` when scores have no ties.
+
+    References:
+      CPA eq. (8); the off-by-one of np.quantile-based thresholds (MAPIE issue 973).
+    """
+    scalar = not isinstance(alpha, (Sequence, np.ndarray))
+    alphas = [alpha] if scalar else list(np.asarray(alpha).tolist())
+    if not alphas:
+        raise ValueError("alpha must not be empty")
+    if _concrete(cal_scores):
+        s = np.asarray(cal_scores)
+        if s.ndim != 1:
+            raise ValueError(f"cal_scores must have shape (n,), got shape {s.shape}")
+        if s.size == 0:
+            raise ValueError("cal_scores is empty: the calibration set must hold at least 1 document")
+        if np.isnan(s).any():
+            raise ValueError(f"cal_scores must not be NaN (index {int(np.argmax(np.isnan(s)))})")
+    n = int(np.shape(cal_scores)[0])
+    ranks = tuple(conformal_rank(n, a) for a in alphas)
+    out = _order_statistics(jnp.asarray(cal_scores, jnp.float32), ranks)
+    return out[0] if scalar else out
+
+
+# ---------------------------------------------------------------------------
+# Ambiguity sets
+# ---------------------------------------------------------------------------
+
+
+def _smallest_passing_level(q, passes):
+    """Per row, the smallest fixed-point level ``t`` in ``[0, 2**30 + 1]`` with ``passes(t)`` true.
+
+    ``passes`` must be monotone in ``t`` (false ... false true ... true); it is
+    true at ``2**30 + 1`` whenever the threshold admits the empty set. 31
+    bisection steps over ``(n,)`` levels, each a masked reduction over ``m``:
+    no sort of the candidate pool.
+    """
+    n = q.shape[0]
+    lo = jnp.zeros((n,), jnp.uint32)
+    hi = jnp.full((n,), _ONE + 1, jnp.uint32)
+
+    def step(_, bounds):
+        lo, hi = bounds
+        mid = lo + (hi - lo) // 2
+        ok = passes(mid)
+        return jnp.where(ok, lo, mid + 1), jnp.where(ok, mid, hi)
+
+    lo, _ = jax.lax.fori_loop(0, FIXED_POINT_BITS + 1, step, (lo, hi))
+    return lo
+
+
+@functools.partial(jax.jit, static_argnames=("score",))
+def _sets(probs, qhat, score):
+    q = quantize(probs)
+    qhat = jnp.broadcast_to(jnp.asarray(qhat, jnp.float32), (q.shape[0],))
+    if score == "prob":
+        return _to_score(jnp.uint32(_ONE) - q) <= qhat[:, None]
+    if score == "aps":
+        # y is in the set iff mass(q_y) <= qhat; mass(t) is non-increasing in t, so the set is
+        # {y : q_y >= t*} with t* the smallest level whose mass passes.
+        level = _smallest_passing_level(q, lambda t: _to_score(_mass_at_least(q, t)) <= qhat)
+    else:
+        level = _smallest_passing_level(q, lambda t: _count_at_least(q, t).astype(jnp.float32) <= qhat)
+    return q >= level[:, None]
+
+
+def prediction_sets(probs: jax.Array, qhat, score: str = "aps") -> jax.Array:
+    """Conformal ambiguity sets ``C(x) = {y : s(x, y) <= qhat}`` for a batch of documents.
+
+    Args:
+      probs: ``(n, m)`` rows summing to 1.
+      qhat: threshold from :func:`threshold` (scalar), or ``(n,)`` per-document
+        thresholds (Mondrian calibration); ``+inf`` gives the full pool.
+      score: one of :data:`SCORES`; must be the score used for calibration.
+
+    Returns:
+      ``(n, m)`` bool membership. ``y in C(x)`` iff the score of ``y``
+      (computed exactly as :func:`aps_scores` etc. would) is ``<= qhat``. Sets
+      may be empty when ``qhat`` is below every candidate's score.
+    """
+    if score not in SCORES:
+        raise ValueError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
+    if _concrete(probs, qhat):
+        _check_probs(probs)
+        qh = np.asarray(qhat, np.float64)
+        if qh.ndim not in (0, 1) or (qh.ndim == 1 and qh.shape[0] != np.shape(probs)[0]):
+            raise ValueError(f"qhat must be a scalar or have shape ({np.shape(probs)[0]},), got shape {qh.shape}")
+        if np.isnan(qh).any():
+            raise ValueError("qhat must not be NaN")
+    return _sets(jnp.asarray(probs, jnp.float32), jnp.asarray(qhat, jnp.float32), score)
+
+
+def set_sizes(sets: jax.Array) -> jax.Array:
+    """``|C(x)|`` per document: ``(n,)`` int32."""
+    return jnp.sum(jnp.asarray(sets), axis=-1, dtype=jnp.int32)
+
+
+def leakage_proxy(sizes: jax.Array) -> jax.Array:
+    """``L = 1 / max(1, |C|)`` (CPA eq. 4): a monotone transform of set size, not a probability."""
+    return 1.0 / jnp.maximum(1, jnp.asarray(sizes)).astype(jnp.float32)
+
+
+# ---------------------------------------------------------------------------
+# Conformal p-values
+# ---------------------------------------------------------------------------
+
+
+@jax.jit
+def _pvalues(cal_scores, test_scores):
+    n = cal_scores.shape[0]
+    # (1 + #{i : S_i >= T}) / (n + 1); count via a sorted calibration vector (n log n once, then log n per test).
+    ordered = jnp.sort(cal_scores)
+    below = jnp.searchsorted(ordered, test_scores, side="left")  # #{S_i < T}
+    return (1.0 + (n - below)) / (n + 1.0)
+
+
+def pvalues(cal_scores: jax.Array, test_scores: jax.Array) -> jax.Array:
+    """Conformal p-values ``p = (1 + #{i : S_i >= T}) / (n + 1)`` of test scores ``(k,)``.
+
+    ``T <= threshold(S, alpha)`` iff ``p > alpha`` (the same sets), and under
+    exchangeability ``P(p <= u) <= u`` for every ``u``.
+    """
+    if _concrete(cal_scores, test_scores):
+        if np.size(cal_scores) == 0:
+            raise ValueError("cal_scores is empty: the calibration set must hold at least 1 document")
+        if np.isnan(np.asarray(cal_scores)).any() or np.isnan(np.asarray(test_scores)).any():
+            raise ValueError("scores must not be NaN")
+    return _pvalues(jnp.asarray(cal_scores, jnp.float32), jnp.asarray(test_scores, jnp.float32))
+
+
+# ---------------------------------------------------------------------------
+# Sampling-only attackers
+# ---------------------------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnames=("m",))
+def _sample_counts(keys, probs, m):
+    def one(key, p):
+        cdf = jnp.cumsum(p)
+        u = jax.random.uniform(key, (m,), jnp.float32) * cdf[-1]
+        draws = jnp.clip(jnp.searchsorted(cdf, u, side="right"), 0, p.shape[0] - 1)
+        return jnp.zeros(p.shape, jnp.int32).at[draws].add(1)
+
+    return jax.vmap(one)(keys, probs)
+
+
+def sample_frequencies(key: jax.Array, probs: jax.Array, m: int, *, example_ids: jax.Array | None = None) -> jax.Array:
+    """Empirical frequencies of ``m`` forced-choice samples per document, ``(n, n_candidates)``.
+
+    Simulates a sampling-only attacker whose answer distribution is ``probs``
+    (for a real attacker, collect its answers and use
+    :func:`frequencies_from_samples`). Document ``i`` draws with the key
+    ``fold_in(key, example_ids[i])`` (default ``i``): the randomness is per
+    example, independent of the data and of the batch it is processed in
+    (the condition of CPA Lemma 5.1).
+
+    Args:
+      key: PRNG key (first, as every kernel here).
+      probs: ``(n, n_candidates)`` answer distributions.
+      m: samples per document (the sampling budget).
+      example_ids: ``(n,)`` int ids that fix each document's stream.
+    """
+    if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
+        raise ValueError(f"m (samples per document) must be an integer >= 1, got {m!r}")
+    if _concrete(probs):
+        _check_probs(probs)
+    n = np.shape(probs)[0]
+    ids = jnp.arange(n, dtype=jnp.uint32) if example_ids is None else jnp.asarray(example_ids, jnp.uint32)
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(ids)
+    counts = _sample_counts(keys, jnp.asarray(probs, jnp.float32), int(m))
+    return counts.astype(jnp.float32) / jnp.float32(m)
+
+
+def frequencies_from_samples(samples: jax.Array, n_candidates: int) -> jax.Array:
+    """``(n, m)`` answers (candidate positions) of a sampling-only attacker -> ``(n, n_candidates)`` frequencies."""
+    s = jnp.asarray(samples)
+    if _concrete(samples):
+        a = np.asarray(samples)
+        if a.ndim != 2 or a.shape[1] == 0:
+            raise ValueError(f"samples must have shape (n, m) with m >= 1, got shape {a.shape}")
+        if not np.issubdtype(a.dtype, np.integer):
+            raise ValueError(f"samples must be integer candidate positions, got dtype {a.dtype}")
+        bad = (a < 0) | (a >= n_candidates)
+        if bad.any():
+            i, j = np.argwhere(bad)[0]
+            raise ValueError(f"samples[{i}, {j}] = {a[i, j]} is outside the candidate pool [0, {n_candidates})")
+    onehot = jax.nn.one_hot(s, n_candidates, dtype=jnp.float32)  # (n, m, C)
+    return jnp.mean(onehot, axis=1)
+
+
+# ---------------------------------------------------------------------------
+# Top-K truncation of the candidate pool
+# ---------------------------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnames=("k",))
+def _top_k(probs, labels, k):
+    vals, idx = jax.lax.top_k(probs, k)
+    kept = vals / jnp.sum(vals, axis=-1, keepdims=True)
+    hit = idx == labels[:, None]
+    position = jnp.where(jnp.any(hit, axis=-1), jnp.argmax(hit, axis=-1), -1)
+    return idx, kept, position
+
+
+def truncate_top_k(probs: jax.Array, k: int, labels: jax.Array | None = None):
+    """Restricts each document's pool to its ``k`` most likely candidates (renormalised).
+
+    Returns:
+      ``(indices (n, k), probs (n, k), positions (n,))``: pool indices kept,
+      the renormalised distribution over them, and where the true identity
+      sits in the truncated pool (``-1``: dropped, a candidate miss; all
+      ``-1`` when ``labels`` is None). Coverage conditional on inclusion is
+      what calibration on the kept documents guarantees; unconditionally it is
+      at least ``(1 - miss rate)(1 - alpha)`` (CPA Corollary 5.3).
+    """
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k (top-K pool size) must be an integer >= 1, got {k!r}")
+    if _concrete(probs):
+        _check_probs(probs)
+        if k > np.shape(probs)[1]:
+            raise ValueError(f"k = {k} exceeds the candidate pool size {np.shape(probs)[1]}")
+    n = np.shape(probs)[0]
+    lab = jnp.full((n,), -1, jnp.int32) if labels is None else jnp.asarray(labels, jnp.int32)
+    return _top_k(jnp.asarray(probs, jnp.float32), lab, int(k))
