@@ -42,6 +42,7 @@ __all__ = [
     "rank_scores",
     "prob_scores",
     "scores",
+    "candidate_scores",
     "conformal_rank",
     "threshold",
     "prediction_sets",
@@ -199,6 +200,35 @@ def scores(probs: jax.Array, labels: jax.Array, score: str = "aps") -> jax.Array
     if score not in _SCORE_FNS:
         raise ValueError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
     return _SCORE_FNS[score](probs, labels)
+
+
+@functools.partial(jax.jit, static_argnames=("score",))
+def _all_scores(probs, score):
+    q = quantize(probs)
+    m = q.shape[1]
+    ascending = jnp.sort(q, axis=-1)
+    # #{j : q_j >= q_y} for every y (ties included), from the sorted row.
+    at_least = m - jax.vmap(lambda row, v: jnp.searchsorted(row, v, side="left"))(ascending, q)
+    if score == "rank":
+        return at_least.astype(jnp.float32)
+    if score == "prob":
+        return _to_score(jnp.uint32(_ONE) - q)
+    # The mass of the at_least largest values: exact uint32 prefix sums of the descending row.
+    prefix = jnp.cumsum(ascending[:, ::-1], axis=-1, dtype=jnp.uint32)
+    return _to_score(jnp.take_along_axis(prefix, at_least - 1, axis=-1))
+
+
+def candidate_scores(probs: jax.Array, score: str = "aps") -> jax.Array:
+    """The score of every candidate, ``(n, m)`` float32: ``out[i, y]`` equals ``scores(probs, y)[i]`` exactly.
+
+    Sorts each row (``O(m log m)``): meant for small pools (attribute
+    vocabularies); for large pools use :func:`prediction_sets`, which never sorts.
+    """
+    if score not in SCORES:
+        raise ValueError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
+    if _concrete(probs):
+        _check_probs(probs)
+    return _all_scores(jnp.asarray(probs, jnp.float32), score)
 
 
 # ---------------------------------------------------------------------------

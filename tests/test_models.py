@@ -406,8 +406,9 @@ def _hf_label_logprob(hf_model, prompt, label):
 
 @pytest.mark.parametrize(
     "name, labels",
-    [("gpt2", ["t4", "t50", "t96"]), ("llama3", ["t4", "t50", "t96"]), ("llama3", ["t4", "t50 t7", "t9 t10 t11"])],
-    ids=["gpt2-single", "llama3-single", "llama3-multi"],
+    [("gpt2", ["t4", "t50", "t96"]), ("llama3", ["t4", "t50", "t96"]), ("llama3", ["t4", "t50 t7", "t9 t10 t11"]),
+     ("gpt2", ["t9 t10 t11", "t4", "t50 t7"])],
+    ids=["gpt2-single", "llama3-single", "llama3-multi", "gpt2-multi"],
 )
 def test_label_logprobs_match_transformers(tiny, name, labels):
     hf_model, folder = tiny[name]
@@ -421,6 +422,24 @@ def test_label_logprobs_match_transformers(tiny, name, labels):
     assert np.abs(got - ref).max() <= LOGIT_TOL
     norm = lm.label_logprobs(prompts, labels, normalize=True)
     assert np.abs(norm - (ref - np.logaddexp.reduce(ref, axis=1, keepdims=True))).max() <= LOGIT_TOL
+
+
+def test_many_multi_token_labels_in_several_packed_groups(tiny, monkeypatch):
+    """More label tokens than one packed pass holds: labels are split into groups (the last one padded),
+    and every log-prob still equals an unpadded teacher-forced transformers forward."""
+    import snapaudit_jax.models.lm as lm_module
+
+    monkeypatch.setattr(lm_module, "_PACKED_OPTION_TOKENS", 7)  # 3-token span -> 2 labels per pass
+    hf_model, folder = tiny["llama"]
+    lm = load_language_model(str(folder))
+    rng = np.random.default_rng(11)
+    labels = [" ".join(f"t{t}" for t in rng.integers(3, VOCAB, rng.integers(1, 4))) for _ in range(5)]
+    prompts = ["t5 t17 t3 t88 t9", "t40 t41", " ".join(f"t{i}" for i in range(10, 30))]
+    got = lm.label_logprobs(prompts, labels)
+    ids = [[int(w[1:]) for w in p.split()] for p in prompts]
+    lab = [[int(w[1:]) for w in x.split()] for x in labels]
+    ref = np.array([[_hf_label_logprob(hf_model, p, x) for x in lab] for p in ids])
+    assert np.abs(got - ref).max() <= LOGIT_TOL
 
 
 # ---------------------------------------------------------------------------

@@ -37,9 +37,16 @@ from snapaudit_jax.models.layers import (
 __all__ = ["GPT2", "Llama"]
 
 
-def _mask_bias(key_mask, cache, index, length):
-    """The additive attention mask of a forward pass, shared by all layers."""
-    return attention_bias(causal_allowed(key_mask, 0 if cache is None else index, length))
+def _mask_bias(key_mask, cache, index, length, allowed=None):
+    """The additive attention mask of a forward pass, shared by all layers.
+
+    ``allowed`` ``(B, L, S)`` replaces the causal mask (e.g. several
+    continuations packed after one prompt); it must never let a query see a
+    later slot, which block-causal prefill attention relies on.
+    """
+    if allowed is None:
+        allowed = causal_allowed(key_mask, 0 if cache is None else index, length)
+    return attention_bias(allowed)
 
 
 def _prefill_blocks(length: int, index) -> int:
@@ -98,9 +105,9 @@ class GPT2(nnx.Module):
     def cache_shape(self) -> tuple[int, int]:
         return self.cfg.n_head, self.cfg.head_dim
 
-    def __call__(self, tokens, positions, key_mask, cache=None, index=0):
+    def __call__(self, tokens, positions, key_mask, cache=None, index=0, allowed=None):
         x = self.wte(tokens) + self.wpe(positions)
-        bias = _mask_bias(key_mask, cache, index, tokens.shape[1])
+        bias = _mask_bias(key_mask, cache, index, tokens.shape[1], allowed)
         new_cache = []
         for i, block in enumerate(self.blocks):
             x, layer_cache = block(x, bias, None if cache is None else cache[i], index)
@@ -157,10 +164,10 @@ class Llama(nnx.Module):
     def cache_shape(self) -> tuple[int, int]:
         return self.cfg.num_key_value_heads, self.cfg.head_dim
 
-    def __call__(self, tokens, positions, key_mask, cache=None, index=0):
+    def __call__(self, tokens, positions, key_mask, cache=None, index=0, allowed=None):
         cfg = self.cfg
         rope = rope_tables(positions, rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
-        bias = _mask_bias(key_mask, cache, index, tokens.shape[1])
+        bias = _mask_bias(key_mask, cache, index, tokens.shape[1], allowed)
         x = self.embed(tokens)
         new_cache = []
         for i, block in enumerate(self.blocks):

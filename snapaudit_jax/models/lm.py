@@ -102,15 +102,59 @@ def _generate(graphdef, state, tokens, mask, key, temperature, live, limit, *, m
     return jax.lax.while_loop(cond, body, carry)[5]
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "span"))
-def _continuation_logprob(graphdef, state, tokens, mask, targets, target_mask, *, span):
-    """Sum of log-probs of the last ``span`` tokens (``targets``, masked) given what precedes them."""
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _packed_option_logprobs(graphdef, state, tokens, positions, key_mask, allowed, gather, targets, target_mask):
+    """``sum_s log P(option_v[s] | prompt, option_v[:s])`` for options packed after each prompt: ``(B, V)``.
+
+    ``gather`` ``(B, V, S)`` indexes the hidden state predicting ``targets``
+    (the prompt's last position for ``s = 0``).
+    """
     model = nnx.merge(graphdef, state)
-    hidden, _ = model(tokens, positions_from_mask(mask), mask)
-    logits = model.logits(hidden[:, -span - 1:-1])  # (B, span, V): predictions of the last span tokens
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    return jnp.sum(jnp.where(target_mask, picked, 0.0), axis=-1)
+    hidden, _ = model(tokens, positions, key_mask, allowed=allowed)
+    b, v, span = targets.shape
+    picked_hidden = jnp.take_along_axis(hidden, gather.reshape(b, v * span)[..., None], axis=1)
+    logp = jax.nn.log_softmax(model.logits(picked_hidden), axis=-1)
+    picked = jnp.take_along_axis(logp, targets.reshape(b, v * span)[..., None], axis=-1)[..., 0]
+    return jnp.sum(jnp.where(target_mask, picked.reshape(b, v, span), 0.0), axis=-1)
+
+
+def _pack_options(rows, options, length: int, batch: int, pad: int):
+    """Host-side layout of prompts followed by packed options (see :meth:`LanguageModel.label_logprobs`).
+
+    Row ``b``: the left-padded prompt in slots ``[0, length)``, then option
+    ``v`` in slots ``length + v*S + [0, S)`` (right-padded). An option token
+    sees the prompt's real tokens and the earlier tokens of its own option
+    only, with positions continuing the prompt's, so each option is scored as
+    if it were the only continuation.
+    """
+    n_opt, span = len(options), max(map(len, options))
+    width = length + n_opt * span
+    tokens, prompt_mask = _left_pad(rows, length, batch, pad)
+    tokens = np.concatenate([tokens, np.full((batch, n_opt * span), pad, np.int32)], axis=1)
+    key_mask = np.concatenate([prompt_mask, np.zeros((batch, n_opt * span), bool)], axis=1)
+    opt_ids = np.full((n_opt, span), pad, np.int32)
+    opt_mask = np.zeros((n_opt, span), bool)
+    for v, ids in enumerate(options):
+        opt_ids[v, : len(ids)] = ids
+        opt_mask[v, : len(ids)] = True
+    tokens[:, length:] = opt_ids.reshape(-1)
+    key_mask[:, length:] = opt_mask.reshape(-1)
+    prompt_pos = np.where(prompt_mask, np.cumsum(prompt_mask, axis=1) - 1, 1)
+    positions = np.concatenate(
+        [prompt_pos, (prompt_pos[:, -1:] + 1 + np.tile(np.arange(span), n_opt)[None, :])], axis=1)
+    allowed = np.zeros((batch, width, width), bool)
+    causal = np.tril(np.ones((length, length), bool))
+    allowed[:, :length, :length] = causal[None] & prompt_mask[:, None, :]
+    allowed[:, length:, :length] = prompt_mask[:, None, :]
+    own = np.kron(np.eye(n_opt, dtype=bool), np.tril(np.ones((span, span), bool)))
+    allowed[:, length:, length:] = own[None]
+    gather = length + np.arange(n_opt)[:, None] * span + np.arange(span)[None, :] - 1
+    gather[:, 0] = length - 1
+    return (tokens, positions.astype(np.int32), key_mask, allowed, np.broadcast_to(gather, (batch, n_opt, span)),
+            np.broadcast_to(opt_ids, (batch, n_opt, span)), np.broadcast_to(opt_mask, (batch, n_opt, span)))
+
+
+_PACKED_OPTION_TOKENS = 512  # option tokens packed after one prompt per forward pass
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "span"))
@@ -246,7 +290,10 @@ class LanguageModel:
 
         Labels are tokenised on their own and appended to the prompt, so
         include any leading space they need. Single-token labels cost one
-        forward pass per batch of prompts; multi-token labels are teacher-forced.
+        forward pass per batch of prompts. Multi-token labels are teacher-forced
+        all at once: they are packed after the prompt (up to 512 label tokens
+        per pass), each seeing the prompt and its own earlier tokens only, so
+        the prompt is computed once for all labels.
         ``normalize=True`` renormalises over the labels (log-softmax).
         """
         if not labels:
@@ -256,6 +303,10 @@ class LanguageModel:
             if not ids:
                 raise ValueError(f"label {lab!r} is empty after tokenisation")
         rows = self._ids(list(prompts))
+        longest = max(map(len, rows)) + max(map(len, label_ids))
+        if longest > self.max_length:
+            raise ValueError(f"a prompt plus its longest label has {longest} tokens, more than the model's "
+                             f"{self.max_length} positions")
         out = np.empty((len(rows), len(labels)), np.float64)
         single = all(len(ids) == 1 for ids in label_ids)
         for start in range(0, len(rows), batch_size):
@@ -267,22 +318,18 @@ class LanguageModel:
                 lp = _last_logprobs(self.graphdef, self.state, tokens, mask, jnp.asarray([i[0] for i in label_ids]))
                 out[start:start + len(chunk)] = np.asarray(lp)[: len(chunk)]
                 continue
+            length = length_bucket(max(map(len, chunk)))
+            batch = self._batch(len(chunk))
             span = max(map(len, label_ids))
-            seqs, targets, tmask = [], [], []
-            for ids in chunk:
-                for lab in label_ids:
-                    seqs.append(ids + lab)
-                    pad = span - len(lab)
-                    targets.append([0] * pad + lab)
-                    tmask.append([False] * pad + [True] * len(lab))
-            length = length_bucket(max(map(len, seqs)))
-            batch = self._batch(len(seqs))
-            t = np.zeros((batch, span), np.int32)
-            m = np.zeros((batch, span), bool)
-            t[: len(seqs)], m[: len(seqs)] = targets, tmask
-            tokens, mask, t, m = self.parallel.split(*_left_pad(seqs, length, batch, self.tokenizer.pad_id), t, m)
-            lp = _continuation_logprob(self.graphdef, self.state, tokens, mask, t, m, span=span)
-            out[start:start + len(chunk)] = np.asarray(lp)[: len(seqs)].reshape(len(chunk), len(labels))
+            group = max(1, _PACKED_OPTION_TOKENS // span)
+            group = min(group, len(label_ids))
+            for first in range(0, len(label_ids), group):
+                options = label_ids[first:first + group]
+                used = len(options)
+                options = options + [options[-1]] * (group - used)  # one shape for every group
+                packed = self.parallel.split(*_pack_options(chunk, options, length, batch, self.tokenizer.pad_id))
+                lp = _packed_option_logprobs(self.graphdef, self.state, *packed)
+                out[start:start + len(chunk), first:first + used] = np.asarray(lp)[: len(chunk), :used]
         if normalize:
             out = out - np.logaddexp.reduce(out, axis=1, keepdims=True)
         return out
