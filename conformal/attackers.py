@@ -90,7 +90,7 @@ class RetrievalAttacker:
         (default: English stop words, sublinear tf, unigrams).
     """
 
-    def __init__(self, profiles: Sequence[str], *, temperature: float = 0.05, chunk: int = 16,
+    def __init__(self, profiles: Sequence[str], *, temperature: float = 0.5, chunk: int = 16,
                  vectorizer: dict | None = None):
         from sklearn.feature_extraction.text import TfidfVectorizer
 

@@ -11,7 +11,9 @@ so a score does not depend on summation order: the score a calibration
 document gets from :func:`aps_scores` is bit-for-bit the score the same
 candidate gets inside :func:`prediction_sets` (a different XLA program), which
 is what makes ``y in C(x)  <=>  s(x, y) <= qhat`` hold exactly. Probabilities
-below ``2**-30`` count as 0; ties in ``q`` are ties.
+below ``2**-30`` count as 0 in APS and raw-probability scores; ties in ``q``
+are ties. Rank scores only count, so they compare the float32 values
+themselves.
 
 The kernels are pure and jit/vmap-able; when called eagerly with concrete
 arrays they validate their input (NaN, negative or unnormalised rows, labels
@@ -118,6 +120,19 @@ def quantize(probs: jax.Array) -> jax.Array:
     return jnp.floor(p * float(_ONE)).astype(jnp.uint32)
 
 
+def _order_keys(probs: jax.Array) -> jax.Array:
+    """``uint32`` keys with the order of the (non-negative) float32 probabilities: their bit patterns.
+
+    Rank scores compare probabilities at full float32 resolution (counts are
+    exact; nothing is summed), so no ordering is lost to the fixed point.
+    """
+    p = jnp.maximum(jnp.asarray(probs, jnp.float32), 0.0) + 0.0  # +0.0: no negative zero
+    return jax.lax.bitcast_convert_type(p, jnp.uint32)
+
+
+_KEY_LIMIT = 0x7F800001  # just above the bit pattern of +inf
+
+
 def _to_score(mass: jax.Array) -> jax.Array:
     """Fixed-point mass -> float32 score (monotone, elementwise, program-independent)."""
     return mass.astype(jnp.float32) * jnp.float32(_SCALE)
@@ -141,9 +156,9 @@ def _aps(probs, labels):
 
 @jax.jit
 def _rank(probs, labels):
-    q = quantize(probs)
-    qy = jnp.take_along_axis(q, labels[:, None].astype(jnp.int32), axis=1)[:, 0]
-    return _count_at_least(q, qy).astype(jnp.float32)
+    keys = _order_keys(probs)
+    ky = jnp.take_along_axis(keys, labels[:, None].astype(jnp.int32), axis=1)[:, 0]
+    return _count_at_least(keys, ky).astype(jnp.float32)
 
 
 @jax.jit
@@ -182,7 +197,9 @@ def aps_scores(probs: jax.Array, labels: jax.Array) -> jax.Array:
 def rank_scores(probs: jax.Array, labels: jax.Array) -> jax.Array:
     """Rank score: ``#{j : p_j >= p_y}`` (1 for the strict favourite; ties count against), ``(n,)`` float32.
 
-    Needs only the attacker's ranking (any monotone transform of ``probs`` gives the same scores).
+    Needs only the attacker's ranking: any monotone transform of ``probs``
+    gives the same scores, and ties are ties of the float32 values (not of
+    the fixed point), so tiny probabilities keep their order.
     """
     return _scores(_rank, probs, labels)
 
@@ -204,18 +221,21 @@ def scores(probs: jax.Array, labels: jax.Array, score: str = "aps") -> jax.Array
 
 @functools.partial(jax.jit, static_argnames=("score",))
 def _all_scores(probs, score):
-    q = quantize(probs)
-    m = q.shape[1]
-    ascending = jnp.sort(q, axis=-1)
-    # #{j : q_j >= q_y} for every y (ties included), from the sorted row.
-    at_least = m - jax.vmap(lambda row, v: jnp.searchsorted(row, v, side="left"))(ascending, q)
+    m = probs.shape[1]
+
+    def at_least(keys):  # #{j : key_j >= key_y} for every y (ties included), from the sorted row
+        ascending = jnp.sort(keys, axis=-1)
+        return m - jax.vmap(lambda row, v: jnp.searchsorted(row, v, side="left"))(ascending, keys), ascending
+
     if score == "rank":
-        return at_least.astype(jnp.float32)
+        return at_least(_order_keys(probs))[0].astype(jnp.float32)
+    q = quantize(probs)
     if score == "prob":
         return _to_score(jnp.uint32(_ONE) - q)
+    count, ascending = at_least(q)
     # The mass of the at_least largest values: exact uint32 prefix sums of the descending row.
     prefix = jnp.cumsum(ascending[:, ::-1], axis=-1, dtype=jnp.uint32)
-    return _to_score(jnp.take_along_axis(prefix, at_least - 1, axis=-1))
+    return _to_score(jnp.take_along_axis(prefix, count - 1, axis=-1))
 
 
 def candidate_scores(probs: jax.Array, score: str = "aps") -> jax.Array:
@@ -295,6 +315,8 @@ def threshold(cal_scores: jax.Array, alpha: float | Sequence[float]) -> jax.Arra
     References:
       CPA eq. (8); the off-by-one of np.quantile-based thresholds (MAPIE issue 973).
     """
+    if isinstance(alpha, (str, bytes)):
+        raise ValueError(f"alpha must be a number in (0, 1) or a sequence of them, got {alpha!r}")
     scalar = not isinstance(alpha, (Sequence, np.ndarray))
     alphas = [alpha] if scalar else list(np.asarray(alpha).tolist())
     if not alphas:
@@ -318,17 +340,17 @@ def threshold(cal_scores: jax.Array, alpha: float | Sequence[float]) -> jax.Arra
 # ---------------------------------------------------------------------------
 
 
-def _smallest_passing_level(q, passes):
-    """Per row, the smallest fixed-point level ``t`` in ``[0, 2**30 + 1]`` with ``passes(t)`` true.
+def _smallest_passing_level(q, passes, limit):
+    """Per row, the smallest ``uint32`` level ``t`` in ``[0, limit]`` with ``passes(t)`` true.
 
-    ``passes`` must be monotone in ``t`` (false ... false true ... true); it is
-    true at ``2**30 + 1`` whenever the threshold admits the empty set. 31
-    bisection steps over ``(n,)`` levels, each a masked reduction over ``m``:
-    no sort of the candidate pool.
+    ``passes`` must be monotone in ``t`` (false ... false true ... true) and
+    true at ``limit`` (above every key: the empty set). 31 bisection steps
+    over ``(n,)`` levels (``limit < 2**31``), each a masked reduction over
+    ``m``: no sort of the candidate pool.
     """
     n = q.shape[0]
     lo = jnp.zeros((n,), jnp.uint32)
-    hi = jnp.full((n,), _ONE + 1, jnp.uint32)
+    hi = jnp.full((n,), limit, jnp.uint32)
 
     def step(_, bounds):
         lo, hi = bounds
@@ -344,15 +366,22 @@ def _smallest_passing_level(q, passes):
 def _sets(probs, qhat, score):
     q = quantize(probs)
     qhat = jnp.broadcast_to(jnp.asarray(qhat, jnp.float32), (q.shape[0],))
+    # XLA's CPU backend reads subnormal floats as zero, so 0 <= qhat would hold for a negative subnormal qhat.
+    # No score lies in (-2**-126, 0): replacing such a qhat by -2**-126 keeps "s <= qhat" IEEE-exact.
+    bits = jax.lax.bitcast_convert_type(qhat, jnp.int32)
+    negative_subnormal = (bits > jnp.iinfo(jnp.int32).min) & (bits < jnp.iinfo(jnp.int32).min + (1 << 23))
+    qhat = jnp.where(negative_subnormal, -jnp.finfo(jnp.float32).tiny, qhat)
     if score == "prob":
         return _to_score(jnp.uint32(_ONE) - q) <= qhat[:, None]
     if score == "aps":
         # y is in the set iff mass(q_y) <= qhat; mass(t) is non-increasing in t, so the set is
         # {y : q_y >= t*} with t* the smallest level whose mass passes.
-        level = _smallest_passing_level(q, lambda t: _to_score(_mass_at_least(q, t)) <= qhat)
-    else:
-        level = _smallest_passing_level(q, lambda t: _count_at_least(q, t).astype(jnp.float32) <= qhat)
-    return q >= level[:, None]
+        level = _smallest_passing_level(q, lambda t: _to_score(_mass_at_least(q, t)) <= qhat, _ONE + 1)
+        return q >= level[:, None]
+    keys = _order_keys(probs)
+    level = _smallest_passing_level(keys, lambda t: _count_at_least(keys, t).astype(jnp.float32) <= qhat,
+                                    _KEY_LIMIT)
+    return keys >= level[:, None]
 
 
 def prediction_sets(probs: jax.Array, qhat, score: str = "aps") -> jax.Array:

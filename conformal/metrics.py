@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformal.kernels import quantize
-
 __all__ = ["set_metrics", "ranking_metrics", "true_ranks"]
 
 _PERCENTILES = (5, 10, 25, 75, 90, 95, 99)
 
 
 def true_ranks(probs, labels) -> np.ndarray:
-    """Rank of the true identity, ties counted against it (``#{j : p_j >= p_y}``); 0 where missing (-1)."""
-    p = np.asarray(quantize(probs))
+    """Rank of the true identity, ties counted against it (``#{j : p_j >= p_y}``, float32); 0 where missing."""
+    p = np.asarray(probs, np.float32)
     y = np.asarray(labels)
     out = np.zeros(y.shape[0], np.int64)
     ok = y >= 0

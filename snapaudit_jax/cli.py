@@ -79,6 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--out", default=None, help="output folder (default: runs/<config name>)")
     a.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
+    c = sub.add_parser(
+        "cpa",
+        help="conformal privacy audit of re-identification attackers (certified ambiguity sets)",
+        description="Calibrates the declared attackers of CONFIG.toml on each linkage suite and writes "
+                    "summary.json, report.md, per-document JSONL and plots to the output folder.",
+    )
+    c.add_argument("config", help="TOML configuration (see examples/cpa_synthetic.toml)")
+    c.add_argument("--out", default=None, help="output folder (default: runs/<config name>)")
+    c.add_argument("--quiet", action="store_true", help="no progress lines")
+
     g = sub.add_parser("generate", help="generate text with a Flax language model")
     g.add_argument("--model", default="smollm2", help="smollm2, a .gguf file or a Hugging Face folder")
     g.add_argument("--prompt", required=True)
@@ -210,6 +220,19 @@ def _audit(args) -> int:
     return EXIT_OK
 
 
+def _cpa(args) -> int:
+    import os
+
+    from conformal.runner import load_cpa_config, run_cpa
+
+    config = load_cpa_config(args.config)
+    out = args.out or os.path.join("runs", os.path.splitext(os.path.basename(args.config))[0])
+    run_cpa(config, out, progress=not args.quiet)
+    with open(os.path.join(out, "report.md")) as fh:
+        print(fh.read())
+    return EXIT_OK
+
+
 def _generate(args) -> int:
     import time
 
@@ -252,7 +275,7 @@ def _embed(args) -> int:
     return EXIT_OK
 
 
-_COMMANDS = {"simulate": _simulate, "audit": _audit, "generate": _generate, "embed": _embed}
+_COMMANDS = {"simulate": _simulate, "audit": _audit, "cpa": _cpa, "generate": _generate, "embed": _embed}
 
 
 def main(argv=None) -> int:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import time
 from typing import Any
 
@@ -44,6 +43,7 @@ from snapaudit_jax._config import pos_int as _pos_int
 from snapaudit_jax._config import reject_unknown as _reject_unknown
 from snapaudit_jax._config import take as _take
 from snapaudit_jax._io import write_json, write_text
+from snapaudit_jax._progress import RunLog as _Log
 from snapaudit_jax.audit import CLEAN_MODELS, AuditResult, audit
 from snapaudit_jax.mechanisms import Attack
 from snapaudit_jax.passive import passive_bounds
@@ -218,23 +218,6 @@ def _signals(value):
 # ---------------------------------------------------------------------------
 # Running
 # ---------------------------------------------------------------------------
-
-
-class _Log:
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.start = time.perf_counter()
-
-    def __call__(self, message: str) -> None:
-        if self.enabled:
-            sys.stderr.write(f"[{time.perf_counter() - self.start:7.1f}s] {message}\n")
-            sys.stderr.flush()
-
-    def bar(self, done: int, total: int, label: str) -> None:
-        if self.enabled:
-            end = "\n" if done >= total else ""
-            sys.stderr.write(f"\r    {label}: {done}/{total} new prompts{end}")
-            sys.stderr.flush()
 
 
 def _signal_pair(settings: PipelineSettings, examples, oracle, log) -> tuple[tuple[str, str], dict]:

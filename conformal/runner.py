@@ -1,0 +1,785 @@
+"""``snapaudit cpa CONFIG.toml``: conformal privacy audits of declared attacker configurations.
+
+A run builds linkage suites (synthetic K1-K3 ladder x release mechanisms,
+Blog-style authors with W profile posts, or real datasets from local files),
+applies each configured attacker to each of its suites, splits the documents
+into calibration and test parts of the declared sizes (seeded; the same split
+for every suite over the same documents), calibrates one threshold per
+attacker x suite x alpha, and evaluates the test documents. Stress tests:
+drift (calibrate on one suite, test on another), top-K truncation of the
+pool, and Mondrian (per-stratum) calibration over pooled suites.
+
+Output folder: ``summary.json`` (one row per suite/alpha with the keys
+``suite, knowledge_level, alpha, n_cal, n_test, coverage,
+coverage_conditional, candidate_miss_rate, median_set_size, mean_set_size,
+leakage_proxy, qhat, top1`` and more; ``qhat`` is ``null`` for +inf, i.e.
+full sets), ``report.md``, ``documents/<attacker>/<suite>.jsonl`` (one line
+per document of both splits), ``alpha_dial_<attacker>.png``,
+``set_sizes_<attacker>.png``, ``config.json``, and for LLM attackers the
+model-answer cache ``llm_cache.jsonl`` (an interrupted run resumes from it).
+
+Guarantees:
+  Every coverage statement holds for the declared configuration (data
+  source, release, knowledge level, attacker, split sizes) under
+  exchangeability of calibration and test documents; drift rows show what
+  happens when it is broken. Thresholds never see test documents.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from conformal.calibration import Calibration, calibrate, coverage_check
+from conformal.kernels import SCORES, prediction_sets, scores, truncate_top_k
+from conformal.metrics import ranking_metrics, set_metrics
+from snapaudit_jax import _validate
+from snapaudit_jax._config import ConfigFileError, choice, pos_int, read_toml, reject_unknown, take
+from snapaudit_jax._io import atomic_write, write_json, write_text
+from snapaudit_jax._progress import RunLog
+
+__all__ = ["CPAConfig", "AttackerSettings", "load_cpa_config", "run_cpa", "build_suites"]
+
+ATTACKER_KINDS = ("retrieval", "clues", "profile")
+DATA_SOURCES = ("synthetic", "blog", "tab", "textwash", "wikibio", "blog_corpus")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttackerSettings:
+    """``[attackers.<name>]``: one declared attacker configuration.
+
+    Attributes:
+      name: label in reports.
+      kind: ``retrieval`` (TF-IDF), ``clues`` (LLM clues + retrieval) or ``profile`` (LLM attributes).
+      suites: glob patterns of the suites it attacks (default every suite).
+      temperature: retrieval softmax temperature.
+      top_k: restrict each pool to the top-K retrieved candidates (0: whole pool).
+      model: language model (``smollm2`` or a checkpoint path) of LLM attackers.
+      samples: forced-choice samples per document and attribute (``profile``).
+      max_new_tokens: length of the clue list (``clues``).
+    """
+
+    name: str
+    kind: str
+    suites: tuple[str, ...] = ("*",)
+    temperature: float = 0.5
+    top_k: int = 0
+    model: str = "smollm2"
+    samples: int = 10
+    max_new_tokens: int = 48
+
+
+@dataclasses.dataclass(frozen=True)
+class CPAConfig:
+    """A conformal privacy audit run (``examples/cpa_synthetic.toml`` documents every key).
+
+    Attributes:
+      seed: seed of the calibration/test splits and of sampling attackers.
+      alphas: miscoverage levels.
+      report_alpha: the level of the per-document sets and the set-size plots.
+      n_cal / n_test: declared split sizes (documents).
+      splits: independent random splits (metrics are averaged; ``coverage_sd`` is their spread).
+      score: nonconformity score (``aps``, ``rank``, ``prob``).
+      confidence: confidence of the miss-rate bounds and of the validity check.
+      data: ``{source: parameters}``.
+      attackers: the attacker configurations.
+      drift: ``(attacker, calibrate_suite, test_suite)`` stress tests.
+      truncation: ``(attacker, suite, (K, ...))`` or ``None``.
+      mondrian: ``(attacker, (suite, ...))`` or ``None``: pooled vs per-suite calibration.
+      batch_size: LLM batch size.
+    """
+
+    seed: int = 0
+    alphas: tuple[float, ...] = (0.01, 0.05, 0.1, 0.2)
+    report_alpha: float = 0.05
+    n_cal: int = 200
+    n_test: int = 200
+    splits: int = 1
+    score: str = "aps"
+    confidence: float = 0.95
+    data: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    attackers: tuple[AttackerSettings, ...] = ()
+    drift: tuple[tuple[str, str, str], ...] = ()
+    truncation: tuple[str, str, tuple[int, ...]] | None = None
+    mondrian: tuple[str, tuple[str, ...]] | None = None
+    batch_size: int = 8
+
+
+# ---------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------
+
+
+def _alphas(values):
+    if isinstance(values, str) or not isinstance(values, list) or not values:
+        raise ValueError(f"must be a non-empty list of levels in (0, 1), got {values!r}")
+    out = tuple(_validate.open_unit("alpha", v) for v in values)
+    if len(set(out)) != len(out):
+        raise ValueError(f"must not repeat a level, got {values!r}")
+    return tuple(sorted(out))
+
+
+def _str_list(values):
+    if isinstance(values, str) or not isinstance(values, list) or not values or \
+            not all(isinstance(v, str) and v for v in values):
+        raise ValueError(f"must be a non-empty list of strings, got {values!r}")
+    return tuple(values)
+
+
+def _int_list(name):
+    def convert(values):
+        if isinstance(values, str) or not isinstance(values, list) or not values:
+            raise ValueError(f"must be a non-empty list of integers >= 1, got {values!r}")
+        return tuple(_validate.positive_int(name, v) for v in values)
+
+    return convert
+
+
+_DATA_KEYS = {
+    "synthetic": {"n_people": 1000, "n_documents": 400, "levels": ["K1", "K2", "K3"],
+                  "releases": ["direct", "quasi_id_redaction", "rewrite"], "pool": None},
+    "blog": {"n_authors": 300, "posts_per_author": 12, "W": [1, 3, 10], "n_released_per_author": 1},
+    "tab": {"path": None, "levels": ["K1", "K2", "K3"], "releases": ["direct"]},
+    "textwash": {"path": None, "categories": None},
+    "wikibio": {"path": None, "levels": ["K1", "K2"]},
+    "blog_corpus": {"path": None, "W": [1, 3, 10], "max_authors": 500},
+}
+
+
+def _data_section(source: str, body: dict, where: str) -> dict:
+    body = dict(body)
+    out = {}
+    for key, default in _DATA_KEYS[source].items():
+        if key in body:
+            out[key] = body.pop(key)
+        elif key == "path" and default is None:
+            raise ConfigFileError(f"{where}.path: required (a local file or folder of the {source} data)")
+        else:
+            out[key] = default
+    reject_unknown(body, where)
+    for key, value in out.items():
+        if key in ("n_people", "n_documents", "n_authors", "posts_per_author", "n_released_per_author",
+                   "max_authors"):
+            take({key: value}, key, where, pos_int(key), None)
+        elif key in ("levels", "releases", "categories") and value is not None:
+            out[key] = take({key: value}, key, where, _str_list, None)
+        elif key == "W":
+            take({key: value}, key, where, _int_list("W"), None)
+        elif key == "pool" and value is not None:
+            take({key: value}, key, where, lambda v: _validate.positive_float("pool", v), None)
+            if not 0 < float(value) <= 1:
+                raise ConfigFileError(f"{where}.pool: must be in (0, 1], got {value!r}")
+        elif key == "path" and not isinstance(value, str):
+            raise ConfigFileError(f"{where}.path: must be a string, got {value!r}")
+    return out
+
+
+def load_cpa_config(path: str | os.PathLike) -> CPAConfig:
+    """Reads and validates a TOML CPA configuration (errors name ``section.key``, the rule and the value)."""
+    path = os.fspath(path)
+    raw = read_toml(path)
+    run = dict(raw.pop("run", {}))
+    data = dict(raw.pop("data", {}))
+    attackers = dict(raw.pop("attackers", {}))
+    drift = raw.pop("drift", [])
+    truncation = raw.pop("truncation", None)
+    mondrian = raw.pop("mondrian", None)
+    reject_unknown(raw, path)
+    kw: dict[str, Any] = {}
+    kw["seed"] = take(run, "seed", "run", pos_int("seed", 0), 0)
+    kw["alphas"] = take(run, "alphas", "run", _alphas, (0.01, 0.05, 0.1, 0.2))
+    kw["report_alpha"] = take(run, "report_alpha", "run", lambda v: _validate.open_unit("report_alpha", v),
+                              0.05 if 0.05 in kw["alphas"] else kw["alphas"][0])
+    if kw["report_alpha"] not in kw["alphas"]:
+        raise ConfigFileError(f"run.report_alpha: must be one of run.alphas {list(kw['alphas'])}, "
+                              f"got {kw['report_alpha']!r}")
+    kw["n_cal"] = take(run, "n_cal", "run", pos_int("n_cal"), 200)
+    kw["n_test"] = take(run, "n_test", "run", pos_int("n_test"), 200)
+    kw["splits"] = take(run, "splits", "run", pos_int("splits"), 1)
+    kw["score"] = take(run, "score", "run", choice(SCORES), "aps")
+    kw["confidence"] = take(run, "confidence", "run", lambda v: _validate.open_unit("confidence", v), 0.95)
+    kw["batch_size"] = take(run, "batch_size", "run", pos_int("batch_size"), 8)
+    reject_unknown(run, "run")
+    if not data:
+        raise ConfigFileError(f"{path}: no [data.<source>] section (choose from {', '.join(DATA_SOURCES)})")
+    sections = {}
+    for source, body in data.items():
+        if source not in DATA_SOURCES:
+            raise ConfigFileError(f"data.{source}: unknown data source (choose from {', '.join(DATA_SOURCES)})")
+        if not isinstance(body, dict):
+            raise ConfigFileError(f"data.{source}: must be a table")
+        sections[source] = _data_section(source, body, f"data.{source}")
+    kw["data"] = sections
+    if not attackers:
+        raise ConfigFileError(f"{path}: no [attackers.<name>] section")
+    settings = []
+    for name, body in attackers.items():
+        where = f"attackers.{name}"
+        if not isinstance(body, dict):
+            raise ConfigFileError(f"{where}: must be a table")
+        body = dict(body)
+        if "kind" not in body:
+            raise ConfigFileError(f"{where}.kind: required (one of {', '.join(ATTACKER_KINDS)})")
+        s = AttackerSettings(
+            name=name,
+            kind=take(body, "kind", where, choice(ATTACKER_KINDS), None),
+            suites=take(body, "suites", where, _str_list, ("*",)),
+            temperature=take(body, "temperature", where, lambda v: _validate.positive_float("temperature", v), 0.5),
+            top_k=take(body, "top_k", where, pos_int("top_k", 0), 0),
+            model=take(body, "model", where, str, "smollm2"),
+            samples=take(body, "samples", where, pos_int("samples"), 10),
+            max_new_tokens=take(body, "max_new_tokens", where, pos_int("max_new_tokens"), 48),
+        )
+        reject_unknown(body, where)
+        settings.append(s)
+    kw["attackers"] = tuple(settings)
+    names = {a.name for a in settings}
+
+    def attacker_name(where):
+        def convert(v):
+            if v not in names:
+                raise ValueError(f"must name a configured attacker ({', '.join(sorted(names))}), got {v!r}")
+            return v
+        return convert
+
+    if not isinstance(drift, list):
+        raise ConfigFileError("drift: must be an array of tables ([[drift]])")
+    drifts = []
+    for i, body in enumerate(drift):
+        where = f"drift[{i}]"
+        body = dict(body)
+        for key in ("attacker", "calibrate", "test"):
+            if key not in body:
+                raise ConfigFileError(f"{where}.{key}: required")
+        drifts.append((take(body, "attacker", where, attacker_name(where), None),
+                       take(body, "calibrate", where, str, None), take(body, "test", where, str, None)))
+        reject_unknown(body, where)
+    kw["drift"] = tuple(drifts)
+    if truncation is not None:
+        body = dict(truncation)
+        for key in ("attacker", "suite", "top_k"):
+            if key not in body:
+                raise ConfigFileError(f"truncation.{key}: required")
+        kw["truncation"] = (take(body, "attacker", "truncation", attacker_name("truncation"), None),
+                            take(body, "suite", "truncation", str, None),
+                            take(body, "top_k", "truncation", _int_list("top_k"), None))
+        reject_unknown(body, "truncation")
+    if mondrian is not None:
+        body = dict(mondrian)
+        for key in ("attacker", "suites"):
+            if key not in body:
+                raise ConfigFileError(f"mondrian.{key}: required")
+        kw["mondrian"] = (take(body, "attacker", "mondrian", attacker_name("mondrian"), None),
+                          take(body, "suites", "mondrian", _str_list, None))
+        if len(kw["mondrian"][1]) < 2:
+            raise ConfigFileError("mondrian.suites: must list at least 2 suites (the strata)")
+        reject_unknown(body, "mondrian")
+    return CPAConfig(**kw)
+
+
+# ---------------------------------------------------------------------------
+# Suites
+# ---------------------------------------------------------------------------
+
+
+def build_suites(config: CPAConfig) -> dict[str, Any]:
+    """``{suite name: LinkageSuite}`` of every configured data source."""
+    from conformal.data.synthetic import blog_suite, synthetic_ladder
+
+    suites = {}
+    for source, p in config.data.items():
+        if source == "synthetic":
+            if p["n_documents"] > p["n_people"]:
+                raise ConfigFileError(f"data.synthetic.n_documents: must be <= n_people = {p['n_people']}, "
+                                      f"got {p['n_documents']}")
+            ladder = synthetic_ladder(p["n_people"], p["n_documents"], seed=config.seed, releases=p["releases"],
+                                      levels=p["levels"], pool=p["pool"])
+            suites.update({s.name: s for s in ladder.values()})
+        elif source == "blog":
+            for w in p["W"]:
+                s = blog_suite(p["n_authors"], posts_per_author=p["posts_per_author"], W=w,
+                               n_released_per_author=p["n_released_per_author"], seed=config.seed)
+                suites[s.name] = s
+        else:
+            from conformal.data import loaders
+
+            for s in loaders.load_source(source, p, seed=config.seed):
+                suites[s.name] = s
+    return suites
+
+
+def _match(patterns, names) -> list[str]:
+    return [n for n in names if any(fnmatch.fnmatchcase(n, pat) for pat in patterns)]
+
+
+def _split(doc_ids, n_cal: int, n_test: int, seed: int, split: int) -> tuple[np.ndarray, np.ndarray]:
+    """Calibration and test positions: a seeded permutation of the sorted document ids.
+
+    Suites over the same documents get the same split, so a drift test never
+    evaluates a document its threshold was calibrated on.
+    """
+    ids = list(doc_ids)
+    order = sorted(range(len(ids)), key=ids.__getitem__)
+    perm = np.random.default_rng([seed, 7, split]).permutation(len(ids))
+    chosen = np.asarray(order)[perm]
+    return chosen[:n_cal], chosen[n_cal:n_cal + n_test]
+
+
+# ---------------------------------------------------------------------------
+# Attackers -> per-document weights over candidates
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Attack:
+    """One attacker on one suite: distributions (or identity scores) over each document's pool."""
+
+    probs: np.ndarray | None  # (n, m) distributions, or None for score-based attackers
+    cand_scores: np.ndarray | None  # (n, m) nonconformity scores (profile attacker)
+    labels: np.ndarray  # (n,) pool position of the truth, -1 if absent
+    pools: np.ndarray | None  # (n, K) candidate indices after top-K truncation, else None
+    llm_calls: int = 0
+
+
+class _Models:
+    """Lazily loaded language models and their cached, counted oracles (shared by all attackers)."""
+
+    def __init__(self, out_dir: str, batch_size: int, log):
+        self.out_dir, self.batch_size, self.log = out_dir, batch_size, log
+        self._oracles = {}
+
+    def oracle(self, model: str):
+        if model not in self._oracles:
+            from snapaudit_jax.models import load_language_model
+            from snapaudit_jax.pipelines.oracle import LLMOracle
+
+            self.log(f"loading language model {model}")
+            lm = load_language_model(model)
+            cache = os.path.join(self.out_dir, "llm_cache.jsonl")
+            self._oracles[model] = LLMOracle(lm, cache_path=cache, batch_size=self.batch_size, progress=self.log.bar)
+        return self._oracles[model]
+
+
+def _attack(settings: AttackerSettings, suite, rows: np.ndarray, config: CPAConfig, models: _Models) -> _Attack:
+    from conformal.attackers import ClueAttacker, RetrievalAttacker
+    from conformal.profile import ProfileAttacker, identity_scores
+
+    docs = [suite.documents[i] for i in rows]
+    labels = suite.label_indices()[rows]
+    calls = 0
+    if settings.kind in ("retrieval", "clues"):
+        retrieval = RetrievalAttacker(suite.profiles, temperature=settings.temperature)
+        if settings.kind == "clues":
+            oracle = models.oracle(settings.model)
+            before = oracle.stats.calls
+            probs = ClueAttacker(retrieval, oracle, max_new_tokens=settings.max_new_tokens).posterior(docs)
+            calls = oracle.stats.calls - before
+        else:
+            probs = retrieval.posterior(docs)
+        if settings.top_k:
+            k = min(settings.top_k, probs.shape[1])
+            pools, probs, labels = (np.asarray(x) for x in truncate_top_k(probs, k, labels))
+            return _Attack(probs, None, labels, pools, calls)
+        return _Attack(probs, None, labels, None, calls)
+    if not suite.attributes:
+        raise ValueError(f"attacker {settings.name!r} (profile) needs attribute vocabularies; suite {suite.name!r} "
+                         "has none")
+    oracle = models.oracle(settings.model)
+    before = oracle.stats.calls
+    attacker = ProfileAttacker(oracle, suite.attributes, samples=settings.samples,
+                               key=jax.random.fold_in(jax.random.key(config.seed), 1001))
+    freqs = attacker.frequencies(docs, [suite.doc_ids[i] for i in rows])
+    cand = identity_scores(freqs, suite.attributes, suite.candidate_attributes, config.score)
+    return _Attack(None, cand, labels, None, oracle.stats.calls - before)
+
+
+# ---------------------------------------------------------------------------
+# Calibration and evaluation
+# ---------------------------------------------------------------------------
+
+
+def _true_scores(att: _Attack, idx: np.ndarray, score: str) -> tuple[np.ndarray, int]:
+    """Scores of the documents ``idx`` whose truth is in the pool, and how many were not."""
+    lab = att.labels[idx]
+    keep = idx[lab >= 0]
+    if keep.size == 0:
+        return np.zeros(0, np.float32), int(idx.size)
+    if att.probs is not None:
+        s = np.asarray(scores(att.probs[keep], att.labels[keep], score))
+    else:
+        s = att.cand_scores[keep, att.labels[keep]]
+    return s.astype(np.float32), int(idx.size - keep.size)
+
+
+def _sets(att: _Attack, idx: np.ndarray, qhat, score: str) -> np.ndarray:
+    if att.probs is not None:
+        return np.asarray(prediction_sets(att.probs[idx], np.float32(qhat) if np.ndim(qhat) == 0 else qhat, score))
+    return att.cand_scores[idx] <= np.asarray(qhat, np.float32).reshape(-1, 1)
+
+
+def _ranking(att: _Attack, idx: np.ndarray) -> dict:
+    if att.probs is not None:
+        return ranking_metrics(att.probs[idx], att.labels[idx])
+    weights = 1.0 - att.cand_scores[idx]  # smaller score = more plausible
+    weights = weights / np.maximum(weights.sum(axis=1, keepdims=True), 1e-30)
+    return ranking_metrics(weights, att.labels[idx])
+
+
+def _evaluate(att_cal: _Attack, att_test: _Attack, cal: np.ndarray, test: np.ndarray, config: CPAConfig,
+              strata_cal=None, strata_test=None) -> tuple[Calibration, list[dict], dict]:
+    cal_scores, n_missing = _true_scores(att_cal, cal, config.score)
+    calibration = calibrate(cal_scores, list(config.alphas), score=config.score, strata=strata_cal,
+                            n_missing=n_missing, confidence=config.confidence)
+    ranking = _ranking(att_test, test)
+    per_alpha, sets_by_alpha = [], {}
+    for alpha in config.alphas:
+        qhat = calibration.thresholds(alpha, strata_test if calibration.mondrian else None)
+        sets = _sets(att_test, test, qhat, config.score)
+        sets_by_alpha[alpha] = sets
+        m = set_metrics(sets, att_test.labels[test])
+        m.update(alpha=alpha, qhat=qhat, certified_coverage=calibration.certified_coverage(alpha))
+        per_alpha.append(m)
+    test_scores, _ = _true_scores(att_test, test, config.score)
+    check = coverage_check(cal_scores, test_scores, config.alphas, confidence=config.confidence) \
+        if test_scores.size and not calibration.mondrian else None
+    return calibration, per_alpha, {"ranking": ranking, "check": check, "sets": sets_by_alpha}
+
+
+def _qhat_json(q):
+    if np.ndim(q) == 0:
+        return None if not np.isfinite(q) else float(q)
+    return None
+
+
+def _row(kind, attacker, suite_name, level, release, m: dict, ranking: dict, n_cal, n_test, extra=None) -> dict:
+    row = {
+        "suite": suite_name, "knowledge_level": level, "alpha": m["alpha"], "n_cal": n_cal, "n_test": n_test,
+        "coverage": m["coverage"], "coverage_conditional": m["coverage_conditional"],
+        "candidate_miss_rate": m["candidate_miss_rate"], "median_set_size": m["median_set_size"],
+        "mean_set_size": m["mean_set_size"], "leakage_proxy": m["leakage_proxy"], "qhat": _qhat_json(m["qhat"]),
+        "top1": ranking["top1"],
+        "kind": kind, "attacker": attacker, "release": release,
+        "top5": ranking.get("top5"), "mrr": ranking["mrr"], "empty_set_rate": m["empty_set_rate"],
+        "p90_set_size": m["p90_set_size"], "max_set_size": m["max_set_size"], "pool_size": m["pool_size"],
+        "certified_coverage": m["certified_coverage"],
+    }
+    row.update(extra or {})
+    return row
+
+
+def _average(rows_by_split: list[list[dict]]) -> list[dict]:
+    """Averages numeric row fields over splits; adds ``coverage_sd`` (spread over splits)."""
+    if len(rows_by_split) == 1:
+        return [dict(r, splits=1, coverage_sd=0.0) for r in rows_by_split[0]]
+    out = []
+    for group in zip(*rows_by_split):
+        row = dict(group[0])
+        for key, value in row.items():
+            values = [g[key] for g in group]
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and \
+                    all(isinstance(v, (int, float)) for v in values) and key not in ("alpha",):
+                row[key] = float(np.mean(values))
+            elif isinstance(value, bool):
+                row[key] = any(values)
+        row["splits"] = len(group)
+        row["coverage_sd"] = float(np.std([g["coverage"] for g in group], ddof=1))
+        out.append(row)
+    return out
+
+
+def _doc_lines(att: _Attack, suite, rows, positions, split_name: str, sets_by_alpha, report_alpha,
+               score: str) -> list[dict]:
+    """JSONL records of documents ``positions`` (indices into the attack arrays)."""
+    lines = []
+    q_scores = np.full(len(positions), np.nan)
+    lab = att.labels[positions]
+    ok = lab >= 0
+    if ok.any():
+        if att.probs is not None:
+            q_scores[ok] = np.asarray(scores(att.probs[positions[ok]], lab[ok], score))
+        else:
+            q_scores[ok] = att.cand_scores[positions[ok], lab[ok]]
+    weights = att.probs if att.probs is not None else -att.cand_scores
+    for j, pos in enumerate(positions):
+        doc = int(rows[pos])
+        top = np.argsort(-weights[pos])[:10]
+        pool = att.pools[pos] if att.pools is not None else np.arange(len(suite.candidates))
+        names = [suite.candidates[int(i)] for i in pool]
+        record = {
+            "doc_id": suite.doc_ids[doc], "split": split_name, "identity": suite.identities[doc],
+            "query": suite.documents[doc],
+            "top_candidates": [{"candidate": names[c], "weight": float(weights[pos, c])} for c in top],
+            "score": None if np.isnan(q_scores[j]) else float(q_scores[j]),
+            "in_pool": bool(lab[j] >= 0),
+        }
+        membership = sets_by_alpha[j]
+        record["set_size"] = {str(a): int(membership[a].sum()) for a in membership}
+        chosen = membership[report_alpha]
+        record["set"] = [names[c] for c in np.flatnonzero(chosen)] if chosen.sum() <= 100 else None
+        record["covered"] = {str(a): bool(lab[j] >= 0 and membership[a][lab[j]]) for a in membership}
+        lines.append(record)
+    return lines
+
+
+def _write_jsonl(path: str, records: list[dict]) -> None:
+    import json
+
+    data = "".join(json.dumps(r, allow_nan=False) + "\n" for r in records).encode()
+    atomic_write(path, lambda fh: fh.write(data))
+
+
+def _safe(name: str) -> str:
+    return name.replace("/", "__").replace("->", "_to_").replace("*", "all")
+
+
+def run_cpa(config: CPAConfig, out_dir: str, *, progress: bool = True) -> dict:
+    """Runs every configured attacker on its suites, the stress tests, and writes the run folder."""
+    log = RunLog(progress)
+    os.makedirs(out_dir, exist_ok=True)
+    write_json(os.path.join(out_dir, "config.json"), _config_json(config))
+    t0 = time.perf_counter()
+    suites = build_suites(config)
+    log(f"{len(suites)} suites: " + ", ".join(f"{n} ({s.n_documents} docs x {s.n_candidates} candidates)"
+                                              for n, s in suites.items()))
+    need = config.n_cal + config.n_test
+    for name, s in suites.items():
+        if s.n_documents < need:
+            raise ConfigFileError(f"run.n_cal + run.n_test = {need} exceeds the {s.n_documents} documents of "
+                                  f"suite {name!r}")
+    models = _Models(out_dir, config.batch_size, log)
+    rows: list[dict] = []
+    attacks: dict[tuple[str, str], tuple[_Attack, np.ndarray]] = {}
+    by_name = {a.name: a for a in config.attackers}
+
+    def attack_of(attacker: AttackerSettings, suite_name: str):
+        key = (attacker.name, suite_name)
+        if key not in attacks:
+            suite = suites[suite_name]
+            used = sorted({int(i) for s in range(config.splits)
+                           for part in _split(suite.doc_ids, config.n_cal, config.n_test, config.seed, s)
+                           for i in part})
+            rows_used = np.asarray(used, np.int64)
+            start = time.perf_counter()
+            att = _attack(attacker, suite, rows_used, config, models)
+            log(f"{attacker.name} on {suite_name}: {len(rows_used)} documents attacked "
+                f"in {time.perf_counter() - start:.1f}s" + (f", {att.llm_calls} LLM calls" if att.llm_calls else ""))
+            attacks[key] = (att, rows_used)
+        return attacks[key]
+
+    def positions(rows_used: np.ndarray, doc_idx: np.ndarray) -> np.ndarray:
+        lookup = {int(d): p for p, d in enumerate(rows_used)}
+        return np.asarray([lookup[int(d)] for d in doc_idx], np.int64)
+
+    checks = []
+    for attacker in config.attackers:
+        targets = _match(attacker.suites, suites)
+        if not targets:
+            raise ConfigFileError(f"attackers.{attacker.name}.suites: {list(attacker.suites)} match no suite "
+                                  f"(suites: {', '.join(suites)})")
+        for name in targets:
+            suite = suites[name]
+            att, rows_used = attack_of(attacker, name)
+            per_split = []
+            for s in range(config.splits):
+                cal_docs, test_docs = _split(suite.doc_ids, config.n_cal, config.n_test, config.seed, s)
+                cal, test = positions(rows_used, cal_docs), positions(rows_used, test_docs)
+                calibration, metrics, info = _evaluate(att, att, cal, test, config)
+                check = info["check"]
+                extra = {"validity_alarm": None if check is None else check.alarm,
+                         "n_cal_in_pool": calibration.n_cal[None], "llm_calls": att.llm_calls,
+                         "top_k": attacker.top_k or None}
+                per_split.append([_row("standard", attacker.name, name, suite.knowledge_level, suite.release, m,
+                                       info["ranking"], config.n_cal, config.n_test, extra) for m in metrics])
+                if s == 0:
+                    if check is not None:
+                        checks.append({"attacker": attacker.name, "suite": name, **dataclasses.asdict(check)})
+                    _write_documents(out_dir, attacker.name, name, att, rows_used, suite, cal, test, calibration,
+                                     config, info["sets"])
+            rows.extend(_average(per_split))
+
+    for attacker_name, cal_name, test_name in config.drift:
+        for n in (cal_name, test_name):
+            if n not in suites:
+                raise ConfigFileError(f"drift: unknown suite {n!r} (suites: {', '.join(suites)})")
+        attacker = by_name[attacker_name]
+        att_c, rows_c = attack_of(attacker, cal_name)
+        att_t, rows_t = attack_of(attacker, test_name)
+        per_split = []
+        for s in range(config.splits):
+            cal_docs, _ = _split(suites[cal_name].doc_ids, config.n_cal, config.n_test, config.seed, s)
+            _, test_docs = _split(suites[test_name].doc_ids, config.n_cal, config.n_test, config.seed, s)
+            overlap = ({suites[cal_name].doc_ids[i] for i in cal_docs}
+                       & {suites[test_name].doc_ids[i] for i in test_docs})
+            calibration, metrics, info = _evaluate(att_c, att_t, positions(rows_c, cal_docs),
+                                                   positions(rows_t, test_docs), config)
+            check = info["check"]
+            extra = {"calibrated_on": cal_name, "tested_on": test_name, "shared_documents": len(overlap),
+                     "validity_alarm": None if check is None else check.alarm}
+            test_suite = suites[test_name]
+            per_split.append([_row("drift", attacker_name, f"{cal_name}->{test_name}", test_suite.knowledge_level,
+                                   test_suite.release, m, info["ranking"], config.n_cal, config.n_test, extra)
+                              for m in metrics])
+        rows.extend(_average(per_split))
+        log(f"drift {cal_name} -> {test_name} done")
+
+    if config.truncation is not None:
+        attacker_name, suite_name, ks = config.truncation
+        if suite_name not in suites:
+            raise ConfigFileError(f"truncation.suite: unknown suite {suite_name!r} (suites: {', '.join(suites)})")
+        full, rows_used = attack_of(by_name[attacker_name], suite_name)
+        if full.probs is None or full.pools is not None:
+            raise ConfigFileError("truncation.attacker: must be a retrieval or clues attacker without top_k")
+        for k in ks:
+            k = min(k, full.probs.shape[1])
+            pools, probs, labels = (np.asarray(x) for x in truncate_top_k(full.probs, k, full.labels))
+            att = _Attack(probs, None, labels, pools)
+            per_split = []
+            for s in range(config.splits):
+                cal_docs, test_docs = _split(suites[suite_name].doc_ids, config.n_cal, config.n_test, config.seed, s)
+                calibration, metrics, info = _evaluate(att, att, positions(rows_used, cal_docs),
+                                                       positions(rows_used, test_docs), config)
+                extra = {"top_k": k, "n_cal_in_pool": calibration.n_cal[None],
+                         "miss_rate_upper": calibration.miss_rate_upper}
+                per_split.append([_row("truncation", attacker_name, f"{suite_name}@top{k}",
+                                       suites[suite_name].knowledge_level, suites[suite_name].release, m,
+                                       info["ranking"], config.n_cal, config.n_test, extra) for m in metrics])
+            rows.extend(_average(per_split))
+        log(f"truncation sweep on {suite_name} done")
+
+    if config.mondrian is not None:
+        rows.extend(_mondrian(config, suites, by_name, attack_of, positions))
+        log("Mondrian calibration done")
+
+    seconds = time.perf_counter() - t0
+    write_json(os.path.join(out_dir, "summary.json"), rows)
+    write_json(os.path.join(out_dir, "validity_checks.json"), checks)
+    write_text(os.path.join(out_dir, "report.md"), format_report(rows, config))
+    _plots(out_dir, rows, config, attacks, suites, log)
+    log(f"done in {seconds:.1f}s -> {out_dir}")
+    return {"rows": rows, "checks": checks, "seconds": seconds, "suites": {n: s.summary() for n, s in suites.items()}}
+
+
+def _write_documents(out_dir, attacker, suite_name, att, rows_used, suite, cal, test, calibration, config, test_sets):
+    records = []
+    for split_name, pos in (("cal", cal), ("test", test)):
+        if split_name == "test":
+            sets = test_sets
+        else:
+            sets = {a: _sets(att, pos, calibration.thresholds(a), config.score) for a in config.alphas}
+        per_doc = [{a: sets[a][j] for a in config.alphas} for j in range(len(pos))]
+        records += _doc_lines(att, suite, rows_used, pos, split_name, per_doc, config.report_alpha, config.score)
+    _write_jsonl(os.path.join(out_dir, "documents", _safe(attacker), _safe(suite_name) + ".jsonl"), records)
+
+
+def _mondrian(config, suites, by_name, attack_of, positions) -> list[dict]:
+    """Pooled vs per-suite (Mondrian) calibration over documents of several suites (strata)."""
+    attacker_name, names = config.mondrian
+    for n in names:
+        if n not in suites:
+            raise ConfigFileError(f"mondrian.suites: unknown suite {n!r} (suites: {', '.join(suites)})")
+    attacker = by_name[attacker_name]
+    out = []
+    for mode in ("pooled", "mondrian"):
+        per_split = []
+        for s in range(config.splits):
+            cal_scores, strata, n_missing = [], [], 0
+            tests = []
+            for n in names:
+                att, rows_used = attack_of(attacker, n)
+                cal_docs, test_docs = _split(suites[n].doc_ids, config.n_cal, config.n_test, config.seed, s)
+                # each stratum contributes the calibration documents of its own split half
+                sc, miss = _true_scores(att, positions(rows_used, cal_docs), config.score)
+                cal_scores.append(sc)
+                strata += [n] * sc.size
+                n_missing += miss
+                tests.append((n, att, positions(rows_used, test_docs)))
+            calibration = calibrate(np.concatenate(cal_scores), list(config.alphas), score=config.score,
+                                    strata=strata if mode == "mondrian" else None, n_missing=n_missing,
+                                    confidence=config.confidence)
+            split_rows = []
+            for n, att, test in tests:
+                ranking = _ranking(att, test)
+                for alpha in config.alphas:
+                    qhat = calibration.thresholds(alpha, [n] * len(test) if calibration.mondrian else None)
+                    m = set_metrics(_sets(att, test, qhat, config.score), att.labels[test])
+                    q = float(qhat[0]) if np.ndim(qhat) else float(qhat)
+                    m.update(alpha=alpha, qhat=q, certified_coverage=calibration.certified_coverage(alpha))
+                    split_rows.append(_row(mode, attacker_name, f"{mode}:{n}", suites[n].knowledge_level,
+                                           suites[n].release, m, ranking, config.n_cal * len(names),
+                                           config.n_test, {"strata": list(names)}))
+            per_split.append(split_rows)
+        out.extend(_average(per_split))
+    return out
+
+
+def _config_json(config: CPAConfig) -> dict:
+    d = dataclasses.asdict(config)
+    d["data"] = {k: dict(v) for k, v in config.data.items()}
+    return d
+
+
+def format_report(rows: list[dict], config: CPAConfig) -> str:
+    """Markdown tables at ``report_alpha``: standard suites, then the stress tests."""
+    a = config.report_alpha
+    lines = [f"# Conformal privacy audit (alpha = {a}, score = {config.score}, n_cal = {config.n_cal}, "
+             f"n_test = {config.n_test}, splits = {config.splits})", ""]
+    header = ("| attacker | suite | level | Top-1 | coverage | cond. coverage | miss rate | median abs(C) | "
+              "mean abs(C) | E[1/abs(C)] | qhat | alarm |")
+    for kind, title in (("standard", "Suites"), ("drift", "Drift (calibrate -> test)"),
+                        ("truncation", "Top-K truncation"), ("pooled", "Pooled calibration over strata"),
+                        ("mondrian", "Mondrian (per-stratum) calibration")):
+        mine = [r for r in rows if r["kind"] == kind and r["alpha"] == a]
+        if not mine:
+            continue
+        lines += [f"## {title}", "", header, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for r in mine:
+            qhat = "inf" if r["qhat"] is None else f"{r['qhat']:.4g}"
+            cond = "-" if r["coverage_conditional"] is None else f"{r['coverage_conditional']:.3f}"
+            alarm = {True: "yes", False: "no", None: "-"}[r.get("validity_alarm")]
+            lines.append(f"| {r['attacker']} | {r['suite']} | {r['knowledge_level']} | {r['top1']:.3f} | "
+                         f"{r['coverage']:.3f} | {cond} | {r['candidate_miss_rate']:.3f} | "
+                         f"{r['median_set_size']:g} | {r['mean_set_size']:.1f} | {r['leakage_proxy']:.4f} | "
+                         f"{qhat} | {alarm} |")
+        lines.append("")
+    lines.append("Coverage holds for the declared configuration under exchangeability of calibration and test "
+                 "documents; qhat = inf means full sets. 'alarm': the exact Beta-Binomial validity check of the test "
+                 "scores against the calibration scores rejected exchangeability.")
+    return "\n".join(lines) + "\n"
+
+
+def _plots(out_dir, rows, config, attacks, suites, log) -> None:
+    try:
+        from conformal.plots import plot_alpha_dial, plot_set_sizes
+    except RuntimeError as err:  # matplotlib missing
+        log(f"plots skipped: {err}")
+        return
+    for attacker in config.attackers:
+        mine = [r for r in rows if r["kind"] == "standard" and r["attacker"] == attacker.name]
+        if not mine:
+            continue
+        plot_alpha_dial(os.path.join(out_dir, f"alpha_dial_{_safe(attacker.name)}.png"), mine,
+                        title=f"{attacker.name}: the alpha dial")
+        sizes = {}
+        for (name, suite_name), (att, rows_used) in attacks.items():
+            if name != attacker.name or suite_name not in suites:
+                continue
+            cal_docs, test_docs = _split(suites[suite_name].doc_ids, config.n_cal, config.n_test, config.seed, 0)
+            lookup = {int(d): p for p, d in enumerate(rows_used)}
+            cal = np.asarray([lookup[int(d)] for d in cal_docs])
+            test = np.asarray([lookup[int(d)] for d in test_docs])
+            cal_scores, n_missing = _true_scores(att, cal, config.score)
+            if cal_scores.size == 0:
+                continue
+            qhat = calibrate(cal_scores, [config.report_alpha], score=config.score,
+                             n_missing=n_missing).thresholds(config.report_alpha)
+            sizes[suite_name] = _sets(att, test, qhat, config.score).sum(axis=1)
+        if sizes:
+            plot_set_sizes(os.path.join(out_dir, f"set_sizes_{_safe(attacker.name)}.png"), sizes,
+                           title=f"{attacker.name}: set sizes at alpha = {config.report_alpha}")
