@@ -126,6 +126,12 @@ def _alphas(values):
     return tuple(sorted(out))
 
 
+def _string(value):
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"must be a non-empty string, got {value!r}")
+    return value
+
+
 def _str_list(values):
     if isinstance(values, str) or not isinstance(values, list) or not values or \
             not all(isinstance(v, str) and v for v in values):
@@ -233,11 +239,14 @@ def load_cpa_config(path: str | os.PathLike) -> CPAConfig:
             suites=take(body, "suites", where, _str_list, ("*",)),
             temperature=take(body, "temperature", where, lambda v: _validate.positive_float("temperature", v), 0.5),
             top_k=take(body, "top_k", where, pos_int("top_k", 0), 0),
-            model=take(body, "model", where, str, "smollm2"),
+            model=take(body, "model", where, _string, "smollm2"),
             samples=take(body, "samples", where, pos_int("samples"), 10),
             max_new_tokens=take(body, "max_new_tokens", where, pos_int("max_new_tokens"), 48),
         )
         reject_unknown(body, where)
+        if s.kind != "retrieval" and s.model != "smollm2" and not os.path.exists(s.model):
+            raise ConfigFileError(f"{where}.model: must be 'smollm2' or an existing .gguf file or model folder, "
+                                  f"got {s.model!r}")
         settings.append(s)
     kw["attackers"] = tuple(settings)
     names = {a.name for a in settings}
@@ -259,7 +268,7 @@ def load_cpa_config(path: str | os.PathLike) -> CPAConfig:
             if key not in body:
                 raise ConfigFileError(f"{where}.{key}: required")
         drifts.append((take(body, "attacker", where, attacker_name(where), None),
-                       take(body, "calibrate", where, str, None), take(body, "test", where, str, None)))
+                       take(body, "calibrate", where, _string, None), take(body, "test", where, _string, None)))
         reject_unknown(body, where)
     kw["drift"] = tuple(drifts)
     if truncation is not None:
@@ -268,7 +277,7 @@ def load_cpa_config(path: str | os.PathLike) -> CPAConfig:
             if key not in body:
                 raise ConfigFileError(f"truncation.{key}: required")
         kw["truncation"] = (take(body, "attacker", "truncation", attacker_name("truncation"), None),
-                            take(body, "suite", "truncation", str, None),
+                            take(body, "suite", "truncation", _string, None),
                             take(body, "top_k", "truncation", _int_list("top_k"), None))
         reject_unknown(body, "truncation")
     if mondrian is not None:
@@ -447,7 +456,9 @@ def _evaluate(att_cal: _Attack, att_test: _Attack, cal: np.ndarray, test: np.nda
         m.update(alpha=alpha, qhat=qhat, certified_coverage=calibration.certified_coverage(alpha))
         per_alpha.append(m)
     test_scores, _ = _true_scores(att_test, test, config.score)
-    check = coverage_check(cal_scores, test_scores, config.alphas, confidence=config.confidence) \
+    # Bonferroni over the splits: a row's alarm (any split) keeps the false-alarm rate <= 1 - confidence.
+    check_confidence = 1.0 - (1.0 - config.confidence) / config.splits
+    check = coverage_check(cal_scores, test_scores, config.alphas, confidence=check_confidence) \
         if test_scores.size and not calibration.mondrian else None
     return calibration, per_alpha, {"ranking": ranking, "check": check, "sets": sets_by_alpha}
 
@@ -539,20 +550,50 @@ def _safe(name: str) -> str:
     return name.replace("/", "__").replace("->", "_to_").replace("*", "all")
 
 
-def run_cpa(config: CPAConfig, out_dir: str, *, progress: bool = True) -> dict:
-    """Runs every configured attacker on its suites, the stress tests, and writes the run folder."""
-    log = RunLog(progress)
-    os.makedirs(out_dir, exist_ok=True)
-    write_json(os.path.join(out_dir, "config.json"), _config_json(config))
-    t0 = time.perf_counter()
-    suites = build_suites(config)
-    log(f"{len(suites)} suites: " + ", ".join(f"{n} ({s.n_documents} docs x {s.n_candidates} candidates)"
-                                              for n, s in suites.items()))
+def check_references(config: CPAConfig, suites: Mapping[str, Any]) -> None:
+    """Raises :class:`ConfigFileError` for split sizes, suite names and attacker kinds the suites cannot serve."""
+    names = ", ".join(suites)
     need = config.n_cal + config.n_test
     for name, s in suites.items():
         if s.n_documents < need:
             raise ConfigFileError(f"run.n_cal + run.n_test = {need} exceeds the {s.n_documents} documents of "
                                   f"suite {name!r}")
+    by_name = {a.name: a for a in config.attackers}
+    for a in config.attackers:
+        targets = _match(a.suites, suites)
+        if not targets:
+            raise ConfigFileError(f"attackers.{a.name}.suites: {list(a.suites)} match no suite (suites: {names})")
+        if a.kind == "profile":
+            for t in targets:
+                if not suites[t].attributes:
+                    raise ConfigFileError(f"attackers.{a.name}: kind 'profile' needs attribute vocabularies; "
+                                          f"suite {t!r} has none (restrict attackers.{a.name}.suites)")
+    for _, cal_name, test_name in config.drift:
+        for n in (cal_name, test_name):
+            if n not in suites:
+                raise ConfigFileError(f"drift: unknown suite {n!r} (suites: {names})")
+    if config.truncation is not None:
+        attacker_name, suite_name, _ = config.truncation
+        if suite_name not in suites:
+            raise ConfigFileError(f"truncation.suite: unknown suite {suite_name!r} (suites: {names})")
+        if by_name[attacker_name].kind == "profile" or by_name[attacker_name].top_k:
+            raise ConfigFileError("truncation.attacker: must be a retrieval or clues attacker without top_k, "
+                                  f"got {attacker_name!r}")
+    if config.mondrian is not None:
+        for n in config.mondrian[1]:
+            if n not in suites:
+                raise ConfigFileError(f"mondrian.suites: unknown suite {n!r} (suites: {names})")
+
+
+def run_cpa(config: CPAConfig, out_dir: str, *, progress: bool = True) -> dict:
+    """Runs every configured attacker on its suites, the stress tests, and writes the run folder."""
+    log = RunLog(progress)
+    t0 = time.perf_counter()
+    suites = build_suites(config)
+    log(f"{len(suites)} suites: " + ", ".join(f"{n} ({s.n_documents} docs x {s.n_candidates} candidates)"
+                                              for n, s in suites.items()))
+    check_references(config, suites)  # every error a config can cause is raised before anything is written
+    os.makedirs(out_dir, exist_ok=True)
     models = _Models(out_dir, config.batch_size, log)
     rows: list[dict] = []
     attacks: dict[tuple[str, str], tuple[_Attack, np.ndarray]] = {}
@@ -658,6 +699,7 @@ def run_cpa(config: CPAConfig, out_dir: str, *, progress: bool = True) -> dict:
         log("Mondrian calibration done")
 
     seconds = time.perf_counter() - t0
+    write_json(os.path.join(out_dir, "config.json"), _config_json(config))
     write_json(os.path.join(out_dir, "summary.json"), rows)
     write_json(os.path.join(out_dir, "validity_checks.json"), checks)
     write_text(os.path.join(out_dir, "report.md"), format_report(rows, config))
@@ -750,7 +792,9 @@ def format_report(rows: list[dict], config: CPAConfig) -> str:
         lines.append("")
     lines.append("Coverage holds for the declared configuration under exchangeability of calibration and test "
                  "documents; qhat = inf means full sets. 'alarm': the exact Beta-Binomial validity check of the test "
-                 "scores against the calibration scores rejected exchangeability.")
+                 "scores against the calibration scores rejected exchangeability (one-sided: under-coverage; "
+                 f"false-alarm probability <= {1 - config.confidence:g} per row, Bonferroni over the levels and "
+                 "splits).")
     return "\n".join(lines) + "\n"
 
 

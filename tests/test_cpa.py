@@ -1,0 +1,348 @@
+"""The CPA runner (``snapaudit cpa``) and its attackers, end to end on small synthetic suites.
+
+Oracles: scikit-learn TF-IDF + NumPy cosine/softmax for the retrieval attacker;
+a per-attribute loop for the profile attacker's identity scores; the exact
+split-conformal identities (coverage = conditional coverage x inclusion with
+one split) for the report rows. The LLM attackers run on a tiny random Llama
+folder (tests/_tiny_llm.py): their mechanics (calls, caching, determinism,
+validity of the sets) are under test, not their accuracy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conformal import candidate_scores
+from conformal.attackers import RetrievalAttacker
+from conformal.data import synthetic_ladder
+from conformal.profile import attribute_sets, identity_scores
+from conformal.runner import load_cpa_config, run_cpa
+from snapaudit_jax._config import ConfigFileError
+
+REQUIRED_KEYS = {"suite", "knowledge_level", "alpha", "n_cal", "n_test", "coverage", "coverage_conditional",
+                 "candidate_miss_rate", "median_set_size", "mean_set_size", "leakage_proxy", "qhat", "top1"}
+
+SMALL = """
+[run]
+seed = 3
+alphas = [0.05, 0.1, 0.2]
+report_alpha = 0.1
+n_cal = 60
+n_test = 60
+splits = 1
+score = "aps"
+
+[data.synthetic]
+n_people = 200
+n_documents = 120
+levels = ["K1", "K2", "K3"]
+releases = ["direct", "quasi_id_redaction"]
+
+[attackers.retrieval]
+kind = "retrieval"
+temperature = 0.5
+
+[[drift]]
+attacker = "retrieval"
+calibrate = "synthetic/K2/direct"
+test = "synthetic/K2/quasi_id_redaction"
+
+[truncation]
+attacker = "retrieval"
+suite = "synthetic/K2/direct"
+top_k = [2, 10]
+
+[mondrian]
+attacker = "retrieval"
+suites = ["synthetic/K2/direct", "synthetic/K2/quasi_id_redaction"]
+"""
+
+
+def write(tmp_path, text, name="cfg.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cpa")
+    cfg = load_cpa_config(write(tmp, SMALL))
+    out = str(tmp / "out")
+    result = run_cpa(cfg, out, progress=False)
+    return cfg, out, result
+
+
+def rows_of(rows, kind=None, alpha=None, suite=None):
+    return [r for r in rows if (kind is None or r["kind"] == kind) and (alpha is None or r["alpha"] == alpha)
+            and (suite is None or r["suite"] == suite)]
+
+
+# --------------------------------------------------------------------------- run folder
+
+
+def test_run_folder_files_and_summary_keys(small_run):
+    cfg, out, _ = small_run
+    names = set(os.listdir(out))
+    assert {"summary.json", "report.md", "config.json", "validity_checks.json", "documents"} <= names
+    assert any(n.startswith("alpha_dial") and n.endswith(".png") for n in names)
+    assert any(n.startswith("set_sizes") and n.endswith(".png") for n in names)
+    rows = json.load(open(os.path.join(out, "summary.json")))
+    assert rows and all(REQUIRED_KEYS <= set(r) for r in rows)
+    std = rows_of(rows, "standard")
+    assert len(std) == 6 * len(cfg.alphas)  # 3 levels x 2 releases x alphas
+    for r in std:
+        assert r["n_cal"] == 60 and r["n_test"] == 60
+        assert r["candidate_miss_rate"] == 0.0 and r["coverage"] == r["coverage_conditional"]
+        assert r["qhat"] is None or 0.0 <= r["qhat"] <= 1.0
+        assert r["leakage_proxy"] <= 1.0 and r["median_set_size"] >= 1.0
+        # one split: a finite qhat certifies at least ceil((n+1)(1-alpha))/(n+1) on the calibration side
+        if r["qhat"] is None:
+            assert r["coverage"] == 1.0
+    # the per-document JSONL: both splits, every document once, sets at report_alpha contain the truth iff covered
+    docs = os.path.join(out, "documents", "retrieval")
+    files = sorted(os.listdir(docs))
+    assert files, "no per-document JSONL written"
+    lines = [json.loads(x) for x in open(os.path.join(docs, files[0]))]
+    assert {ln["split"] for ln in lines} == {"cal", "test"}
+    assert sum(ln["split"] == "test" for ln in lines) == 60 and sum(ln["split"] == "cal" for ln in lines) == 60
+    assert len({ln["doc_id"] for ln in lines}) == 120
+    for ln in lines:
+        assert {"doc_id", "query", "top_candidates", "score", "set", "covered", "set_size"} <= set(ln)
+        assert len(ln["top_candidates"]) >= 1 and all({"candidate", "weight"} <= set(c) for c in ln["top_candidates"])
+        assert (ln["identity"] in ln["set"]) == ln["covered"][str(cfg.report_alpha)]
+        assert len(ln["set"]) == ln["set_size"][str(cfg.report_alpha)]
+
+
+def test_qualitative_findings_on_the_synthetic_ladder(small_run):
+    """K1 -> K3 shrinks sets; quasi-ID redaction enlarges them; alpha trades coverage for size; drift under-covers."""
+    _, _, result = small_run
+    rows = result["rows"]
+
+    def size(suite, alpha=0.1):
+        return rows_of(rows, "standard", alpha, suite)[0]["median_set_size"]
+
+    assert size("synthetic/K1/direct") > size("synthetic/K2/direct") > size("synthetic/K3/direct")
+    assert size("synthetic/K2/quasi_id_redaction") > size("synthetic/K2/direct")
+    for suite in ("synthetic/K2/direct", "synthetic/K3/direct"):
+        by_alpha = sorted(rows_of(rows, "standard", suite=suite), key=lambda r: r["alpha"])
+        assert [r["mean_set_size"] for r in by_alpha] == sorted((r["mean_set_size"] for r in by_alpha), reverse=True)
+        assert [r["coverage"] for r in by_alpha] == sorted((r["coverage"] for r in by_alpha), reverse=True)
+    drift = rows_of(rows, "drift", 0.1)[0]
+    assert drift["suite"] == "synthetic/K2/direct->synthetic/K2/quasi_id_redaction"
+    assert drift["shared_documents"] == 0  # calibration and test documents are disjoint
+    standard = rows_of(rows, "standard", 0.1, "synthetic/K2/quasi_id_redaction")[0]
+    assert drift["coverage"] < standard["coverage"] - 0.05
+
+
+def test_truncation_rows_follow_corollary_5_3(small_run):
+    """With one split: coverage = conditional coverage x (1 - miss rate), exactly; misses fall as K grows."""
+    _, _, result = small_run
+    trunc = sorted(rows_of(result["rows"], "truncation", 0.1), key=lambda r: r["top_k"])
+    assert [r["top_k"] for r in trunc] == [2, 10]
+    for r in trunc:
+        assert r["coverage"] == pytest.approx(r["coverage_conditional"] * (1 - r["candidate_miss_rate"]), abs=1e-12)
+        assert r["max_set_size"] <= r["top_k"]
+    assert trunc[0]["candidate_miss_rate"] > trunc[1]["candidate_miss_rate"] > 0
+
+
+def test_mondrian_rows(small_run):
+    _, _, result = small_run
+    pooled = rows_of(result["rows"], "pooled", 0.1)
+    mondrian = rows_of(result["rows"], "mondrian", 0.1)
+    assert len(pooled) == 2 and len(mondrian) == 2
+    assert len({r["qhat"] for r in pooled}) == 1  # one threshold for both strata
+    assert len({r["qhat"] for r in mondrian}) == 2  # one per stratum
+
+
+def test_run_is_deterministic(small_run, tmp_path):
+    cfg, out, _ = small_run
+    run_cpa(cfg, str(tmp_path / "again"), progress=False)
+    assert json.load(open(tmp_path / "again" / "summary.json")) == json.load(open(os.path.join(out, "summary.json")))
+
+
+# --------------------------------------------------------------------------- coverage of the runner's rows
+
+
+def test_runner_coverage_over_splits_is_valid(tmp_path):
+    """Mean coverage over 40 independent splits of one suite >= 1 - alpha - 4.3 sd (false failure ~1e-5)."""
+    text = SMALL.split("[[drift]]")[0].replace("splits = 1", "splits = 40").replace(
+        'levels = ["K1", "K2", "K3"]', 'levels = ["K2"]').replace(
+        'releases = ["direct", "quasi_id_redaction"]', 'releases = ["direct"]')
+    result = run_cpa(load_cpa_config(write(tmp_path, text)), str(tmp_path / "out"), progress=False)
+    for r in rows_of(result["rows"], "standard"):
+        n = r["n_cal"]
+        floor = np.ceil((n + 1) * (1 - r["alpha"])) / (n + 1)
+        # per split, coverage of 60 test points has sd <= sqrt(a(1-a)(1/60 + 1/61)) (calibration + test noise)
+        sd = np.sqrt(r["alpha"] * (1 - r["alpha"]) * (1 / r["n_test"] + 1 / (n + 1)) / r["splits"])
+        assert r["coverage"] >= floor - 4.3 * sd, r
+        assert r["coverage"] <= floor + 1 / (n + 1) + 4.3 * sd, r
+
+
+# --------------------------------------------------------------------------- attackers vs oracles
+
+
+def test_retrieval_posterior_matches_sklearn_numpy_oracle():
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    profiles = ["nurse in Leeds who runs marathons", "baker from Cardiff, keeps bees",
+                "Leeds baker and marathon runner", "retired pilot in Bath",
+                "teacher in Cardiff who sings", "surgeon, York, rows"]
+    docs = ["the marathon runner from Leeds", "a pilot who retired to Bath", "bees and bread in Cardiff",
+            "nothing matching at all"]
+    att = RetrievalAttacker(profiles, temperature=0.3, chunk=3)  # chunk 3: a padded last chunk
+    vec = TfidfVectorizer(sublinear_tf=True, stop_words="english", lowercase=True).fit(profiles)
+    p, q = vec.transform(profiles).toarray(), vec.transform(docs).toarray()
+    sims = q @ p.T
+    np.testing.assert_allclose(att.similarities(docs), sims, atol=1e-6)
+    z = sims / 0.3
+    expected = np.exp(z - z.max(1, keepdims=True))
+    expected /= expected.sum(1, keepdims=True)
+    np.testing.assert_allclose(att.posterior(docs), expected, atol=1e-6)
+    np.testing.assert_allclose(att.posterior(docs)[3], np.full(6, 1 / 6), atol=1e-6)  # no overlap: uniform
+    with pytest.raises(ValueError, match="temperature"):
+        RetrievalAttacker(profiles, temperature=0.0)
+    with pytest.raises(ValueError, match="profiles must not be empty"):
+        RetrievalAttacker([])
+
+
+def test_identity_scores_match_attribute_loop_and_sets():
+    rng = np.random.default_rng(5)
+    attributes = {"city": ("Leeds", "York", "Bath"), "job": ("nurse", "baker", "pilot", "teacher")}
+    n, m = 7, 11
+    freqs = {a: rng.dirichlet(np.ones(len(v)), n).astype(np.float32) for a, v in attributes.items()}
+    cand = {"city": [attributes["city"][i % 3] for i in range(m)],
+            "job": [None if i == 4 else attributes["job"][(i * 7) % 4] for i in range(m)]}
+    for score in ("aps", "rank", "prob"):
+        got = identity_scores(freqs, attributes, cand, score)
+        per = {a: np.asarray(candidate_scores(freqs[a], score)) for a in attributes}
+        for i in range(n):
+            for y in range(m):
+                expect = max(0.0 if cand[a][y] is None else float(per[a][i, attributes[a].index(cand[a][y])])
+                             for a in attributes)
+                assert got[i, y] == np.float32(expect)
+        # identity set at qhat == the candidates whose known attributes all lie in the certified attribute sets
+        qhat = float(np.quantile(got, 0.6))
+        sets = attribute_sets(freqs, qhat, score)
+        for i in range(n):
+            consistent = [all(cand[a][y] is None or sets[a][i, attributes[a].index(cand[a][y])] for a in attributes)
+                          for y in range(m)]
+            np.testing.assert_array_equal(got[i] <= qhat, consistent)
+    with pytest.raises(ValueError, match="not in the vocabulary"):
+        identity_scores(freqs, attributes, {"city": ["Paris"] * m, "job": cand["job"]})
+
+
+# --------------------------------------------------------------------------- configuration errors
+
+
+@pytest.mark.parametrize("edit, match", [
+    (("alphas = [0.05, 0.1, 0.2]", "alphas = [0.05, 1.5]"), "alpha"),
+    (("n_cal = 60", "n_cal = 0"), "n_cal"),
+    (("splits = 1", "splits = 1\nbogus = 2"), "bogus"),
+    (('score = "aps"', 'score = "lac"'), "score"),
+    (('kind = "retrieval"\ntemperature', 'kind = "oracle"\ntemperature'), "kind"),
+    (("temperature = 0.5", "temperature = -1"), "temperature"),
+    (("[data.synthetic]", "[data.nonsense]"), "data.nonsense"),
+    (('calibrate = "synthetic/K2/direct"', 'calibrate = 3'), "calibrate"),
+    (('attacker = "retrieval"\nsuite', 'attacker = "nobody"\nsuite'), "truncation"),
+    (('suites = ["synthetic/K2/direct", "synthetic/K2/quasi_id_redaction"]', 'suites = ["synthetic/K2/direct"]'),
+     "mondrian.suites"),
+    (("report_alpha = 0.1", "report_alpha = 0.3"), "report_alpha"),
+])
+def test_config_errors_name_the_field(tmp_path, edit, match):
+    old, new = edit
+    assert old in SMALL
+    with pytest.raises(ConfigFileError, match=match):
+        load_cpa_config(write(tmp_path, SMALL.replace(old, new, 1)))
+
+
+@pytest.mark.parametrize("edit, match", [
+    (("n_cal = 60", "n_cal = 100"), "exceeds"),  # 100 + 60 > 120 documents
+    (('calibrate = "synthetic/K2/direct"', 'calibrate = "synthetic/K9/direct"'), "unknown suite"),
+    (('suite = "synthetic/K2/direct"', 'suite = "blog/W3"'), "truncation.suite"),
+])
+def test_reference_errors_write_nothing(tmp_path, edit, match):
+    old, new = edit
+    cfg = load_cpa_config(write(tmp_path, SMALL.replace(old, new, 1)))
+    out = tmp_path / "out"
+    with pytest.raises(ConfigFileError, match=match):
+        run_cpa(cfg, str(out), progress=False)
+    assert not out.exists()
+
+
+def test_cli_error_exit_code_and_no_output(tmp_path):
+    path = write(tmp_path, SMALL.replace("n_test = 60", "n_test = -4"))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "snapaudit_jax", "cpa", path, "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "n_test" in proc.stderr and "-4" in proc.stderr
+    assert not out.exists()
+
+
+# --------------------------------------------------------------------------- LLM attackers (tiny random model)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    sys.path.insert(0, os.path.dirname(__file__))
+    from _tiny_llm import make_tiny_llm_folder
+
+    ladder = synthetic_ladder(60, 40, seed=1, releases=("direct",), levels=("K2",))
+    texts = [t for s in ladder.values() for t in list(s.documents) + list(s.profiles)]
+    return make_tiny_llm_folder(str(tmp_path_factory.mktemp("tiny") / "llm"), texts)
+
+
+LLM_CONFIG = """
+[run]
+seed = 2
+alphas = [0.2]
+n_cal = 20
+n_test = 16
+batch_size = 8
+
+[data.synthetic]
+n_people = 60
+n_documents = 40
+levels = ["K2"]
+releases = ["direct"]
+
+[attackers.clues]
+kind = "clues"
+model = "{model}"
+max_new_tokens = 4
+
+[attackers.profile]
+kind = "profile"
+model = "{model}"
+samples = 5
+"""
+
+
+def test_llm_attackers_run_cache_and_resume(tiny_model, tmp_path):
+    cfg = load_cpa_config(write(tmp_path, LLM_CONFIG.format(model=tiny_model)))
+    out = str(tmp_path / "out")
+    first = run_cpa(cfg, out, progress=False)
+    rows = {r["attacker"]: r for r in first["rows"] if r["kind"] == "standard"}
+    assert set(rows) == {"clues", "profile"}
+    n_docs = 36
+    assert rows["clues"]["llm_calls"] == n_docs  # one greedy clue list per document
+    assert rows["profile"]["llm_calls"] > 0
+    for r in rows.values():
+        assert REQUIRED_KEYS <= set(r) and 0.0 <= r["coverage"] <= 1.0
+    # the cache in the run folder makes a rerun free of new model computations and identical
+    second = run_cpa(cfg, out, progress=False)
+    assert [r["coverage"] for r in second["rows"]] == [r["coverage"] for r in first["rows"]]
+    assert [r["median_set_size"] for r in second["rows"]] == [r["median_set_size"] for r in first["rows"]]
+    assert os.path.getsize(os.path.join(out, "llm_cache.jsonl")) > 0
+
+
+def test_llm_model_path_is_checked(tmp_path):
+    with pytest.raises(ConfigFileError, match="attackers.clues.model"):
+        load_cpa_config(write(tmp_path, LLM_CONFIG.format(model=str(tmp_path / "missing"))))
