@@ -159,6 +159,9 @@ _DATA_KEYS = {
 }
 
 
+_LOADER_SOURCES = ("tab", "textwash", "wikibio", "blog_corpus")
+
+
 def _data_section(source: str, body: dict, where: str) -> dict:
     body = dict(body)
     out = {}
@@ -169,7 +172,10 @@ def _data_section(source: str, body: dict, where: str) -> dict:
             raise ConfigFileError(f"{where}.path: required (a local file or folder of the {source} data)")
         else:
             out[key] = default
-    reject_unknown(body, where)
+    if source in _LOADER_SOURCES:
+        out.update(body)  # loader-specific options, validated by conformal.data.load_source
+    else:
+        reject_unknown(body, where)
     for key, value in out.items():
         if key in ("n_people", "n_documents", "n_authors", "posts_per_author", "n_released_per_author",
                    "max_authors"):
@@ -319,7 +325,11 @@ def build_suites(config: CPAConfig) -> dict[str, Any]:
         else:
             from conformal.data import loaders
 
-            for s in loaders.load_source(source, p, seed=config.seed):
+            try:
+                loaded = loaders.load_source(source, p, seed=config.seed)
+            except ValueError as err:
+                raise ConfigFileError(f"data.{err}") from None
+            for s in loaded:
                 suites[s.name] = s
     return suites
 

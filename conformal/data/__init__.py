@@ -6,7 +6,8 @@
   :func:`synthetic_ladder` (knowledge ladder K1/K2/K3 x releases direct / quasi_id_redaction /
   rewrite) and blog-style authors :func:`blog_suite`, :func:`blog_ladder` (W1/W3/W10/demo).
 * Loaders of the published formats, from local paths: :func:`load_tab`, :func:`load_textwash`,
-  :func:`load_wikibio`, :func:`load_blog_authorship`.
+  :func:`load_wikibio`, :func:`load_blog_authorship`, and :func:`load_source`, the CPA runner's
+  adapter (``[data.<source>]`` parameters -> suites).
 
 References:
   Huang et al. 2026, Conformal Privacy Auditing, Section 6.1, Tables 4, 7 and 8.
@@ -14,6 +15,7 @@ References:
 
 from conformal.data.loaders import (
     load_blog_authorship,
+    load_source,
     load_tab,
     load_textwash,
     load_wikibio,
@@ -48,6 +50,7 @@ __all__ = [
     "blog_suite",
     "draft_document",
     "load_blog_authorship",
+    "load_source",
     "load_tab",
     "load_textwash",
     "load_wikibio",

@@ -204,6 +204,26 @@ class LinkageSuite:
         """Empirical candidate-miss rate: the share of documents whose identity is not in the pool (eq. 3)."""
         return float(np.mean(self.label_indices() < 0))
 
+    def check_closed_world(self) -> LinkageSuite:
+        """Asserts the closed-world condition (every document's identity is a candidate) and returns ``self``.
+
+        Use it where a configuration is declared closed-world (Theorem 5.2); open-world suites
+        instead report :meth:`miss_rate` and carry label ``-1`` for the misses.
+
+        Raises:
+          ValueError: naming the first document whose identity is not in ``candidates``, and the miss rate.
+        """
+        labels = self.label_indices()
+        missing = np.flatnonzero(labels < 0)
+        if missing.size:
+            i = int(missing[0])
+            raise ValueError(
+                f"identities[{i}] = {self.identities[i]!r} (doc_id {self.doc_ids[i]!r}) must be in candidates "
+                f"(closed world) in suite {self.name!r}, got {missing.size} of {self.n_documents} documents outside "
+                f"the pool (miss rate {missing.size / self.n_documents:.4g})"
+            )
+        return self
+
     # -- derived suites --------------------------------------------------------------------------
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> LinkageSuite:
@@ -362,13 +382,19 @@ class LinkageSuite:
 
         Raises:
           FileNotFoundError: if ``path`` does not exist.
-          ValueError: naming the file, if it is not a valid suite.
+          ValueError: naming the file, if it is not a file, not UTF-8, not JSON or not a valid suite.
         """
         path = os.fspath(path)
-        if not os.path.isfile(path):
+        if not os.path.exists(path):
             raise FileNotFoundError(f"LinkageSuite file {path!r} does not exist")
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        if not os.path.isfile(path):
+            raise ValueError(f"LinkageSuite path {path!r} must be a file, got a directory or special file")
+        with open(path, "rb") as fh:
+            raw = fh.read()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}: a LinkageSuite file must be UTF-8 JSON ({e})") from None
         try:
             return cls.from_json(text)
         except ValueError as e:
