@@ -1,0 +1,125 @@
+"""PII leakage attacks on fine-tuned decoder LMs (Lukas et al., IEEE S&P 2023) and a DP-SGD canary audit.
+
+Stages, one module each:
+
+* :mod:`~attacks.corpus` -- synthetic e-mail / court-case corpus with ground-truth PII spans, Zipf-controlled
+  repetition, canaries;
+* :mod:`~attacks.ner` -- the :class:`Tagger` protocol, the offline gazetteer tagger, its evaluation, scrubbing;
+* :mod:`~attacks.blackbox` -- the black-box API: batched jitted log-likelihoods and top-k sampling;
+* :mod:`~attacks.extraction` -- PII extraction, observed (Algorithm 3) and lazy (Algorithm 4);
+* :mod:`~attacks.reconstruction` -- PII reconstruction (Algorithm 6);
+* :mod:`~attacks.inference` -- PII inference over a candidate set;
+* :mod:`~attacks.mia` -- loss-based membership inference, ROC AUC, TPR at low FPR;
+* :mod:`~attacks.canary` -- epsilon lower bounds from canary scores (and jax_privacy's auditor).
+
+Every attack takes ``(model, tokenizer, records or texts, config, key)`` -- an NNX decoder from
+:mod:`snapaudit_jax.models.decoders`, its :class:`~snapaudit_jax.models.tokenizer.Tokenizer`, a frozen config --
+and returns a plain dict of metrics with per-item details.
+"""
+
+from attacks.blackbox import (
+    SequenceScores,
+    continuation_logprobs,
+    encode_texts,
+    frame,
+    sample_texts,
+    score_texts,
+)
+from attacks.canary import CanaryAuditConfig, canary_audit, canary_scores, epsilon_lower_bound, jax_privacy_bounds
+from attacks.corpus import (
+    LABELS,
+    Canary,
+    CanaryConfig,
+    CanarySet,
+    Corpus,
+    CorpusConfig,
+    Person,
+    PublicFiller,
+    Record,
+    Span,
+    insert_canaries,
+    make_canaries,
+    make_corpus,
+    pii_record_counts,
+    zipf_counts,
+)
+from attacks.extraction import (
+    ExtractionConfig,
+    extraction_attack,
+    extraction_metrics,
+    lazy_extractability,
+    normalize_pii,
+    tagged_pii,
+)
+from attacks.inference import InferenceConfig, candidate_sets, inference_attack
+from attacks.mia import membership_scores, mia_attack, roc_auc, roc_curve, roc_point, tpr_at_fpr_heldout
+from attacks.ner import MASK, GazetteerTagger, Tagger, default_tagger, evaluate_tagger, scrub, scrub_text
+from attacks.reconstruction import (
+    T_MASK,
+    Query,
+    ReconstructionConfig,
+    make_queries,
+    pick_candidate,
+    rank_candidates,
+    reconstruction_attack,
+    sample_candidates,
+)
+
+__all__ = [
+    "LABELS",
+    "MASK",
+    "T_MASK",
+    "Canary",
+    "CanaryAuditConfig",
+    "CanaryConfig",
+    "CanarySet",
+    "Corpus",
+    "CorpusConfig",
+    "ExtractionConfig",
+    "GazetteerTagger",
+    "InferenceConfig",
+    "Person",
+    "PublicFiller",
+    "Query",
+    "ReconstructionConfig",
+    "Record",
+    "SequenceScores",
+    "Span",
+    "Tagger",
+    "canary_audit",
+    "canary_scores",
+    "candidate_sets",
+    "continuation_logprobs",
+    "default_tagger",
+    "encode_texts",
+    "epsilon_lower_bound",
+    "evaluate_tagger",
+    "extraction_attack",
+    "extraction_metrics",
+    "frame",
+    "inference_attack",
+    "insert_canaries",
+    "jax_privacy_bounds",
+    "lazy_extractability",
+    "make_canaries",
+    "make_corpus",
+    "make_queries",
+    "membership_scores",
+    "mia_attack",
+    "normalize_pii",
+    "pick_candidate",
+    "pii_record_counts",
+    "rank_candidates",
+    "reconstruction_attack",
+    "roc_auc",
+    "roc_curve",
+    "roc_point",
+    "sample_candidates",
+    "sample_texts",
+    "score_texts",
+    "scrub",
+    "scrub_text",
+    "tagged_pii",
+    "tpr_at_fpr_heldout",
+    "zipf_counts",
+]

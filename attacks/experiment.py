@@ -1,0 +1,553 @@
+"""The PII leakage experiment (``snapaudit pii CONFIG.toml``): four training variants, every attack, one table.
+
+A small GPT-2 (our Flax NNX model) is trained on a synthetic corpus of e-mail and court-case records
+(:mod:`attacks.corpus`) four ways -- ``undefended`` (plain training), ``dp`` (DP-SGD at the configured
+``epsilon``), ``scrubbed`` (plain training on records whose tagged PII is replaced by ``[MASK]``) and
+``dp_scrubbed`` -- from the same initialisation, with the same optimizer, steps and Poisson batches. A
+``baseline`` model trained on a disjoint *public* corpus (same distribution, other people) serves the
+extraction game (PII it also generates is not counted as leaked) and supplies the tokenizer: the BPE is
+trained on public text only, so its vocabulary holds no private PII.
+
+Each variant gets: held-out perplexity, PII extraction precision/recall, reconstruction and inference
+accuracy (seed 003, Algorithms 3-6), loss-based membership inference AUC, and a canary audit: canaries
+inserted with probability 1/2 into the training records (after scrubbing: the audit measures the training
+algorithm, not the tagger), scored by loss, turned into an epsilon lower bound by jax_privacy's one-run
+auditor (Steinke et al. 2023; valid for one training run) -- ``epsilon_audited`` -- and cross-checked by
+our Clopper-Pearson / GDP estimators on a separate threshold-selection split (which treat canaries as
+independent trials: a heuristic within one run, reported beside, not as, the audit).
+
+Output folder: ``results.json`` (one object per variant with ``perplexity, extraction_precision,
+extraction_recall, reconstruction_accuracy, inference_accuracy, mia_auc, epsilon_claimed,
+epsilon_audited``; ``null`` where not applicable), ``results_full.json`` (every attack's details and the DP
+reports), ``table.md``, ``leakage.png``, ``config.json``, and ``checkpoints/`` + ``variants/`` from which a
+rerun into the same folder resumes (finished trainings and attacks are not redone).
+
+References:
+  Lukas et al., Analyzing Leakage of Personally Identifiable Information in Language Models (IEEE S&P
+  2023), Tables III-VI; Steinke, Nasr, Jagielski, Privacy Auditing with One (1) Training Run (2023).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from attacks.blackbox import encode_texts, frame, score_texts
+from attacks.canary import CanaryAuditConfig, canary_audit
+from attacks.corpus import CanaryConfig, Corpus, CorpusConfig, insert_canaries, make_canaries, make_corpus
+from attacks.extraction import ExtractionConfig, extraction_attack, tagged_pii
+from attacks.inference import InferenceConfig, inference_attack
+from attacks.mia import mia_attack
+from attacks.ner import default_tagger, evaluate_tagger, scrub
+from attacks.reconstruction import ReconstructionConfig, reconstruction_attack
+from snapaudit_jax import _validate
+from snapaudit_jax._config import ConfigFileError, read_toml, reject_unknown, take
+from snapaudit_jax._io import write_json, write_text
+from snapaudit_jax._progress import RunLog
+
+__all__ = ["VARIANTS", "RESULT_KEYS", "ModelSettings", "TrainingSettings", "PIIConfig", "load_pii_config",
+           "run_pii", "train_tokenizer", "format_table"]
+
+VARIANTS = ("undefended", "dp", "scrubbed", "dp_scrubbed")
+RESULT_KEYS = ("perplexity", "extraction_precision", "extraction_recall", "reconstruction_accuracy",
+               "inference_accuracy", "mia_auc", "epsilon_claimed", "epsilon_audited")
+_VERSION = 1  # of the resume files' layout
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """The GPT-2 trained in every variant (and the BPE vocabulary it reads).
+
+    Attributes:
+      n_layer, n_embd, n_head: transformer shape (``n_inner = 4 n_embd``).
+      max_length: positions; every framed record and canary must fit.
+      vocab_size: BPE vocabulary size (trained on the public corpus).
+      init_seed: seed of the shared initialisation.
+    """
+
+    n_layer: int = 2
+    n_embd: int = 128
+    n_head: int = 4
+    max_length: int = 128
+    vocab_size: int = 1024
+    init_seed: int = 0
+
+    def validate(self) -> "ModelSettings":
+        for name in ("n_layer", "n_embd", "n_head", "max_length"):
+            _validate.positive_int(name, getattr(self, name))
+        _validate.positive_int("vocab_size", self.vocab_size, minimum=300)
+        _validate.positive_int("init_seed", self.init_seed, minimum=0)
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd must be divisible by n_head = {self.n_head}, got {self.n_embd}")
+        return self
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingSettings:
+    """Optimisation shared by every variant, and the DP variants' privacy parameters.
+
+    Attributes:
+      steps, batch_size (expected Poisson batch), learning_rate, optimizer: the run.
+      clip_norm: per-record clipping norm ``C`` of the DP variants.
+      epsilon, delta: the DP variants' target ``(epsilon, delta)`` (``delta`` default: ``1 / (10 N)``).
+      accountant: accountant the noise is calibrated with (``rdp`` or ``pld``; both are reported).
+    """
+
+    steps: int = 400
+    batch_size: int = 32
+    learning_rate: float = 3e-3
+    optimizer: str = "adamw"
+    clip_norm: float = 1.0
+    epsilon: float = 8.0
+    delta: float | None = None
+    accountant: str = "pld"
+
+    def validate(self) -> "TrainingSettings":
+        _validate.positive_int("steps", self.steps)
+        _validate.positive_int("batch_size", self.batch_size)
+        _validate.positive_float("learning_rate", self.learning_rate)
+        _validate.choice("optimizer", self.optimizer, ("sgd", "adam", "adamw"))
+        _validate.positive_float("clip_norm", self.clip_norm)
+        _validate.positive_float("epsilon", self.epsilon)
+        if self.delta is not None:
+            _validate.open_unit("delta", self.delta)
+        _validate.choice("accountant", self.accountant, ("rdp", "pld"))
+        return self
+
+
+@dataclasses.dataclass(frozen=True)
+class PIIConfig:
+    """A PII leakage experiment (``examples/pii_small.toml`` documents every key).
+
+    Attributes:
+      seed: seed of the train/test split and of every attack's key.
+      n_test: held-out records (non-members: perplexity and membership inference).
+      public_records: records of the public corpus (tokenizer and baseline model).
+      variants: which of :data:`VARIANTS` to run.
+      corpus: the private corpus (``n_records`` includes the ``n_test`` held-out ones).
+      canaries, model, training, extraction, reconstruction, inference, audit: each stage's settings.
+      mia_fprs: false-positive rates of the reported membership TPRs (empirical).
+      eval_batch_size: rows per scoring pass.
+    """
+
+    seed: int = 0
+    n_test: int = 100
+    public_records: int = 400
+    variants: tuple[str, ...] = VARIANTS
+    corpus: CorpusConfig = CorpusConfig(n_records=500, n_people=100)
+    canaries: CanaryConfig = CanaryConfig(n_canaries=64)
+    model: ModelSettings = ModelSettings()
+    training: TrainingSettings = TrainingSettings()
+    extraction: ExtractionConfig = ExtractionConfig(n_samples=200, max_new_tokens=96)
+    reconstruction: ReconstructionConfig = ReconstructionConfig(n_samples=32, max_queries=100)
+    inference: InferenceConfig = InferenceConfig(n_candidates=50, max_queries=100)
+    audit: CanaryAuditConfig = CanaryAuditConfig()
+    mia_fprs: tuple[float, ...] = (0.1, 0.01)
+    eval_batch_size: int = 32
+
+
+_SECTIONS = {
+    "corpus": CorpusConfig, "canaries": CanaryConfig, "model": ModelSettings, "training": TrainingSettings,
+    "extraction": ExtractionConfig, "reconstruction": ReconstructionConfig, "inference": InferenceConfig,
+    "audit": CanaryAuditConfig,
+}
+
+
+def _section(default, body: Any, where: str):
+    """``dataclasses.replace(default, **body)`` with lists as tuples, then ``validate()``; errors name ``where``."""
+    if not isinstance(body, dict):
+        raise ConfigFileError(f"{where}: must be a table, got {body!r}")
+    names = {f.name for f in dataclasses.fields(default)}
+    unknown = sorted(set(body) - names)
+    if unknown:
+        raise ConfigFileError(f"{where}: unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(names))})")
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in body.items()}
+    try:
+        return dataclasses.replace(default, **values).validate()
+    except (TypeError, ValueError) as err:
+        raise ConfigFileError(f"{where}: {err}") from None
+
+
+def load_pii_config(path: str | os.PathLike) -> PIIConfig:
+    """Reads and validates a TOML PII experiment (errors name ``section.key``, the rule and the value)."""
+    raw = read_toml(path)
+    run = dict(raw.pop("run", {}))
+    base = PIIConfig()
+    kw: dict[str, Any] = {}
+    kw["seed"] = take(run, "seed", "run", lambda v: _validate.positive_int("seed", v, minimum=0), 0)
+    kw["n_test"] = take(run, "n_test", "run", lambda v: _validate.positive_int("n_test", v, minimum=4), base.n_test)
+    kw["public_records"] = take(run, "public_records", "run",
+                                lambda v: _validate.positive_int("public_records", v, minimum=10), base.public_records)
+    kw["eval_batch_size"] = take(run, "eval_batch_size", "run",
+                                 lambda v: _validate.positive_int("eval_batch_size", v), base.eval_batch_size)
+
+    def variants(v):
+        if isinstance(v, str) or not isinstance(v, list) or not v:
+            raise ValueError(f"must be a non-empty list of {', '.join(VARIANTS)}, got {v!r}")
+        for x in v:
+            _validate.choice("variants[...]", x, VARIANTS)
+        if len(set(v)) != len(v):
+            raise ValueError(f"must not repeat a variant, got {v!r}")
+        return tuple(x for x in VARIANTS if x in v)
+
+    kw["variants"] = take(run, "variants", "run", variants, VARIANTS)
+
+    def fprs(v):
+        if isinstance(v, str) or not isinstance(v, list) or not v:
+            raise ValueError(f"must be a non-empty list of rates in (0, 1), got {v!r}")
+        return tuple(_validate.open_unit("mia_fprs[...]", x) for x in v)
+
+    kw["mia_fprs"] = take(run, "mia_fprs", "run", fprs, base.mia_fprs)
+    reject_unknown(run, "run")
+    for name in _SECTIONS:
+        kw[name] = _section(getattr(base, name), raw.pop(name, {}), name)
+    reject_unknown(raw, os.fspath(path))
+    config = PIIConfig(**kw)
+    if config.n_test >= config.corpus.n_records:
+        raise ConfigFileError(f"run.n_test: must be < corpus.n_records = {config.corpus.n_records}, "
+                              f"got {config.n_test}")
+    if config.audit.delta != base.audit.delta and config.training.delta is not None \
+            and config.audit.delta != config.training.delta:
+        raise ConfigFileError(f"audit.delta: must equal training.delta = {config.training.delta} (the audited "
+                              f"claim), got {config.audit.delta}")
+    return config
+
+
+# ---------------------------------------------------------------------------
+# Data, tokenizer, models
+# ---------------------------------------------------------------------------
+
+
+def train_tokenizer(texts, vocab_size: int):
+    """A byte-level BPE (``<|endoftext|>`` = id 0: start, end and padding) trained on ``texts``."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    from snapaudit_jax.models.tokenizer import Tokenizer
+
+    backend = Backend(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(list(texts), trainer)
+    return Tokenizer(backend=backend, bos_id=None, eos_ids=(0,), pad_id=0)
+
+
+@dataclasses.dataclass
+class _Data:
+    corpus: Corpus
+    train: list  # Records (members)
+    test: list  # Records (held out)
+    public: Corpus
+    canaries: Any
+    tokenizer: Any
+    tagger: Any
+    scrubbed: list[str]
+    tagger_quality: dict
+
+
+def _prepare(config: PIIConfig, log) -> _Data:
+    corpus = make_corpus(config.corpus)
+    perm = np.random.default_rng([config.seed, 11]).permutation(len(corpus.records))
+    test_idx = set(int(i) for i in perm[:config.n_test])
+    train = [r for r in corpus.records if r.index not in test_idx]
+    test = [r for r in corpus.records if r.index in test_idx]
+    # The public corpus: same generator, another seed (other people, organisations, canaries absent).
+    public = make_corpus(dataclasses.replace(config.corpus, seed=config.corpus.seed + 7919,
+                                             n_records=config.public_records))
+    canaries = make_canaries(config.canaries)
+    tokenizer = train_tokenizer(public.texts, config.model.vocab_size)
+    tagger = default_tagger(config.corpus.locale)
+    texts = [r.text for r in train]
+    predicted = tagger.tag(texts)
+    quality = evaluate_tagger(predicted, [r.spans for r in train])
+    scrubbed = scrub(texts, tagger)
+    log(f"corpus: {len(train)} training records, {len(test)} held out, {len(public.records)} public; "
+        f"{int(canaries.inserted.sum())}/{len(canaries.canaries)} canaries inserted; "
+        f"tagger recall {quality['all']['recall']:.3f}, precision {quality['all']['precision']:.3f}")
+    longest = max(len(frame(tokenizer, t)) for t in texts + scrubbed + [r.text for r in test] + public.texts
+                  + [c.text for c in canaries.canaries])
+    if longest > config.model.max_length:
+        raise ConfigFileError(f"model.max_length: must be >= {longest} (the longest framed record), "
+                              f"got {config.model.max_length}")
+    return _Data(corpus, train, test, public, canaries, tokenizer, tagger, scrubbed, quality)
+
+
+def _init_model(config: PIIConfig, tokenizer):
+    from flax import nnx
+
+    from snapaudit_jax.models.config import GPT2Config
+    from snapaudit_jax.models.decoders import GPT2
+
+    m = config.model
+    cfg = GPT2Config(vocab_size=tokenizer.vocab_size, n_positions=m.max_length, n_embd=m.n_embd, n_layer=m.n_layer,
+                     n_head=m.n_head, n_inner=4 * m.n_embd)
+    return GPT2(cfg, nnx.Rngs(m.init_seed))
+
+
+def _dpsgd_config(config: PIIConfig, dp: bool, n_records: int):
+    from snapaudit_jax.dpsgd import DPSGDConfig
+
+    t = config.training
+    delta = t.delta if t.delta is not None else 1.0 / (10 * n_records)
+    if dp:
+        return DPSGDConfig(steps=t.steps, learning_rate=t.learning_rate, clip_norm=t.clip_norm,
+                           target_epsilon=t.epsilon, delta=delta, batch_size=t.batch_size, optimizer=t.optimizer,
+                           accountant=t.accountant, seed=config.seed)
+    return DPSGDConfig(steps=t.steps, learning_rate=t.learning_rate, batch_size=t.batch_size, optimizer=t.optimizer,
+                       non_private=True, seed=config.seed)
+
+
+def _train(name: str, texts: list[str], dp: bool, config: PIIConfig, data: _Data, out_dir: str, log):
+    from snapaudit_jax.dpsgd import train
+
+    tokens, mask = encode_texts(data.tokenizer, texts, config.model.max_length)
+    cfg = _dpsgd_config(config, dp, len(texts))
+    start = time.perf_counter()
+    log(f"training {name}: {len(texts)} records, {cfg.steps} steps" + (" (DP-SGD)" if dp else ""))
+    model, history, report = train(
+        _init_model(config, data.tokenizer), (tokens, mask), cfg,
+        key=jax.random.fold_in(jax.random.key(config.seed), 1 if name in VARIANTS else 2),  # variants: same batches
+        checkpoint_dir=os.path.join(out_dir, "checkpoints", name), checkpoint_every=max(1, cfg.steps // 4),
+        progress=log.enabled)
+    loss = np.asarray(history["loss"], np.float64)
+    tail = loss[-max(1, len(loss) // 10):]
+    log(f"trained {name} in {time.perf_counter() - start:.0f}s; final loss {np.nanmean(tail):.3f}"
+        + (f"; epsilon {report.epsilon:.3g} at delta {report.delta:.2g}" if report.dp else ""))
+    return model, report
+
+
+# ---------------------------------------------------------------------------
+# Attacks
+# ---------------------------------------------------------------------------
+
+
+def _perplexity(model, data: _Data, texts, batch_size: int) -> float:
+    s = score_texts(model, data.tokenizer, texts, batch_size=batch_size)
+    return float(math.exp(float(np.sum(s.nll)) / float(np.sum(s.tokens))))
+
+
+def _attack(name: str, model, report, config: PIIConfig, data: _Data, baseline, baseline_pii, log) -> dict:
+    key = jax.random.fold_in(jax.random.key(config.seed), 1000)  # the same attack randomness for every variant
+    bs = config.eval_batch_size
+    out: dict[str, Any] = {"variant": name}
+    t0 = time.perf_counter()
+    out["perplexity"] = _perplexity(model, data, [r.text for r in data.test], bs)
+    out["train_perplexity"] = _perplexity(model, data, [r.text for r in data.train], bs)
+    out["extraction"] = extraction_attack(model, data.tokenizer, data.train, config.extraction,
+                                          jax.random.fold_in(key, 1), tagger=data.tagger, baseline_pii=baseline_pii)
+    log(f"{name}: extraction precision {out['extraction']['precision']:.3f}, "
+        f"recall {out['extraction']['recall']:.3f}")
+    out["reconstruction"] = reconstruction_attack(model, data.tokenizer, data.train, config.reconstruction,
+                                                  jax.random.fold_in(key, 2), tagger=data.tagger,
+                                                  baseline_model=baseline)
+    pool = [p.name for p in data.corpus.people] + [p.name for p in data.public.people]
+    out["inference"] = inference_attack(model, data.tokenizer, data.train, config.inference,
+                                        jax.random.fold_in(key, 3), candidate_pool=pool)
+    log(f"{name}: reconstruction {out['reconstruction']['accuracy']:.3f}, inference "
+        f"{out['inference']['accuracy']:.3f} (|C| = {config.inference.n_candidates})")
+    rng = np.random.default_rng([config.seed, 13])
+    members = [data.train[int(i)].text for i in rng.choice(len(data.train), len(data.test), replace=False)]
+    out["mia"] = mia_attack(model, data.tokenizer, members, [r.text for r in data.test], jax.random.fold_in(key, 4),
+                            fprs=config.mia_fprs, batch_size=bs)
+    audit_delta = report.delta if report.dp else config.audit.delta
+    audit_cfg = dataclasses.replace(config.audit, delta=audit_delta)
+    out["canary_audit"] = canary_audit(model, data.tokenizer, data.canaries, audit_cfg, jax.random.fold_in(key, 5))
+    group = next((g for g in out["canary_audit"]["groups"] if g["repetitions"] == 1), None)
+    audited = None
+    if group is not None and group.get("jax_privacy"):
+        audited = max(0.0, float(group["jax_privacy"]["one_run"]))
+    out["report"] = _report_dict(report)
+    out["row"] = {
+        "perplexity": out["perplexity"],
+        "extraction_precision": _num(out["extraction"]["precision"]),
+        "extraction_recall": _num(out["extraction"]["recall"]),
+        "reconstruction_accuracy": _num(out["reconstruction"]["accuracy"]),
+        "inference_accuracy": _num(out["inference"]["accuracy"]),
+        "mia_auc": _num(out["mia"]["auc"]),
+        "epsilon_claimed": float(report.epsilon) if report.dp else None,
+        "epsilon_audited": audited,
+    }
+    log(f"{name}: MIA AUC {out['mia']['auc']:.3f}, audited epsilon {audited if audited is None else round(audited, 3)}"
+        f" ({time.perf_counter() - t0:.0f}s of attacks)")
+    return out
+
+
+def _num(x) -> float | None:
+    return None if x is None or not np.isfinite(x) else float(x)
+
+
+def _report_dict(report) -> dict:
+    d = report.to_dict() if hasattr(report, "to_dict") else dataclasses.asdict(report)
+    return json.loads(json.dumps(d, default=_jsonable))
+
+
+def _jsonable(x):
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, (tuple, set)):
+        return list(x)
+    return str(x)
+
+
+def _clean(obj):
+    """JSON-safe copy: non-finite floats become ``None``."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, (np.floating, float)):
+        return float(obj) if math.isfinite(float(obj)) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    return obj
+
+
+# ---------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------
+
+
+def _fingerprint(config: PIIConfig) -> str:
+    return hashlib.sha256(json.dumps(_config_json(config), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _config_json(config: PIIConfig) -> dict:
+    return _clean(dataclasses.asdict(config))
+
+
+def run_pii(config: PIIConfig, out_dir: str, *, progress: bool = True) -> dict:
+    """Trains the variants, runs every attack and writes the run folder (resuming from it)."""
+    log = RunLog(progress)
+    t0 = time.perf_counter()
+    data = _prepare(config, log)  # every data/config error is raised before anything is written
+    os.makedirs(out_dir, exist_ok=True)
+    stamp = {"version": _VERSION, "config": _fingerprint(config)}
+    stamp_path = os.path.join(out_dir, "run.json")
+    if os.path.exists(stamp_path):
+        with open(stamp_path) as fh:
+            old = json.load(fh)
+        if old != stamp:
+            raise ConfigFileError(f"{out_dir}: holds a run of another configuration ({old.get('config')}, this one "
+                                  f"is {stamp['config']}); choose another --out folder")
+    else:
+        write_json(stamp_path, stamp)
+
+    baseline, _ = _train("baseline", data.public.texts, False, config, data, out_dir, log)
+    base_samples_path = os.path.join(out_dir, "variants", "baseline_pii.json")
+    if os.path.exists(base_samples_path):
+        with open(base_samples_path) as fh:
+            baseline_pii = [tuple(x) for x in json.load(fh)]
+    else:
+        from attacks.extraction import _sample
+
+        n_base = config.extraction.n_baseline_samples or config.extraction.n_samples
+        samples = _sample(baseline, data.tokenizer, n_base,
+                          jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), 1000), 99),
+                          config.extraction)
+        baseline_pii = sorted(tagged_pii(samples, data.tagger, config.extraction.labels))
+        write_json(base_samples_path, [list(p) for p in baseline_pii])
+    log(f"baseline: {len(baseline_pii)} distinct PII strings in its samples (not counted as leaked)")
+
+    results, full = {}, {}
+    for name in config.variants:
+        path = os.path.join(out_dir, "variants", f"{name}.json")
+        if os.path.exists(path):
+            with open(path) as fh:
+                done = json.load(fh)
+            log(f"{name}: attacks already done (resumed from {path})")
+        else:
+            scrubbed = name in ("scrubbed", "dp_scrubbed")
+            texts = insert_canaries(data.scrubbed if scrubbed else [r.text for r in data.train], data.canaries)
+            model, report = _train(name, texts, name.startswith("dp"), config, data, out_dir, log)
+            done = _clean(_attack(name, model, report, config, data, baseline, baseline_pii, log))
+            write_json(path, done)
+        results[name] = done["row"]
+        full[name] = {k: v for k, v in done.items() if k != "row"}
+
+    seconds = time.perf_counter() - t0
+    write_json(os.path.join(out_dir, "results.json"), results)
+    write_json(os.path.join(out_dir, "results_full.json"),
+               {"variants": full, "tagger": _clean(data.tagger_quality), "seconds": seconds,
+                "corpus": {"train_records": len(data.train), "test_records": len(data.test),
+                           "public_records": len(data.public.records),
+                           "canaries_inserted": int(data.canaries.inserted.sum()),
+                           "canaries_held_out": int((~data.canaries.inserted).sum())}})
+    write_json(os.path.join(out_dir, "config.json"), _config_json(config))
+    write_text(os.path.join(out_dir, "table.md"), format_table(results, full, config, data.tagger_quality))
+    _plot(os.path.join(out_dir, "leakage.png"), results, log)
+    log(f"done in {seconds:.0f}s -> {out_dir}")
+    return {"results": results, "full": full, "seconds": seconds}
+
+
+def _fmt(x, digits=3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def format_table(results: Mapping[str, dict], full: Mapping[str, dict], config: PIIConfig, tagger: dict) -> str:
+    """Markdown in the spirit of seed 003's Tables III-VI."""
+    lines = ["# PII leakage of a small GPT-2 fine-tuned four ways", "",
+             f"Extraction: {config.extraction.n_samples} top-{config.extraction.top_k} samples; reconstruction and "
+             f"inference of {config.reconstruction.label} (inference |C| = {config.inference.n_candidates}, chance "
+             f"{1 / config.inference.n_candidates:.3f}); MIA: loss, members vs held-out records; epsilon audited: "
+             "jax_privacy one-run lower bound from the canaries (95%).", "",
+             "| variant | perplexity | extraction precision | extraction recall | reconstruction acc. | "
+             "inference acc. | MIA AUC | epsilon claimed | epsilon audited |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in results.items():
+        lines.append(f"| {name} | {_fmt(r['perplexity'], 2)} | {_fmt(r['extraction_precision'])} | "
+                     f"{_fmt(r['extraction_recall'])} | {_fmt(r['reconstruction_accuracy'])} | "
+                     f"{_fmt(r['inference_accuracy'])} | {_fmt(r['mia_auc'])} | {_fmt(r['epsilon_claimed'], 2)} | "
+                     f"{_fmt(r['epsilon_audited'], 2)} |")
+    lines += ["", f"Tagger (scrubbing) on the training records: recall {tagger['all']['recall']:.3f}, precision "
+              f"{tagger['all']['precision']:.3f}; PII it misses stays in the scrubbed variants' training data.", ""]
+    for name, f in full.items():
+        rep = f.get("report") or {}
+        if rep.get("dp"):
+            lines.append(f"- {name}: (epsilon, delta) = ({rep.get('epsilon_pld', float('nan')):.3g} PLD / "
+                         f"{rep.get('epsilon_rdp', float('nan')):.3g} RDP, {rep.get('delta'):.2g}) for one "
+                         f"{rep.get('protected_unit')} under {rep.get('adjacency')}; Poisson sampling q = "
+                         f"{rep.get('sampling_rate', float('nan')):.4g}, {rep.get('steps')} steps, C = "
+                         f"{rep.get('clip_norm')}, sigma = {rep.get('noise_multiplier', float('nan')):.4g}.")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(path: str, results: Mapping[str, dict], log) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib not installed: no plot")
+        return
+    from snapaudit_jax._io import atomic_write
+
+    keys = ("extraction_precision", "extraction_recall", "reconstruction_accuracy", "inference_accuracy", "mia_auc")
+    names = list(results)
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    width = 0.8 / max(1, len(names))
+    for i, name in enumerate(names):
+        vals = [results[name][k] if results[name][k] is not None else 0.0 for k in keys]
+        ax.bar(np.arange(len(keys)) + i * width, vals, width, label=name)
+    ax.set_xticks(np.arange(len(keys)) + 0.4 - width / 2, [k.replace("_", "\n") for k in keys], fontsize=8)
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=8)
+    ax.set_title("PII leakage by training variant")
+    fig.tight_layout()
+    atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=120))
+    plt.close(fig)

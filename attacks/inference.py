@@ -1,0 +1,129 @@
+"""PII inference (Lukas et al. 2023, Section III-C): reconstruction with a candidate set that holds the truth.
+
+The attacker of the inference game additionally knows a set ``C`` of ``|C|`` candidate PII strings that
+contains the target's (e.g. the people of a known organisation). Each query (:func:`~attacks.reconstruction.
+make_queries`) gets the true string plus ``|C| - 1`` distractors drawn uniformly without replacement from a
+pool of same-label PII, and Algorithm 6's ranking (:func:`~attacks.reconstruction.rank_candidates`, lowest
+perplexity, exact ties to the lexicographically smallest string) picks one. Chance accuracy is ``1 / |C|``.
+
+References:
+  Lukas et al., "Analyzing Leakage of Personally Identifiable Information in Language Models", IEEE S&P 2023,
+  Algorithm 6 and Table V (|C| = 100 and 500).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from snapaudit_jax import _validate
+
+from attacks.corpus import LABELS, Record
+from attacks.extraction import normalize_pii
+from attacks.reconstruction import FILLS, _summary, make_queries, rank_candidates
+
+__all__ = ["InferenceConfig", "candidate_sets", "inference_attack"]
+
+
+@dataclasses.dataclass(frozen=True)
+class InferenceConfig:
+    """Configuration of :func:`inference_attack` (frozen, hashable).
+
+    Attributes:
+      label: target PII label.
+      n_candidates: ``|C|``, candidates per query including the truth.
+      fill: ``"public"`` or ``"mask"`` (see :mod:`attacks.reconstruction`).
+      max_queries: attack at most this many target mentions (uniform subset; ``None``: all).
+      batch_size: rows per scoring pass.
+    """
+
+    label: str = "PERSON"
+    n_candidates: int = 100
+    fill: str = "public"
+    max_queries: int | None = None
+    batch_size: int = 32
+
+    def validate(self) -> "InferenceConfig":
+        """Checks every field; returns ``self`` (errors name the field, the rule and the value)."""
+        _validate.choice("label", self.label, LABELS)
+        _validate.positive_int("n_candidates", self.n_candidates, minimum=2)
+        _validate.choice("fill", self.fill, FILLS)
+        if self.max_queries is not None:
+            _validate.positive_int("max_queries", self.max_queries)
+        _validate.positive_int("batch_size", self.batch_size)
+        return self
+
+
+def candidate_sets(truths: Sequence[str], pool: Sequence[str], n_candidates: int, key: jax.Array) -> list[list[str]]:
+    """Per truth: itself plus ``n_candidates - 1`` distinct distractors from ``pool`` (sorted).
+
+    Args:
+      truths: normalised true strings.
+      pool: candidate strings (normalised and deduplicated here).
+      n_candidates: ``|C|``.
+      key: query ``t`` draws with ``fold_in(key, t)``.
+
+    Raises:
+      ValueError: the pool has fewer than ``n_candidates - 1`` strings other than a truth.
+    """
+    n_candidates = _validate.positive_int("n_candidates", n_candidates, minimum=2)
+    pool = sorted(set(filter(None, map(normalize_pii, pool))))
+    index = {p: i for i, p in enumerate(pool)}
+    out = []
+    for t, truth in enumerate(truths):
+        others = len(pool) - (truth in index)
+        if others < n_candidates - 1:
+            raise ValueError(f"n_candidates={n_candidates} needs a pool of at least {n_candidates - 1} strings other "
+                             f"than the truth, got {others}")
+        weights = np.ones(len(pool))
+        if truth in index:
+            weights[index[truth]] = 0.0
+        draw = jax.random.choice(jax.random.fold_in(key, t), len(pool), (n_candidates - 1,), replace=False,
+                                 p=weights / weights.sum())
+        out.append(sorted([truth] + [pool[int(i)] for i in np.asarray(draw)]))
+    return out
+
+
+def inference_attack(
+    model,
+    tokenizer,
+    records: Sequence[Record],
+    config: InferenceConfig,
+    key: jax.Array,
+    *,
+    candidate_pool: Sequence[str] | None = None,
+    baseline_model=None,
+) -> dict:
+    """PII inference: top-1 accuracy of the perplexity ranking over ``|C|`` candidates containing the truth.
+
+    Args:
+      model: the target NNX decoder; tokenizer: its tokenizer.
+      records: the private training records (targets from their ground-truth spans).
+      config: an :class:`InferenceConfig`.
+      key: PRNG key (queries ``fold_in(key, 0)``, candidate sets ``fold_in(key, 1)``).
+      candidate_pool: strings the distractors come from (default: every distinct ``config.label`` string in
+        ``records``; pass e.g. the whole people pool of the corpus to include PII that is not in training).
+      baseline_model: optional model without the private data; queries it gets right are excluded from
+        ``accuracy_excluding_baseline``.
+
+    Returns:
+      As :func:`~attacks.reconstruction.reconstruction_attack` (``coverage`` is 1 by construction), plus
+      ``"n_candidates"`` and ``"chance"`` (``1 / |C|``).
+    """
+    config.validate()
+    queries = make_queries(records, config.label, jax.random.fold_in(key, 0), fill=config.fill,
+                           max_queries=config.max_queries)
+    if candidate_pool is None:
+        candidate_pool = [s.value for r in records for s in r.spans if s.label == config.label]
+    sets = candidate_sets([q.truth for q in queries], candidate_pool, config.n_candidates, jax.random.fold_in(key, 1))
+    rankings = rank_candidates(model, tokenizer, queries, sets, batch_size=config.batch_size)
+    baseline = None
+    if baseline_model is not None:
+        baseline = rank_candidates(baseline_model, tokenizer, queries, sets, batch_size=config.batch_size)
+    out = _summary(queries, rankings, baseline)
+    out["n_candidates"] = config.n_candidates
+    out["chance"] = 1.0 / config.n_candidates
+    return out

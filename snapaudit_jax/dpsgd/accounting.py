@@ -1,0 +1,408 @@
+"""Privacy accounting of DP-SGD with Poisson sampling, noise calibration and the DP report.
+
+All accounting is delegated to Google's ``dp_accounting``: the ``T`` steps of DP-SGD are the
+event ``SelfComposed(PoissonSampled(q, Gaussian(sigma)), T)`` under add/remove-one adjacency,
+evaluated by its ``RdpAccountant`` (default orders) and its ``PLDAccountant`` (pessimistic
+discretisation). Calibration is ``dp_accounting.calibrate_dp_mechanism`` (Brent's method with a
+guaranteed non-positive epsilon gap) on a bracket found here. Host-side float64 Python; runs once
+per training run, never per step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.metadata
+import json
+import logging
+import math
+from typing import Any
+
+import dp_accounting
+from dp_accounting.pld import PLDAccountant
+from dp_accounting.rdp import RdpAccountant
+from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS as _ORDERS
+
+from snapaudit_jax import _validate
+from snapaudit_jax.dpsgd.config import ACCOUNTANTS
+
+__all__ = [
+    "DPReport",
+    "dpsgd_event",
+    "compute_epsilon",
+    "calibrate_noise_multiplier",
+    "PROTECTED_UNIT",
+    "ADJACENCY",
+]
+
+PROTECTED_UNIT = "one training sequence: one row (tokens[i], mask[i]) of the dataset"
+ADJACENCY = "add/remove one record"
+NOT_COVERED = (
+    "per-step metrics in the training history (losses, gradient norms, clipped fractions, realised batch "
+    "sizes) are computed from the private data without noise and are not covered by (epsilon, delta)",
+    "hyper-parameter choices tuned on the private data, and any other release from it, are not accounted",
+    "a person contributing several sequences is protected only to the group-privacy bound",
+)
+# Calibration searches sigma in [_SIGMA_MIN, _SIGMA_MAX]: below ~0.3 the PLD accountant is very slow
+# and the epsilons are in the hundreds; above 1e4 both accountants are at their resolution floor.
+_SIGMA_MIN = 0.3
+_SIGMA_MAX = 1e4
+
+
+class _DroppedOrderFilter(logging.Filter):
+    """Drops dp_accounting's per-call warning that an RDP order did not converge and was excluded."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Excluding this order from the epsilon computation" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_dropped_orders():
+    # Excluding an order only makes the RDP bound looser (the minimum is over fewer orders), never invalid.
+    logger, flt = logging.getLogger("absl"), _DroppedOrderFilter()
+    logger.addFilter(flt)
+    try:
+        yield
+    finally:
+        logger.removeFilter(flt)
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - both are dependencies
+        return "unknown"
+
+
+def dpsgd_event(noise_multiplier: float, sampling_rate: float, steps: int) -> dp_accounting.DpEvent:
+    """The ``dp_accounting`` event of ``steps`` Poisson-sampled Gaussian DP-SGD steps.
+
+    Args:
+      noise_multiplier: ``sigma > 0`` (noise std over the L2 sensitivity ``C`` of the clipped sum).
+      sampling_rate: Poisson inclusion probability ``q`` in ``(0, 1]``.
+      steps: number of steps ``T >= 1``.
+
+    Returns:
+      ``SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(sigma)), T)``.
+
+    References:
+      Abadi et al. 2016, "Deep learning with differential privacy", Alg. 1; Mironov, Talwar & Zhang
+      2019, "Renyi differential privacy of the sampled Gaussian mechanism".
+    """
+    gaussian = dp_accounting.GaussianDpEvent(noise_multiplier)
+    return dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(sampling_rate, gaussian), steps)
+
+
+def _check(noise_multiplier, sampling_rate, steps, delta, accountant, pld_discretization):
+    sigma = _validate.nonnegative_float("noise_multiplier", noise_multiplier)
+    q = _validate._as_float("sampling_rate", sampling_rate)
+    if not 0.0 < q <= 1.0:
+        raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate!r}")
+    steps = _validate.positive_int("steps", steps)
+    delta = _validate.open_unit("delta", delta)
+    accountant = _validate.choice("accountant", accountant, ACCOUNTANTS)
+    pld_discretization = _validate.positive_float("pld_discretization", pld_discretization)
+    return sigma, q, steps, delta, accountant, pld_discretization
+
+
+def _make_accountant(accountant: str, pld_discretization: float):
+    add_remove = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    if accountant == "rdp":
+        return RdpAccountant(neighboring_relation=add_remove)
+    return PLDAccountant(neighboring_relation=add_remove, value_discretization_interval=pld_discretization)
+
+
+def compute_epsilon(
+    *,
+    noise_multiplier: float,
+    sampling_rate: float,
+    steps: int,
+    delta: float,
+    accountant: str = "rdp",
+    pld_discretization: float = 1e-4,
+) -> float:
+    """``epsilon`` at ``delta`` of ``steps`` DP-SGD steps (Poisson sampling, add/remove adjacency).
+
+    Args:
+      noise_multiplier: ``sigma >= 0``; ``0`` gives ``inf``.
+      sampling_rate: ``q`` in ``(0, 1]``.
+      steps: ``T >= 1``.
+      delta: in ``(0, 1)``.
+      accountant: ``"rdp"`` (dp_accounting ``RdpAccountant``, default orders 1.1 ... 1024) or
+        ``"pld"`` (``PLDAccountant``, pessimistic, ``pld_discretization``).
+      pld_discretization: value discretisation interval of the PLD accountant.
+
+    Returns:
+      The accountant's ``epsilon`` (an upper bound for the mechanism of :func:`dpsgd_event`).
+
+    Guarantees:
+      Both accountants return upper bounds on the optimal ``epsilon`` of the Poisson-subsampled
+      Gaussian mechanism composed ``T`` times under add/remove-one adjacency (RDP: by the
+      RDP-to-DP conversion, loose; PLD: by pessimistic discretisation, tight up to the interval).
+      dp_accounting's warnings that it dropped an RDP order it could not evaluate (small ``sigma``,
+      orders near 1) are silenced: dropping orders only loosens the RDP bound.
+    """
+    sigma, q, steps, delta, accountant, disc = _check(
+        noise_multiplier, sampling_rate, steps, delta, accountant, pld_discretization
+    )
+    if sigma == 0.0:
+        return math.inf
+    acc = _make_accountant(accountant, disc)
+    with _quiet_dropped_orders():
+        return float(acc.compose(dpsgd_event(sigma, q, steps)).get_epsilon(delta))
+
+
+def calibrate_noise_multiplier(
+    *,
+    target_epsilon: float,
+    delta: float,
+    sampling_rate: float,
+    steps: int,
+    accountant: str = "rdp",
+    tol: float = 1e-4,
+    pld_discretization: float = 1e-4,
+) -> float:
+    """The smallest ``sigma`` (within ``tol``) whose ``epsilon`` at ``delta`` is ``<= target_epsilon``.
+
+    Brackets the root in ``[0.3, 1e4]`` by doubling/halving from ``sigma = 1``, then runs
+    ``dp_accounting.calibrate_dp_mechanism`` (Brent's method) on the bracket.
+
+    Args:
+      target_epsilon: ``> 0``.
+      delta: in ``(0, 1)``.
+      sampling_rate: ``q`` in ``(0, 1]``.
+      steps: ``T >= 1``.
+      accountant: ``"rdp"`` or ``"pld"`` (see :func:`compute_epsilon`).
+      tol: absolute tolerance on ``sigma``.
+      pld_discretization: PLD value discretisation interval.
+
+    Returns:
+      ``sigma`` with ``epsilon(sigma) <= target_epsilon`` and ``|sigma - sigma*| <= tol`` for the exact
+      root ``sigma*``; hence ``epsilon(sigma - 2 tol) > target_epsilon``. If the target is met already
+      at ``sigma = 0.3`` (the search floor), ``0.3`` is returned (its epsilon is below the target).
+
+    Raises:
+      ValueError: invalid arguments, or ``target_epsilon`` unreachable: even ``sigma = 1e4`` gives a
+        larger ``epsilon`` (the accountant's resolution floor for this ``delta``).
+    """
+    target = _validate.positive_float("target_epsilon", target_epsilon)
+    _, q, steps, delta, accountant, disc = _check(1.0, sampling_rate, steps, delta, accountant, pld_discretization)
+    tol = _validate.positive_float("tol", tol)
+
+    def eps(sigma: float) -> float:
+        return compute_epsilon(
+            noise_multiplier=sigma,
+            sampling_rate=q,
+            steps=steps,
+            delta=delta,
+            accountant=accountant,
+            pld_discretization=disc,
+        )
+
+    lo, hi = 1.0, 1.0
+    if eps(hi) > target:
+        while True:
+            lo, hi = hi, min(hi * 2.0, _SIGMA_MAX)
+            at_hi = eps(hi)
+            if at_hi <= target:
+                break
+            if hi >= _SIGMA_MAX:
+                raise ValueError(
+                    f"target_epsilon={target!r} is unreachable with the {accountant} accountant: epsilon is "
+                    f"{at_hi:.6g} even at noise_multiplier={_SIGMA_MAX:g} (delta={delta!r}, sampling_rate={q!r}, "
+                    f"steps={steps})"
+                )
+    else:
+        while True:
+            hi, lo = lo, lo / 2.0
+            if lo < _SIGMA_MIN:
+                if eps(_SIGMA_MIN) <= target:
+                    return _SIGMA_MIN
+                lo = _SIGMA_MIN
+                break
+            if eps(lo) > target:
+                break
+    with _quiet_dropped_orders():
+        sigma = dp_accounting.calibrate_dp_mechanism(
+            lambda: _make_accountant(accountant, disc),
+            lambda s: dpsgd_event(s, q, steps),
+            target,
+            delta,
+            bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi),
+            tol=tol,
+        )
+    sigma = float(sigma)
+    if eps(sigma) > target:  # calibrate_dp_mechanism guarantees this; keep the claim checked
+        raise ArithmeticError(f"calibration returned noise_multiplier={sigma} with epsilon above {target}")
+    return sigma
+
+
+def _json_float(value: float | None) -> float | None:
+    if value is None or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class DPReport:
+    """What a DP-SGD claim needs (seed 002, "What the accountant must know"), JSON-serialisable.
+
+    Attributes:
+      dp: whether the run is differentially private (clipping on and ``noise_multiplier > 0``).
+      epsilon_rdp: ``epsilon`` at ``delta`` by dp_accounting's RDP accountant (``inf`` if not DP).
+      epsilon_pld: the same by its PLD accountant (tighter; ``inf`` if not DP).
+      delta: ``delta`` of the guarantee (``None`` for a non-private run without one).
+      noise_multiplier: ``sigma``; the Gaussian noise on the clipped sum has std ``sigma * clip_norm``.
+      clip_norm: per-record L2 clipping norm ``C`` (``inf``: no clipping).
+      sampling: ``"poisson"``: each record independently in each step's batch.
+      sampling_rate: the accounted ``q``; the sampler includes a record with probability
+        ``floor(q 2^32) / 2^32`` (``sampling_probability``), never more than ``q``.
+      sampling_probability: the sampler's exact inclusion probability.
+      expected_batch_size: ``q * N``, the (data-independent) normaliser of the noisy sum.
+      steps: steps taken and accounted.
+      steps_planned: steps of the configuration (more than ``steps`` for a stopped run).
+      dataset_size: ``N`` records.
+      protected_unit, adjacency: the neighbouring relation of the guarantee.
+      target_epsilon: the calibration target, or ``None`` if ``noise_multiplier`` was given.
+      calibration_accountant: the accountant ``sigma`` was calibrated with.
+      accountants: per accountant (``"rdp"``, ``"pld"``): ``implementation``, ``version`` and the
+        settings it ran with.
+      software: versions of the libraries of the run (jax, flax, optax, jax-privacy, dp-accounting).
+      optimizer, learning_rate, microbatch_size: the training run (post-processing; no privacy effect).
+      not_covered: releases the guarantee does not cover.
+
+    Guarantees:
+      ``epsilon_rdp`` and ``epsilon_pld`` are both upper bounds on the privacy loss of the mechanism
+      described (``steps`` Poisson-sampled Gaussian steps at ``sampling_rate`` and
+      ``noise_multiplier``, sensitivity ``clip_norm`` under ``adjacency``); :attr:`epsilon`, the
+      smaller, is one too. They hold only under the assumptions of
+      :func:`~snapaudit_jax.dpsgd.train` and not for anything listed in ``not_covered``.
+    """
+
+    dp: bool
+    epsilon_rdp: float
+    epsilon_pld: float
+    delta: float | None
+    noise_multiplier: float
+    clip_norm: float
+    sampling: str
+    sampling_rate: float
+    sampling_probability: float
+    expected_batch_size: float
+    steps: int
+    steps_planned: int
+    dataset_size: int
+    protected_unit: str
+    adjacency: str
+    target_epsilon: float | None
+    calibration_accountant: str | None
+    accountants: dict[str, dict[str, Any]]
+    software: dict[str, str]
+    optimizer: str
+    learning_rate: float
+    microbatch_size: int
+    not_covered: tuple[str, ...]
+
+    @property
+    def epsilon(self) -> float:
+        """The tighter of the two accountants' bounds, ``min(epsilon_rdp, epsilon_pld)`` (``inf`` if not DP)."""
+        return min(self.epsilon_rdp, self.epsilon_pld)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A strict-JSON dictionary of every field plus ``epsilon`` (``inf`` becomes ``None``; ``dp`` says
+        whether the epsilons are finite)."""
+        out = dataclasses.asdict(self)
+        out["epsilon"] = self.epsilon
+        for name in ("epsilon", "epsilon_rdp", "epsilon_pld", "clip_norm", "delta", "target_epsilon"):
+            out[name] = _json_float(out[name])
+        out["not_covered"] = list(self.not_covered)
+        return out
+
+    def to_json(self, **kwargs) -> str:
+        """``json.dumps`` of :meth:`to_dict` (no NaN/Infinity)."""
+        return json.dumps(self.to_dict(), allow_nan=False, **kwargs)
+
+    def summary(self) -> str:
+        """One human-readable line."""
+        if not self.dp:
+            return (
+                f"NOT differentially private (noise_multiplier={self.noise_multiplier:g}, "
+                f"clip_norm={self.clip_norm:g}); {self.steps} steps, Poisson q={self.sampling_rate:.6g}, "
+                f"N={self.dataset_size}"
+            )
+        return (
+            f"(epsilon={self.epsilon_pld:.4g} [PLD], {self.epsilon_rdp:.4g} [RDP], delta={self.delta:.3g})-DP "
+            f"for {self.protected_unit} under {self.adjacency}; Poisson sampling q={self.sampling_rate:.6g} "
+            f"(expected batch {self.expected_batch_size:.4g}) of N={self.dataset_size}, {self.steps} steps, "
+            f"C={self.clip_norm:g}, sigma={self.noise_multiplier:.6g}"
+        )
+
+
+def make_report(
+    *,
+    private: bool,
+    noise_multiplier: float,
+    clip_norm: float,
+    sampling_rate: float,
+    sampling_probability: float,
+    dataset_size: int,
+    steps: int,
+    steps_planned: int,
+    delta: float | None,
+    target_epsilon: float | None,
+    calibration_accountant: str | None,
+    pld_discretization: float,
+    optimizer: str,
+    learning_rate: float,
+    microbatch_size: int,
+) -> DPReport:
+    """Runs both accountants and assembles a :class:`DPReport` (``steps = 0``: ``epsilon = 0``)."""
+    dp = private and noise_multiplier > 0.0 and math.isfinite(clip_norm) and delta is not None
+    if not dp:
+        eps_rdp = eps_pld = math.inf
+    elif steps == 0:
+        eps_rdp = eps_pld = 0.0
+    else:
+        common = dict(noise_multiplier=noise_multiplier, sampling_rate=sampling_rate, steps=steps, delta=delta)
+        eps_rdp = compute_epsilon(**common, accountant="rdp")
+        eps_pld = compute_epsilon(**common, accountant="pld", pld_discretization=pld_discretization)
+    dpa = _version("dp-accounting")
+    return DPReport(
+        dp=dp,
+        epsilon_rdp=eps_rdp,
+        epsilon_pld=eps_pld,
+        delta=delta,
+        noise_multiplier=noise_multiplier,
+        clip_norm=clip_norm,
+        sampling="poisson",
+        sampling_rate=sampling_rate,
+        sampling_probability=sampling_probability,
+        expected_batch_size=sampling_rate * dataset_size,
+        steps=steps,
+        steps_planned=steps_planned,
+        dataset_size=dataset_size,
+        protected_unit=PROTECTED_UNIT,
+        adjacency=ADJACENCY,
+        target_epsilon=target_epsilon,
+        calibration_accountant=calibration_accountant,
+        accountants={
+            "rdp": {
+                "implementation": "dp_accounting.rdp.RdpAccountant",
+                "version": dpa,
+                "orders": f"DEFAULT_RDP_ORDERS ({len(_ORDERS)} orders, {_ORDERS[0]:g} to {_ORDERS[-1]:g})",
+                "neighboring_relation": "ADD_OR_REMOVE_ONE",
+            },
+            "pld": {
+                "implementation": "dp_accounting.pld.PLDAccountant",
+                "version": dpa,
+                "value_discretization_interval": pld_discretization,
+                "pessimistic_estimate": True,
+                "neighboring_relation": "ADD_OR_REMOVE_ONE",
+            },
+        },
+        software={name: _version(name) for name in ("jax", "flax", "optax", "jax-privacy", "dp-accounting")},
+        optimizer=optimizer,
+        learning_rate=learning_rate,
+        microbatch_size=microbatch_size,
+        not_covered=NOT_COVERED,
+    )

@@ -1,0 +1,181 @@
+"""The configuration of a DP-SGD run: one frozen, hashable dataclass validated on construction.
+
+Every error names the field, the rule and the value (``ValueError``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from snapaudit_jax import _validate
+
+__all__ = ["DPSGDConfig", "OPTIMIZERS", "ACCOUNTANTS"]
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+ACCOUNTANTS = ("rdp", "pld")
+
+
+def _unit_interval_open_right(name: str, value: Any) -> float:
+    out = _validate._as_float(name, value)
+    if not 0.0 <= out < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class DPSGDConfig:
+    """A DP-SGD (or, with ``non_private=True``, a plain) training run of a decoder language model.
+
+    The privacy knobs: ``clip_norm`` ``C`` bounds each record's gradient, Gaussian noise of
+    standard deviation ``noise_multiplier * C`` is added to the *sum* of clipped gradients of a
+    Poisson-sampled batch, and the result is divided by the expected batch size ``q * N``.
+    Give either ``noise_multiplier`` or ``target_epsilon`` (then ``noise_multiplier`` is
+    calibrated so that ``accountant`` reports ``epsilon <= target_epsilon`` at ``delta``
+    after ``steps`` steps), and either ``sampling_rate`` ``q`` or the expected ``batch_size``
+    (``q = batch_size / N``).
+
+    Attributes:
+      steps: optimizer steps ``T >= 1`` (each one Poisson-sampled batch).
+      learning_rate: optimizer step size ``> 0``.
+      clip_norm: per-record L2 clipping norm ``C > 0`` (ignored when ``non_private``).
+      noise_multiplier: ``sigma >= 0``; noise std on the clipped sum is ``sigma * C``.
+      target_epsilon: ``> 0``; calibrate ``sigma`` to it instead of giving ``sigma``.
+      delta: ``delta`` in ``(0, 1)`` of the reported ``(epsilon, delta)``; required unless
+        ``non_private``. A common choice is well below ``1 / N``.
+      sampling_rate: Poisson inclusion probability ``q`` in ``(0, 1]``.
+      batch_size: expected batch size ``q * N`` (an integer ``>= 1``), instead of ``sampling_rate``.
+      optimizer: ``"sgd"``, ``"adam"`` or ``"adamw"`` (optax).
+      momentum: SGD momentum in ``[0, 1)`` (0: plain SGD).
+      b1, b2, eps: Adam(W) moment decays and epsilon.
+      weight_decay: AdamW decoupled weight decay ``>= 0``.
+      microbatch_size: records per vectorised clipped-gradient call (``None``: 1 on the CPU
+        backend, where vectorising over records does not pay -- see ``benchmarks/bench_dpsgd.py``
+        -- and ``min(32, ceil(q N))`` on accelerators). Changes speed, memory and float summation
+        order only, never the sampled batch (no truncation) nor the privacy guarantee.
+      accountant: ``"rdp"`` or ``"pld"``: the accountant used to calibrate ``sigma`` to
+        ``target_epsilon`` (the report always gives both).
+      calibration_tol: absolute tolerance on the calibrated ``sigma``.
+      pld_discretization: value discretisation interval of the PLD accountant.
+      non_private: turn clipping and noise off (plain optax training on the same Poisson
+        batches and the same normaliser ``q * N``); the report then says ``dp = False``.
+      seed: seed of the run's key when :func:`~snapaudit_jax.dpsgd.train` gets no ``key``.
+    """
+
+    steps: int
+    learning_rate: float
+    clip_norm: float = 1.0
+    noise_multiplier: float | None = None
+    target_epsilon: float | None = None
+    delta: float | None = None
+    sampling_rate: float | None = None
+    batch_size: int | None = None
+    optimizer: str = "adamw"
+    momentum: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 1e-4
+    microbatch_size: int | None = None
+    accountant: str = "rdp"
+    calibration_tol: float = 1e-4
+    pld_discretization: float = 1e-4
+    non_private: bool = False
+    seed: int = 0
+
+    def __post_init__(self):
+        fix = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
+        fix("steps", _validate.positive_int("steps", self.steps))
+        fix("learning_rate", _validate.positive_float("learning_rate", self.learning_rate))
+        if not isinstance(self.non_private, bool):
+            raise ValueError(f"non_private must be a bool, got {self.non_private!r}")
+        if self.non_private:
+            for name in ("noise_multiplier", "target_epsilon"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"{name} must be None when non_private=True (clipping and noise are off), "
+                        f"got {getattr(self, name)!r}"
+                    )
+            if self.delta is not None:
+                fix("delta", _validate.open_unit("delta", self.delta))
+        else:
+            fix("clip_norm", _validate.positive_float("clip_norm", self.clip_norm))
+            if (self.noise_multiplier is None) == (self.target_epsilon is None):
+                raise ValueError(
+                    "exactly one of noise_multiplier and target_epsilon must be set, got "
+                    f"noise_multiplier={self.noise_multiplier!r}, target_epsilon={self.target_epsilon!r}"
+                )
+            if self.noise_multiplier is not None:
+                fix("noise_multiplier", _validate.nonnegative_float("noise_multiplier", self.noise_multiplier))
+            else:
+                fix("target_epsilon", _validate.positive_float("target_epsilon", self.target_epsilon))
+            if self.delta is None:
+                raise ValueError("delta must be in (0, 1), got None (required unless non_private=True)")
+            fix("delta", _validate.open_unit("delta", self.delta))
+        if (self.sampling_rate is None) == (self.batch_size is None):
+            raise ValueError(
+                "exactly one of sampling_rate and batch_size must be set, got "
+                f"sampling_rate={self.sampling_rate!r}, batch_size={self.batch_size!r}"
+            )
+        if self.sampling_rate is not None:
+            q = _validate._as_float("sampling_rate", self.sampling_rate)
+            if not 0.0 < q <= 1.0:
+                raise ValueError(f"sampling_rate must be in (0, 1], got {self.sampling_rate!r}")
+            if q < 2.0**-32:
+                raise ValueError(f"sampling_rate must be >= 2**-32 (sampler resolution), got {self.sampling_rate!r}")
+            fix("sampling_rate", q)
+        else:
+            fix("batch_size", _validate.positive_int("batch_size", self.batch_size))
+        fix("optimizer", _validate.choice("optimizer", self.optimizer, OPTIMIZERS))
+        fix("momentum", _unit_interval_open_right("momentum", self.momentum))
+        fix("b1", _unit_interval_open_right("b1", self.b1))
+        fix("b2", _unit_interval_open_right("b2", self.b2))
+        fix("eps", _validate.positive_float("eps", self.eps))
+        fix("weight_decay", _validate.nonnegative_float("weight_decay", self.weight_decay))
+        if self.microbatch_size is not None:
+            fix("microbatch_size", _validate.positive_int("microbatch_size", self.microbatch_size))
+        fix("accountant", _validate.choice("accountant", self.accountant, ACCOUNTANTS))
+        fix("calibration_tol", _validate.positive_float("calibration_tol", self.calibration_tol))
+        fix("pld_discretization", _validate.positive_float("pld_discretization", self.pld_discretization))
+        fix("seed", _validate.positive_int("seed", self.seed, minimum=0))
+
+    @property
+    def private(self) -> bool:
+        """Whether clipping and noise are on (``not non_private``)."""
+        return not self.non_private
+
+    def sampling_rate_for(self, num_records: int) -> float:
+        """The Poisson sampling rate ``q`` for a dataset of ``num_records`` records.
+
+        Raises:
+          ValueError: ``batch_size`` larger than ``num_records``.
+        """
+        num_records = _validate.positive_int("num_records", num_records)
+        if self.sampling_rate is not None:
+            return self.sampling_rate
+        if self.batch_size > num_records:
+            raise ValueError(f"batch_size must be <= the number of records N={num_records}, got {self.batch_size}")
+        return self.batch_size / num_records
+
+    def microbatch_for(self, num_records: int, backend: str | None = None) -> int:
+        """Records per vectorised clipped-gradient call for a dataset of ``num_records`` records.
+
+        Args:
+          num_records: ``N``.
+          backend: the JAX backend the step runs on (default ``jax.default_backend()``); only used
+            when ``microbatch_size`` is ``None``.
+        """
+        if self.microbatch_size is not None:
+            return self.microbatch_size
+        if backend is None:
+            import jax
+
+            backend = jax.default_backend()
+        if backend == "cpu":
+            return 1
+        return max(1, min(32, math.ceil(self.sampling_rate_for(num_records) * num_records)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-serialisable dictionary."""
+        return dataclasses.asdict(self)

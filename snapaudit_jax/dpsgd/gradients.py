@@ -1,0 +1,247 @@
+"""Per-record loss and per-record clipped gradient sums of the decoder models.
+
+The loss of a record is the next-token cross-entropy averaged over its real target tokens: target
+``t + 1`` counts when tokens ``t`` and ``t + 1`` are both real (``mask``), so left or right padding
+never contributes. Averaging per record (rather than summing tokens) keeps one record's gradient on
+the scale of one example whatever its length; the clipping norm bounds it either way.
+
+Per-record gradients, their clipping to L2 norm ``C`` and the sum are jax_privacy's
+``clipped_grad`` (vmap over records, ``nan_safe`` clipping, padding rows zeroed by
+``is_padding_example``).
+
+:func:`record_losses` and :func:`loss_summary` evaluate a trained model on a dataset (the mean
+per-record loss and perplexity), in fixed-size jitted batches.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax_privacy import clipping
+
+from snapaudit_jax import _validate
+from snapaudit_jax.models.layers import positions_from_mask
+
+__all__ = ["ClippedGrads", "LossSummary", "sequence_losses", "clipped_grad_sum", "record_losses", "loss_summary"]
+
+
+class ClippedGrads(NamedTuple):
+    """Output of :func:`clipped_grad_sum`.
+
+    Attributes:
+      grad_sum: sum over non-padding records of the clipped per-record gradients (a pytree like the
+        model's ``nnx.Param`` state).
+      losses: ``(B,)`` per-record losses (padding rows: whatever their tokens give; ignore them).
+      norms: ``(B,)`` per-record gradient L2 norms before clipping.
+    """
+
+    grad_sum: nnx.State
+    losses: jax.Array
+    norms: jax.Array
+
+
+def sequence_losses(model, tokens: jax.Array, mask: jax.Array) -> jax.Array:
+    """``(B,)`` next-token cross-entropy of each row, averaged over its real targets.
+
+    Args:
+      model: a decoder (:class:`~snapaudit_jax.models.decoders.GPT2` or ``Llama``).
+      tokens: ``(B, L)`` int token ids.
+      mask: ``(B, L)`` bool, real tokens.
+
+    Returns:
+      ``(B,)`` float32: ``-mean_t log p(tokens[t+1] | tokens[<=t])`` over targets ``t + 1`` with
+      ``mask[t] & mask[t+1]``; ``0`` for a row without targets.
+    """
+    hidden, _ = model(tokens, positions_from_mask(mask), mask)
+    logp = jax.nn.log_softmax(model.logits(hidden[:, :-1]).astype(jnp.float32), axis=-1)
+    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+    valid = mask[:, 1:] & mask[:, :-1]
+    count = jnp.sum(valid, axis=-1)
+    return -jnp.sum(jnp.where(valid, picked, 0.0), axis=-1) / jnp.maximum(count, 1)
+
+
+def _loss_fn(graphdef, rest):
+    def loss(params, tokens, mask):
+        return jnp.sum(sequence_losses(nnx.merge(graphdef, params, rest), tokens, mask))
+
+    return loss
+
+
+def _clipped_sum(graphdef, rest, params, tokens, mask, padding, clip_norm) -> ClippedGrads:
+    """Traceable core: jax_privacy clipped gradient sum of one ``(m, L)`` microbatch."""
+    fn = clipping.clipped_grad(
+        _loss_fn(graphdef, rest),
+        argnums=0,
+        l2_clip_norm=clip_norm,
+        batch_argnums=(1, 2),
+        keep_batch_dim=True,
+        return_values=True,
+        return_grad_norms=True,
+    )
+    grad_sum, aux = fn(params, tokens, mask, is_padding_example=padding)
+    return ClippedGrads(grad_sum, aux.values, aux.grad_norms)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _clipped_sum_jit(graphdef, rest, params, tokens, mask, padding, clip_norm):
+    return _clipped_sum(graphdef, rest, params, tokens, mask, padding, clip_norm)
+
+
+def clipped_grad_sum(model, tokens, mask, *, clip_norm: float, padding=None) -> ClippedGrads:
+    """Sum of per-record gradients of :func:`sequence_losses`, each clipped to L2 norm ``clip_norm``.
+
+    Args:
+      model: a decoder module (its ``nnx.Param`` state is differentiated).
+      tokens: ``(B, L)`` int token ids.
+      mask: ``(B, L)`` bool, real tokens.
+      clip_norm: ``C > 0`` (``inf``: no clipping).
+      padding: optional ``(B,)`` bool; padding rows contribute exactly zero.
+
+    Returns:
+      :class:`ClippedGrads` ``(grad_sum, losses, norms)``.
+
+    Guarantees:
+      ``grad_sum = sum_i [not padding_i] g_i min(1, C / ||g_i||)`` (jax_privacy ``clip_pytree``;
+      NaN/inf gradients are zeroed first), so adding or removing one record changes it by at most
+      ``C`` in L2 norm, whatever the record and the rest of the batch.
+    """
+    clip_norm = _validate.positive_float("clip_norm", clip_norm, allow_inf=True)
+    tokens = jnp.asarray(tokens, jnp.int32)
+    mask = jnp.asarray(mask, bool)
+    if tokens.ndim != 2 or mask.shape != tokens.shape:
+        raise ValueError(f"tokens and mask must both be (B, L), got {tokens.shape} and {mask.shape}")
+    padding = jnp.zeros(tokens.shape[0], bool) if padding is None else jnp.asarray(padding, bool)
+    if padding.shape != tokens.shape[:1]:
+        raise ValueError(f"padding must be ({tokens.shape[0]},), got shape {padding.shape}")
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    return _clipped_sum_jit(graphdef, rest, params, tokens, mask, padding, np.float32(clip_norm))
+
+
+def _model_limits(model) -> tuple[int | None, int | None]:
+    cfg = getattr(model, "cfg", None)
+    vocab = getattr(cfg, "vocab_size", None)
+    positions = getattr(cfg, "n_positions", None)  # GPT-2's learned positions; RoPE has no table
+    return vocab, positions
+
+
+def _check_dataset(dataset, model) -> tuple[np.ndarray, np.ndarray]:
+    """Validates ``(tokens, mask)`` against ``model``; returns int32 tokens (padding ids zeroed) and a bool mask."""
+    try:
+        tokens, mask = dataset
+    except (TypeError, ValueError):
+        raise ValueError("dataset must be a pair (tokens, mask) of (N, L) arrays") from None
+    tokens, mask = np.asarray(tokens), np.asarray(mask)
+    if tokens.ndim != 2 or tokens.shape[0] < 1 or tokens.shape[1] < 2:
+        raise ValueError(f"dataset tokens must be (N, L) with N >= 1 and L >= 2, got shape {tokens.shape}")
+    if not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(f"dataset tokens must be integer token ids, got dtype {tokens.dtype}")
+    if mask.shape != tokens.shape:
+        raise ValueError(f"dataset mask must have the tokens' shape {tokens.shape}, got {mask.shape}")
+    if mask.dtype != np.bool_:
+        if not np.isin(mask, (0, 1)).all():
+            raise ValueError("dataset mask must be boolean (or 0/1)")
+        mask = mask.astype(bool)
+    vocab, positions = _model_limits(model)
+    real = tokens[mask]
+    if real.size and (real.min() < 0 or (vocab is not None and real.max() >= vocab)):
+        bad = real.min() if real.min() < 0 else real.max()
+        raise ValueError(f"dataset tokens must be in [0, vocab_size={vocab}), got token id {bad}")
+    targets = np.sum(mask[:, 1:] & mask[:, :-1], axis=1)
+    if np.any(targets == 0):
+        row = int(np.argmax(targets == 0))
+        raise ValueError(
+            f"dataset mask row {row} has no next-token target (needs two consecutive real tokens); "
+            "drop such records before training"
+        )
+    if positions is not None and int(mask.sum(axis=1).max()) > positions:
+        raise ValueError(
+            f"dataset records must hold at most n_positions={positions} real tokens, got {int(mask.sum(axis=1).max())}"
+        )
+    tokens = np.where(mask, tokens, 0).astype(np.int32)  # padding ids are never read; keep them in range
+    return tokens, mask
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _losses_jit(graphdef, state, tokens, mask):
+    return sequence_losses(nnx.merge(graphdef, state), tokens, mask)
+
+
+def record_losses(model, dataset, *, batch_size: int = 64) -> np.ndarray:
+    """``(N,)`` :func:`sequence_losses` of every record of ``dataset``, in jitted batches.
+
+    Args:
+      model: a decoder (:class:`~snapaudit_jax.models.decoders.GPT2` or ``Llama``).
+      dataset: ``(tokens, mask)``, ``(N, L)`` token ids and real-token mask (as for
+        :func:`~snapaudit_jax.dpsgd.train`; every row needs two consecutive real tokens).
+      batch_size: rows per forward pass; the last batch is padded, so one ``(min(batch_size, N), L)``
+        shape is compiled per ``L``.
+
+    Returns:
+      ``(N,)`` float64: each record's mean next-token cross-entropy (nats).
+
+    Raises:
+      ValueError: invalid dataset or ``batch_size``.
+    """
+    tokens, mask = _check_dataset(dataset, model)
+    batch_size = _validate.positive_int("batch_size", batch_size)
+    n = tokens.shape[0]
+    b = min(batch_size, n)
+    padded = -(-n // b) * b
+    rows = np.resize(np.arange(n), padded)  # padding rows repeat real records and are dropped
+    graphdef, state = nnx.split(model)
+    out = [
+        _losses_jit(graphdef, state, jnp.asarray(tokens[rows[i : i + b]]), jnp.asarray(mask[rows[i : i + b]]))
+        for i in range(0, padded, b)
+    ]
+    return np.concatenate([np.asarray(x, np.float64) for x in jax.device_get(out)])[:n]
+
+
+class LossSummary(NamedTuple):
+    """Output of :func:`loss_summary`.
+
+    Attributes:
+      losses: ``(N,)`` per-record mean next-token loss (nats).
+      targets: ``(N,)`` next-token targets per record.
+      mean_loss: mean of ``losses`` over records (every record weighs the same).
+      perplexity: ``exp(mean_loss)``.
+      token_loss: loss per target token, ``sum(losses * targets) / sum(targets)``.
+      token_perplexity: ``exp(token_loss)`` (the usual language-model perplexity).
+    """
+
+    losses: np.ndarray
+    targets: np.ndarray
+    mean_loss: float
+    perplexity: float
+    token_loss: float
+    token_perplexity: float
+
+    def to_dict(self) -> dict[str, float | int]:
+        """The scalar fields (and ``num_records``, ``num_targets``) as a JSON-able dictionary."""
+        return {
+            "num_records": int(self.losses.size),
+            "num_targets": int(self.targets.sum()),
+            "mean_loss": self.mean_loss,
+            "perplexity": self.perplexity,
+            "token_loss": self.token_loss,
+            "token_perplexity": self.token_perplexity,
+        }
+
+
+def loss_summary(model, dataset, *, batch_size: int = 64) -> LossSummary:
+    """Mean per-record loss and perplexity of ``model`` on ``dataset`` (see :func:`record_losses`).
+
+    Raises:
+      ValueError: invalid dataset or ``batch_size``.
+    """
+    losses = record_losses(model, dataset, batch_size=batch_size)
+    mask = np.asarray(dataset[1], bool)
+    targets = np.sum(mask[:, 1:] & mask[:, :-1], axis=1).astype(np.int64)
+    mean = float(np.mean(losses))
+    token = float(np.sum(losses * targets) / np.sum(targets))
+    with np.errstate(over="ignore"):  # a diverged model has perplexity inf
+        return LossSummary(losses, targets, mean, float(np.exp(mean)), token, float(np.exp(token)))

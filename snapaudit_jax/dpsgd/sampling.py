@@ -1,0 +1,83 @@
+"""Poisson sampling with fixed shapes.
+
+Each step draws every record independently (key ``fold_in(key, step)``); the realised batch has a
+random size ``~ Binomial(N, q)``. Fixed shapes without truncation: the indices of the sampled records
+are compacted into an ``(N_pad,)`` array (``N_pad = ceil(N / m) m``), and the step runs
+``ceil(count / m)`` microbatches of ``m`` rows (a ``lax.fori_loop`` with a *dynamic* trip count);
+rows past ``count`` in the last microbatch are masked padding whose clipped gradient is exactly
+zero. Every sampled record is used whatever the batch size, so the Poisson accounting holds with no
+overflow event; the compiled step never changes shape.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from snapaudit_jax import _validate
+
+__all__ = ["poisson_batch", "inclusion_threshold", "sampling_probability"]
+
+
+def inclusion_threshold(sampling_rate: float) -> np.uint32:
+    """``floor(q 2^32) - 1`` as a ``uint32``: a record is included iff its 32 random bits are ``<=`` it.
+
+    Raises:
+      ValueError: ``sampling_rate`` outside ``[2^-32, 1]``.
+    """
+    q = _validate._as_float("sampling_rate", sampling_rate)
+    if not 2.0**-32 <= q <= 1.0:
+        raise ValueError(f"sampling_rate must be in [2**-32, 1], got {sampling_rate!r}")
+    return np.uint32(math.floor(q * 2.0**32) - 1)
+
+
+def sampling_probability(sampling_rate: float) -> float:
+    """The exact inclusion probability ``floor(q 2^32) / 2^32`` of the sampler (in ``(q - 2^-32, q]``)."""
+    return (int(inclusion_threshold(sampling_rate)) + 1) / 2.0**32
+
+
+def _poisson_mask(key: jax.Array, step, num_records: int, threshold) -> jax.Array:
+    """``(num_records,)`` bool: record ``i`` in the batch of ``step`` (pure, key first)."""
+    bits = jax.random.bits(jax.random.fold_in(key, step), (num_records,), jnp.uint32)
+    return bits <= threshold
+
+
+def poisson_batch(key: jax.Array, step: int, num_records: int, sampling_rate: float) -> jax.Array:
+    """The Poisson batch of one DP-SGD step, as a membership mask.
+
+    :func:`~snapaudit_jax.dpsgd.train` draws the batch of step ``t`` (0-based) as
+    ``poisson_batch(jax.random.fold_in(key, 0), t, N, q)`` from the run's ``key``.
+
+    Args:
+      key: sampling key (typed or raw).
+      step: the step index ``t >= 0``.
+      num_records: ``N >= 1``.
+      sampling_rate: ``q`` in ``[2^-32, 1]``.
+
+    Returns:
+      ``(N,)`` bool: whether each record is in the batch.
+
+    Guarantees:
+      Given ``key``, the ``N`` indicators of a step are independent Bernoulli with probability
+      ``floor(q 2^32) / 2^32``, which lies in ``(q - 2^-32, q]``: never above the accounted ``q``
+      (epsilon is non-decreasing in ``q``, so accounting at ``q`` is conservative). Different steps
+      use ``fold_in(key, step)``, independent streams for a random key (threefry).
+    """
+    num_records = _validate.positive_int("num_records", num_records)
+    step = _validate.positive_int("step", step, minimum=0)
+    return _poisson_mask(key, step, num_records, inclusion_threshold(sampling_rate))
+
+
+def compact_indices(selected: jax.Array, microbatch_size: int) -> tuple[jax.Array, jax.Array]:
+    """``(indices (N_pad,), count)``: sampled record indices first (ascending), then ``0`` fill.
+
+    ``N_pad = ceil(N / m) m`` so that every microbatch slice ``[i m, (i + 1) m)`` with
+    ``i < ceil(count / m)`` lies inside the array (``lax.dynamic_slice`` would clamp otherwise).
+    """
+    n = selected.shape[0]
+    padded = -(-n // microbatch_size) * microbatch_size
+    (indices,) = jnp.nonzero(selected, size=padded, fill_value=0)
+    return indices.astype(jnp.int32), jnp.sum(selected, dtype=jnp.int32)

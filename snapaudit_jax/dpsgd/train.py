@@ -1,0 +1,437 @@
+"""DP-SGD training of the Flax decoder models (GPT-2, Llama) with optax.
+
+One step (Abadi et al. 2016, Alg. 1, with Poisson sampling as accounted):
+
+1. Poisson batch: every record independently with probability ``q``
+   (:func:`~snapaudit_jax.dpsgd.sampling.poisson_batch`, key ``fold_in(fold_in(key, 0), step)``);
+2. per-record gradients of :func:`~snapaudit_jax.dpsgd.gradients.sequence_losses`, each clipped to
+   L2 norm ``C`` and summed (jax_privacy ``clipped_grad``), over ``ceil(count / m)`` fixed-size
+   microbatches (no truncation, see :mod:`~snapaudit_jax.dpsgd.sampling`; ``m`` is
+   ``DPSGDConfig.microbatch_for``, 1 on CPU where vmapping over records is slower);
+3. Gaussian noise of std ``sigma C`` added to the *sum* (jax_privacy ``gaussian_privatizer``, an
+   optax transformation whose key, seeded by ``fold_in(key, 1)``, lives in the optimizer state);
+4. division by the expected batch size ``q N`` (data-independent; ``optax.scale``), then the
+   optimizer (optax SGD / Adam / AdamW).
+
+The whole step is one jitted kernel; sizes (``N``, ``m``, ``L``) and the optimizer kind are static,
+while ``q``, ``C``, ``sigma C``, ``1 / (q N)`` and the learning rate are traced, so neither later steps
+nor later runs with other privacy settings recompile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax_privacy import noise_addition
+
+from snapaudit_jax import _validate
+from snapaudit_jax.dpsgd.accounting import DPReport, calibrate_noise_multiplier, compute_epsilon, make_report
+from snapaudit_jax.dpsgd.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from snapaudit_jax.dpsgd.config import DPSGDConfig
+from snapaudit_jax.dpsgd.gradients import _check_dataset, _clipped_sum
+from snapaudit_jax.dpsgd.sampling import _poisson_mask, compact_indices, inclusion_threshold, sampling_probability
+
+__all__ = ["train", "ResolvedPrivacy", "resolve_privacy", "HISTORY_KEYS"]
+
+HISTORY_KEYS = ("step", "batch_size", "loss", "grad_norm_mean", "grad_norm_max", "clipped_fraction")
+_SAMPLE_STREAM, _NOISE_STREAM = 0, 1
+
+
+class ResolvedPrivacy(NamedTuple):
+    """The privacy parameters of a run on a given dataset.
+
+    Attributes:
+      sampling_rate: accounted Poisson rate ``q``.
+      noise_multiplier: ``sigma`` (given or calibrated; ``0`` when non-private).
+      clip_norm: ``C`` (``inf`` when non-private).
+      expected_batch_size: ``q N``, the normaliser of the noisy sum.
+      microbatch_size: records per vectorised clipped-gradient call (see ``DPSGDConfig.microbatch_for``).
+    """
+
+    sampling_rate: float
+    noise_multiplier: float
+    clip_norm: float
+    expected_batch_size: float
+    microbatch_size: int
+
+
+def resolve_privacy(config: DPSGDConfig, num_records: int) -> ResolvedPrivacy:
+    """``q``, ``sigma`` (calibrated to ``config.target_epsilon`` if set), ``C``, ``q N`` and ``m``.
+
+    Raises:
+      ValueError: ``batch_size > num_records`` or an unreachable ``target_epsilon``.
+    """
+    q = config.sampling_rate_for(num_records)
+    if config.non_private:
+        sigma, clip = 0.0, math.inf
+    elif config.noise_multiplier is not None:
+        sigma, clip = config.noise_multiplier, config.clip_norm
+    else:
+        sigma = calibrate_noise_multiplier(
+            target_epsilon=config.target_epsilon,
+            delta=config.delta,
+            sampling_rate=q,
+            steps=config.steps,
+            accountant=config.accountant,
+            tol=config.calibration_tol,
+            pld_discretization=config.pld_discretization,
+        )
+        clip = config.clip_norm
+    return ResolvedPrivacy(q, sigma, clip, q * num_records, config.microbatch_for(num_records))
+
+
+@dataclasses.dataclass(frozen=True)
+class _StepSpec:
+    """Static part of the step kernel (hashable)."""
+
+    num_records: int
+    microbatch_size: int
+    optimizer: str
+    momentum: float
+    b1: float
+    b2: float
+    eps: float
+    weight_decay: float
+    private: bool
+
+
+class _Hyper(NamedTuple):
+    """Traced scalars of the step kernel."""
+
+    threshold: jax.Array  # uint32 sampler threshold of q
+    clip_norm: jax.Array
+    noise_std: jax.Array  # sigma * C
+    inv_normaliser: jax.Array  # 1 / (q N)
+    learning_rate: jax.Array
+
+
+def _make_tx(spec: _StepSpec, hyper: _Hyper, noise_key: jax.Array) -> optax.GradientTransformation:
+    """``noise (jax_privacy) -> scale 1 / (q N) -> optimizer``; ``noise_key`` only seeds ``init``."""
+    lr = hyper.learning_rate
+    if spec.optimizer == "sgd":
+        base = optax.sgd(lr, momentum=spec.momentum or None)
+    elif spec.optimizer == "adam":
+        base = optax.adam(lr, b1=spec.b1, b2=spec.b2, eps=spec.eps)
+    else:
+        base = optax.adamw(lr, b1=spec.b1, b2=spec.b2, eps=spec.eps, weight_decay=spec.weight_decay)
+    parts = [optax.scale(hyper.inv_normaliser), base]
+    if spec.private:
+        parts.insert(0, noise_addition.gaussian_privatizer(stddev=hyper.noise_std, prng_key=noise_key))
+    return optax.chain(*parts)
+
+
+def _dp_step_kernel(key, step, params, opt_state, rest, tokens, mask, hyper: _Hyper, *, graphdef, spec: _StepSpec):
+    """One DP-SGD step (pure; key first): ``(params, opt_state, metrics)``."""
+    m = spec.microbatch_size
+    selected = _poisson_mask(jax.random.fold_in(key, _SAMPLE_STREAM), step, spec.num_records, hyper.threshold)
+    indices, count = compact_indices(selected, m)
+    rows = jnp.arange(m, dtype=jnp.int32)
+
+    def body(i, carry):
+        grad_sum, loss_sum, norm_sum, norm_max, clipped = carry
+        start = i * m
+        ids = jax.lax.dynamic_slice(indices, (start,), (m,))
+        padding = start + rows >= count
+        out = _clipped_sum(graphdef, rest, params, tokens[ids], mask[ids], padding, hyper.clip_norm)
+        real = ~padding
+        norms = jnp.where(real, out.norms, 0.0)
+        return (
+            jax.tree.map(jnp.add, grad_sum, out.grad_sum),
+            loss_sum + jnp.sum(jnp.where(real, out.losses, 0.0)),
+            norm_sum + jnp.sum(norms),
+            jnp.maximum(norm_max, jnp.max(norms)),
+            clipped + jnp.sum(real & (out.norms > hyper.clip_norm), dtype=jnp.int32),
+        )
+
+    zero = jnp.zeros((), jnp.float32)
+    init = (jax.tree.map(jnp.zeros_like, params), zero, zero, zero, jnp.zeros((), jnp.int32))
+    grad_sum, loss_sum, norm_sum, norm_max, clipped = jax.lax.fori_loop(0, (count + m - 1) // m, body, init)
+    tx = _make_tx(spec, hyper, jax.random.fold_in(key, _NOISE_STREAM))
+    updates, opt_state = tx.update(grad_sum, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    metrics = {
+        "batch_size": count,
+        "loss_sum": loss_sum,
+        "norm_sum": norm_sum,
+        "norm_max": norm_max,
+        "clipped": clipped,
+    }
+    return params, opt_state, metrics
+
+
+_dp_step = jax.jit(_dp_step_kernel, static_argnames=("graphdef", "spec"), donate_argnames=("params", "opt_state"))
+
+
+def _as_key(key, seed: int) -> jax.Array:
+    if key is None:
+        return jax.random.key(seed)
+    key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        if key.shape != ():
+            raise ValueError(f"key must be a single PRNG key, got shape {key.shape}")
+        return key
+    if key.dtype != jnp.uint32 or key.ndim != 1:
+        raise ValueError(f"key must be a PRNG key (jax.random.key) or raw uint32 key data, got {key.dtype} {key.shape}")
+    return jax.random.wrap_key_data(key)
+
+
+def _fingerprint(tokens: np.ndarray, mask: np.ndarray) -> str:
+    h = hashlib.sha256()
+    h.update(repr((tokens.shape, str(tokens.dtype))).encode())
+    h.update(np.ascontiguousarray(tokens).tobytes())
+    h.update(np.ascontiguousarray(mask).tobytes())
+    return h.hexdigest()
+
+
+def _history(raw: dict[str, list], done: int) -> dict[str, np.ndarray]:
+    count = np.asarray(raw["batch_size"], np.int64)
+    safe = np.maximum(count, 1)
+    empty = count == 0
+    with np.errstate(invalid="ignore"):
+        return {
+            "step": np.arange(1, done + 1, dtype=np.int64),
+            "batch_size": count,
+            "loss": np.where(empty, np.nan, np.asarray(raw["loss_sum"], np.float64) / safe),
+            "grad_norm_mean": np.where(empty, np.nan, np.asarray(raw["norm_sum"], np.float64) / safe),
+            "grad_norm_max": np.where(empty, np.nan, np.asarray(raw["norm_max"], np.float64)),
+            "clipped_fraction": np.where(empty, np.nan, np.asarray(raw["clipped"], np.float64) / safe),
+        }
+
+
+_RAW_KEYS = ("batch_size", "loss_sum", "norm_sum", "norm_max", "clipped")
+
+
+def _drain(pending: list, raw: dict[str, list]) -> None:
+    for metrics in jax.device_get(pending):
+        for name in _RAW_KEYS:
+            value = metrics[name]
+            raw[name].append(int(value) if name in ("batch_size", "clipped") else float(value))
+    pending.clear()
+
+
+class _Prepared(NamedTuple):
+    """Everything a run's steps need (built once per :func:`train` call)."""
+
+    key: jax.Array
+    privacy: ResolvedPrivacy
+    spec: _StepSpec
+    hyper: _Hyper
+    graphdef: Any
+    params: Any
+    opt_state: Any
+    rest: Any
+    tokens: jax.Array
+    mask: jax.Array
+    identity: dict[str, Any]
+
+
+def _prepare(model, dataset, config: DPSGDConfig, key) -> _Prepared:
+    """Validates the data, resolves ``q``/``sigma`` (calibration), and builds the step's static and traced inputs."""
+    tokens_np, mask_np = _check_dataset(dataset, model)
+    n = tokens_np.shape[0]
+    key = _as_key(key, config.seed)
+    privacy = resolve_privacy(config, n)
+    spec = _StepSpec(
+        num_records=n,
+        microbatch_size=privacy.microbatch_size,
+        optimizer=config.optimizer,
+        momentum=config.momentum,
+        b1=config.b1,
+        b2=config.b2,
+        eps=config.eps,
+        weight_decay=config.weight_decay,
+        private=config.private,
+    )
+    hyper = _Hyper(
+        threshold=jnp.asarray(inclusion_threshold(privacy.sampling_rate)),
+        clip_norm=jnp.float32(privacy.clip_norm),
+        noise_std=jnp.float32(privacy.noise_multiplier * privacy.clip_norm if config.private else 0.0),
+        inv_normaliser=jnp.float32(1.0 / privacy.expected_batch_size),
+        learning_rate=jnp.float32(config.learning_rate),
+    )
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    params = jax.tree.map(jnp.array, params)  # a copy: the step donates its buffers
+    opt_state = _make_tx(spec, hyper, jax.random.fold_in(key, _NOISE_STREAM)).init(params)
+    identity = {
+        "config": config.to_dict(),
+        "sampling_rate": privacy.sampling_rate,
+        "noise_multiplier": privacy.noise_multiplier,
+        "dataset_sha256": _fingerprint(tokens_np, mask_np),
+        "dataset_shape": list(tokens_np.shape),
+        "model": f"{type(model).__name__}({getattr(model, 'cfg', None)!r})",
+        "key_data": np.asarray(jax.random.key_data(key)).tolist(),
+        "key_impl": str(jax.random.key_impl(key)),
+    }
+    return _Prepared(
+        key, privacy, spec, hyper, graphdef, params, opt_state, rest, jnp.asarray(tokens_np), jnp.asarray(mask_np),
+        identity,
+    )
+
+
+def _progress_line(info: dict[str, Any]) -> None:
+    print(
+        f"dpsgd step {info['step']}/{info['steps']}: loss {info['loss']:.4f}, batch {info['batch_size']}, "
+        f"clipped {info['clipped']}/{info['batch_size']}, {info['seconds']:.1f}s",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def train(
+    model,
+    dataset,
+    config: DPSGDConfig,
+    *,
+    key: jax.Array | None = None,
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int | None = None,
+    stop_after: int | None = None,
+    progress: bool | Callable[[dict[str, Any]], None] = False,
+) -> tuple[Any, dict[str, np.ndarray], DPReport]:
+    """Trains a decoder language model with DP-SGD (or plainly, with ``config.non_private``).
+
+    Args:
+      model: a :class:`~snapaudit_jax.models.decoders.GPT2` or ``Llama`` (flax.nnx); not modified.
+      dataset: ``(tokens, mask)``, ``(N, L)`` int token ids and ``(N, L)`` bool real-token mask; one
+        row is one record (the protected unit). Every row needs two consecutive real tokens.
+      config: the run (:class:`~snapaudit_jax.dpsgd.DPSGDConfig`).
+      key: the run's PRNG key (default ``jax.random.key(config.seed)``): batch of step ``t`` from
+        ``fold_in(fold_in(key, 0), t)``, noise generator seeded by ``fold_in(key, 1)``.
+      checkpoint_dir: if set, resume from its newest checkpoint (which must belong to the same
+        configuration, data, model architecture and key) and save checkpoints there.
+      checkpoint_every: save every this many steps (and always when the call ends); default: only
+        when the call ends.
+      stop_after: stop once this many steps (in total, ``<= config.steps``) are done, e.g. to split a
+        run over jobs; the report then accounts the steps done.
+      progress: ``True``: print a line to stderr about every ``steps / 10`` steps (and at the end);
+        a callable: call it instead with a dict ``{"step", "steps", "batch_size", "loss", "clipped",
+        "seconds"}`` (``loss``: mean per-record loss of that step's batch, NaN if empty; not private).
+
+    Returns:
+      ``(trained_model, history, report)``: a new model with the trained parameters; ``history``
+      maps :data:`HISTORY_KEYS` to ``(steps_done,)`` arrays (``loss`` is the mean per-record loss of
+      the realised batch, NaN for an empty batch); the :class:`~snapaudit_jax.dpsgd.DPReport`.
+
+    Raises:
+      ValueError: invalid dataset, ``stop_after`` or ``checkpoint_every``; unreachable target epsilon;
+        a checkpoint of another run (configuration, data, model or key) in ``checkpoint_dir``.
+
+    Guarantees:
+      With ``config.non_private = False`` and ``sigma > 0``, the sequence of parameters (every
+      checkpoint and the returned model) is ``(epsilon, delta)``-DP for one record under add/remove
+      adjacency, with ``epsilon`` the report's accountant bound for ``steps`` Poisson-sampled Gaussian
+      steps: each record enters each step's batch independently with probability at most ``q``, its
+      clipped gradient changes the noisy sum by at most ``C`` in L2 norm, the noise is
+      ``N(0, sigma^2 C^2 I)`` on the sum, and everything after is post-processing. This assumes the
+      records of ``dataset`` are the units to protect, the key is secret and random, and the
+      ``history`` and progress reports (not private) are not released. A run stopped and resumed
+      from a checkpoint is bit-for-bit the uninterrupted run (same batches, same noise).
+
+    References:
+      Abadi et al. 2016, "Deep learning with differential privacy", Alg. 1; Mironov, Talwar & Zhang 2019.
+    """
+    if not isinstance(config, DPSGDConfig):
+        raise ValueError(f"config must be a DPSGDConfig, got {type(config).__name__}")
+    stop = config.steps if stop_after is None else _validate.positive_int("stop_after", stop_after)
+    if stop > config.steps:
+        raise ValueError(f"stop_after must be <= config.steps={config.steps}, got {stop_after}")
+    if checkpoint_every is not None:
+        checkpoint_every = _validate.positive_int("checkpoint_every", checkpoint_every)
+    if not (isinstance(progress, bool) or callable(progress)):
+        raise ValueError(f"progress must be a bool or a callable, got {progress!r}")
+    run = _prepare(model, dataset, config, key)
+    privacy, params, opt_state = run.privacy, run.params, run.opt_state
+
+    raw: dict[str, list] = {name: [] for name in _RAW_KEYS}
+    start = 0
+    if checkpoint_dir is not None:
+        found = latest_checkpoint(checkpoint_dir)
+        if found is not None:
+            params, opt_state, meta = load_checkpoint(found, params, opt_state)
+            for name, value in run.identity.items():
+                if meta.get("run", {}).get(name) != value:
+                    raise ValueError(
+                        f"checkpoint {found}: {name} differs from this run (checkpoint "
+                        f"{meta.get('run', {}).get(name)!r}, run {value!r}); use another checkpoint_dir"
+                    )
+            start = int(meta["step"])
+            raw = {name: list(meta["history"][name]) for name in _RAW_KEYS}
+            if start > stop:
+                raise ValueError(f"stop_after must be >= the checkpoint's step {start}, got {stop_after}")
+
+    def save(done: int) -> None:
+        _drain(pending, raw)
+        ledger = {
+            "event": "SelfComposed(PoissonSampled(q, Gaussian(sigma)), steps)",
+            "sampling_rate": privacy.sampling_rate,
+            "noise_multiplier": privacy.noise_multiplier,
+            "steps": done,
+            "private": config.private,
+        }
+        if config.private and privacy.noise_multiplier > 0:
+            ledger["epsilon_rdp"] = compute_epsilon(
+                noise_multiplier=privacy.noise_multiplier,
+                sampling_rate=privacy.sampling_rate,
+                steps=done,
+                delta=config.delta,
+            )
+        meta = {"run": run.identity, "accountant": ledger, "history": raw}
+        save_checkpoint(checkpoint_dir, done, params, opt_state, meta)
+
+    report_progress = _progress_line if progress is True else (progress or None)
+    pending: list = []
+    every = max(1, config.steps // 10)
+    began = time.perf_counter()
+    for t in range(start, stop):
+        params, opt_state, metrics = _dp_step(
+            run.key, np.int32(t), params, opt_state, run.rest, run.tokens, run.mask, run.hyper,
+            graphdef=run.graphdef, spec=run.spec,
+        )
+        pending.append(metrics)
+        done = t + 1
+        if report_progress is not None and (done % every == 0 or done == stop):
+            _drain(pending, raw)
+            count = raw["batch_size"][-1]
+            report_progress({
+                "step": done,
+                "steps": config.steps,
+                "batch_size": count,
+                "loss": raw["loss_sum"][-1] / count if count else float("nan"),
+                "clipped": raw["clipped"][-1],
+                "seconds": time.perf_counter() - began,
+            })
+        if checkpoint_dir is not None and done < stop and checkpoint_every and done % checkpoint_every == 0:
+            save(done)
+    if checkpoint_dir is not None and stop > start:
+        save(stop)
+    _drain(pending, raw)
+
+    report = make_report(
+        private=config.private,
+        noise_multiplier=privacy.noise_multiplier,
+        clip_norm=privacy.clip_norm,
+        sampling_rate=privacy.sampling_rate,
+        sampling_probability=sampling_probability(privacy.sampling_rate),
+        dataset_size=run.spec.num_records,
+        steps=stop,
+        steps_planned=config.steps,
+        delta=config.delta,
+        target_epsilon=config.target_epsilon,
+        calibration_accountant=config.accountant if config.target_epsilon is not None else None,
+        pld_discretization=config.pld_discretization,
+        optimizer=config.optimizer,
+        learning_rate=config.learning_rate,
+        microbatch_size=privacy.microbatch_size,
+    )
+    return nnx.merge(run.graphdef, params, run.rest), _history(raw, stop), report
