@@ -519,8 +519,8 @@ def format_table(results: Mapping[str, dict], full: Mapping[str, dict], config: 
         rep = f.get("report") or {}
         if rep.get("dp"):
             lines.append(f"- {name}: (epsilon, delta) = ({rep.get('epsilon_pld', float('nan')):.3g} PLD / "
-                         f"{rep.get('epsilon_rdp', float('nan')):.3g} RDP, {rep.get('delta'):.2g}) for one "
-                         f"{rep.get('protected_unit')} under {rep.get('adjacency')}; Poisson sampling q = "
+                         f"{rep.get('epsilon_rdp', float('nan')):.3g} RDP, {rep.get('delta'):.2g}); protected unit: "
+                         f"{rep.get('protected_unit')}; adjacency: {rep.get('adjacency')}; Poisson sampling q = "
                          f"{rep.get('sampling_rate', float('nan')):.4g}, {rep.get('steps')} steps, C = "
                          f"{rep.get('clip_norm')}, sigma = {rep.get('noise_multiplier', float('nan')):.4g}.")
     return "\n".join(lines) + "\n"

@@ -89,6 +89,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", default=None, help="output folder (default: runs/<config name>)")
     c.add_argument("--quiet", action="store_true", help="no progress lines")
 
+    p = sub.add_parser(
+        "pii",
+        help="PII leakage of a small GPT-2 trained undefended, with DP-SGD, scrubbed and both",
+        description="Trains the four variants of CONFIG.toml on a synthetic PII corpus, runs the extraction, "
+                    "reconstruction, inference, membership and canary attacks, and writes results.json, "
+                    "results_full.json, table.md and leakage.png to the output folder (a rerun resumes).",
+    )
+    p.add_argument("config", help="TOML configuration (see examples/pii_small.toml)")
+    p.add_argument("--out", default=None, help="output folder (default: runs/<config name>)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+
     g = sub.add_parser("generate", help="generate text with a Flax language model")
     g.add_argument("--model", default="smollm2", help="smollm2, a .gguf file or a Hugging Face folder")
     g.add_argument("--prompt", required=True)
@@ -233,6 +244,19 @@ def _cpa(args) -> int:
     return EXIT_OK
 
 
+def _pii(args) -> int:
+    import os
+
+    from attacks.experiment import load_pii_config, run_pii
+
+    config = load_pii_config(args.config)
+    out = args.out or os.path.join("runs", os.path.splitext(os.path.basename(args.config))[0])
+    run_pii(config, out, progress=not args.quiet)
+    with open(os.path.join(out, "table.md")) as fh:
+        print(fh.read())
+    return EXIT_OK
+
+
 def _generate(args) -> int:
     import time
 
@@ -275,7 +299,7 @@ def _embed(args) -> int:
     return EXIT_OK
 
 
-_COMMANDS = {"simulate": _simulate, "audit": _audit, "cpa": _cpa, "generate": _generate, "embed": _embed}
+_COMMANDS = {"simulate": _simulate, "audit": _audit, "cpa": _cpa, "pii": _pii, "generate": _generate, "embed": _embed}
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,145 @@
+"""The PII leakage experiment runner (``snapaudit pii``) on a tiny configuration.
+
+What is under test is the orchestration: the four variants' training setup (DP or not, scrubbed or
+not), the result keys and their null rules, the claimed-vs-audited epsilon relation, resume, refusal of
+a folder of another run, and configuration errors raised before anything is written. The attacks and
+DP-SGD themselves are tested against their oracles in test_attacks.py and test_dpsgd.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from attacks.experiment import RESULT_KEYS, load_pii_config, run_pii
+from snapaudit_jax._config import ConfigFileError
+
+TINY = """
+[run]
+seed = 1
+n_test = 16
+public_records = 60
+{variants}
+
+[corpus]
+n_records = 80
+n_people = 20
+
+[canaries]
+n_canaries = 16
+
+[model]
+n_layer = 1
+n_embd = 32
+n_head = 2
+max_length = 160
+vocab_size = 400
+
+[training]
+steps = 6
+batch_size = 8
+learning_rate = 1e-2
+
+[extraction]
+n_samples = 8
+max_new_tokens = 16
+
+[reconstruction]
+n_samples = 4
+max_queries = 4
+
+[inference]
+n_candidates = 5
+max_queries = 4
+"""
+
+
+def write(tmp_path, text, name="pii.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pii")
+    cfg = load_pii_config(write(tmp, TINY.format(variants="")))
+    out = str(tmp / "out")
+    return cfg, out, run_pii(cfg, out, progress=False)
+
+
+def test_results_json_has_every_variant_and_key(tiny_run):
+    cfg, out, result = tiny_run
+    assert {"results.json", "results_full.json", "table.md", "leakage.png", "config.json"} <= set(os.listdir(out))
+    results = json.load(open(os.path.join(out, "results.json")))
+    assert list(results) == ["undefended", "dp", "scrubbed", "dp_scrubbed"]
+    for name, row in results.items():
+        assert set(row) == set(RESULT_KEYS)
+        assert row["perplexity"] > 1.0
+        for key in ("reconstruction_accuracy", "inference_accuracy", "mia_auc"):
+            assert 0.0 <= row[key] <= 1.0
+        dp = name.startswith("dp")
+        assert (row["epsilon_claimed"] is None) == (not dp)
+        if dp:  # calibrated to the target by the configured accountant, within its tolerance
+            assert row["epsilon_claimed"] == pytest.approx(cfg.training.epsilon, rel=0.02)
+            assert row["epsilon_audited"] is not None and 0.0 <= row["epsilon_audited"] <= row["epsilon_claimed"]
+    full = json.load(open(os.path.join(out, "results_full.json")))
+    rep = full["variants"]["dp"]["report"]
+    assert rep["sampling"] == "poisson" and rep["steps"] == cfg.training.steps
+    assert rep["clip_norm"] == cfg.training.clip_norm and rep["noise_multiplier"] > 0
+    assert full["variants"]["undefended"]["report"]["dp"] is False
+    # the scrubbed variants trained on text without the tagged PII: the tagger's recall is recorded
+    assert full["tagger"]["all"]["recall"] > 0.9
+    table = open(os.path.join(out, "table.md")).read()
+    for name in results:
+        assert f"| {name} |" in table
+
+
+def test_rerun_resumes_without_retraining(tiny_run, capfd):
+    cfg, out, first = tiny_run
+    again = run_pii(cfg, out, progress=True)
+    err = capfd.readouterr().err
+    assert err.count("attacks already done") == 4 and "training undefended" not in err
+    assert again["results"] == first["results"]
+
+
+def test_other_configuration_refuses_the_folder(tiny_run, tmp_path):
+    _, out, _ = tiny_run
+    other = load_pii_config(write(tmp_path, TINY.format(variants="").replace("seed = 1", "seed = 2")))
+    with pytest.raises(ConfigFileError, match="another configuration"):
+        run_pii(other, out, progress=False)
+
+
+@pytest.mark.parametrize("old, new, match", [
+    ("n_layer = 1", "n_layer = 0", "model: n_layer"),
+    ("steps = 6", "steps = 6\nbogus = 1", "training: unknown key"),
+    ("n_test = 16", "n_test = 80", "run.n_test"),
+    ("{variants}", 'variants = ["dp", "nope"]', "variants"),
+    ("n_canaries = 16", "n_canaries = 1", "canaries: n_canaries"),
+    ("n_candidates = 5", "n_candidates = 1", "inference: n_candidates"),
+    ("learning_rate = 1e-2", "learning_rate = -1.0", "training: learning_rate"),
+])
+def test_config_errors_name_the_field(tmp_path, old, new, match):
+    text = TINY.replace(old, new) if old != "{variants}" else TINY.format(variants=new)
+    with pytest.raises(ConfigFileError, match=match):
+        load_pii_config(write(tmp_path, text.replace("{variants}", "")))
+
+
+def test_too_short_max_length_fails_before_writing(tmp_path):
+    cfg = load_pii_config(write(tmp_path, TINY.format(variants="").replace("max_length = 160", "max_length = 24")))
+    out = tmp_path / "out"
+    with pytest.raises(ConfigFileError, match="model.max_length: must be >= "):
+        run_pii(cfg, str(out), progress=False)
+    assert not out.exists()
+
+
+def test_cli_exit_code_on_bad_config(tmp_path):
+    path = write(tmp_path, TINY.format(variants="").replace("n_embd = 32", "n_embd = 33"))
+    proc = subprocess.run([sys.executable, "-m", "snapaudit_jax", "pii", path, "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "n_embd" in proc.stderr and "33" in proc.stderr
+    assert not (tmp_path / "o").exists()
