@@ -9,6 +9,12 @@ from collections.abc import Callable
 from typing import IO, Any
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> None:
     """Calls ``write(fh)`` on a temporary file next to ``path``, then renames it into place."""
     path = os.fspath(path)
@@ -17,6 +23,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> 
     suffix = os.path.splitext(path)[1]
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=directory)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # the permissions open() would give, not mkstemp's 0600
         with os.fdopen(fd, "wb") as fh:
             write(fh)
             fh.flush()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -360,21 +359,10 @@ class LinkageSuite:
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes the suite as JSON atomically (temporary file in the same folder + ``os.replace``)."""
-        path = os.fspath(path)
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
+        from snapaudit_jax._io import atomic_write
+
         data = self.to_json().encode("utf-8")
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        atomic_write(path, lambda fh: fh.write(data))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> LinkageSuite:
