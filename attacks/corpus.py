@@ -120,6 +120,8 @@ class CorpusConfig:
         gazetteer tagger for ``locale`` mostly misses; their other PII stays in ``locale``'s formats).
       foreign_locales: Faker locales of the foreign names.
       year_range: dates are uniform over ``[year_range[0], year_range[1]]``.
+      record_topics: open each record with a subject line drawn per record (not PII), the record-specific
+        context of real e-mails and cases; without it a record's only distinctive content is its PII.
     """
 
     n_records: int = 1000
@@ -134,6 +136,7 @@ class CorpusConfig:
     foreign_name_fraction: float = 0.05
     foreign_locales: tuple[str, ...] = ("de_DE", "fr_FR", "es_ES")
     year_range: tuple[int, int] = (1990, 2022)
+    record_topics: bool = True
 
     def validate(self) -> "CorpusConfig":
         """Checks every field; returns ``self``.
@@ -158,6 +161,8 @@ class CorpusConfig:
                 raise ValueError(f"{name} must be in [0, 1], got {value!r}")
         if self.foreign_name_fraction > 0 and not self.foreign_locales:
             raise ValueError("foreign_locales must not be empty when foreign_name_fraction > 0, got ()")
+        if not isinstance(self.record_topics, bool):
+            raise ValueError(f"record_topics must be true or false, got {self.record_topics!r}")
         lo, hi = self.year_range
         if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi <= 9999):
             raise ValueError(f"year_range must be (first, last) years with 1 <= first <= last <= 9999, "
@@ -223,6 +228,10 @@ _TEMPLATES = {
     ),
 }
 
+# A record-specific subject line (not PII): the non-PII context that lets a model memorise which record
+# a name belongs to, as the distinct facts of a real e-mail or case do.
+_TOPIC_LINES = {"email": "Re: {topic}\n", "court": "Case concerning {topic}. "}
+
 _FIELD = re.compile(r"\{(\w+)\}")
 
 
@@ -237,7 +246,8 @@ def _render(template: str, values: Mapping[str, str]) -> tuple[str, tuple[Span, 
         pos += len(literal)
         value = values[m.group(1)]
         parts.append(value)
-        spans.append(Span(pos, pos + len(value), _FIELD_LABELS[m.group(1)], value))
+        if m.group(1) in _FIELD_LABELS:  # other fields (the topic) are not PII
+            spans.append(Span(pos, pos + len(value), _FIELD_LABELS[m.group(1)], value))
         pos += len(value)
         last = m.end()
     parts.append(template[last:])
@@ -418,6 +428,7 @@ def make_corpus(config: CorpusConfig = CorpusConfig()) -> Corpus:
     fake = _faker(config.locale, config.seed + 1000)
     orgs = _distinct(fake.company, config.n_orgs, "organisations")
     cities = _distinct(fake.city, config.n_cities, "cities")
+    topic_fake = _faker("en_US", config.seed + 2000)
     k = config.people_per_record
     person_counts = zipf_counts(config.n_records * k, config.n_people, config.zipf_exponent)
     grid = _assign(person_counts, config.n_records, k, rng)
@@ -429,6 +440,8 @@ def make_corpus(config: CorpusConfig = CorpusConfig()) -> Corpus:
         kind = "email" if rng.random() < config.email_fraction else "court"
         templates = _TEMPLATES[kind]
         template = templates[int(rng.integers(len(templates)))]
+        if config.record_topics:
+            template = _TOPIC_LINES[kind] + template
         a, b = (people[int(p)] for p in grid[i])
         values = {
             "A": a.name, "A_email": a.email, "A_phone": a.phone, "A_address": a.address,
@@ -436,6 +449,8 @@ def make_corpus(config: CorpusConfig = CorpusConfig()) -> Corpus:
             "org": orgs[int(org_of[i])], "city": cities[int(rng.integers(len(cities)))],
             "date": _date(rng, config.year_range, "dmy" if kind == "court" else ("iso", "mdy")[int(rng.integers(2))]),
         }
+        if config.record_topics:  # its own Faker stream: the PII draws do not depend on this option
+            values["topic"] = topic_fake.catch_phrase().lower()
         text, spans = _render(template, values)
         records.append(Record(i, kind, text, spans, tuple(int(p) for p in grid[i]), int(org_of[i])))
     return Corpus(config, tuple(records), people, person_counts, orgs, org_counts, cities)

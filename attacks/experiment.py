@@ -383,6 +383,33 @@ def _attack(name: str, model, report, config: PIIConfig, data: _Data, baseline, 
     return out
 
 
+REPETITION_BINS = ((1, 3), (4, 15), (16, None))  # training records holding the attacked PII string
+
+
+def _by_repetition(done: Mapping[str, Any], data: _Data) -> dict:
+    """Reconstruction and inference accuracy by how many training records hold the true PII string.
+
+    DP-SGD bounds what one record reveals; a string held by many records is a group of that size, so
+    its leakage is not covered by the per-record guarantee. The strata separate the two.
+    """
+    from attacks.extraction import normalize_pii
+
+    counts: dict[tuple[str, str], int] = {}
+    for r in data.train:
+        for key in {(s.label, normalize_pii(s.value)) for s in r.spans}:
+            counts[key] = counts.get(key, 0) + 1
+    out = {}
+    for game in ("reconstruction", "inference"):
+        rows = []
+        for lo, hi in REPETITION_BINS:
+            hits = [it["correct"] for it in done[game]["items"]
+                    if lo <= counts.get((it["label"], it["truth"]), 0) <= (hi if hi is not None else 1 << 62)]
+            rows.append({"records": f"{lo}-{hi}" if hi is not None else f">={lo}", "n_queries": len(hits),
+                         "accuracy": float(np.mean(hits)) if hits else None})
+        out[game] = rows
+    return out
+
+
 def _num(x) -> float | None:
     return None if x is None or not np.isfinite(x) else float(x)
 
@@ -478,6 +505,7 @@ def run_pii(config: PIIConfig, out_dir: str, *, progress: bool = True) -> dict:
             write_json(path, done)
         results[name] = done["row"]
         full[name] = {k: v for k, v in done.items() if k != "row"}
+        full[name]["by_repetition"] = _by_repetition(done, data)
 
     seconds = time.perf_counter() - t0
     write_json(os.path.join(out_dir, "results.json"), results)
@@ -513,6 +541,15 @@ def format_table(results: Mapping[str, dict], full: Mapping[str, dict], config: 
                      f"{_fmt(r['extraction_recall'])} | {_fmt(r['reconstruction_accuracy'])} | "
                      f"{_fmt(r['inference_accuracy'])} | {_fmt(r['mia_auc'])} | {_fmt(r['epsilon_claimed'], 2)} | "
                      f"{_fmt(r['epsilon_audited'], 2)} |")
+    lines += ["", "Accuracy by how many training records hold the attacked PII (DP bounds one record's "
+              "influence; repeated PII is a group):", "",
+              "| variant | game | " + " | ".join(r["records"] + " records" for r in
+                                                  next(iter(full.values()))["by_repetition"]["inference"]) + " |",
+              "|---|---|" + "---:|" * len(REPETITION_BINS)]
+    for name, f in full.items():
+        for game in ("reconstruction", "inference"):
+            cells = [f"{_fmt(r['accuracy'])} (n={r['n_queries']})" for r in f["by_repetition"][game]]
+            lines.append(f"| {name} | {game} | " + " | ".join(cells) + " |")
     lines += ["", f"Tagger (scrubbing) on the training records: recall {tagger['all']['recall']:.3f}, precision "
               f"{tagger['all']['precision']:.3f}; PII it misses stays in the scrubbed variants' training data.", ""]
     for name, f in full.items():

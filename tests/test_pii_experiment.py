@@ -36,7 +36,7 @@ n_canaries = 16
 n_layer = 1
 n_embd = 32
 n_head = 2
-max_length = 160
+max_length = 192
 vocab_size = 400
 
 [training]
@@ -130,7 +130,7 @@ def test_config_errors_name_the_field(tmp_path, old, new, match):
 
 
 def test_too_short_max_length_fails_before_writing(tmp_path):
-    cfg = load_pii_config(write(tmp_path, TINY.format(variants="").replace("max_length = 160", "max_length = 24")))
+    cfg = load_pii_config(write(tmp_path, TINY.format(variants="").replace("max_length = 192", "max_length = 24")))
     out = tmp_path / "out"
     with pytest.raises(ConfigFileError, match="model.max_length: must be >= "):
         run_pii(cfg, str(out), progress=False)
