@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from conformal.kernels import SCORES, conformal_rank, pvalues, threshold
+from conformal.kernels import SCORES, _alpha_list, conformal_rank, pvalues, threshold
 
 __all__ = ["Calibration", "calibrate", "miss_rate_upper", "coverage_check", "CoverageCheck"]
 
@@ -148,16 +148,13 @@ def calibrate(
     """
     if score not in SCORES:
         raise ValueError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
-    alphas = tuple(float(a) for a in (alpha if isinstance(alpha, (Sequence, np.ndarray)) else [alpha]))
-    if not alphas:
-        raise ValueError("alpha must not be empty")
-    for a in alphas:
-        conformal_rank(1, a)  # validates alpha
+    alphas = tuple(float(a) for a in _alpha_list(alpha)[0])  # validated as given, before float()
     s = np.asarray(cal_scores, np.float32)
     if s.ndim != 1:
         raise ValueError(f"cal_scores must have shape (n,), got shape {s.shape}")
     if s.size == 0:
-        raise ValueError("the calibration set is empty: no calibration document has its identity in the pool")
+        raise ValueError("cal_scores is empty: the calibration set must hold at least 1 document with its identity "
+                         "in the pool")
     if np.isnan(s).any():
         raise ValueError(f"cal_scores must not be NaN (index {int(np.argmax(np.isnan(s)))})")
     if isinstance(n_missing, bool) or not isinstance(n_missing, (int, np.integer)) or n_missing < 0:
@@ -225,13 +222,12 @@ def coverage_check(cal_scores, test_scores, alphas: Sequence[float] = (0.05, 0.1
     """
     cal = np.asarray(cal_scores, np.float32)
     test = np.asarray(test_scores, np.float32)
-    if cal.size == 0 or test.size == 0:
-        raise ValueError(f"coverage_check needs calibration and test scores, got {cal.size} and {test.size}")
+    for name, v in (("cal_scores", cal), ("test_scores", test)):
+        if v.size == 0:
+            raise ValueError(f"{name} is empty: coverage_check needs at least 1 calibration and 1 test score")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    alphas = tuple(float(a) for a in alphas)
-    if not alphas:
-        raise ValueError("alphas must not be empty")
+    alphas = tuple(float(a) for a in _alpha_list(alphas)[0])
     n, k_test = cal.size, test.size
     qhat = np.asarray(threshold(cal, list(alphas)))
     level = (1.0 - confidence) / len(alphas)

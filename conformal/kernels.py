@@ -272,6 +272,27 @@ def _alpha_fraction(alpha) -> Fraction:
     return frac
 
 
+def _alpha_list(alpha) -> tuple[list, bool]:
+    """``(levels, scalar)``: the levels of ``alpha`` (one number or a sequence of them) as given, unconverted.
+
+    A sequence keeps its items (``[0.1, True]`` reports ``True``, not ``1.0``); a string is refused whole.
+    """
+    if isinstance(alpha, (str, bytes)):
+        raise ValueError(f"alpha must be a number in (0, 1) or a sequence of them, got {alpha!r}")
+    if isinstance(alpha, np.ndarray):
+        scalar = alpha.ndim == 0
+        alphas = [alpha.item()] if scalar else alpha.ravel().tolist()
+    elif isinstance(alpha, Sequence):
+        scalar, alphas = False, list(alpha)
+    else:
+        scalar, alphas = True, [alpha]
+    if not alphas:
+        raise ValueError("alpha must not be empty")
+    for a in alphas:
+        _alpha_fraction(a)
+    return alphas, scalar
+
+
 def conformal_rank(n: int, alpha) -> int:
     """``k = ceil((n + 1)(1 - alpha))``, computed exactly; ``k > n`` means the threshold is ``+inf``.
 
@@ -315,12 +336,7 @@ def threshold(cal_scores: jax.Array, alpha: float | Sequence[float]) -> jax.Arra
     References:
       CPA eq. (8); the off-by-one of np.quantile-based thresholds (MAPIE issue 973).
     """
-    if isinstance(alpha, (str, bytes)):
-        raise ValueError(f"alpha must be a number in (0, 1) or a sequence of them, got {alpha!r}")
-    scalar = not isinstance(alpha, (Sequence, np.ndarray))
-    alphas = [alpha] if scalar else list(np.asarray(alpha).tolist())
-    if not alphas:
-        raise ValueError("alpha must not be empty")
+    alphas, scalar = _alpha_list(alpha)
     if _concrete(cal_scores):
         s = np.asarray(cal_scores)
         if s.ndim != 1:
@@ -425,20 +441,56 @@ def leakage_proxy(sizes: jax.Array) -> jax.Array:
 # ---------------------------------------------------------------------------
 
 
+def _nearest_float32_ratio(num: jax.Array, den: int) -> jax.Array:
+    """The float32 nearest to ``num / den`` (ties to even), exactly, for integers ``1 <= num <= den < 2**31``.
+
+    ``x / (n + 1.0)`` is not that: XLA rewrites a division by a broadcast
+    scalar into a multiplication by its rounded reciprocal (one ulp off for
+    ~30% of ``num`` at ``den = 100``), which can push a p-value below its
+    exact value. Binary long division in ``uint32`` (remainders stay below
+    ``2 * den``) gives the 24 significant bits, the round bit and the sticky
+    bit on every backend.
+    """
+    den_u = jnp.uint32(den)
+    steps = den.bit_length() + 25  # leading zeros of num/den >= 2**-bit_length, then 24 bits + round bit
+    zero = jnp.zeros(num.shape, jnp.uint32)
+
+    def step(_, state):
+        rem, lead, acc, taken = state
+        rem = rem * 2
+        bit = rem >= den_u
+        rem = jnp.where(bit, rem - den_u, rem)
+        started = (taken > 0) | bit
+        lead = jnp.where(started, lead, lead + 1)  # binary places before the leading 1
+        take = started & (taken < 25)
+        acc = jnp.where(take, acc * 2 + bit.astype(jnp.uint32), acc)
+        return rem, lead, acc, taken + take.astype(jnp.uint32)
+
+    rem, lead, acc, _ = jax.lax.fori_loop(0, steps, step, (num.astype(jnp.uint32), zero, zero, zero))
+    mantissa, round_bit = acc >> 1, acc & 1
+    up = (round_bit == 1) & ((rem != 0) | ((mantissa & 1) == 1))
+    mantissa = mantissa + up.astype(jnp.uint32)  # may carry to 2**24: still exact in float32
+    # num/den = mantissa * 2**-(lead + 24); the power of two is built from its bit pattern (exact).
+    scale = jax.lax.bitcast_convert_type((jnp.uint32(127 - 24) - lead) << 23, jnp.float32)
+    return mantissa.astype(jnp.float32) * scale
+
+
 @jax.jit
 def _pvalues(cal_scores, test_scores):
     n = cal_scores.shape[0]
     # (1 + #{i : S_i >= T}) / (n + 1); count via a sorted calibration vector (n log n once, then log n per test).
     ordered = jnp.sort(cal_scores)
     below = jnp.searchsorted(ordered, test_scores, side="left")  # #{S_i < T}
-    return (1.0 + (n - below)) / (n + 1.0)
+    return _nearest_float32_ratio(1 + n - below, n + 1)
 
 
 def pvalues(cal_scores: jax.Array, test_scores: jax.Array) -> jax.Array:
     """Conformal p-values ``p = (1 + #{i : S_i >= T}) / (n + 1)`` of test scores ``(k,)``.
 
     ``T <= threshold(S, alpha)`` iff ``p > alpha`` (the same sets), and under
-    exchangeability ``P(p <= u) <= u`` for every ``u``.
+    exchangeability ``P(p <= u) <= u`` for every ``u``. Each p-value is the
+    float32 nearest to the exact fraction (correctly rounded, on any backend),
+    so compare it with float32 levels.
     """
     if _concrete(cal_scores, test_scores):
         if np.size(cal_scores) == 0:

@@ -1,0 +1,1187 @@
+"""Tests for the conformal calibration layer (CPA, Huang et al. 2026, Sections 4-5) against oracles.
+
+Oracles: sort-and-cumsum float64 definitions of the scores (CPA eq. 6); the
+order statistic of eq. (8) by brute force with exact fractions; exact
+finite-sample facts of split conformal prediction (with n calibration and one
+test score exchangeable and no ties, P(S_test <= S_(k)) = k/(n+1); for random
+splits of a finite pool, ties included, the exact expectation is a
+hypergeometric sum, ``exact_split_coverage``); scipy and mpmath
+Clopper-Pearson; MAPIE 1.6 (non-randomised APS).
+
+Monte Carlo tests draw many random calibration/test splits of one fixed pool
+of documents. Given the pool, a uniformly random split makes the documents
+exchangeable, so the split-conformal guarantees hold *conditionally on the
+pool*, and the per-split coverages C_1..C_R are i.i.d. Each assertion on their
+mean uses the tolerance ``Z * sd(C) / sqrt(R)`` with ``Z = Phi^-1(1 - 1e-6)``:
+a false failure probability of about 1e-6 per assertion under the normal
+approximation of the mean of R >= 500 i.i.d. bounded variables (CLT). Each
+such test also checks power: the wrong variant (order statistic k - 1, the
+threshold capped at the maximum score, a pooled threshold, ...) must fail the
+same assertion (or the exact two-sided one where ties blunt the lower bound).
+All seeds are fixed.
+
+Fixed-point resolution. Scores are computed from q = floor(p * 2^30) after
+rounding p to float32: an APS mass over at most m candidates differs from its
+float64 value by at most m * 2^-30 (truncation) + 2^-24 (float32 rounding of
+the inputs, summed over a row of mass <= 1) + 2^-24 (float32 rounding of the
+score): ``TOL_SCORE(m) = m * 2^-30 + 2^-23``, as long as values distinct in
+float32 stay distinct in the fixed point (candidates with equal q are ties: each
+one's mass includes the other's probability). P-values are float32 and are
+compared with float32 levels.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+import warnings
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import mpmath as mp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+from scipy.special import gammaln
+
+import conformal as cf
+
+Z = float(stats.norm.isf(1e-6))  # one-sided normal quantile of a 1e-6 false-failure probability
+ALPHAS = (0.05, 0.1, 0.2)
+POOL_DOCS, POOL_CANDIDATES = 2000, 37
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+def tol_score(m: int) -> float:
+    return m * 2.0**-30 + 2.0**-23
+
+
+def mc_tol(values) -> float:
+    """Normal-approximation half-width of the mean of i.i.d. per-split values at false-failure 1e-6."""
+    v = np.asarray(values, np.float64)
+    return Z * float(v.std(ddof=1)) / math.sqrt(v.shape[0])
+
+
+# --------------------------------------------------------------------------- data
+
+
+def posteriors(rng, n, m, signal=2.0, spread=(0.3, 3.0), labels=None):
+    """Attacker posteriors of a known generative model, ``(probs (n, m) float64, labels (n,))``.
+
+    The truth is uniform over the pool (or the given ``labels``); logits are ``beta_i * (signal * e_y + N(0, I))``
+    with a per-document sharpness ``beta_i ~ U(spread)`` (documents differ in how identifiable they are).
+    """
+    labels = rng.integers(0, m, n) if labels is None else np.asarray(labels)
+    beta = rng.uniform(*spread, size=(n, 1))
+    logits = beta * (rng.standard_normal((n, m)) + signal * np.eye(m)[labels])
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return p / p.sum(axis=1, keepdims=True), labels
+
+
+def tied_probs(rng, n, m, top=4):
+    """Rows ``w / sum(w)`` of integer weights in ``[0, top)``: exact ties (and zeros) in float32 and float64."""
+    w = rng.integers(0, top, (n, m)).astype(np.float64)
+    w[w.sum(axis=1) == 0, 0] = 1.0
+    return w / w.sum(axis=1, keepdims=True)
+
+
+def all_candidate_scores(probs, score):
+    """``(n, m)``: the kernel's score of every candidate ``y`` of every document (one batched call)."""
+    n, m = probs.shape
+    return np.asarray(cf.scores(np.repeat(probs, m, axis=0), np.tile(np.arange(m), n), score)).reshape(n, m)
+
+
+def oracle_scores(p, y):
+    """Float64 definitions by sorting: APS mass (every candidate tied with the truth included), rank, 1 - p_y."""
+    n = p.shape[0]
+    aps, rank = np.empty(n), np.empty(n)
+    for i in range(n):
+        ordered = np.sort(p[i])[::-1]
+        last = int(np.count_nonzero(ordered >= p[i, y[i]])) - 1  # last sorted position tied with the truth
+        aps[i] = np.cumsum(ordered)[last]
+        rank[i] = last + 1
+    return aps, rank, 1.0 - p[np.arange(n), y]
+
+
+def min_separation(p) -> float:
+    """Smallest gap between distinct values within a row (inf when a row has one value)."""
+    gaps = [np.diff(np.unique(row)) for row in p]
+    return min((float(g.min()) for g in gaps if g.size), default=math.inf)
+
+
+@functools.lru_cache(maxsize=None)
+def pool(seed=0, n=POOL_DOCS, m=POOL_CANDIDATES):
+    """A fixed pool of exchangeable documents and the three scores of their true identities."""
+    probs, labels = posteriors(np.random.default_rng(seed), n, m)
+    return probs, labels, {s: np.asarray(cf.scores(probs, labels, s)) for s in cf.SCORES}
+
+
+def random_splits(rng, n_pool, n_cal, reps):
+    """``(reps, n_pool)`` independent uniformly random permutations; the first ``n_cal`` are calibration."""
+    return np.argsort(rng.random((reps, n_pool)), axis=1)
+
+
+def split_coverage(scores_pool, perms, n_cal, qhat):
+    """Per split and level, the fraction of the split's test documents with ``score <= qhat``.
+
+    ``qhat`` is ``(R, A)``; counts ``#{pool <= q} - #{calibration <= q}`` (float32 comparisons, as the kernels).
+    """
+    ordered = np.sort(scores_pool)
+    total = np.searchsorted(ordered, qhat, side="right")
+    cal = scores_pool[perms[:, :n_cal]]
+    in_cal = np.sum(cal[:, :, None] <= qhat[:, None, :], axis=1)
+    return (total - in_cal) / (scores_pool.shape[0] - n_cal)
+
+
+def exact_split_coverage(pool_scores, n: int, k):
+    """E[coverage] of the k-th order statistic over uniformly random splits of a finite pool, ties allowed.
+
+    A test score v is covered iff fewer than k calibration scores are < v; the n calibration documents are a
+    uniform n-subset of the other N - 1, so that count is hypergeometric (float32 comparisons, as the kernels).
+    ``k`` an int (returns a float) or a sequence of them (returns an array).
+    """
+    v = np.sort(pool_scores)
+    lows, counts = np.unique(np.searchsorted(v, pool_scores, side="left"), return_counts=True)
+    big, x, low = v.size - 1, np.arange(n + 1)[None, :], lows[:, None]
+
+    def log_choose(a, b):  # -inf outside 0 <= b <= a
+        ok = (b >= 0) & (b <= a)
+        a, b = np.where(ok, a, 0), np.where(ok, b, 0)
+        return np.where(ok, gammaln(a + 1) - gammaln(b + 1) - gammaln(a - b + 1), -np.inf)
+
+    pmf = np.exp(log_choose(low, x) + log_choose(big - low, n - x) - log_choose(big, n))  # Hypergeometric(big, low, n)
+    cdf = np.cumsum(pmf, axis=1)
+    ks = np.atleast_1d(k)
+    out = np.array([1.0 if kk > n else float(counts @ cdf[:, kk - 1]) / v.size for kk in ks])
+    return float(out[0]) if np.ndim(k) == 0 else out
+
+
+def vmapped_threshold(cal, alphas):
+    """``threshold`` of every row of ``cal`` ``(R, n)`` at static ``alphas``: ``(R, len(alphas))`` (jit + vmap)."""
+    return np.asarray(jax.jit(jax.vmap(lambda s: cf.threshold(s, list(alphas))))(jnp.asarray(cal, jnp.float32)))
+
+
+# --------------------------------------------------------------------------- 1. scores vs oracles
+
+
+@pytest.mark.parametrize("kind", ["continuous", "ties"])
+def test_scores_match_float64_sort_oracle(kind):
+    """APS mass, rank and 1 - p_y agree with float64 sort-based definitions within TOL_SCORE(m); ranks exactly."""
+    rng = np.random.default_rng(1 if kind == "continuous" else 2)
+    n, m = 13, 31
+    if kind == "continuous":
+        p, _ = posteriors(rng, n, m, signal=1.0)
+        # Distinct values stay distinct and ordered after float32 rounding and quantisation (precondition).
+        assert min_separation(p) > 2.0**-23
+    else:
+        p = tied_probs(rng, n, m)
+    y = rng.integers(0, m, n)
+    y[0] = int(np.argmin(p[0]))  # the least likely candidate (a zero-probability truth in the tied case)
+    aps_o, rank_o, prob_o = oracle_scores(p, y)
+    assert np.max(np.abs(np.asarray(cf.aps_scores(p, y), np.float64) - aps_o)) <= tol_score(m)
+    assert np.max(np.abs(np.asarray(cf.prob_scores(p, y), np.float64) - prob_o)) <= tol_score(1)
+    np.testing.assert_array_equal(np.asarray(cf.rank_scores(p, y)), rank_o)
+    if kind == "ties":
+        # every candidate tied with the truth is in its mass: tied candidates share one score
+        full = all_candidate_scores(p, "aps")
+        for i in range(n):
+            for value in np.unique(p[i]):
+                assert np.unique(full[i, p[i] == value]).size == 1
+        assert rank_o.max() > 1 and np.any(aps_o > p[np.arange(n), y] * 2)
+
+
+def test_scores_resolution_mass_fixed_point_rank_float32():
+    """Documented: APS quantises p < 2^-30 to 0 (ties with exact zeros); rank compares float32 values.
+
+    0.5 - 1e-12 rounds to 0.5 in float32 (a tie, counted against the truth); 1e-12 stays above 0.
+    """
+    p = np.array([[0.5, 0.5 - 1e-12, 1e-12, 0.0]])
+    assert float(cf.rank_scores(p, np.array([2]))[0]) == 3.0  # float32 keeps 1e-12 > 0
+    assert float(cf.rank_scores(p, np.array([1]))[0]) == 2.0  # tied with 0.5 after float32 rounding
+    assert float(cf.rank_scores(p, np.array([3]))[0]) == 4.0
+    assert float(cf.aps_scores(p, np.array([2]))[0]) == pytest.approx(1.0, abs=tol_score(4))
+
+
+def test_score_names():
+    p, y = pool()[0][:5], pool()[1][:5]
+    for s in cf.SCORES:
+        np.testing.assert_array_equal(np.asarray(cf.scores(p, y, s)), pool()[2][s][:5])
+    with pytest.raises(ValueError, match="score must be one of"):
+        cf.scores(p, y, "lac")
+    with pytest.raises(ValueError, match="score must be one of"):
+        cf.prediction_sets(p, 0.5, "lac")
+
+
+# --------------------------------------------------------------------------- 2. set/score identity
+
+
+def assert_set_identity(p, qhat, score):
+    """``prediction_sets(p, qhat)[i, y] == (score of y <= qhat_i)`` bit-exactly, float32 comparison like the kernel."""
+    full = all_candidate_scores(p, score)
+    q = np.broadcast_to(np.asarray(qhat, np.float32), (p.shape[0],))
+    sets = np.asarray(cf.prediction_sets(p, qhat, score))
+    expected = full <= q[:, None]
+    np.testing.assert_array_equal(sets, expected, err_msg=f"{score} qhat={qhat}")
+    return sets
+
+
+@pytest.mark.parametrize("score", cf.SCORES)
+@pytest.mark.parametrize("kind", ["continuous", "ties"])
+def test_sets_equal_score_rule_exactly(score, kind):
+    """Membership is ``s(x, y) <= qhat`` for scalar, boundary, per-row (Mondrian), +inf and below-all thresholds."""
+    rng = np.random.default_rng(3)
+    n, m = 13, 31
+    p = posteriors(rng, n, m)[0] if kind == "continuous" else tied_probs(rng, n, m)
+    full = all_candidate_scores(p, score)
+    values = np.unique(full)
+    # exact boundaries (attained scores) and the floats just around them, midpoints, extremes
+    picks = values[np.linspace(0, values.size - 1, 7).astype(int)]
+    scalars = [-1.0, 0.0, np.inf, float(values.max()) * 2]
+    for v in picks:
+        v = np.float32(v)
+        scalars += [v, np.nextafter(v, np.float32(-np.inf)), np.nextafter(v, np.float32(np.inf))]
+    scalars += list((values[:-1:5] + values[1::5]) / 2)
+    for q in scalars:
+        sets = assert_set_identity(p, np.float32(q), score)
+        if q == np.inf:
+            assert sets.all()
+        if q < values.min():
+            assert not sets.any()
+    # per-row thresholds at each row's own candidate scores (boundaries row by row), mixed with +inf / -1
+    cols = rng.integers(0, m, n)
+    per_row = full[np.arange(n), cols].astype(np.float32)
+    per_row[0], per_row[1] = np.inf, -1.0
+    sets = assert_set_identity(p, per_row, score)
+    assert sets[0].all() and not sets[1].any()
+    assert all(sets[i, cols[i]] for i in range(2, n))
+
+
+@pytest.mark.parametrize("kind", ["continuous", "ties"])
+def test_candidate_scores_equal_scores_bit_exactly(kind):
+    """candidate_scores(p)[i, y] == scores(p, y)[i] bit for bit (a sort-based program against a masked reduction),
+    for every score, with float32 ties, exact zeros and probabilities below the fixed point's 2^-30."""
+    rng = np.random.default_rng(4)
+    n, m = 11, 29
+    p = posteriors(rng, n, m, signal=0.5)[0] if kind == "continuous" else tied_probs(rng, n, m)
+    p = p.astype(np.float32)
+    if kind == "continuous":
+        p[0, :3] = [1e-12, 2e-12, 0.0]  # below 2^-30: APS ties them at 0, rank keeps their float32 order
+        p[0] /= p[0].sum()
+    for score in cf.SCORES:
+        np.testing.assert_array_equal(np.asarray(cf.candidate_scores(p, score)), all_candidate_scores(p, score),
+                                      err_msg=score)
+    if kind == "continuous":
+        ranks = np.asarray(cf.candidate_scores(p, "rank"))[0, :3]
+        assert ranks[2] == m and ranks[0] == m - 1 and ranks[1] == m - 2
+    with pytest.raises(ValueError, match="score must be one of"):
+        cf.candidate_scores(p, "lac")
+
+
+@st.composite
+def set_cases(draw):
+    m = draw(st.sampled_from([1, 2, 3, 5, 8]))
+    n = 5  # fixed number of rows: each m compiles once
+    w = np.array(draw(st.lists(st.integers(0, 6), min_size=n * m, max_size=n * m)), np.float64).reshape(n, m)
+    w[w.sum(axis=1) == 0, 0] = 1.0
+    kinds = draw(st.lists(st.sampled_from(["inf", "below", "attained", "between", "any"]), min_size=n, max_size=n))
+    picks = draw(st.lists(st.integers(0, m - 1), min_size=n, max_size=n))
+    scalar = draw(st.booleans())
+    u = draw(st.floats(0.0, 1.0))
+    return w / w.sum(axis=1, keepdims=True), kinds, picks, scalar, u
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(set_cases())
+def test_sets_equal_score_rule_hypothesis(case):
+    """Random shapes, weights with ties and zeros, thresholds at / between / beyond attained scores."""
+    p, kinds, picks, scalar, u = case
+    n, m = p.shape
+    for score in cf.SCORES:
+        full = all_candidate_scores(p, score)
+        q = np.empty(n, np.float32)
+        for i, (kind, j) in enumerate(zip(kinds, picks)):
+            row = np.unique(full[i])
+            if kind == "inf":
+                q[i] = np.inf
+            elif kind == "below":
+                q[i] = np.nextafter(np.float32(row.min()), np.float32(-np.inf))
+            elif kind == "attained":
+                q[i] = full[i, j]
+            elif kind == "between":
+                q[i] = row[min(j, row.size - 1)] * (1 - u) + row[min(j + 1, row.size - 1)] * u
+            else:
+                q[i] = u * (m + 1 if score == "rank" else 1.0)
+        # scalar: row 0's threshold for every row (row 0 is at its own boundary)
+        assert_set_identity(p, q[0] if scalar else q, score)
+
+
+# --------------------------------------------------------------------------- 3. the order statistic
+
+
+def brute_threshold(s, alpha) -> float:
+    """Smallest calibration score t with #{S_i <= t} >= (1 - alpha)(n + 1), in exact fractions; +inf if none."""
+    need = (1 - Fraction(repr(float(alpha)))) * (len(s) + 1)
+    for t in sorted(set(s.tolist())):
+        if np.count_nonzero(s <= t) >= need:
+            return t
+    return math.inf
+
+
+GRID = (0.01, 0.05, 0.1, 0.2, 0.25, 0.3, 0.42, 0.5, 0.7, 0.9, 0.95, 0.99)
+
+
+@pytest.mark.parametrize("n", [1, 2, 9, 10, 19, 24, 49, 99])
+def test_threshold_is_the_exact_order_statistic(n):
+    """threshold(S, alphas) equals the brute-force definition for many alphas at once, with and without ties."""
+    rng = np.random.default_rng(n)
+    for s in [rng.random(n).astype(np.float32), rng.integers(0, 4, n).astype(np.float32)]:
+        got = np.asarray(cf.threshold(s, list(GRID)))
+        expected = np.array([brute_threshold(s, a) for a in GRID], np.float32)
+        np.testing.assert_array_equal(got, expected)
+        for j, a in enumerate(GRID):
+            k = cf.conformal_rank(n, a)
+            assert k == math.ceil((n + 1) * (1 - Fraction(repr(a))))
+            assert got[j] == (np.sort(s)[k - 1] if k <= n else np.inf)
+        for a in GRID[1::5]:  # the scalar path (one compilation per static rank, so a few)
+            assert float(cf.threshold(s, a)) == got[GRID.index(a)]
+
+
+def test_threshold_infinite_and_decimal_alpha():
+    """k > n gives +inf (never the max); alpha is read as its decimal (n=9, 0.3 -> k=7, binary 0.3 would give 8)."""
+    s = np.arange(1.0, 10.0, dtype=np.float32)  # n = 9
+    assert cf.conformal_rank(9, 0.05) == 10
+    assert float(cf.threshold(s, 0.05)) == np.inf
+    assert cf.conformal_rank(9, 0.3) == 7 and float(cf.threshold(s, 0.3)) == 7.0
+    assert math.ceil(10 * (1 - Fraction(0.3))) == 8  # the binary double just below 0.3
+    assert cf.conformal_rank(9, Fraction(3, 10)) == 7
+    np.testing.assert_array_equal(np.asarray(cf.threshold(s, (0.05, 0.3, 0.5))), [np.inf, 7.0, 5.0])
+    assert float(cf.threshold(s, np.float64(0.5))) == 5.0
+
+
+@pytest.mark.parametrize("alpha", [0, 1, 0.0, 1.0, -0.1, 1.5, math.nan, True, "0.1", None, np.float32(2.0)])
+def test_threshold_rejects_invalid_alpha(alpha):
+    """Every entry point refuses alpha outside (0, 1) (or not a number) with the field, the rule and the value
+    as given (``[0.1, True]`` reports ``True``, not ``1.0``; a string is not iterated character by character)."""
+    s = np.arange(5, dtype=np.float32)
+    message = r"alpha must be (a number )?in \(0, 1\).*got " + re.escape(repr(alpha))
+    calls = [lambda a: cf.threshold(s, a), lambda a: cf.calibrate(s, a), lambda a: cf.coverage_check(s, s, a)]
+    for call in calls:
+        for value in (alpha, [0.1, alpha], (alpha,)):
+            with pytest.raises(ValueError, match=message):
+                call(value)
+    with pytest.raises(ValueError, match=message):
+        cf.conformal_rank(9, alpha)
+
+
+def test_threshold_rejects_bad_calibration_scores():
+    with pytest.raises(ValueError, match="empty"):
+        cf.threshold(np.zeros(0, np.float32), 0.1)
+    with pytest.raises(ValueError, match="NaN"):
+        cf.threshold(np.array([0.1, np.nan, 0.3], np.float32), 0.1)
+    with pytest.raises(ValueError, match=r"shape \(n,\)"):
+        cf.threshold(np.zeros((2, 3), np.float32), 0.1)
+    with pytest.raises(ValueError, match="alpha must not be empty"):
+        cf.threshold(np.zeros(3, np.float32), [])
+    with pytest.raises(ValueError, match="at least 1"):
+        cf.conformal_rank(0, 0.1)
+
+
+# --------------------------------------------------------------------------- 4. marginal coverage by Monte Carlo
+
+N_CAL, SPLITS = 99, 2000  # (n + 1)(1 - alpha) is an integer for every alpha in ALPHAS: E[coverage] = 1 - alpha
+
+
+@pytest.mark.parametrize("score", cf.SCORES)
+def test_marginal_coverage_monte_carlo(score):
+    """Over 2000 random splits (n_cal = 99): 1 - alpha - tol <= mean coverage <= 1 - alpha + 1/(n+1) + tol, and
+    mean coverage = the exact split expectation (`exact_split_coverage`, hypergeometric) within tol, two-sided.
+
+    The 1/(n+1) upper bound only for APS and prob (no ties in the pool); rank scores tie heavily (the bound needs
+    no ties), but the exact expectation accounts for ties. Every assertion: false-failure 1e-6 (module docstring).
+    Power: the order statistic k - 1 (E[coverage] = 1 - alpha - 1/(n+1) without ties; 1/(n+1) = 0.01 >= 2.2 tol)
+    fails the lower bound for APS and prob; for rank its ties keep it within tol of 1 - alpha at alpha = 0.1, 0.2,
+    so there it is caught by the exact value (it sits 0.009 > 3 tol from the k-th statistic's).
+    """
+    scores_pool = pool()[2][score]
+    rng = np.random.default_rng(10 + cf.SCORES.index(score))
+    perms = random_splits(rng, POOL_DOCS, N_CAL, SPLITS)
+    cal = scores_pool[perms[:, :N_CAL]]
+    qhat = vmapped_threshold(cal, ALPHAS)
+    cov = split_coverage(scores_pool, perms, N_CAL, qhat)
+    ties = np.unique(scores_pool).size < POOL_DOCS
+    assert ties == (score == "rank")
+    ordered = np.sort(cal, axis=1)
+    for j, a in enumerate(ALPHAS):
+        k = cf.conformal_rank(N_CAL, a)
+        np.testing.assert_array_equal(qhat[:, j], ordered[:, k - 1])  # vmap/jit path = the order statistic
+        mean, tol = cov[:, j].mean(), mc_tol(cov[:, j])
+        exact = exact_split_coverage(scores_pool, N_CAL, k)
+        assert mean >= 1 - a - tol, (score, a, mean, tol)
+        assert abs(mean - exact) <= tol, (score, a, mean, exact, tol)
+        if not ties:
+            assert mean <= 1 - a + 1 / (N_CAL + 1) + tol, (score, a, mean, tol)
+            assert exact == pytest.approx(k / (N_CAL + 1), abs=1e-12)  # the rank argument without ties
+        wrong = split_coverage(scores_pool, perms, N_CAL, ordered[:, k - 2 : k - 1])[:, 0]
+        assert abs(wrong.mean() - exact_split_coverage(scores_pool, N_CAL, k - 1)) <= mc_tol(wrong)
+        assert abs(wrong.mean() - exact) > mc_tol(wrong), (score, a, wrong.mean(), exact)  # power
+        if not ties:
+            assert wrong.mean() < 1 - a - mc_tol(wrong), (score, a, wrong.mean())  # power
+            assert 1 / (N_CAL + 1) >= 2 * tol
+
+
+@pytest.mark.parametrize("score", ["aps", "prob"])
+def test_coverage_when_k_exceeds_n(score):
+    """n = 9, alpha = 0.05: k = 10 > n, sets are full (coverage 1); capping at the max score covers only 9/10.
+
+    2000 splits; the capped threshold's mean is checked against 9/10 and below 1 - alpha (false-failure 1e-6 each).
+    """
+    scores_pool = pool()[2][score]
+    n_cal, a = 9, 0.05
+    perms = random_splits(np.random.default_rng(20), POOL_DOCS, n_cal, SPLITS)
+    cal = scores_pool[perms[:, :n_cal]]
+    qhat = vmapped_threshold(cal, [a])
+    assert np.all(qhat == np.inf)
+    assert np.all(split_coverage(scores_pool, perms, n_cal, qhat) == 1.0)
+    capped = split_coverage(scores_pool, perms, n_cal, cal.max(axis=1, keepdims=True))[:, 0]
+    assert capped.mean() < 1 - a - mc_tol(capped)
+    assert abs(capped.mean() - 0.9) <= mc_tol(capped)  # k = n: E = n/(n+1) without ties
+
+
+# --------------------------------------------------------------------------- 5. top-K truncation, open world
+
+
+@functools.lru_cache(maxsize=None)
+def truncated_pool():
+    """A pool of 2000 documents over 61 candidates, truncated to each document's top 8 (some truths dropped)."""
+    probs, labels = posteriors(np.random.default_rng(30), 2000, 61, signal=2.2, spread=(0.3, 2.0))
+    idx, kept, pos = (np.asarray(x) for x in cf.truncate_top_k(probs, 8, labels))
+    included = pos >= 0
+    s = np.full(labels.shape, np.inf, np.float32)
+    s[included] = np.asarray(cf.aps_scores(kept[included], pos[included]))
+    return probs, labels, idx, kept, pos, s
+
+
+def test_truncate_top_k_oracle():
+    """Indices are the top-K by probability, kept probabilities renormalised, positions locate the truth."""
+    probs, labels, idx, kept, pos, _ = truncated_pool()
+    p32 = probs.astype(np.float32)
+    top = np.sort(p32, axis=1)[:, ::-1][:, :8]
+    np.testing.assert_array_equal(np.take_along_axis(p32, idx, axis=1), top)
+    np.testing.assert_allclose(kept, top / top.sum(axis=1, keepdims=True), rtol=1e-6)
+    hit = idx == labels[:, None]
+    np.testing.assert_array_equal(pos, np.where(hit.any(axis=1), hit.argmax(axis=1), -1))
+    assert np.all(np.asarray(cf.truncate_top_k(probs[:3], 8)[2]) == -1)  # no labels: all -1
+
+
+def test_truncation_conditional_and_unconditional_coverage():
+    """CPA Corollary 5.3 over 1000 random splits (99 calibration documents; top-8 drops ~16% of the truths).
+
+    Each split calibrates on its included documents (``calibrate(..., n_missing=...)``). Given the split's number
+    n_inc of included calibration documents, the included test documents are exchangeable with them, so the expected
+    coverage conditional on inclusion is exactly ``exact_split_coverage`` of the included pool at (n_inc, k(n_inc))
+    (k(n_inc)/(n_inc + 1) without ties; the pool has ties near mass 1), and the unconditional one is that times the
+    split's included test share. Both are checked two-sided on per-split differences (false-failure 1e-6 each), as
+    are Corollary 5.3's (1 - rho)(1 - alpha) and the reported `set_metrics` fields. The miss-rate bound covers rho
+    with probability >= 0.95 exactly (hypergeometric sum over the calibration miss count).
+    Power: the order statistic k - 1 fails the exact conditional check (its own exact value is predicted too);
+    unconditional coverage is below 1 - alpha (the miss cannot be ignored); the observed miss rate used as a bound
+    (an estimate, pitfall 4) covers rho only ~50% of the time.
+    """
+    _, _, _, kept, pos, s = truncated_pool()
+    included = pos >= 0
+    n_pool, n_inc_pool = s.size, int(included.sum())
+    rho = 1 - n_inc_pool / n_pool
+    assert 0.08 < rho < 0.3
+    inc_scores = s[included]
+    n_cal, reps, conf = 99, 1000, 0.95
+    perms = random_splits(np.random.default_rng(31), n_pool, n_cal, reps)
+    qhat = np.empty((reps, len(ALPHAS)), np.float32)
+    wrong = np.empty((reps, len(ALPHAS)), np.float32)
+    certified = np.empty((reps, len(ALPHAS)))
+    n_inc = np.empty(reps, int)
+    for r in range(reps):
+        cal = s[perms[r, :n_cal]]
+        cal_inc = cal[np.isfinite(cal)]
+        n_inc[r] = cal_inc.size
+        c = cf.calibrate(cal_inc, ALPHAS, n_missing=n_cal - cal_inc.size, confidence=conf)
+        assert c.n_cal == {None: cal_inc.size} and c.n_missing == n_cal - cal_inc.size
+        assert c.miss_rate_upper == cf.miss_rate_upper(c.n_missing, n_cal, conf)
+        qhat[r] = c.qhat[None]
+        certified[r] = [c.certified_coverage(a) for a in ALPHAS]
+        ordered = np.sort(cal_inc)
+        for j, a in enumerate(ALPHAS):
+            k = cf.conformal_rank(cal_inc.size, a)
+            assert 2 <= k <= cal_inc.size  # finite thresholds in every split (precondition of the power check)
+            wrong[r, j] = ordered[k - 2]
+    test = perms[:, n_cal:]
+    inc = included[test]
+    inc_share = inc.mean(axis=1)  # the split's included test share
+    covered = inc[:, :, None] & (s[test][:, :, None] <= qhat[:, None, :])  # a missed truth is never covered
+    covered_wrong = inc[:, :, None] & (s[test][:, :, None] <= wrong[:, None, :])
+    uncond = covered.mean(axis=1)
+    cond = covered.sum(axis=1) / inc.sum(axis=1)[:, None]
+    cond_wrong = covered_wrong.sum(axis=1) / inc.sum(axis=1)[:, None]
+    ks = {n: [cf.conformal_rank(n, a) for a in ALPHAS] for n in np.unique(n_inc)}
+    exact = {n: exact_split_coverage(inc_scores, n, k + [v - 1 for v in k]) for n, k in ks.items()}
+    exact = np.stack([exact[n] for n in n_inc])  # (reps, 2 * len(ALPHAS)): order statistics k, then k - 1
+    for j, a in enumerate(ALPHAS):
+        e_cond, e_wrong = exact[:, j], exact[:, len(ALPHAS) + j]
+        d = cond[:, j] - e_cond
+        assert abs(d.mean()) <= mc_tol(d), (a, d.mean())
+        d = cond_wrong[:, j] - e_wrong  # the oracle also predicts the wrong statistic ...
+        assert abs(d.mean()) <= mc_tol(d), (a, d.mean())
+        d = cond_wrong[:, j] - e_cond  # ... which is caught (E[d] ~ -1/(n_inc + 1) ~ -0.012, >= 2.3 tol)
+        assert d.mean() < -mc_tol(d), (a, d.mean())
+        d = uncond[:, j] - inc_share * e_cond
+        assert abs(d.mean()) <= mc_tol(d), (a, d.mean())
+        assert cond[:, j].mean() >= 1 - a - mc_tol(cond[:, j])
+        assert uncond[:, j].mean() >= (1 - rho) * (1 - a) - mc_tol(uncond[:, j])  # Corollary 5.3
+        assert certified[:, j].mean() <= (1 - rho) * (1 - a)
+        assert uncond[:, j].mean() < 1 - a - mc_tol(uncond[:, j])  # power: the miss rate matters
+    # the miss-rate bound: P(rho <= U(X)) >= conf exactly, X ~ Hypergeometric(pool, missed, n_cal)
+    x = np.arange(n_cal + 1)
+    pmf = stats.hypergeom.pmf(x, n_pool, n_pool - n_inc_pool, n_cal)
+    upper = np.array([cf.miss_rate_upper(int(v), n_cal, conf) for v in x])
+    assert np.sum(pmf[rho <= upper]) >= conf
+    assert np.sum(pmf[rho <= x / n_cal]) < 0.6  # power: the plug-in estimate is not a bound
+    # set_metrics reports the same three quantities for the sets of the last split
+    last = test[-1]
+    sets = np.asarray(cf.prediction_sets(kept[last], qhat[-1, 0]))
+    metrics = cf.set_metrics(sets, pos[last])
+    assert metrics["coverage"] == pytest.approx(uncond[-1, 0], abs=1e-12)
+    assert metrics["coverage_conditional"] == pytest.approx(cond[-1, 0], abs=1e-12)
+    assert metrics["candidate_miss_rate"] == pytest.approx(1 - inc_share[-1], abs=1e-12)
+
+
+def clopper_pearson_upper_mp(x: int, n: int, confidence: float) -> float:
+    """p with P(Bin(n, p) <= x) = 1 - confidence (one-sided upper bound), by 40-digit root finding."""
+    if x == n:
+        return 1.0
+    with mp.workdps(40):
+        target = mp.mpf(1) - mp.mpf(confidence)
+
+        def tail(p):  # P(X <= x) = I_{1-p}(n - x, x + 1)
+            return mp.betainc(n - x, x + 1, 0, 1 - p, regularized=True) - target
+
+        lo, hi = mp.mpf(0), mp.mpf(1)
+        for _ in range(120):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if tail(mid) > 0 else (lo, mid)
+        return float((lo + hi) / 2)
+
+
+@pytest.mark.parametrize("n,conf", [(1, 0.95), (20, 0.95), (99, 0.9), (300, 0.99)])
+def test_miss_rate_upper_matches_clopper_pearson(n, conf):
+    for x in sorted({0, 1, n // 3, n - 1, n}):
+        got = cf.miss_rate_upper(x, n, conf)
+        assert got == pytest.approx(clopper_pearson_upper_mp(x, n, conf), rel=1e-9, abs=1e-12)
+    assert cf.miss_rate_upper(0, n, conf) == pytest.approx(1 - (1 - conf) ** (1 / n), rel=1e-12)
+
+
+@pytest.mark.parametrize("rho", [0.005, 0.05, 0.3])
+def test_miss_rate_upper_coverage(rho):
+    """P(rho <= U(X)) >= confidence for X ~ Bin(n, rho): exactly (sum over x) and by Monte Carlo.
+
+    MC: 20000 draws, assertion at false-failure 1e-6 (normal approximation of a binomial proportion). Power: the
+    Wald bound x/n + z sqrt(x/n (1 - x/n) / n) under-covers at small rho (exact sum below the confidence).
+    """
+    n, conf = 60, 0.95
+    upper = np.array([cf.miss_rate_upper(x, n, conf) for x in range(n + 1)])
+    pmf = stats.binom.pmf(np.arange(n + 1), n, rho)
+    assert np.sum(pmf[rho <= upper]) >= conf
+    x = np.random.default_rng(40).binomial(n, rho, 20000)
+    hit = rho <= upper[x]
+    assert hit.mean() >= conf - Z * math.sqrt(conf * (1 - conf) / hit.size)
+    phat = np.arange(n + 1) / n
+    wald = phat + stats.norm.ppf(conf) * np.sqrt(phat * (1 - phat) / n)
+    if rho < 0.1:
+        assert np.sum(pmf[rho <= wald]) < conf
+
+
+# --------------------------------------------------------------------------- 6. sampling-only interface
+
+
+def test_sample_frequencies_are_counts_over_m():
+    probs, _ = posteriors(np.random.default_rng(50), 11, 13)
+    for m in [1, 7, 64]:
+        f = np.asarray(cf.sample_frequencies(jax.random.key(0), probs, m))
+        counts = np.rint(f * m)
+        np.testing.assert_allclose(f * m, counts, atol=1e-4)
+        np.testing.assert_array_equal(counts.sum(axis=1), m)
+        assert f.min() >= 0
+
+
+def test_sample_frequencies_per_example_keys():
+    """Same document -> same frequencies in any batch or order; different ids and keys -> fresh draws."""
+    probs, _ = posteriors(np.random.default_rng(51), 17, 13, signal=0.5)
+    ids = np.arange(100, 117)
+    key = jax.random.key(7)
+    full = np.asarray(cf.sample_frequencies(key, probs, 50, example_ids=ids))
+    perm = np.random.default_rng(52).permutation(17)
+    shuffled = np.asarray(cf.sample_frequencies(key, probs[perm], 50, example_ids=ids[perm]))
+    np.testing.assert_array_equal(shuffled, full[perm])
+    part = np.asarray(cf.sample_frequencies(key, probs[3:8], 50, example_ids=ids[3:8]))
+    np.testing.assert_array_equal(part, full[3:8])
+    default = np.asarray(cf.sample_frequencies(key, probs, 50))  # default ids are 0..n-1
+    np.testing.assert_array_equal(default[:5], np.asarray(cf.sample_frequencies(key, probs[:5], 50)))
+    other = np.asarray(cf.sample_frequencies(key, probs, 50, example_ids=ids + 1000))
+    assert not np.array_equal(other, full)
+    assert not np.array_equal(np.asarray(cf.sample_frequencies(jax.random.key(8), probs, 50, example_ids=ids)), full)
+
+
+def test_sample_frequencies_documents_are_independent():
+    """Pairs of documents with the same distribution and distinct ids: 2x2 independence chi-square (df 1).
+
+    False-failure probability 1e-6 (the statistic's asymptotic chi2(1) law, 10000 pairs, expected cell counts
+    ~2500). Power: the two documents of a pair sharing one id (one stream) answer identically and are rejected.
+    (All documents sharing one id would make every answer equal and the table degenerate, not a test.)
+    """
+    n = 20000
+    probs = np.full((n, 2), 0.5)
+    key = jax.random.key(9)
+    limit = stats.chi2.isf(1e-6, 1)
+
+    def chi2_pairs(f):
+        a, b = f[0::2, 0].astype(int), f[1::2, 0].astype(int)
+        table = np.array([[np.sum((a == i) & (b == j)) for j in (0, 1)] for i in (0, 1)], np.float64)
+        return stats.chi2_contingency(table, correction=False)[0]
+
+    assert chi2_pairs(np.asarray(cf.sample_frequencies(key, probs, 1))) <= limit
+    shared = np.repeat(np.arange(n // 2), 2)  # ids 0, 0, 1, 1, ...
+    assert chi2_pairs(np.asarray(cf.sample_frequencies(key, probs, 1, example_ids=shared))) > limit
+
+
+def test_sample_frequencies_converge_to_probs():
+    """Pearson chi-square of m = 20000 draws against probs (df = 5 * 12): false-failure 1e-6; power: a perturbed
+    distribution (two entries swapped) is rejected by the same test."""
+    rng = np.random.default_rng(53)
+    probs = rng.dirichlet(np.full(13, 5.0), 5)
+    assert probs.min() > 0.01  # expected counts >= 200
+    m = 20000
+    counts = np.rint(np.asarray(cf.sample_frequencies(jax.random.key(11), probs, m)) * m)
+    limit = stats.chi2.isf(1e-6, 5 * 12)
+
+    def pearson(p):
+        return float(np.sum((counts - m * p) ** 2 / (m * p)))
+
+    assert pearson(probs) <= limit
+    j = np.argsort(probs, axis=1)
+    swapped = probs.copy()
+    rows = np.arange(5)
+    swapped[rows, j[:, 0]], swapped[rows, j[:, -1]] = probs[rows, j[:, -1]], probs[rows, j[:, 0]]
+    assert pearson(swapped) > limit
+
+
+def test_plug_in_coverage_with_sampling_only_access():
+    """Lemma 5.1: plug-in APS scores of m = 25 samples, fresh per-example randomness per split, still cover.
+
+    500 splits of a 400-document pool (n_cal = 99): mean coverage >= 1 - alpha - tol (false-failure 1e-6 each).
+    Power: calibrating with exact-probability scores but testing plug-in scores (mixed access) under-covers.
+    """
+    n_pool, m_cand, m, reps, n_cal = 400, 31, 25, 500, 99
+    probs, labels = posteriors(np.random.default_rng(54), n_pool, m_cand, signal=1.5)
+    tiled = np.tile(probs, (reps, 1))
+    ids = np.arange(reps * n_pool)  # split r, document i -> id r * n_pool + i: fresh U_i in every split
+    freq = cf.sample_frequencies(jax.random.key(12), tiled, m, example_ids=ids)
+    plug = np.asarray(cf.aps_scores(freq, np.tile(labels, reps))).reshape(reps, n_pool)
+    exact = np.asarray(cf.aps_scores(probs, labels))
+    perms = random_splits(np.random.default_rng(55), n_pool, n_cal, reps)
+    rows = np.arange(reps)[:, None]
+    cal, test = plug[rows, perms[:, :n_cal]], plug[rows, perms[:, n_cal:]]
+    qhat = vmapped_threshold(cal, ALPHAS)
+    cov = np.mean(test[:, :, None] <= qhat[:, None, :], axis=1)
+    mixed_q = vmapped_threshold(exact[perms[:, :n_cal]], ALPHAS)
+    mixed = np.mean(test[:, :, None] <= mixed_q[:, None, :], axis=1)
+    for j, a in enumerate(ALPHAS):
+        assert cov[:, j].mean() >= 1 - a - mc_tol(cov[:, j]), (a, cov[:, j].mean())
+        assert mixed[:, j].mean() < 1 - a - mc_tol(mixed[:, j])
+
+
+# --------------------------------------------------------------------------- 7. Mondrian
+
+
+def test_mondrian_per_stratum_coverage():
+    """Two strata of very different scores (sharp vs diffuse attackers), 1000 stratified splits (99 + 99
+    calibration documents), alpha = 0.1, raw-probability scores 1 - p_y.
+
+    Per stratum, `calibrate(strata=...)` gives mean coverage `exact_split_coverage` (k/(n+1) = 0.9 but for one
+    tie) within tol (two-sided) and >= 1 - alpha - tol, false-failure 1e-6 each. Power: the pooled threshold
+    under-covers the hard stratum, and the per-stratum order statistic k - 1 under-covers both (the same
+    assertion). (APS would invert the picture: a sharp attacker's truth has mass p_y close to 1, so its APS scores
+    are the larger ones.)
+    """
+    rng = np.random.default_rng(60)
+    easy, easy_labels = posteriors(rng, 1000, POOL_CANDIDATES, signal=3.0, spread=(1.5, 3.0))
+    hard, hard_labels = posteriors(rng, 1000, POOL_CANDIDATES, signal=0.5, spread=(0.2, 1.0))
+    probs, labels = np.concatenate([easy, hard]), np.concatenate([easy_labels, hard_labels])
+    strata = np.repeat(np.array(["easy", "hard"]), 1000)
+    s = np.asarray(cf.prob_scores(probs, labels))
+    assert np.median(s[:1000]) < np.quantile(s[1000:], 0.1)  # very different score distributions
+    reps, per, a = 1000, 99, 0.1
+    k = cf.conformal_rank(per, a)
+    assert k == 90
+    pe = random_splits(rng, 1000, per, reps)
+    ph = random_splits(rng, 1000, per, reps) + 1000
+    cov = {"easy": np.empty(reps), "hard": np.empty(reps)}
+    wrong = {"easy": np.empty(reps), "hard": np.empty(reps)}
+    pooled_hard = np.empty(reps)
+    for r in range(reps):
+        cal_idx = np.concatenate([pe[r, :per], ph[r, :per]])
+        c = cf.calibrate(s[cal_idx], a, score="prob", strata=strata[cal_idx])
+        assert c.mondrian and c.n_cal == {"easy": per, "hard": per}
+        for name, perm in (("easy", pe), ("hard", ph)):
+            test = s[perm[r, per:]]
+            cov[name][r] = np.mean(test <= np.float32(c.qhat[name][0]))
+            wrong[name][r] = np.mean(test <= np.sort(s[perm[r, :per]])[k - 2])
+        pooled = float(cf.threshold(s[cal_idx], a))
+        pooled_hard[r] = np.mean(s[ph[r, per:]] <= pooled)
+    for name in cov:
+        exact = exact_split_coverage(s[strata == name], per, k)
+        assert abs(exact - k / (per + 1)) < 1e-3
+        assert abs(cov[name].mean() - exact) <= mc_tol(cov[name]), (name, cov[name].mean())
+        assert cov[name].mean() >= 1 - a - mc_tol(cov[name]), (name, cov[name].mean())
+        assert wrong[name].mean() < 1 - a - mc_tol(wrong[name]), (name, wrong[name].mean())
+    assert pooled_hard.mean() < 1 - a - mc_tol(pooled_hard)
+    # the per-document thresholds and the sets of the last split agree with the per-stratum rule
+    test_idx = np.concatenate([pe[-1, per:per + 5], ph[-1, per:per + 5]])
+    q = c.thresholds(a, list(strata[test_idx]))
+    np.testing.assert_array_equal(q, [c.qhat[x][0] for x in strata[test_idx]])
+    sets = assert_set_identity(probs[test_idx], q, "prob")
+    np.testing.assert_array_equal(sets[np.arange(10), labels[test_idx]], s[test_idx] <= q)
+
+
+def test_calibration_object_errors():
+    c = cf.calibrate(np.linspace(0, 1, 20), [0.1, 0.2], strata=["a", "b"] * 10)
+    with pytest.raises(ValueError, match="not calibrated"):
+        c.thresholds(0.3, ["a"])
+    with pytest.raises(ValueError, match="needs the strata"):
+        c.thresholds(0.1)
+    with pytest.raises(ValueError, match="stratum 'c'"):
+        c.thresholds(0.1, ["a", "c"])
+    with pytest.raises(ValueError, match="one entry per calibration score"):
+        cf.calibrate(np.linspace(0, 1, 20), 0.1, strata=["a"])
+    plain = cf.calibrate(np.linspace(0, 1, 20), 0.1)
+    with pytest.raises(ValueError, match="not Mondrian"):
+        plain.thresholds(0.1, ["a"])
+    assert plain.to_json()["qhat"] == {"all": [float(cf.threshold(np.linspace(0, 1, 20).astype(np.float32), 0.1))]}
+
+
+# --------------------------------------------------------------------------- 8. p-values
+
+
+@pytest.mark.parametrize("n", [9, 19, 99, 999])
+def test_pvalues_agree_with_threshold_exactly(n):
+    """p > alpha <=> T <= threshold(alpha), including the boundary (n+1) alpha integer, with tied scores.
+
+    The comparison is done in float32 (Python floats are weak: numpy/jnp compare float32 p-values in float32).
+    """
+    rng = np.random.default_rng(70 + n)
+    cal = rng.integers(0, max(3, n // 3), n).astype(np.float32)
+    test = np.unique(np.concatenate([cal, cal + 0.5, cal - 0.5, [-1e9, 1e9]])).astype(np.float32)
+    p = np.asarray(cf.pvalues(cal, test))
+    exact = np.array([Fraction(1 + int(np.sum(cal >= t)), n + 1) for t in test])
+    np.testing.assert_array_equal(p, np.array([float(x) for x in exact], np.float32))
+    for a, q in zip(GRID, np.asarray(cf.threshold(cal, list(GRID)))):
+        np.testing.assert_array_equal(p > a, test <= q, err_msg=f"alpha={a}")
+        np.testing.assert_array_equal(exact > Fraction(repr(a)), test <= q)
+
+
+def test_pvalues_are_super_uniform():
+    """P(p <= u) <= u (exactly floor(u (n+1)) / (n+1) without ties) by MC over 100000 exchangeable draws.
+
+    The vmapped/jitted kernel's p-values are first checked bit-exactly against the float32 nearest to
+    (1 + #{S >= T}) / (n + 1) (counted in NumPy); p <= u is then compared in float32 (u rounded to float32 like the
+    p-values: at u = 0.05 = 1/20 both are the float32 nearest 0.05, a float64 u would be below it).
+    Tolerance Z' sqrt(u (1 - u) / R) with a 1e-6 false-failure probability shared by the grid (Bonferroni).
+    Power: the p-value without the +1 (#{S >= T} / (n + 1)) exceeds u by ~1/(n+1) and fails.
+    """
+    n, reps = 19, 100000
+    x = np.random.default_rng(80).random((reps, n + 1)).astype(np.float32)
+    p = np.asarray(jax.jit(jax.vmap(cf.pvalues))(x[:, :n], x[:, n:]))[:, 0]
+    count = np.sum(x[:, :n] >= x[:, n:], axis=1)  # #{S_i >= T}
+    # float64, then float32: j/20 is dyadic or far from a float32 midpoint, so this is the nearest float32
+    np.testing.assert_array_equal(p, ((1 + count) / (n + 1)).astype(np.float32))
+    without_one = (count / (n + 1)).astype(np.float32)
+    grid = np.array([0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 0.9])
+    z = stats.norm.isf(1e-6 / grid.size)
+    for u in grid:
+        tol = z * math.sqrt(u * (1 - u) / reps)
+        frac = np.mean(p <= np.float32(u))
+        assert frac <= u + tol
+        assert abs(frac - math.floor(round(u * (n + 1), 9)) / (n + 1)) <= tol
+        bad = np.mean(without_one <= np.float32(u))
+        assert bad > u + tol
+
+
+# --------------------------------------------------------------------------- 9. coverage_check
+
+
+def test_coverage_check_false_alarm_rate_and_power():
+    """Under exchangeability the alarm rate is <= 1 - confidence (Beta-Binomial law, Bonferroni over 3 alphas).
+
+    300 runs at confidence 0.9: #alarms <= the 1 - 1e-6 quantile of Bin(300, 0.1) (false-failure <= 1e-6 since
+    #alarms is dominated by that binomial). Power of the Monte Carlo: the naive Binomial(n_test, 1 - alpha) law
+    (ignoring the calibration draw) alarms far more often and fails the same bound. Drift (test scores shifted
+    up by 0.3) fires the alarm in >= 45 of 50 runs.
+    """
+    rng = np.random.default_rng(90)
+    n, k_test, runs, conf = 99, 500, 300, 0.9
+    level = (1 - conf) / len(ALPHAS)
+    alarms = naive_alarms = 0
+    for _ in range(runs):
+        x = rng.random(n + k_test)
+        chk = cf.coverage_check(x[:n], x[n:], ALPHAS, confidence=conf)
+        alarms += chk.alarm
+        assert chk.n_test == k_test and chk.alphas == ALPHAS
+        naive_alarms += any(
+            stats.binom.cdf(c, k_test, 1 - a) < level for c, a in zip(chk.covered, ALPHAS)
+        )
+        qs = np.asarray(cf.threshold(x[:n].astype(np.float32), list(ALPHAS)))
+        assert chk.covered == tuple(int(np.sum(x[n:].astype(np.float32) <= q)) for q in qs)
+    bound = stats.binom.isf(1e-6, runs, 1 - conf)
+    assert alarms <= bound
+    assert naive_alarms > bound
+    drift = 0
+    for _ in range(50):
+        x = rng.random(n + k_test)
+        drift += cf.coverage_check(x[:n], x[n:] + 0.3, ALPHAS, confidence=conf).alarm
+    assert drift >= 45
+
+
+def test_coverage_check_exact_law_and_full_sets():
+    """lower_quantile / pvalue follow Beta-Binomial(n_test, k, n+1-k); k > n gives full coverage, no alarm."""
+    cal = np.linspace(0, 1, 9)
+    chk = cf.coverage_check(cal, np.linspace(0, 2, 40), (0.05, 0.5), confidence=0.99)
+    assert chk.lower_quantile[0] == 40 and chk.pvalue[0] == 1.0 and chk.covered[0] == 40  # k = 10 > 9
+    law = stats.betabinom(40, 5, 5)
+    assert chk.pvalue[1] == pytest.approx(law.cdf(chk.covered[1]))
+    lq = chk.lower_quantile[1]
+    assert law.cdf(lq) >= 0.005 and (lq == 0 or law.cdf(lq - 1) < 0.005)
+    with pytest.raises(ValueError, match="cal_scores is empty"):
+        cf.coverage_check([], [0.1])
+    with pytest.raises(ValueError, match="test_scores is empty"):
+        cf.coverage_check([0.1], [])
+    with pytest.raises(ValueError, match="confidence"):
+        cf.coverage_check([0.1], [0.1], confidence=1.0)
+
+
+# --------------------------------------------------------------------------- 10. MAPIE parity
+
+mapie_classification = pytest.importorskip("mapie.classification")
+from mapie._machine_precision import EPSILON as MAPIE_EPSILON  # noqa: E402
+from mapie.conformity_scores import APSConformityScore  # noqa: E402
+from mapie.utils import _compute_classification_quantile  # noqa: E402
+from sklearn.base import BaseEstimator, ClassifierMixin  # noqa: E402
+
+
+class TableClassifier(ClassifierMixin, BaseEstimator):
+    """A prefit classifier whose ``predict_proba`` looks up row ``X[i, 0]`` of a fixed probability table."""
+
+    def __init__(self, table=None):
+        self.table = table
+
+    def fit(self, X=None, y=None):
+        self.classes_ = np.arange(self.table.shape[1])
+        return self
+
+    def predict_proba(self, X):
+        return self.table[np.asarray(X)[:, 0].astype(int)]
+
+    def predict(self, X):
+        return np.argmax(self.predict_proba(X), axis=1)
+
+
+class NonRandomAPS(APSConformityScore):
+    """MAPIE 1.6's APS always subtracts ``u * p_y`` (u ~ U(0, 1)) from the calibration scores, with no switch to
+    turn it off; this subclass returns the cumulative mass of the truth (Romano et al.'s non-randomised score)
+    through MAPIE's own ``get_true_label_cumsum_proba``."""
+
+    def get_conformity_scores(self, y, y_pred, y_enc=None, **kwargs):
+        scores, self.cutoff = self.get_true_label_cumsum_proba(y, y_pred, self.classes)
+        return scores
+
+
+def mapie_fit(table, labels, n_cal, alpha):
+    """SplitConformalClassifier(prefit) conformalised on rows ``[0, n_cal)``; sets of the other rows."""
+    est = TableClassifier(table).fit()
+    clf = mapie_classification.SplitConformalClassifier(
+        estimator=est, confidence_level=float(1 - Fraction(repr(alpha))), conformity_score=NonRandomAPS(),
+        prefit=True,
+    )
+    x = np.arange(table.shape[0])[:, None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        clf.conformalize(x[:n_cal], labels[:n_cal])
+        sets = {last: clf.predict_set(x[n_cal:], conformity_score_params={"include_last_label": last})[1][:, :, 0]
+                for last in (False, True)}
+    return np.asarray(clf.conformity_scores, np.float64).ravel(), float(clf._mapie_classifier.quantiles_[0]), sets
+
+
+@pytest.mark.parametrize("n_cal,alpha", [(97, 0.05), (97, 0.1), (97, 0.2), (50, 0.3)])
+def test_mapie_parity_scores_quantile_sets(n_cal, alpha):
+    """Where MAPIE's quantile index is ceil((n+1)(1-alpha)), scores, thresholds and sets agree with MAPIE.
+
+    Sets: ours = MAPIE's include_last_label=False sets (which add the top-1 label where ours are empty);
+    MAPIE's include_last_label=True adds the label that crosses the threshold: ours plus exactly one label
+    (unless ours is the full pool).
+
+    The comparison needs no test candidate's float64 mass within the boundary band of MAPIE's threshold (our
+    fixed-point error on both sides plus MAPIE's EPSILON = 1e-8); in particular the threshold must not be the mass
+    of a whole row (1.0 up to rounding), where every row's least likely candidate would sit on the boundary.
+    """
+    m, n_test = 13, 400
+    rng = np.random.default_rng(100 + n_cal)
+    labels = rng.integers(0, m, n_cal + n_test)
+    labels[:m] = np.arange(m)  # every class appears in the calibration set (MAPIE warns otherwise)
+    table, labels = posteriors(rng, n_cal + n_test, m, signal=1.0, labels=labels)
+    assert min_separation(table) > 2.0**-23
+    ms, mq, msets = mapie_fit(table, labels, n_cal, alpha)
+    ours = np.asarray(cf.aps_scores(table[:n_cal], labels[:n_cal]), np.float64)
+    assert np.max(np.abs(ms - ours)) <= tol_score(m)
+    k = cf.conformal_rank(n_cal, alpha)
+    assert math.ceil((n_cal + 1) * (1 - alpha)) == k  # MAPIE's float index agrees here
+    qhat = float(cf.threshold(ours, alpha))
+    assert abs(mq - qhat) <= tol_score(m)
+    sets = np.asarray(cf.prediction_sets(table[n_cal:], qhat))
+    # ours: mass(y) <= qhat; disagreement only possible within the fixed-point/float boundary band
+    mass64 = np.stack([oracle_scores(table[n_cal:], np.full(n_test, y))[0] for y in range(m)], axis=1)
+    near = np.abs(mass64 - mq) <= 2 * tol_score(m) + MAPIE_EPSILON
+    assert not near.any() and mq < 1 - 2 * tol_score(m) - MAPIE_EPSILON
+    sizes = sets.sum(axis=1)
+    assert sizes.min() < sizes.max() and 1 < np.median(sizes) < m  # non-trivial sets: the comparison has power
+    empty = ~sets.any(axis=1)
+    np.testing.assert_array_equal(msets[False][~empty], sets[~empty])
+    top1 = np.eye(m, dtype=bool)[np.argmax(table[n_cal:], axis=1)]
+    np.testing.assert_array_equal(msets[False][empty], top1[empty])
+    extra = msets[True] & ~sets
+    assert np.all(msets[True] >= sets)
+    full = sets.all(axis=1)
+    np.testing.assert_array_equal(extra.sum(axis=1), np.where(full, 0, 1))
+    # the extra label is the most likely one outside our set
+    outside = np.where(sets, -np.inf, table[n_cal:])
+    rows = np.flatnonzero(~full)
+    np.testing.assert_array_equal(np.argmax(extra[rows], axis=1), np.argmax(outside[rows], axis=1))
+
+
+MAPIE_DEVIATIONS = [(9, 0.7), (24, 0.44), (49, 0.42), (49, 0.58), (39, 0.95), (199, 0.99)]
+
+
+def mapie_rank(n: int, alpha: float):
+    """The order statistic MAPIE's classification quantile picks on n distinct scores (None if it raises)."""
+    try:
+        q = _compute_classification_quantile(np.arange(1.0, n + 1), np.array([alpha]))
+    except ValueError:
+        return None
+    return int(q[0])
+
+
+@pytest.mark.parametrize("n,alpha", MAPIE_DEVIATIONS)
+def test_mapie_quantile_deviates_where_ours_is_exact(n, alpha):
+    """MAPIE 1.6 evaluates ceil((n + 1) * (1 - alpha)) in binary floating point: where (n+1)(1-alpha) is an exact
+    integer, (1 - alpha) rounds up and the index is one too high (conservative). Ours is the brute-force order
+    statistic; MAPIE's is not. (The np.quantile method="higher" off-by-one of MAPIE issue/PR 973 is not in the
+    installed 1.6.0, which uses method="lower"; what remains is this float evaluation, at the cases the sweep
+    below finds. Cases MAPIE's sample-size rule refuses, such as n = 99, alpha = 0.99, are in that test.)"""
+    k = cf.conformal_rank(n, alpha)
+    assert (n + 1) * (1 - Fraction(repr(alpha))) == k  # an exact integer
+    assert math.ceil((n + 1) * (1 - alpha)) == k + 1  # MAPIE's float expression
+    assert mapie_rank(n, alpha) == k + 1
+    # end to end through SplitConformalClassifier on real APS scores
+    m = 7
+    rng = np.random.default_rng(110 + n)
+    labels = rng.integers(0, m, n + 20)
+    labels[:m] = np.arange(m)
+    table, labels = posteriors(rng, n + 20, m, signal=2.0, labels=labels)
+    ms, mq, _ = mapie_fit(table, labels, n, alpha)
+    ordered = np.sort(ms)
+    assert ordered[k - 1] < ordered[k]  # order statistics k and k + 1 differ (the deviation is visible)
+    ours = np.asarray(cf.aps_scores(table[:n], labels[:n]))
+    assert np.max(np.abs(ms - ours)) <= tol_score(m)
+    brute = brute_threshold(ours, alpha)
+    assert float(cf.threshold(ours, alpha)) == brute == np.sort(ours)[k - 1]
+    assert mq == np.sort(ms)[k]  # the (k+1)-th order statistic
+    assert brute_threshold(ms, alpha) == np.sort(ms)[k - 1] < mq
+
+
+def test_mapie_deviation_sweep_and_refusals():
+    """Sweep n <= 300, alpha on the 0.01 grid: every finite deviation is +1 at an exact integer (n+1)(1-alpha);
+    none at alpha in {0.05, 0.1, 0.2}. Where k > n MAPIE raises (ours: +inf), and its 1/alpha, 1/(1-alpha)
+    sample-size rule also refuses some finite cases (n = 9, alpha = 0.95: k = 1; n = 99, alpha = 0.99: k = 1)."""
+    deviations = []
+    for a in (round(0.01 * i, 2) for i in range(1, 100)):
+        for n in range(1, 301):
+            k, km = cf.conformal_rank(n, a), mapie_rank(n, a)
+            if km is None:
+                assert k > n or (n + 1) * (1 - Fraction(repr(a))) == n  # k = n, pushed to n + 1 by rounding
+                continue
+            if km != k:
+                assert km == k + 1 and (n + 1) * (1 - Fraction(repr(a))) == k, (n, a, k, km)
+                deviations.append((n, a))
+    assert set(MAPIE_DEVIATIONS) <= set(deviations)
+    assert not [d for d in deviations if d[1] in ALPHAS]
+    table, labels = posteriors(np.random.default_rng(120), 30, 5)
+    labels[:5] = np.arange(5)
+    with pytest.raises(ValueError, match="too low"):
+        mapie_fit(table, labels, 9, 0.05)
+    assert float(cf.threshold(cf.aps_scores(table[:9], labels[:9]), 0.05)) == np.inf
+    with pytest.raises(ValueError, match="too low"):
+        mapie_fit(table, labels, 9, 0.95)
+    ours = np.asarray(cf.aps_scores(table[:9], labels[:9]))
+    assert float(cf.threshold(ours, 0.95)) == ours.min() == brute_threshold(ours, 0.95)
+    # n = 99, alpha = 0.99: k = 1 exactly (MAPIE's quantile function would pick 2); the classifier refuses it
+    table, labels = posteriors(np.random.default_rng(121), 110, 5, labels=np.arange(110) % 5)
+    assert mapie_rank(99, 0.99) == 2 == cf.conformal_rank(99, 0.99) + 1
+    with pytest.raises(ValueError, match="too low"):
+        mapie_fit(table, labels, 99, 0.99)
+    ours = np.asarray(cf.aps_scores(table[:99], labels[:99]))
+    assert float(cf.threshold(ours, 0.99)) == ours.min() == brute_threshold(ours, 0.99)
+
+
+# --------------------------------------------------------------------------- 11. bad input
+
+
+def test_bad_input_names_field_rule_and_value():
+    """The issue's bad inputs through every entry point that takes them: an empty candidate pool, NaN / inf
+    probabilities, an empty calibration set; each a ValueError naming the argument, the rule and the value."""
+    p = np.full((3, 4), 0.25)
+    key = jax.random.key(0)
+    takes_probs = {
+        "scores": lambda q: cf.scores(q, np.zeros(3, int)),
+        "candidate_scores": cf.candidate_scores,
+        "prediction_sets": lambda q: cf.prediction_sets(q, 0.5),
+        "truncate_top_k": lambda q: cf.truncate_top_k(q, 1),
+        "sample_frequencies": lambda q: cf.sample_frequencies(key, q, 3),
+    }
+    for fn in takes_probs.values():
+        with pytest.raises(ValueError, match=r"^probs: the candidate pool is empty \(m = 0\)$"):
+            fn(np.zeros((3, 0)))
+        for value in (np.nan, np.inf):
+            bad = p.copy()
+            bad[1, 2] = value
+            with pytest.raises(ValueError, match=rf"^probs must be finite, got {value} at \[1, 2\]$"):
+                fn(bad)
+    empty = np.zeros(0, np.float32)
+    for fn in (lambda: cf.threshold(empty, 0.1), lambda: cf.calibrate(empty, 0.1), lambda: cf.pvalues(empty, p[0]),
+               lambda: cf.coverage_check(empty, p[0])):
+        with pytest.raises(ValueError, match=r"^cal_scores is empty: .*at least 1"):
+            fn()
+    with pytest.raises(ValueError, match=r"calibration set must hold at least 1 score, got n = 0"):
+        cf.conformal_rank(0, 0.1)
+
+
+def test_bad_probabilities_and_labels():
+    p = np.full((3, 4), 0.25)
+    y = np.array([0, 1, 3])
+    fns = [cf.aps_scores, cf.rank_scores, cf.prob_scores]
+    for fn in fns:
+        with pytest.raises(ValueError, match=r"candidate pool is empty \(m = 0\)"):
+            fn(np.zeros((3, 0)), y)
+        bad = p.copy()
+        bad[1, 2] = np.nan
+        with pytest.raises(ValueError, match=r"finite, got nan at \[1, 2\]"):
+            fn(bad, y)
+        bad = p.copy()
+        bad[2, 0], bad[2, 1] = -0.25, 0.75
+        with pytest.raises(ValueError, match=r">= 0, got -0.25 at \[2, 0\]"):
+            fn(bad, y)
+        with pytest.raises(ValueError, match="rows must sum to 1.*row 0 sums to 2"):
+            fn(p * np.array([[2.0], [1.0], [1.0]]), y)
+        for label in (-1, 4):
+            with pytest.raises(ValueError, match=f"got {label} for document 2.*open-world accounting"):
+                fn(p, np.array([0, 1, label]))
+        with pytest.raises(ValueError, match="labels must have shape"):
+            fn(p, y[:2])
+        with pytest.raises(ValueError, match="floating point"):
+            fn(np.eye(3, dtype=int), y)
+        with pytest.raises(ValueError, match=r"shape \(n, m\)"):
+            fn(p[0], y)
+    with pytest.raises(ValueError, match="candidate pool is empty"):
+        cf.prediction_sets(np.zeros((3, 0)), 0.5)
+    with pytest.raises(ValueError, match="qhat must not be NaN"):
+        cf.prediction_sets(p, np.nan)
+    with pytest.raises(ValueError, match=r"qhat must be a scalar or have shape \(3,\)"):
+        cf.prediction_sets(p, np.zeros(2))
+
+
+def test_bad_sampling_truncation_calibration_input():
+    p = np.full((3, 4), 0.25)
+    key = jax.random.key(0)
+    for m in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="samples per document"):
+            cf.sample_frequencies(key, p, m)
+    with pytest.raises(ValueError, match="rows must sum to 1"):
+        cf.sample_frequencies(key, p * 2, 5)
+    with pytest.raises(ValueError, match="k = 5 exceeds the candidate pool size 4"):
+        cf.truncate_top_k(p, 5)
+    for k in (0, 2.0):
+        with pytest.raises(ValueError, match="top-K pool size"):
+            cf.truncate_top_k(p, k)
+    with pytest.raises(ValueError, match="outside the candidate pool"):
+        cf.frequencies_from_samples(np.array([[0, 4]]), 4)
+    np.testing.assert_array_equal(np.asarray(cf.frequencies_from_samples(np.array([[0, 3, 3, 3]]), 4)),
+                                  [[0.25, 0, 0, 0.75]])
+    with pytest.raises(ValueError, match="cal_scores is empty: the calibration set must hold at least 1"):
+        cf.calibrate(np.zeros(0), 0.1)
+    with pytest.raises(ValueError, match="NaN"):
+        cf.calibrate(np.array([0.1, np.nan]), 0.1)
+    with pytest.raises(ValueError, match="n_missing"):
+        cf.calibrate(np.array([0.1]), 0.1, n_missing=-1)
+    with pytest.raises(ValueError, match="cal_scores is empty"):
+        cf.pvalues(np.zeros(0), np.zeros(1))
+    with pytest.raises(ValueError, match="n_missing must be in"):
+        cf.miss_rate_upper(5, 4, 0.9)
+    with pytest.raises(ValueError, match="confidence"):
+        cf.miss_rate_upper(0, 4, 1.0)
+
+
+# --------------------------------------------------------------------------- 12. jit, vmap, compilation
+
+
+def test_kernels_under_jit_and_vmap():
+    probs, labels, scores_pool = pool()
+    p, y = probs[:64], labels[:64]
+    for s in cf.SCORES:
+        np.testing.assert_array_equal(np.asarray(jax.jit(functools.partial(cf.scores, score=s))(p, y)),
+                                      scores_pool[s][:64])
+        q = np.float32(np.quantile(scores_pool[s][:64], 0.7))
+        eager = np.asarray(cf.prediction_sets(p, q, s))
+        np.testing.assert_array_equal(np.asarray(jax.jit(cf.prediction_sets, static_argnames="score")(p, q, s)), eager)
+        batched = jax.vmap(lambda pp, qq, s=s: cf.prediction_sets(pp, qq, s))(p.reshape(4, 16, -1), jnp.full(4, q))
+        np.testing.assert_array_equal(np.asarray(batched).reshape(64, -1), eager)
+    cal = scores_pool["aps"][:99]
+    jitted = jax.jit(functools.partial(cf.threshold, alpha=(0.05, 0.1, 0.2)))
+    np.testing.assert_array_equal(np.asarray(jitted(cal)), np.asarray(cf.threshold(cal, ALPHAS)))
+    vmapped = jax.vmap(cf.aps_scores)(p.reshape(4, 16, -1), y.reshape(4, 16))
+    np.testing.assert_array_equal(np.asarray(vmapped).ravel(), scores_pool["aps"][:64])
+    full = np.asarray(cf.candidate_scores(p, "aps"))
+    np.testing.assert_array_equal(np.asarray(jax.jit(cf.candidate_scores, static_argnames="score")(p, "aps")), full)
+    np.testing.assert_array_equal(full[np.arange(64), y], scores_pool["aps"][:64])
+    test = scores_pool["aps"][99:140]
+    np.testing.assert_array_equal(np.asarray(jax.jit(cf.pvalues)(cal, test)), np.asarray(cf.pvalues(cal, test)))
+
+
+def test_prediction_sets_do_not_recompile():
+    """A second call with the same shapes (other values, other scalar qhat) compiles nothing; a new shape does."""
+    probs = pool()[0]
+    compiles = []
+
+    def listener(event, duration, **kwargs):
+        if event == _COMPILE_EVENT:
+            compiles.append(duration)
+
+    cf.prediction_sets(probs[:41], 0.9)
+    cf.aps_scores(probs[:41], pool()[1][:41])
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        cf.prediction_sets(probs[41:82], 0.5)
+        cf.prediction_sets(probs[82:123], np.float32(0.7))
+        cf.aps_scores(probs[82:123], pool()[1][82:123])
+        assert compiles == []
+        cf.prediction_sets(probs[:43], 0.5)  # a new shape: the counter does see compilations
+        assert len(compiles) >= 1
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
