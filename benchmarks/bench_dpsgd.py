@@ -56,6 +56,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from _common import CompileCounter, int_at_least
 from snapaudit_jax._io import write_json
 from snapaudit_jax.dpsgd import DPSGDConfig, poisson_batch, sequence_losses
 from snapaudit_jax.dpsgd.train import _SAMPLE_STREAM, _dp_step, _prepare
@@ -64,25 +65,6 @@ from snapaudit_jax.models.decoders import GPT2
 
 SUM_TOL = 1e-4
 NOISE_MULTIPLIER, LEARNING_RATE, B1 = 1.0, 1e-3, 0.9
-_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-
-
-class CompileCounter:
-    """Counts XLA backend compilations while active (a context manager)."""
-
-    def __init__(self):
-        self.count = 0
-
-    def _listen(self, event: str, duration: float, **kwargs) -> None:
-        if event == _COMPILE_EVENT:
-            self.count += 1
-
-    def __enter__(self):
-        jax.monitoring.register_event_duration_secs_listener(self._listen)
-        return self
-
-    def __exit__(self, *exc):
-        jax.monitoring.unregister_event_duration_listener(self._listen)
 
 
 def make_data(records: int, seq: int, vocab: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -275,16 +257,6 @@ def readable(r: dict) -> str:
         f"{r['loadavg_at_start']}; total {r['wall_seconds_total']:.0f} s"
     )
     return f"{head}\n{table}\n{tail}"
-
-
-def int_at_least(minimum: int):
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text}")
-        return value
-
-    return parse
 
 
 def main(argv=None) -> int:

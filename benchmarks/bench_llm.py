@@ -85,6 +85,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from _common import CompileCounter, int_at_least  # noqa: E402
 from snapaudit_jax._io import write_json  # noqa: E402
 from snapaudit_jax.audit import audit  # noqa: E402
 from snapaudit_jax.data import get_spec, load_examples  # noqa: E402
@@ -110,36 +111,12 @@ REFERENCE_SNAPSHOTS, TARGET_FRACTION = 100, 0.8
 ACTIVE_LADDER = tuple(2**i for i in range(1, 11))  # 2 .. 1024
 PASSIVE_START = 50
 RELEASE_CHUNK = 1024
-_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 def timed(fn, *args, **kwargs):
     start = time.perf_counter()
     out = fn(*args, **kwargs)
     return out, time.perf_counter() - start
-
-
-class CompileCounter:
-    """Counts XLA backend compilations while active (a context manager)."""
-
-    def __init__(self):
-        self.count = 0
-
-    def _listen(self, event: str, duration: float, **kwargs) -> None:
-        if event == _COMPILE_EVENT:
-            self.count += 1
-
-    def __enter__(self):
-        jax.monitoring.register_event_duration_secs_listener(self._listen)
-        return self
-
-    def __exit__(self, *exc):
-        jax.monitoring.unregister_event_duration_listener(self._listen)
-
-
-# ---------------------------------------------------------------------------
-# Part 1: inference
-# ---------------------------------------------------------------------------
 
 
 def build_prompts(lm, examples, spec, n: int, max_tokens: int, instruction=None) -> list[str]:
@@ -546,17 +523,6 @@ def readable(r: dict) -> str:
                 f"{hit['model_seconds']:.1f} s, chat templates {hit['prompt_seconds']:.1f} s)")
     lines.append(f"total {r['wall_seconds_total']:.0f} s")
     return "\n".join(lines)
-
-
-def int_at_least(minimum: int, maximum: int | None = None):
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < minimum or (maximum is not None and value > maximum):
-            bound = f">= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
-            raise argparse.ArgumentTypeError(f"must be an integer {bound}, got {text}")
-        return value
-
-    return parse
 
 
 def positive_float(text: str) -> float:

@@ -75,6 +75,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import snapaudit_jax as sa  # noqa: E402
+from _common import COMPILE_EVENT, int_at_least  # noqa: E402
 from snapaudit_jax._io import write_json  # noqa: E402
 from snapaudit_jax.audit import make_attack  # noqa: E402
 from snapaudit_jax.jem import bucket_num_values  # noqa: E402
@@ -86,7 +87,6 @@ SNAPSHOTS = 2000
 NUMPY_CHUNK = 1 << 20
 MAX_Z = 6.0
 HYPOTHESES = ("with", "without")
-_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 # A NumPy trial sampler: ``sampler(rng, m)`` runs ``m`` trials, returns the hit count.
 Sampler = Callable[[np.random.Generator, int], int]
@@ -309,7 +309,7 @@ def benchmark(name: str, trials: int, seed: int, chunk: int) -> dict:
     compiles = []
 
     def count_compiles(event: str, duration: float, **kwargs) -> None:
-        if event == _COMPILE_EVENT:
+        if event == COMPILE_EVENT:
             compiles.append(duration)
 
     jax.monitoring.register_event_duration_secs_listener(count_compiles)
@@ -372,16 +372,6 @@ def readable(r: dict) -> str:
 
 def rates(hits: dict) -> str:
     return "/".join(f"{hits[h]:.5f}" for h in HYPOTHESES)
-
-
-def int_at_least(minimum: int):
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text}")
-        return value
-
-    return parse
 
 
 def main(argv=None) -> int:
