@@ -319,6 +319,103 @@ def test_sets_equal_score_rule_hypothesis(case):
         assert_set_identity(p, q[0] if scalar else q, score)
 
 
+def brute_aps_scores(p) -> np.ndarray:
+    """``(n, m)`` float32 APS scores by brute force in NumPy: ``q = floor(float32(p) 2**30)``, the int64 mass of
+    ``{j : q_j >= q_y}`` (ties included), rounded to float32 and scaled by ``2**-30`` (the kernel's two steps)."""
+    q = np.floor(np.clip(np.asarray(p, np.float32), 0, 1).astype(np.float64) * 2.0**30).astype(np.int64)
+    ascending = np.sort(q, axis=1)
+    suffix = np.cumsum(ascending[:, ::-1], axis=1)[:, ::-1]  # suffix[i, k] = sum of ascending[i, k:]
+    first = np.stack([np.searchsorted(a, row, side="left") for a, row in zip(ascending, q)])
+    suffix = np.concatenate([suffix, np.zeros((q.shape[0], 1), np.int64)], axis=1)
+    return np.take_along_axis(suffix, first, axis=1).astype(np.float32) * np.float32(2.0**-30)
+
+
+def aps_search_rows(rng, m):
+    """Rows that stress the APS level search: flat (sets of most of the pool), sharp, integer ties, a geometric
+    row (values across 2**0..2**29, most below the fixed point's 2**-30), one dominant candidate with adjacent
+    float32 neighbours (fixed-point values above 2**24, spaced by float32 ulps), a one-hot row."""
+    flat = posteriors(rng, 1, m, spread=(0.01, 0.02))[0][0]
+    sharp = posteriors(rng, 1, m, spread=(6.0, 8.0))[0][0]
+    usual = posteriors(rng, 2, m)[0]
+    ties = tied_probs(rng, 1, m)[0]
+    geometric = 0.5 ** np.arange(1, m + 1, dtype=np.float64)
+    geometric /= geometric.sum()
+    dominant = np.full(m, 0.0)
+    around = np.float32(0.25)
+    dominant[:3] = [np.float32(0.375), around, np.nextafter(around, np.float32(1))]  # q: 3 * 2**27, 2**28, 2**28 + 16
+    dominant[3:] = (1.0 - dominant[:3].sum()) / (m - 3)
+    onehot = np.eye(m)[rng.integers(m)]
+    rows = np.vstack([flat, sharp, usual, ties, geometric, dominant, onehot])
+    return rows[rng.permutation(rows.shape[0])]
+
+
+def aps_thresholds(scores, rng):
+    """Scalar thresholds (extremes, signed zeros, a negative subnormal, attained scores and their float32
+    neighbours) and per-row (Mondrian) vectors at each row's attained scores, nudged one ulp either way."""
+    values = np.unique(scores)
+    picks = values[np.linspace(0, values.size - 1, 9).astype(int)].astype(np.float32)
+    scalars = [-np.inf, -1.0, -1e-45, -0.0, 0.0, 0.5, 0.9, 1.0, 1.5, np.inf]
+    down, up = np.float32(-np.inf), np.float32(np.inf)
+    scalars += [v for x in picks for v in (x, np.nextafter(x, down), np.nextafter(x, up))]
+    n, m = scores.shape
+    rows = []
+    for direction in (0.0, -np.inf, np.inf):
+        attained = scores[np.arange(n), rng.integers(0, m, n)].astype(np.float32)
+        rows.append(attained if direction == 0.0 else np.nextafter(attained, np.float32(direction)))
+    mixed = rows[0].copy()
+    mixed[::3], mixed[1::3] = np.inf, -1.0
+    rows.append(mixed)
+    return [np.float32(x) for x in scalars], rows
+
+
+@pytest.mark.parametrize("n, m", [(67, 31), (7, 10007), (5, 2)])
+def test_aps_sets_match_brute_force_oracle(n, m):
+    """The APS level search (blocks of rows, interpolation/bisection passes) against a brute-force NumPy oracle and
+    ``candidate_scores <= qhat``, bit for bit: full sets (``qhat >= 1``, ``+inf``), empty sets (below every score,
+    negative, a negative subnormal), sets of most of a 10^4 pool, ties straddling the threshold, per-row
+    thresholds, and row counts that leave a partial last block (67 = 64 + 3 rows at m = 31; 7 = 3 + 3 + 1 at
+    m = 10007)."""
+    rng = np.random.default_rng(11)
+    p = np.vstack([aps_search_rows(rng, m) for _ in range(-(-n // 8))])[:n] if m > 2 else posteriors(rng, n, m)[0]
+    p = p.astype(np.float32)
+    oracle = brute_aps_scores(p)
+    np.testing.assert_array_equal(np.asarray(cf.candidate_scores(p, "aps")), oracle)
+    scalars, vectors = aps_thresholds(oracle, rng)
+    sizes = set()
+    for qhat in scalars + vectors:
+        sets = np.asarray(cf.prediction_sets(p, qhat))
+        expected = oracle <= np.broadcast_to(qhat, (n,))[:, None]
+        np.testing.assert_array_equal(sets, expected, err_msg=f"qhat={qhat}")
+        if np.ndim(qhat) == 0 and (qhat >= 1 or qhat == np.inf):
+            assert sets.all()
+        if np.ndim(qhat) == 0 and qhat < 0:
+            assert not sets.any()
+        sizes.update(sets.sum(axis=1).tolist())
+    assert 0 in sizes and m in sizes
+    if m > 1000:
+        assert any(m // 2 < s < m for s in sizes)  # sets of most of the pool: thousands of candidates decided
+
+
+def test_aps_sets_zero_and_unnormalised_rows_under_jit():
+    """Under ``jit`` (no validation) a row of zeros has every score 0 (in the set iff ``qhat >= 0``); rows whose
+    fixed-point total stays below 2**32 follow the same exact rule as the oracle."""
+    rng = np.random.default_rng(12)
+    n, m = 9, 23
+    p = posteriors(rng, n, m)[0].astype(np.float32)
+    p[0] = 0.0
+    p[1] = np.float32(1.0 / m)
+    p[2] *= 2.5  # unnormalised (fixed-point total < 2**32)
+    p[3, :] = 0.0
+    p[3, 5] = 1.0
+    oracle = brute_aps_scores(p)
+    run = jax.jit(cf.prediction_sets)
+    for qhat in [np.float32(x) for x in (-1.0, 0.0, 1e-9, 0.3, 1.0, 2.0, 2.4, np.inf)] + [oracle[:, 4].copy()]:
+        np.testing.assert_array_equal(np.asarray(run(p, qhat)), oracle <= np.broadcast_to(qhat, (n,))[:, None],
+                                      err_msg=f"qhat={qhat}")
+    sets = np.asarray(run(p, np.float32(0.0)))
+    assert sets[0].all() and not sets[2].any()
+
+
 # --------------------------------------------------------------------------- 3. the order statistic
 
 
