@@ -64,6 +64,8 @@ class AttackerSettings:
       model: language model (``smollm2`` or a checkpoint path) of LLM attackers.
       samples: forced-choice samples per document and attribute (``profile``).
       max_new_tokens: length of the clue list (``clues``).
+      attributes: the attributes a ``profile`` attacker asks about (default: every attribute of the
+        suite); the identity set is every profile consistent with all of their certified sets.
     """
 
     name: str
@@ -74,6 +76,7 @@ class AttackerSettings:
     model: str = "smollm2"
     samples: int = 10
     max_new_tokens: int = 48
+    attributes: tuple[str, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,7 +251,10 @@ def load_cpa_config(path: str | os.PathLike) -> CPAConfig:
             model=take(body, "model", where, _string, "smollm2"),
             samples=take(body, "samples", where, pos_int("samples"), 10),
             max_new_tokens=take(body, "max_new_tokens", where, pos_int("max_new_tokens"), 48),
+            attributes=take(body, "attributes", where, _str_list, None),
         )
+        if s.attributes is not None and s.kind != "profile":
+            raise ConfigFileError(f"{where}.attributes: only for kind 'profile', got kind {s.kind!r}")
         reject_unknown(body, where)
         if s.kind != "retrieval" and s.model != "smollm2" and not os.path.exists(s.model):
             raise ConfigFileError(f"{where}.model: must be 'smollm2' or an existing .gguf file or model folder, "
@@ -410,12 +416,15 @@ def _attack(settings: AttackerSettings, suite, rows: np.ndarray, config: CPAConf
     if not suite.attributes:
         raise ValueError(f"attacker {settings.name!r} (profile) needs attribute vocabularies; suite {suite.name!r} "
                          "has none")
+    attributes = dict(suite.attributes)
+    if settings.attributes is not None:
+        attributes = {a: attributes[a] for a in settings.attributes}
     oracle = models.oracle(settings.model)
     before = oracle.stats.calls
-    attacker = ProfileAttacker(oracle, suite.attributes, samples=settings.samples,
+    attacker = ProfileAttacker(oracle, attributes, samples=settings.samples,
                                key=jax.random.fold_in(jax.random.key(config.seed), 1001))
     freqs = attacker.frequencies(docs, [suite.doc_ids[i] for i in rows])
-    cand = identity_scores(freqs, suite.attributes, suite.candidate_attributes, config.score)
+    cand = identity_scores(freqs, attributes, suite.candidate_attributes, config.score)
     return _Attack(None, cand, labels, None, oracle.stats.calls - before)
 
 
@@ -578,6 +587,10 @@ def check_references(config: CPAConfig, suites: Mapping[str, Any]) -> None:
                 if not suites[t].attributes:
                     raise ConfigFileError(f"attackers.{a.name}: kind 'profile' needs attribute vocabularies; "
                                           f"suite {t!r} has none (restrict attackers.{a.name}.suites)")
+                missing = sorted(set(a.attributes or ()) - set(suites[t].attributes))
+                if missing:
+                    raise ConfigFileError(f"attackers.{a.name}.attributes: {missing} not attributes of suite "
+                                          f"{t!r} (it has {sorted(suites[t].attributes)})")
     for _, cal_name, test_name in config.drift:
         for n in (cal_name, test_name):
             if n not in suites:

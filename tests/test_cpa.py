@@ -322,6 +322,12 @@ max_new_tokens = 4
 kind = "profile"
 model = "{model}"
 samples = 5
+
+[attackers.profile_gender]
+kind = "profile"
+model = "{model}"
+samples = 5
+attributes = ["gender"]
 """
 
 
@@ -330,10 +336,11 @@ def test_llm_attackers_run_cache_and_resume(tiny_model, tmp_path):
     out = str(tmp_path / "out")
     first = run_cpa(cfg, out, progress=False)
     rows = {r["attacker"]: r for r in first["rows"] if r["kind"] == "standard"}
-    assert set(rows) == {"clues", "profile"}
+    assert set(rows) == {"clues", "profile", "profile_gender"}
     n_docs = 36
     assert rows["clues"]["llm_calls"] == n_docs  # one greedy clue list per document
-    assert rows["profile"]["llm_calls"] > 0
+    assert rows["profile"]["llm_calls"] == 4 * n_docs  # one forced-choice scoring per document and attribute
+    assert rows["profile_gender"]["llm_calls"] == n_docs
     for r in rows.values():
         assert REQUIRED_KEYS <= set(r) and 0.0 <= r["coverage"] <= 1.0
     # the cache in the run folder makes a rerun free of new model computations and identical
@@ -341,6 +348,17 @@ def test_llm_attackers_run_cache_and_resume(tiny_model, tmp_path):
     assert [r["coverage"] for r in second["rows"]] == [r["coverage"] for r in first["rows"]]
     assert [r["median_set_size"] for r in second["rows"]] == [r["median_set_size"] for r in first["rows"]]
     assert os.path.getsize(os.path.join(out, "llm_cache.jsonl")) > 0
+
+
+def test_profile_attributes_option_is_checked(tmp_path):
+    text = LLM_CONFIG.format(model="smollm2")
+    with pytest.raises(ConfigFileError, match="attackers.clues.attributes: only for kind 'profile'"):
+        load_cpa_config(write(tmp_path, text.replace("max_new_tokens = 4", 'max_new_tokens = 4\nattributes = ["a"]')))
+    cfg = load_cpa_config(write(tmp_path, text.replace("samples = 5", 'samples = 5\nattributes = ["shoe_size"]', 1)))
+    assert cfg.attackers[1].attributes == ("shoe_size",)
+    with pytest.raises(ConfigFileError, match=r"attackers.profile.attributes: \['shoe_size'\] not attributes"):
+        run_cpa(cfg, str(tmp_path / "out"), progress=False)
+    assert not (tmp_path / "out").exists()
 
 
 def test_llm_model_path_is_checked(tmp_path):
