@@ -137,6 +137,8 @@ class PIIConfig:
       canaries, model, training, extraction, reconstruction, inference, audit: each stage's settings.
       mia_fprs: false-positive rates of the reported membership TPRs (empirical).
       eval_batch_size: rows per scoring pass.
+      lazy_slots: PERSON slots of the extraction samples scored by the lazy extractability estimate
+        (Algorithm 4) for every training name; ``0`` turns it off.
     """
 
     seed: int = 0
@@ -153,6 +155,7 @@ class PIIConfig:
     audit: CanaryAuditConfig = CanaryAuditConfig()
     mia_fprs: tuple[float, ...] = (0.1, 0.01)
     eval_batch_size: int = 32
+    lazy_slots: int = 32
 
 
 _SECTIONS = {
@@ -207,6 +210,8 @@ def load_pii_config(path: str | os.PathLike) -> PIIConfig:
         return tuple(_validate.open_unit("mia_fprs[...]", x) for x in v)
 
     kw["mia_fprs"] = take(run, "mia_fprs", "run", fprs, base.mia_fprs)
+    kw["lazy_slots"] = take(run, "lazy_slots", "run", lambda v: _validate.positive_int("lazy_slots", v, minimum=0),
+                            base.lazy_slots)
     reject_unknown(run, "run")
     for name in _SECTIONS:
         kw[name] = _section(getattr(base, name), raw.pop(name, {}), name)
@@ -348,6 +353,8 @@ def _attack(name: str, model, report, config: PIIConfig, data: _Data, baseline, 
                                           jax.random.fold_in(key, 1), tagger=data.tagger, baseline_pii=baseline_pii)
     log(f"{name}: extraction precision {out['extraction']['precision']:.3f}, "
         f"recall {out['extraction']['recall']:.3f}")
+    if config.lazy_slots:
+        out["lazy_extraction"] = _lazy(model, data, out["extraction"]["samples"], config, jax.random.fold_in(key, 6))
     out["reconstruction"] = reconstruction_attack(model, data.tokenizer, data.train, config.reconstruction,
                                                   jax.random.fold_in(key, 2), tagger=data.tagger,
                                                   baseline_model=baseline)
@@ -409,6 +416,25 @@ def _by_repetition(done: Mapping[str, Any], data: _Data) -> dict:
                          "accuracy": float(np.mean(hits)) if hits else None})
         out[game] = rows
     return out
+
+
+def _lazy(model, data: _Data, samples, config: PIIConfig, key) -> dict:
+    """Lazy extractability (seed 003, Algorithm 4) of every training name from the extraction samples.
+
+    ``expected_recall`` turns each estimate (the per-sample probability of generating the name) into the chance
+    that ``N`` samples generate it at least once, ``1 - exp(-N * estimate)``, averaged over the names: the
+    observed extraction recall's counterpart without the tagger's or the baseline's filtering.
+    """
+    from attacks.extraction import lazy_extractability, normalize_pii
+
+    names = sorted({normalize_pii(s.value) for r in data.train for s in r.spans if s.label == "PERSON"})
+    res = lazy_extractability(model, data.tokenizer, [("PERSON", v) for v in names], samples, key,
+                              tagger=data.tagger, max_slots=config.lazy_slots, batch_size=config.eval_batch_size)
+    n = len(samples)
+    est = np.array([it["estimate"] for it in res["items"]], np.float64)
+    res["expected_recall"] = float(np.mean(-np.expm1(-n * est))) if est.size else None
+    res["n_targets"] = len(names)
+    return res
 
 
 def _num(x) -> float | None:
@@ -558,6 +584,11 @@ def format_table(results: Mapping[str, dict], full: Mapping[str, dict], config: 
         for game in ("reconstruction", "inference"):
             cells = [f"{_fmt(r['accuracy'])} (n={r['n_queries']})" for r in f["by_repetition"][game]]
             lines.append(f"| {name} | {game} | " + " | ".join(cells) + " |")
+    lazy = {n: (f.get("lazy_extraction") or {}).get("expected_recall") for n, f in full.items()}
+    if any(v is not None for v in lazy.values()):
+        lines += ["", "Lazy extractability (Algorithm 4, PERSON): expected share of training names that the "
+                  f"{config.extraction.n_samples} samples generate at least once: "
+                  + ", ".join(f"{n} {_fmt(v)}" for n, v in lazy.items()) + ".", ""]
     lines += ["", "Canary audit (canaries inserted once; members vs held-out canaries): jax_privacy's one-run bound "
               "is the reported epsilon_audited; our Clopper-Pearson estimators on a separate threshold split "
               "(standard and GDP) treat the canaries as independent trials, a cross-check, not a one-run bound.", "",

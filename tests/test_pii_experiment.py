@@ -92,6 +92,8 @@ def test_results_json_has_every_variant_and_key(tiny_run):
     assert rep["sampling"] == "poisson" and rep["steps"] == cfg.training.steps
     assert rep["clip_norm"] == cfg.training.clip_norm and rep["noise_multiplier"] > 0
     assert full["variants"]["undefended"]["report"]["dp"] is False
+    lazy = full["variants"]["undefended"]["lazy_extraction"]
+    assert 0.0 <= lazy["expected_recall"] <= 1.0 and lazy["n_targets"] == len(lazy["items"]) > 0
     # the scrubbed variants trained on text without the tagged PII: the tagger's recall is recorded
     assert full["tagger"]["all"]["recall"] > 0.9
     table = open(os.path.join(out, "table.md")).read()
