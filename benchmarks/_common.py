@@ -6,6 +6,8 @@ Import it after any environment variable a script sets for XLA: it imports jax.
 from __future__ import annotations
 
 import argparse
+import time
+from typing import NamedTuple
 
 import jax
 
@@ -13,14 +15,15 @@ COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 class CompileCounter:
-    """Counts XLA backend compilations while active (a context manager)."""
+    """Counts XLA backend compilations and their seconds while active (a context manager)."""
 
     def __init__(self):
-        self.count = 0
+        self.count, self.seconds = 0, 0.0
 
     def _listen(self, event: str, duration: float, **kwargs) -> None:
         if event == COMPILE_EVENT:
             self.count += 1
+            self.seconds += duration
 
     def __enter__(self):
         jax.monitoring.register_event_duration_secs_listener(self._listen)
@@ -41,3 +44,40 @@ def int_at_least(minimum: int, maximum: int | None = None):
         return value
 
     return parse
+
+
+def timed(fn, *args, **kwargs):
+    """``(fn(*args, **kwargs), wall seconds)``, waiting for any JAX arrays in the result."""
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn(*args, **kwargs))
+    return out, time.perf_counter() - start
+
+
+class Alternation(NamedTuple):
+    """What :func:`alternate` measured."""
+
+    outs: dict  # last output of each implementation
+    seconds: dict  # name -> wall seconds of each timed call
+    cpu: dict  # name -> process CPU time / wall time over the timed calls (at most the core count)
+    first: dict  # name -> {"first_call_seconds", "compile_seconds", "compiles"} of the warm-up call
+    compiles_timed: int  # XLA compilations during the timed calls (expected 0)
+
+
+def alternate(fns: dict, repeats: int) -> Alternation:
+    """Warms each ``fn`` up once, then calls them in turn ``repeats`` times (so load drifts hit all alike)."""
+    outs, first = {}, {}
+    for name, fn in fns.items():
+        with CompileCounter() as compiles:
+            outs[name], s = timed(fn)
+        first[name] = {"first_call_seconds": round(s, 4), "compile_seconds": round(compiles.seconds, 4),
+                       "compiles": compiles.count}
+    seconds = {name: [] for name in fns}
+    cpu = dict.fromkeys(fns, 0.0)
+    with CompileCounter() as compiles:
+        for _ in range(repeats):
+            for name, fn in fns.items():
+                cpu0 = time.process_time()
+                outs[name], s = timed(fn)
+                cpu[name] += time.process_time() - cpu0
+                seconds[name].append(s)
+    return Alternation(outs, seconds, {k: round(cpu[k] / sum(seconds[k]), 2) for k in fns}, first, compiles.count)

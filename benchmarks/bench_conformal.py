@@ -83,6 +83,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import conformal as cf
+from _common import alternate
 from snapaudit_jax._io import write_json
 
 DEFAULT_SIZES = ((1000, 1000), (1000, 10000), (10000, 1000))
@@ -90,37 +91,11 @@ HEADLINE_SIZE = (1000, 10000)
 GOAL_RATIO = 3.0
 SIGNAL, SPREAD = 2.0, (0.3, 3.0)
 MAPIE_EPSILON = 1e-8
-_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 def tol_score(m: int) -> float:
     """Fixed-point error of an APS mass over ``m`` candidates (see tests/test_conformal.py)."""
     return m * 2.0**-30 + 2.0**-23
-
-
-class CompileCounter:
-    """Counts XLA backend compilations and their seconds while active (a context manager)."""
-
-    def __init__(self):
-        self.count, self.seconds = 0, 0.0
-
-    def _listen(self, event: str, duration: float, **kwargs) -> None:
-        if event == _COMPILE_EVENT:
-            self.count += 1
-            self.seconds += duration
-
-    def __enter__(self):
-        jax.monitoring.register_event_duration_secs_listener(self._listen)
-        return self
-
-    def __exit__(self, *exc):
-        jax.monitoring.unregister_event_duration_listener(self._listen)
-
-
-def timed(fn):
-    start = time.perf_counter()
-    out = jax.block_until_ready(fn())
-    return out, time.perf_counter() - start
 
 
 def posteriors(rng: np.random.Generator, n: int, m: int):
@@ -253,31 +228,6 @@ def make_mapie(table_cal: np.ndarray, table_test: np.ndarray, alpha: float):
 # ---------------------------------------------------------------------------
 
 
-def alternate(fns: dict, repeats: int) -> tuple[dict, dict, dict, dict]:
-    """Warms each ``fn`` up once, then calls them in turn ``repeats`` times.
-
-    Returns:
-      ``(last outputs, {name: seconds list}, {name: first-call info}, {name: CPU utilisation})``.
-    """
-    outs, first = {}, {}
-    for name, fn in fns.items():
-        with CompileCounter() as compiles:
-            outs[name], s = timed(fn)
-        first[name] = {"first_call_seconds": round(s, 4), "compile_seconds": round(compiles.seconds, 4),
-                       "compiles": compiles.count}
-    seconds = {name: [] for name in fns}
-    cpu = dict.fromkeys(fns, 0.0)
-    with CompileCounter() as compiles:
-        for _ in range(repeats):
-            for name, fn in fns.items():
-                cpu0 = time.process_time()
-                outs[name], s = timed(fn)
-                cpu[name] += time.process_time() - cpu0
-                seconds[name].append(s)
-    first["jax_compiles_timed"] = compiles.count
-    return outs, seconds, first, {k: round(cpu[k] / sum(seconds[k]), 2) for k in fns}
-
-
 def summarise(work: int, seconds: dict, first: dict, cpu: dict) -> dict:
     out = {}
     for name, s in seconds.items():
@@ -319,7 +269,8 @@ def bench_size(n: int, m: int, alpha: float, repeats: int, seed: int, with_mapie
     if with_mapie:
         conformalize, predict_set, quantile = make_mapie(p_cal, p_test, alpha)
         fns["mapie"] = lambda: conformalize(y_cal)
-    outs, seconds, first, cpu = alternate(fns, repeats)
+    outs, seconds, cpu, first, timed_compiles = alternate(fns, repeats)
+    first["jax_compiles_timed"] = timed_compiles
     qhat, qhat_np = float(outs["ours"]), float(outs["numpy"])
     calibrate = summarise(work, seconds, first, cpu)
     calibrate["jax_compiles_timed"] = first["jax_compiles_timed"]
@@ -335,7 +286,8 @@ def bench_size(n: int, m: int, alpha: float, repeats: int, seed: int, with_mapie
         "ours_jit": lambda: jit_scores(p_test_dev),
         "numpy": lambda: numpy_all_scores(p_test),
     }
-    outs, seconds, first, cpu = alternate(fns, repeats)
+    outs, seconds, cpu, first, timed_compiles = alternate(fns, repeats)
+    first["jax_compiles_timed"] = timed_compiles
     scores_ours, scores_np = np.asarray(outs["ours"], np.float64), outs["numpy"]
     stage = summarise(work, seconds, first, cpu)
     stage["mapie"] = None
@@ -353,7 +305,8 @@ def bench_size(n: int, m: int, alpha: float, repeats: int, seed: int, with_mapie
     }
     if with_mapie:
         fns["mapie"] = predict_set
-    outs, seconds, first, cpu = alternate(fns, repeats)
+    outs, seconds, cpu, first, timed_compiles = alternate(fns, repeats)
+    first["jax_compiles_timed"] = timed_compiles
     sets_ours, sets_np = np.asarray(outs["ours"]), outs["numpy"]
     if with_mapie:
         result["qhat"]["mapie"] = quantile()

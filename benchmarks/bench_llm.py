@@ -85,7 +85,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from _common import CompileCounter, int_at_least  # noqa: E402
+from _common import CompileCounter, alternate, int_at_least, timed  # noqa: E402
 from snapaudit_jax._io import write_json  # noqa: E402
 from snapaudit_jax.audit import audit  # noqa: E402
 from snapaudit_jax.data import get_spec, load_examples  # noqa: E402
@@ -113,10 +113,7 @@ PASSIVE_START = 50
 RELEASE_CHUNK = 1024
 
 
-def timed(fn, *args, **kwargs):
-    start = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - start
+
 
 
 def build_prompts(lm, examples, spec, n: int, max_tokens: int, instruction=None) -> list[str]:
@@ -200,26 +197,6 @@ def until_eos(tokens, eos_ids) -> list[int]:
     return out
 
 
-def alternate(fns: dict, repeats: int) -> tuple[dict, dict, dict, int]:
-    """Runs each ``fn`` once to warm up, then ``repeats`` times in turn.
-
-    Returns:
-      ``(last outputs, seconds lists, CPU utilisation (process CPU time / wall time, at most the core count),
-      XLA compilations during the timed calls)``.
-    """
-    outs = {name: fn() for name, fn in fns.items()}
-    seconds = {name: [] for name in fns}
-    cpu = dict.fromkeys(fns, 0.0)
-    with CompileCounter() as compiles:
-        for _ in range(repeats):
-            for name, fn in fns.items():
-                cpu0 = time.process_time()
-                outs[name], s = timed(fn)
-                cpu[name] += time.process_time() - cpu0
-                seconds[name].append(s)
-    return outs, seconds, {k: round(cpu[k] / sum(seconds[k]), 2) for k in fns}, compiles.count
-
-
 def rate(count: float, seconds: list[float]) -> float:
     return round(count / statistics.median(seconds), 2)
 
@@ -244,7 +221,7 @@ def inference(lm, batch: int, prompt_tokens: int, repeats: int) -> dict:
         "torch_full_logits": lambda: torch_label_logprobs(model, tok, rows, label_ids, last_only=False),
         "torch_last_logits": lambda: torch_label_logprobs(model, tok, rows, label_ids, last_only=True),
     }
-    outs, seconds, cpu, compiles = alternate(fns, repeats)
+    outs, seconds, cpu, _, compiles = alternate(fns, repeats)
     diff = max(float(np.max(np.abs(outs["ours"] - outs[k]))) for k in fns if k != "ours")
 
     prefill = {name: {"prefill_tokens_per_s": rate(real_tokens, s), "label_scoring_prompts_per_s": rate(batch, s),
@@ -261,7 +238,7 @@ def inference(lm, batch: int, prompt_tokens: int, repeats: int) -> dict:
                          lm.generate(gen_rows, max_new_tokens=NEW_TOKENS, batch_size=GEN_BATCH)],
         "torch": lambda: torch_generate(model, tok, gen_rows, eos),
     }
-    gen_out, gen_seconds, gen_cpu, gen_compiles = alternate(gen_fns, repeats)
+    gen_out, gen_seconds, gen_cpu, _, gen_compiles = alternate(gen_fns, repeats)
     gen = {name: {"new_tokens": sum(map(len, gen_out[name])), "seconds_median": round(statistics.median(s), 4),
                   "seconds": [round(x, 4) for x in s], "cpu_utilisation": gen_cpu[name]}
            for name, s in gen_seconds.items()}

@@ -58,7 +58,6 @@ import math
 import os
 import resource
 import sys
-import time
 from collections.abc import Callable
 
 # The simulator shards over host devices; XLA reads this when its backend starts.
@@ -75,7 +74,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import snapaudit_jax as sa  # noqa: E402
-from _common import COMPILE_EVENT, int_at_least  # noqa: E402
+from _common import CompileCounter, int_at_least, timed  # noqa: E402
 from snapaudit_jax._io import write_json  # noqa: E402
 from snapaudit_jax.audit import make_attack  # noqa: E402
 from snapaudit_jax.jem import bucket_num_values  # noqa: E402
@@ -280,12 +279,6 @@ def run_numpy(samplers: list[Sampler], rng: np.random.Generator, trials: int, ch
     return hits
 
 
-def timed(fn, *args):
-    start = time.perf_counter()
-    out = fn(*args)
-    return out, time.perf_counter() - start
-
-
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
@@ -306,15 +299,8 @@ def benchmark(name: str, trials: int, seed: int, chunk: int) -> dict:
     snapshots = [np.tile(clean, (SNAPSHOTS, 1)) for clean in cleans]
 
     run_engine(keys[:1], mech, attack, snapshots[:1], min(trials, chunk), chunk)  # compiles
-    compiles = []
-
-    def count_compiles(event: str, duration: float, **kwargs) -> None:
-        if event == COMPILE_EVENT:
-            compiles.append(duration)
-
-    jax.monitoring.register_event_duration_secs_listener(count_compiles)
-    jax_hits, jax_s = timed(run_engine, keys, mech, attack, snapshots, trials, chunk)
-    jax.monitoring.unregister_event_duration_listener(count_compiles)
+    with CompileCounter() as compiles:
+        jax_hits, jax_s = timed(run_engine, keys, mech, attack, snapshots, trials, chunk)
     jax_peak = peak_rss_mb()
 
     rng = np.random.default_rng(seed)
@@ -345,7 +331,7 @@ def benchmark(name: str, trials: int, seed: int, chunk: int) -> dict:
         "jax_seconds": round(jax_s, 3),
         "numpy_seconds": round(np_s, 3),
         "numpy_same_noise_seconds": round(same_s, 3),
-        "jax_compiles_timed": len(compiles),
+        "jax_compiles_timed": compiles.count,
         "devices": len(jax.devices()),
         "openblas_num_threads": os.environ["OPENBLAS_NUM_THREADS"],
         "chunk_trials": chunk,

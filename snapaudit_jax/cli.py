@@ -69,36 +69,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--fail-on-violation", action="store_true", help=f"exit with status {EXIT_VIOLATION} on a violation")
 
-    a = sub.add_parser(
-        "audit",
+    _config_command(
+        sub, "audit", "quickstart.toml",
         help="run real DP-ICL audits from a TOML config (phase A on the LLM, active and passive audits)",
         description="Audit DP-ICL pipelines on a language model as configured in CONFIG.toml (see "
                     "examples/quickstart.toml); writes results.json, results_full.json, table.md and PNG plots.",
     )
-    a.add_argument("config", help="TOML configuration")
-    a.add_argument("--out", default=None, help="output folder (default: runs/<config name>)")
-    a.add_argument("--quiet", action="store_true", help="no progress on stderr")
-
-    c = sub.add_parser(
-        "cpa",
+    _config_command(
+        sub, "cpa", "cpa_synthetic.toml",
         help="conformal privacy audit of re-identification attackers (certified ambiguity sets)",
         description="Calibrates the declared attackers of CONFIG.toml on each linkage suite and writes "
                     "summary.json, report.md, per-document JSONL and plots to the output folder.",
     )
-    c.add_argument("config", help="TOML configuration (see examples/cpa_synthetic.toml)")
-    c.add_argument("--out", default=None, help="output folder (default: runs/<config name>)")
-    c.add_argument("--quiet", action="store_true", help="no progress lines")
-
-    p = sub.add_parser(
-        "pii",
+    _config_command(
+        sub, "pii", "pii_small.toml",
         help="PII leakage of a small GPT-2 trained undefended, with DP-SGD, scrubbed and both",
         description="Trains the four variants of CONFIG.toml on a synthetic PII corpus, runs the extraction, "
                     "reconstruction, inference, membership and canary attacks, and writes results.json, "
                     "results_full.json, table.md and leakage.png to the output folder (a rerun resumes).",
     )
-    p.add_argument("config", help="TOML configuration (see examples/pii_small.toml)")
-    p.add_argument("--out", default=None, help="output folder (default: runs/<config name>)")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
 
     g = sub.add_parser("generate", help="generate text with a Flax language model")
     g.add_argument("--model", default="smollm2", help="smollm2, a .gguf file or a Hugging Face folder")
@@ -116,6 +105,26 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--allow-pickle", action="store_true")
     e.add_argument("--json", action="store_true")
     return parser
+
+
+def _config_command(sub, name: str, example: str, **kwargs) -> None:
+    """A ``snapaudit NAME CONFIG.toml [--out DIR] [--quiet]`` sub-command."""
+    p = sub.add_parser(name, **kwargs)
+    p.add_argument("config", help=f"TOML configuration (see examples/{example})")
+    p.add_argument("--out", default=None, help="output folder (default: runs/<config name>)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def _run_config(args, load, run, report: str):
+    """Loads ``args.config``, runs it into ``--out`` (default ``runs/<config name>``), prints ``report``."""
+    import os
+
+    config = load(args.config)
+    out = args.out or os.path.join("runs", os.path.splitext(os.path.basename(args.config))[0])
+    result = run(config, out, progress=not args.quiet)
+    with open(os.path.join(out, report)) as fh:
+        print(fh.read())
+    return result
 
 
 def _config_from_args(args):
@@ -217,43 +226,25 @@ def _simulate(args) -> int:
 
 
 def _audit(args) -> int:
-    import os
-
     from snapaudit_jax.experiment import load_config, run_audit
 
-    config = load_config(args.config)
-    out = args.out or os.path.join("runs", os.path.splitext(os.path.basename(args.config))[0])
-    result = run_audit(config, out, progress=not args.quiet)
-    with open(os.path.join(out, "table.md")) as fh:
-        print(fh.read())
+    result = _run_config(args, load_config, run_audit, "table.md")
     if result["mia"]:
         print(f"MIA AUC rows: {len(result['mia']['rows'])} (mia.json)")
     return EXIT_OK
 
 
 def _cpa(args) -> int:
-    import os
-
     from conformal.runner import load_cpa_config, run_cpa
 
-    config = load_cpa_config(args.config)
-    out = args.out or os.path.join("runs", os.path.splitext(os.path.basename(args.config))[0])
-    run_cpa(config, out, progress=not args.quiet)
-    with open(os.path.join(out, "report.md")) as fh:
-        print(fh.read())
+    _run_config(args, load_cpa_config, run_cpa, "report.md")
     return EXIT_OK
 
 
 def _pii(args) -> int:
-    import os
-
     from attacks.experiment import load_pii_config, run_pii
 
-    config = load_pii_config(args.config)
-    out = args.out or os.path.join("runs", os.path.splitext(os.path.basename(args.config))[0])
-    run_pii(config, out, progress=not args.quiet)
-    with open(os.path.join(out, "table.md")) as fh:
-        print(fh.read())
+    _run_config(args, load_pii_config, run_pii, "table.md")
     return EXIT_OK
 
 
