@@ -47,7 +47,7 @@ from attacks.corpus import CanaryConfig, Corpus, CorpusConfig, insert_canaries, 
 from attacks.extraction import ExtractionConfig, extraction_attack, tagged_pii
 from attacks.inference import InferenceConfig, inference_attack
 from attacks.mia import mia_attack
-from attacks.ner import default_tagger, evaluate_tagger, scrub
+from attacks.ner import default_tagger, evaluate_tagger, scrub_text
 from attacks.reconstruction import ReconstructionConfig, reconstruction_attack
 from snapaudit_jax import _validate
 from snapaudit_jax._config import ConfigFileError, read_toml, reject_unknown, take
@@ -276,7 +276,7 @@ def _prepare(config: PIIConfig, log) -> _Data:
     texts = [r.text for r in train]
     predicted = tagger.tag(texts)
     quality = evaluate_tagger(predicted, [r.spans for r in train])
-    scrubbed = scrub(texts, tagger)
+    scrubbed = [scrub_text(t, spans) for t, spans in zip(texts, predicted)]  # scrub(), without tagging twice
     log(f"corpus: {len(train)} training records, {len(test)} held out, {len(public.records)} public; "
         f"{int(canaries.inserted.sum())}/{len(canaries.canaries)} canaries inserted; "
         f"tagger recall {quality['all']['recall']:.3f}, precision {quality['all']['precision']:.3f}")
@@ -507,10 +507,10 @@ def run_pii(config: PIIConfig, out_dir: str, *, progress: bool = True) -> dict:
         with open(base_samples_path) as fh:
             baseline_pii = [tuple(x) for x in json.load(fh)]
     else:
-        from attacks.extraction import _sample
+        from attacks.extraction import extraction_samples
 
         n_base = config.extraction.n_baseline_samples or config.extraction.n_samples
-        samples = _sample(baseline, data.tokenizer, n_base,
+        samples = extraction_samples(baseline, data.tokenizer, n_base,
                           jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), 1000), 99),
                           config.extraction)
         baseline_pii = sorted(tagged_pii(samples, data.tagger, config.extraction.labels))

@@ -157,7 +157,8 @@ def extraction_metrics(
     return out
 
 
-def _sample(model, tokenizer, n: int, key, config: ExtractionConfig) -> list[str]:
+def extraction_samples(model, tokenizer, n: int, key, config: ExtractionConfig) -> list[str]:
+    """``n`` unconditional top-k samples with ``config``'s budget (what :func:`extraction_attack` draws)."""
     return sample_texts(model, tokenizer, [""] * n, key, top_k=config.top_k, max_new_tokens=config.max_new_tokens,
                         temperature=config.temperature, batch_size=config.batch_size)
 
@@ -199,11 +200,11 @@ def extraction_attack(
     if baseline_model is not None and baseline_pii is not None:
         raise ValueError("give at most one of baseline_model and baseline_pii, got both")
     tagger = default_tagger() if tagger is None else tagger
-    samples = _sample(model, tokenizer, config.n_samples, jax.random.fold_in(key, 0), config)
+    samples = extraction_samples(model, tokenizer, config.n_samples, jax.random.fold_in(key, 0), config)
     generated = tagged_pii(samples, tagger, config.labels)
     if baseline_model is not None:
         n_base = config.n_baseline_samples or config.n_samples
-        base_samples = _sample(baseline_model, tokenizer, n_base, jax.random.fold_in(key, 1), config)
+        base_samples = extraction_samples(baseline_model, tokenizer, n_base, jax.random.fold_in(key, 1), config)
         baseline = set(tagged_pii(base_samples, tagger, config.labels))
     else:
         baseline = _keys("baseline_pii", baseline_pii or ())

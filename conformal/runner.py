@@ -261,14 +261,7 @@ def load_cpa_config(path: str | os.PathLike) -> CPAConfig:
                                   f"got {s.model!r}")
         settings.append(s)
     kw["attackers"] = tuple(settings)
-    names = {a.name for a in settings}
-
-    def attacker_name(where):
-        def convert(v):
-            if v not in names:
-                raise ValueError(f"must name a configured attacker ({', '.join(sorted(names))}), got {v!r}")
-            return v
-        return convert
+    attacker_name = choice(tuple(sorted(a.name for a in settings)))
 
     if not isinstance(drift, list):
         raise ConfigFileError("drift: must be an array of tables ([[drift]])")
@@ -279,7 +272,7 @@ def load_cpa_config(path: str | os.PathLike) -> CPAConfig:
         for key in ("attacker", "calibrate", "test"):
             if key not in body:
                 raise ConfigFileError(f"{where}.{key}: required")
-        drifts.append((take(body, "attacker", where, attacker_name(where), None),
+        drifts.append((take(body, "attacker", where, attacker_name, None),
                        take(body, "calibrate", where, _string, None), take(body, "test", where, _string, None)))
         reject_unknown(body, where)
     kw["drift"] = tuple(drifts)
@@ -288,7 +281,7 @@ def load_cpa_config(path: str | os.PathLike) -> CPAConfig:
         for key in ("attacker", "suite", "top_k"):
             if key not in body:
                 raise ConfigFileError(f"truncation.{key}: required")
-        kw["truncation"] = (take(body, "attacker", "truncation", attacker_name("truncation"), None),
+        kw["truncation"] = (take(body, "attacker", "truncation", attacker_name, None),
                             take(body, "suite", "truncation", _string, None),
                             take(body, "top_k", "truncation", _int_list("top_k"), None))
         reject_unknown(body, "truncation")
@@ -297,7 +290,7 @@ def load_cpa_config(path: str | os.PathLike) -> CPAConfig:
         for key in ("attacker", "suites"):
             if key not in body:
                 raise ConfigFileError(f"mondrian.{key}: required")
-        kw["mondrian"] = (take(body, "attacker", "mondrian", attacker_name("mondrian"), None),
+        kw["mondrian"] = (take(body, "attacker", "mondrian", attacker_name, None),
                           take(body, "suites", "mondrian", _str_list, None))
         if len(kw["mondrian"][1]) < 2:
             raise ConfigFileError("mondrian.suites: must list at least 2 suites (the strata)")
