@@ -5,9 +5,10 @@ training data independently with probability ``p``. Its score is ``log P(secret 
 trained model (minus the same under a reference model, optionally): members should score higher.
 
 :func:`epsilon_lower_bound` turns member / non-member scores into ``(eps, delta)`` lower bounds with this
-package's estimators (:func:`snapaudit_jax.epsilon_std`, :func:`snapaudit_jax.epsilon_gdp`) for the test
-"member iff score >= threshold", with exact Clopper-Pearson bounds ``TPR >= tpr_low`` and ``FPR <= fpr_up``
-(``alpha / 2`` each). The threshold never comes from the scores that the bound uses:
+package's estimation layer (:mod:`snapaudit_jax.estimation`: the decision rules ``Split`` / ``Bonferroni``,
+:func:`~snapaudit_jax.estimation.threshold_test` and the estimators) for the test "member iff score >= threshold",
+with exact Clopper-Pearson bounds ``TPR >= tpr_low`` and ``FPR <= fpr_up`` (``alpha / 2`` each). The threshold
+never comes from the scores that the bound uses:
 
 * ``"split"``: a random ``selection_fraction`` of each group chooses the threshold (the one maximising the
   bound the selection part itself gives), the rest evaluates it;
@@ -24,7 +25,8 @@ Guarantees:
   ``(eps, delta)``-DP mechanism *if* the member scores are i.i.d. and the non-member scores are i.i.d. given
   membership (each canary is an independent trial). That holds for canaries audited over independent training
   runs; with many canaries in one run it is the usual heuristic (the scores share one model). The ``gdp``
-  bound further assumes the mechanism's trade-off curve is Gaussian (mu-GDP). jax_privacy's ``one_run`` bound
+  entry's ``mu_lower`` bounds the ``mu`` of a ``mu``-GDP claim; its ``epsilon_gdp`` is the ``eps(delta)`` of the
+  Gaussian envelope and bounds the ``(eps, delta)`` of the training run only if its trade-off curve is Gaussian. jax_privacy's ``one_run`` bound
   (Steinke et al. 2023) is valid for a single run given independent Bernoulli(1/2) insertion. A canary inserted
   ``r`` times is protected only at group size ``r``: compare its group's bound with the group-privacy epsilon,
   not with the per-record one.
@@ -46,8 +48,7 @@ import jax
 import numpy as np
 
 from snapaudit_jax import _validate
-from snapaudit_jax.bounds import clopper_pearson_lower, clopper_pearson_upper
-from snapaudit_jax.estimators import epsilon_gdp, epsilon_std, mu_lower
+from snapaudit_jax.estimation import Bonferroni, Split, ThresholdTest, estimate, threshold_test
 
 from attacks.blackbox import continuation_logprobs
 from attacks.corpus import Canary, CanarySet
@@ -65,8 +66,8 @@ __all__ = [
 SELECTIONS = ("split", "bonferroni")
 _GUARANTEES = (
     "std: valid lower bound on eps at delta with probability >= 1 - alpha if canary scores are independent trials "
-    "(independent runs; heuristic for many canaries in one run); gdp: additionally assumes a Gaussian trade-off "
-    "curve; the threshold is chosen on scores the bound does not use (split) or Bonferroni-corrected over a grid "
+    "(independent runs; heuristic for many canaries in one run); gdp: mu_lower bounds the mu of a mu-GDP claim, "
+    "epsilon_gdp is the Gaussian envelope's eps (a bound only for a Gaussian trade-off curve); the threshold is chosen on scores the bound does not use (split) or Bonferroni-corrected over a grid "
     "fixed in advance."
 )
 
@@ -120,40 +121,11 @@ def canary_scores(model, tokenizer, canaries: CanarySet | Sequence[Canary], *, r
     return score
 
 
-def _scores(name: str, value, minimum: int) -> np.ndarray:
-    arr = _validate.finite_array(name, value)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-dimensional, got shape {arr.shape}")
-    if len(arr) < minimum:
-        raise ValueError(f"{name} must hold at least {minimum} scores, got {len(arr)}")
-    return arr
-
-
-def _at_least(sorted_scores: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
-    """``#(score >= t)`` for each threshold."""
-    return len(sorted_scores) - np.searchsorted(sorted_scores, thresholds, side="left")
-
-
-def _bounds(k1, n1: int, k0, n0: int, a: float):
-    """``(tpr_low, 1 - tpr_low, fpr_up, 1 - fpr_up)``, each complement computed exactly (Beta symmetry)."""
-    return (clopper_pearson_lower(k1, n1, a), clopper_pearson_upper(n1 - k1, n1, a),
-            clopper_pearson_upper(k0, n0, a), clopper_pearson_lower(n0 - k0, n0, a))
-
-
-def _objectives(k1, n1, k0, n0, a, delta):
-    tl, tl_c, fu, fu_c = _bounds(k1, n1, k0, n0, a)
-    std = epsilon_std(tl, fu, delta, tpr_low_complement=tl_c, fpr_up_complement=fu_c)
-    mu = mu_lower(tl, fu, tpr_low_complement=tl_c, fpr_up_complement=fu_c)
-    return np.atleast_1d(std), np.atleast_1d(mu)
-
-
-def _result(threshold, k1, n1, k0, n0, a, delta) -> dict:
-    tl, tl_c, fu, fu_c = (float(x) for x in _bounds(k1, n1, k0, n0, a))
-    eps = float(epsilon_std(tl, fu, delta, tpr_low_complement=tl_c, fpr_up_complement=fu_c))
-    mu = float(mu_lower(tl, fu, tpr_low_complement=tl_c, fpr_up_complement=fu_c))
-    gdp = float(epsilon_gdp(tl, fu, delta, tpr_low_complement=tl_c, fpr_up_complement=fu_c))
-    return {"threshold": float(threshold), "tpr_low": tl, "fpr_up": fu, "member_hits": int(k1), "n_members": n1,
-            "nonmember_hits": int(k0), "n_nonmembers": n0, "epsilon_std": eps, "mu_lower": mu, "epsilon_gdp": gdp}
+def _result(test: ThresholdTest, delta: float) -> dict:
+    eps_std, mu, eps_gdp = estimate(test.tpr, test.fpr, delta)
+    return {"threshold": test.threshold, "tpr_low": test.tpr.bound, "fpr_up": test.fpr.bound,
+            "member_hits": int(test.tpr.hits), "n_members": test.tpr.trials, "nonmember_hits": int(test.fpr.hits),
+            "n_nonmembers": test.fpr.trials, "epsilon_std": eps_std, "mu_lower": mu, "epsilon_gdp": eps_gdp}
 
 
 def epsilon_lower_bound(
@@ -168,6 +140,9 @@ def epsilon_lower_bound(
 ) -> dict:
     """``(eps, delta)`` lower bounds from canary scores (see the module docstring).
 
+    The decision rule is a value of :mod:`snapaudit_jax.estimation` (``Split`` or ``Bonferroni``) and
+    :func:`snapaudit_jax.estimation.threshold_test` chooses and bounds it, as in every other audit.
+
     Args:
       member_scores: ``(n1,)`` scores of inserted canaries (higher = member).
       nonmember_scores: ``(n0,)`` scores of held-out canaries.
@@ -181,53 +156,36 @@ def epsilon_lower_bound(
       ``{"selection", "alpha", "delta", "std": {...}, "gdp": {...}, "guarantees"}`` where ``std`` and ``gdp``
       each hold the threshold chosen for that estimator and its evaluation ``{"threshold", "tpr_low", "fpr_up",
       "member_hits", "n_members", "nonmember_hits", "n_nonmembers", "epsilon_std", "mu_lower", "epsilon_gdp"}``;
-      the bound of the estimator is ``std["epsilon_std"]`` and ``gdp["epsilon_gdp"]``.
+      the bound of the estimator is ``std["epsilon_std"]`` and ``gdp["mu_lower"]`` (its ``epsilon_gdp`` is the
+      Gaussian envelope's ``eps``).
 
     Raises:
       ValueError: bad scores, rates or fractions, or ``"split"`` without a key or with a part left empty.
 
     Guarantees:
       See the module docstring: the ``std`` bound holds with probability ``>= 1 - alpha`` for independent
-      canary trials; the ``gdp`` bound additionally assumes a Gaussian trade-off curve.
+      canary trials; ``gdp["mu_lower"]`` bounds the ``mu`` of a ``mu``-GDP claim under the same condition.
     """
     delta = _validate.open_unit("delta", delta)
     alpha = _validate.open_unit("alpha", alpha)
-    m = _scores("member_scores", member_scores, 1 if thresholds is not None else 2)
-    n = _scores("nonmember_scores", nonmember_scores, 1 if thresholds is not None else 2)
     out = {"selection": "bonferroni" if thresholds is not None else "split", "alpha": alpha, "delta": delta,
            "guarantees": _GUARANTEES}
     if thresholds is not None:
-        grid = _validate.finite_array("thresholds", thresholds)
-        if grid.ndim != 1:
-            raise ValueError(f"thresholds must be 1-dimensional, got shape {grid.shape}")
-        a = alpha / (2 * len(grid))
-        k1, k0 = _at_least(np.sort(m), grid), _at_least(np.sort(n), grid)
-        std, mu = _objectives(k1, len(m), k0, len(n), a, delta)
-        for name, objective in (("std", std), ("gdp", mu)):
-            i = int(np.argmax(objective))
-            out[name] = _result(grid[i], k1[i], len(m), k0[i], len(n), a, delta)
-        out["grid_size"] = len(grid)
-        return out
-    if key is None:
-        raise ValueError("key must be a PRNG key for selection='split' (no hidden default key), got None")
-    fraction = _validate.open_unit("selection_fraction", selection_fraction)
-    parts = []
-    for i, (name, s) in enumerate((("member_scores", m), ("nonmember_scores", n))):
-        perm = np.asarray(jax.random.permutation(jax.random.fold_in(key, i), len(s)))
-        cut = int(round(fraction * len(s)))
-        if not 0 < cut < len(s):
-            raise ValueError(f"selection_fraction={fraction} leaves an empty selection or evaluation part of "
-                             f"{name} ({len(s)} scores)")
-        parts.append((np.sort(s[perm[:cut]]), np.sort(s[perm[cut:]])))
-    (m_sel, m_ev), (n_sel, n_ev) = parts
-    candidates = np.unique(np.concatenate([m_sel, n_sel]))
-    std, mu = _objectives(_at_least(m_sel, candidates), len(m_sel), _at_least(n_sel, candidates), len(n_sel),
-                          alpha / 2, delta)
-    for name, objective in (("std", std), ("gdp", mu)):
-        t = candidates[int(np.argmax(objective))]
-        k1, k0 = _at_least(m_ev, np.array([t]))[0], _at_least(n_ev, np.array([t]))[0]
-        out[name] = _result(t, k1, len(m_ev), k0, len(n_ev), alpha / 2, delta)
-    out["n_selection"] = (len(m_sel), len(n_sel))
+        rule = Bonferroni(tuple(np.ravel(_validate.finite_array("thresholds", thresholds)).tolist()))
+        if np.ndim(thresholds) != 1:
+            raise ValueError(f"thresholds must be 1-dimensional, got shape {np.shape(thresholds)}")
+    else:
+        if key is None:
+            raise ValueError("key must be a PRNG key for selection='split' (no hidden default key), got None")
+        rule = Split(_validate.open_unit("selection_fraction", selection_fraction))
+    for name in ("std", "gdp"):
+        test = threshold_test(member_scores, nonmember_scores, rule, delta=delta, alpha=alpha, estimator=name,
+                              key=key)
+        out[name] = _result(test, delta)
+    if thresholds is not None:
+        out["grid_size"] = len(rule.thresholds)
+    else:
+        out["n_selection"] = test.n_selection
     return out
 
 

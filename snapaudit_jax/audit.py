@@ -33,7 +33,6 @@ auditor): the snapshot distribution *is* the input distribution.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 import warnings as _warnings
@@ -50,204 +49,46 @@ from snapaudit_jax.bounds import (
     empirical_bernstein_radius,
     hoeffding_radius,
 )
-from snapaudit_jax.estimators import ESTIMATORS, epsilon_gdp, epsilon_std, mu_lower
-from snapaudit_jax.exact import exact_hit_probability, exact_score_grid, exact_score_probability, supports_exact
+from snapaudit_jax.estimation import (
+    DEFAULT_ESTIMATOR,
+    ESTIMATORS,
+    VIOLATION_RTOL,
+    AuditResult,
+    RateBound,
+    TradeoffCurve,
+    audit_result,
+    bernstein_bound,
+    binomial_bound,
+    binomial_pair,
+    certified_curve,
+    exact_rate,
+    is_violation,
+    objective,
+    paper_bound,
+    select_index,
+)
+from snapaudit_jax.exact import (
+    exact_hit_probability,
+    exact_release_epsilon,
+    exact_score_grid,
+    exact_score_probability,
+    supports_exact,
+)
 from snapaudit_jax.jem import KeywordSpaceAggregation, bucket_num_values
 from snapaudit_jax.mechanisms import Attack, EmbeddingSpaceAggregation, Mechanism
-from snapaudit_jax.simulate import MAX_TRIALS, SimulationCounts, simulate
+from snapaudit_jax.simulate import MAX_TRIALS, simulate
 from snapaudit_jax.snapshots import check_clean, dedupe
 
-__all__ = ["audit", "AuditResult", "RateBound", "THREATS", "METHODS", "CLEAN_MODELS", "make_attack"]
+__all__ = ["audit", "AuditResult", "RateBound", "THREATS", "METHODS", "CLEAN_MODELS", "CURVE_POINTS", "make_attack",
+           "is_violation", "VIOLATION_RTOL"]
 
 THREATS = ("black", "white")
 METHODS = ("simulate", "exact", "paper")
 CLEAN_MODELS = ("sampled", "fixed")
+CURVE_POINTS = 24  # white-box certified trade-off curve: thresholds fixed on selection data
 
 _PILOT, _SELECT, _EVAL = 0, 1, 2
 _PILOT_TRIALS = 1 << 14
-VIOLATION_RTOL = 1e-6
-
-
-@dataclasses.dataclass(frozen=True)
-class RateBound:
-    """A one-sided bound on one success rate (TPR: lower, FPR: upper).
-
-    Attributes:
-      estimate: point estimate of the rate.
-      bound: the one-sided confidence bound.
-      complement: ``1 - bound``, computed without cancellation.
-      variance: variance entering the Bernstein term (``nan`` if none).
-      variance_term / range_term / monte_carlo_term: parts of the radius
-        (``bound = estimate -/+ sum of parts``, clipped to ``[0, 1]``) or,
-        for Clopper-Pearson, ``monte_carlo_term = |bound - estimate|``.
-      trials: evaluation trials (0 for exact rates).
-      snapshots: evaluation snapshots.
-      failure_probability: failure probability spent on this rate.
-    """
-
-    estimate: float
-    bound: float
-    complement: float
-    variance: float
-    variance_term: float
-    range_term: float
-    monte_carlo_term: float
-    trials: int
-    snapshots: int
-    failure_probability: float
-
-
-@dataclasses.dataclass(frozen=True)
-class AuditResult:
-    """Immutable, JSON-serialisable result of one audit (one ``eps_theory``)."""
-
-    mechanism: str
-    threat: str
-    method: str
-    estimator: str
-    clean: str
-    epsilon_theory: float
-    delta: float
-    epsilon_emp: float
-    epsilon_std: float
-    epsilon_gdp: float
-    mu_emp: float
-    tpr_hat: float
-    fpr_hat: float
-    tpr_low: float
-    fpr_up: float
-    violation: bool
-    trials: int
-    selection_trials: int
-    snapshots: int
-    selection_snapshots: int
-    confidence: float
-    target: int | None
-    threshold: float | None
-    tpr: RateBound
-    fpr: RateBound
-    noise: dict
-    assumptions: str
-    warnings: tuple[str, ...]
-    seed: int | None
-    seconds: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return _jsonable(dataclasses.asdict(self))
-
-    def to_json(self, **kwargs) -> str:
-        return json.dumps(self.to_dict(), allow_nan=False, **kwargs)
-
-    def summary(self) -> dict[str, Any]:
-        """The fields of the command-line JSON contract."""
-        d = self.to_dict()
-        keys = (
-            "mechanism", "threat", "method", "estimator", "epsilon_theory", "delta", "epsilon_emp", "mu_emp",
-            "tpr_hat", "fpr_hat", "tpr_low", "fpr_up", "trials", "snapshots", "confidence", "violation", "seconds",
-        )
-        return {k: d[k] for k in keys}
-
-
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, (np.bool_, bool)):
-        return bool(x)
-    if isinstance(x, (float, np.floating)):
-        x = float(x)
-        if math.isnan(x):
-            return None
-        if math.isinf(x):
-            return "inf" if x > 0 else "-inf"
-        return x
-    return x
-
-
-# ---------------------------------------------------------------------------
-# Rate bounds
-# ---------------------------------------------------------------------------
-
-
-def _finish(estimate, estimate_complement, radius_parts, side, **kw) -> RateBound:
-    radius = sum(radius_parts)
-    if side == "lower":
-        bound, complement = max(0.0, estimate - radius), min(1.0, estimate_complement + radius)
-    else:
-        bound, complement = min(1.0, estimate + radius), max(0.0, estimate_complement - radius)
-    var_term, range_term, mc_term = radius_parts
-    return RateBound(float(estimate), float(bound), float(complement), variance_term=float(var_term),
-                     range_term=float(range_term), monte_carlo_term=float(mc_term), **kw)
-
-
-def estimate(tpr: RateBound, fpr: RateBound, delta: float, estimator: str) -> tuple[float, float, float, float]:
-    """``(epsilon_emp, epsilon_std, epsilon_gdp, mu_emp)`` from the two rate bounds."""
-    kw = dict(tpr_low_complement=tpr.complement, fpr_up_complement=fpr.complement)
-    eps_std = float(epsilon_std(tpr.bound, fpr.bound, delta, **kw))
-    eps_gdp = float(epsilon_gdp(tpr.bound, fpr.bound, delta, **kw))
-    mu = float(mu_lower(tpr.bound, fpr.bound, **kw))
-    return (eps_gdp if estimator == "gdp" else eps_std), eps_std, eps_gdp, mu
-
-
-def _sample_variance(x: np.ndarray) -> float:
-    """Unbiased sample variance; exactly 0 for constant samples (no rounding residue)."""
-    return float(np.var(x, ddof=1)) if np.ptp(x) > 0 else 0.0
-
-
-def _bernstein_parts(variance: float, n: int, alpha: float) -> tuple[float, float]:
-    log_term = math.log(2.0 / alpha)
-    return math.sqrt(2.0 * max(variance, 0.0) * log_term / n), 7.0 * log_term / (3.0 * (n - 1))
-
-
-def _bound_stratified(hits: np.ndarray, trials: np.ndarray, side: str, alpha: float) -> RateBound:
-    rates = hits / trials
-    n = rates.size
-    var = _sample_variance(rates)
-    var_term, range_term = _bernstein_parts(var, n, alpha)
-    return _finish(float(rates.mean()), float(np.mean((trials - hits) / trials)), (var_term, range_term, 0.0), side,
-                   variance=var,
-                   trials=int(trials.sum()), snapshots=n, failure_probability=alpha)
-
-
-def _bound_binomial(hits: int, trials: int, snapshots: int, side: str, alpha: float) -> RateBound:
-    est = hits / trials
-    # 1 - CP_lower(k, n) = CP_upper(n - k, n) and vice versa (relabel the outcomes).
-    if side == "lower":
-        bound = float(clopper_pearson_lower(hits, trials, alpha))
-        complement = float(clopper_pearson_upper(trials - hits, trials, alpha))
-    else:
-        bound = float(clopper_pearson_upper(hits, trials, alpha))
-        complement = float(clopper_pearson_lower(trials - hits, trials, alpha))
-    return RateBound(est, bound, complement, math.nan, 0.0, 0.0, abs(bound - est), trials, snapshots, alpha)
-
-
-def _bound_paper(counts: SimulationCounts, hits: np.ndarray, side: str, alpha: float) -> RateBound:
-    # SnapAudit App. C.2 with alpha/4 per event: log(2 / (alpha/4)) = log(8/alpha).
-    m = int(counts.trials.sum())
-    unit_rate = np.where(counts.trials > 0, hits / np.maximum(counts.trials, 1), hits.sum() / m)
-    per_snapshot = unit_rate[counts.unit_index]
-    n = per_snapshot.size
-    var = _sample_variance(per_snapshot)
-    var_term, range_term = _bernstein_parts(var, n, alpha)
-    mc_term = float(hoeffding_radius(m, alpha, two_sided=True))
-    return _finish(float(hits.sum() / m), float((m - hits.sum()) / m), (var_term, range_term, mc_term), side,
-                   variance=var,
-                   trials=m, snapshots=n, failure_probability=alpha)
-
-
-def _bound_exact(probabilities: tuple[np.ndarray, np.ndarray], clean: str, side: str, alpha: float) -> RateBound:
-    p, q = probabilities
-    est, est_c = float(np.mean(p)), float(np.mean(q))
-    n = p.size
-    if clean == "fixed":
-        return RateBound(est, est, est_c, 0.0, 0.0, 0.0, 0.0, 0, n, 0.0)
-    var = _sample_variance(p)
-    var_term, range_term = _bernstein_parts(var, n, alpha)
-    return _finish(est, est_c, (var_term, range_term, 0.0), side, variance=var, trials=0, snapshots=n,
-                   failure_probability=alpha)
 
 
 def _anticipated_bounds(tpr, fpr, *, method, clean, trials, n1, n0, alpha, tpr_c=None, fpr_c=None):
@@ -270,12 +111,9 @@ def _anticipated_bounds(tpr, fpr, *, method, clean, trials, n1, n0, alpha, tpr_c
         r0 = empirical_bernstein_radius(0.0, n0, a) + hoeffding_radius(trials, a, two_sided=True)
     elif clean == "fixed":
         k1, k0 = np.round(tpr * trials), np.round(fpr * trials)
-        return (
-            clopper_pearson_lower(k1, trials, alpha / 2),
-            clopper_pearson_upper(trials - k1, trials, alpha / 2),
-            clopper_pearson_upper(k0, trials, alpha / 2),
-            clopper_pearson_lower(trials - k0, trials, alpha / 2),
-        )
+        tl, tl_c = binomial_pair(k1, trials, "lower", alpha / 2)
+        fu, fu_c = binomial_pair(k0, trials, "upper", alpha / 2)
+        return tl, tl_c, fu, fu_c
     else:
         q1, q0 = -(-trials // n1), -(-trials // n0)
         r1 = empirical_bernstein_radius(tpr * tpr_c / q1, n1, alpha / 2)
@@ -283,27 +121,9 @@ def _anticipated_bounds(tpr, fpr, *, method, clean, trials, n1, n0, alpha, tpr_c
     return tpr - r1, tpr_c + r1, fpr + r0, fpr_c - r0
 
 
-def _objective(tl, tl_c, fu, fu_c, estimator, delta):
-    kw = dict(tpr_low_complement=np.clip(tl_c, 0.0, 1.0), fpr_up_complement=np.clip(fu_c, 0.0, 1.0))
-    tl, fu = np.clip(tl, 0.0, 1.0), np.clip(fu, 0.0, 1.0)
-    if estimator == "gdp":
-        return np.asarray(mu_lower(tl, fu, **kw), np.float64)
-    return np.asarray(epsilon_std(tl, fu, delta, **kw), np.float64)
-
-
 # ---------------------------------------------------------------------------
 # Attack design
 # ---------------------------------------------------------------------------
-
-
-def _best_threshold(objective: np.ndarray, youden: np.ndarray) -> int:
-    """Index of the best objective; near-ties (GDP is flat in the threshold for Gaussian scores) go to
-    the threshold with the largest TPR - FPR rather than to an extreme of the grid."""
-    best = float(np.max(objective))
-    if not np.isfinite(best):
-        return int(np.argmax(objective))
-    ties = objective >= best - 1e-9 * max(1.0, abs(best))
-    return int(np.argmax(np.where(ties, youden, -np.inf)))
 
 
 def make_attack(mechanism: Mechanism, reference_with, reference_without, target: int | None = None) -> Attack:
@@ -325,16 +145,17 @@ def make_attack(mechanism: Mechanism, reference_with, reference_without, target:
     return Attack(jnp.asarray(r1, jnp.float32), jnp.asarray(r0, jnp.float32), int(target))
 
 
-def _assumptions(method: str, clean: str, threat: str, estimator: str, mechanism: Mechanism) -> str:
+def _assumptions(method: str, clean: str, threat: str, mechanism: Mechanism, curve: bool) -> list[str]:
     parts = []
     if method == "paper":
         parts.append(
             "SnapAudit App. C.2 radius: empirical Bernstein over snapshots + Hoeffding over trials, "
-            "alpha/4 per event; sigma^2 is the plug-in variance of simulated per-distinct-snapshot rates "
-            "(exact when all snapshots of a hypothesis are identical)."
+            "alpha/4 per event; sigma^2 is the plug-in variance of simulated per-distinct-snapshot rates, which "
+            "Maurer-Pontil's theorem does not cover (exact only when all snapshots of a hypothesis are identical)."
         )
     elif clean == "fixed":
-        parts.append("Clean outputs are fixed: the snapshots are the exact input distribution of the DP noise stage.")
+        parts.append("Clean outputs are fixed: the snapshots are the exact input distribution of the DP noise stage "
+                     "(with several distinct snapshots, the bound is for the mixture over them).")
         parts.append(
             "Exact success probabilities: no statistical error."
             if method == "exact"
@@ -356,12 +177,11 @@ def _assumptions(method: str, clean: str, threat: str, estimator: str, mechanism
             if supports_exact(mechanism, "white")
             else "The threshold was chosen on selection trials independent of the evaluation trials."
         )
-    if estimator == "gdp":
-        note = "" if mechanism.gaussian else " (not a Gaussian mechanism: this assumption is doubtful)"
-        parts.append("epsilon_emp from the GDP conversion assumes the mechanism is mu-GDP for some mu" + note + ".")
-    else:
-        parts.append("epsilon_emp from the standard estimator needs no further assumption.")
-    return " ".join(parts)
+        if curve:
+            parts.append("The certified trade-off curve uses a threshold grid fixed on the same selection data, "
+                         "Bonferroni-corrected over its 2G rates (exact rates need no correction); epsilon_curve "
+                         "holds at the stated confidence on its own, not jointly with epsilon_emp.")
+    return parts
 
 
 # ---------------------------------------------------------------------------
@@ -374,15 +194,6 @@ def _per_snapshot_pair(fn, snapshots: np.ndarray) -> tuple[np.ndarray, np.ndarra
     distinct, inverse, _ = dedupe(snapshots)
     p, q = fn(distinct)
     return np.asarray(p)[inverse], np.asarray(q)[inverse]
-
-
-def is_violation(epsilon_emp: float, epsilon_theory: float) -> bool:
-    """``epsilon_emp > epsilon_theory`` beyond the numerical tolerance of the conversions (1e-6 relative).
-
-    Exact audits of tight mechanisms give ``epsilon_emp == epsilon_theory`` up
-    to root-finding error; that equality is not a violation.
-    """
-    return bool(epsilon_emp > epsilon_theory * (1.0 + VIOLATION_RTOL))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -437,8 +248,31 @@ def _sensitivity_warnings(mechanism: Mechanism, attack: Attack, sensitivity: flo
     return [msg]
 
 
-def _choose_threshold(run: _Run, selection, evaluation, eval_trials: int, selection_trials: int, bins: int) -> float:
-    """White-box threshold from the selection data only.
+def _curve_grid(candidates: np.ndarray, tpr, tpr_c, fpr, points: int, chosen: int) -> np.ndarray:
+    """``points`` thresholds from ``candidates`` whose selection FPR (and 1 - TPR) are log-spaced.
+
+    The first inequality of DP is tight where FPR is small, the second where 1 - TPR is small: half of
+    the grid targets each. The single chosen threshold is always included.
+    """
+    picks = {chosen}
+    half = max(1, points // 2)
+    for rate in (np.asarray(fpr, np.float64), np.asarray(tpr_c, np.float64)):
+        positive = rate[rate > 0]
+        if positive.size == 0:
+            continue
+        lo = max(float(positive.min()), 1e-300)
+        for target in np.geomspace(0.5, lo, half) if lo < 0.5 else [0.5]:
+            with np.errstate(divide="ignore"):
+                picks.add(int(np.argmin(np.abs(np.log(np.maximum(rate, 1e-300)) - math.log(target)))))
+    idx = np.array(sorted(picks))
+    grid = np.unique(np.asarray(candidates, np.float64)[idx])
+    return grid[:points] if grid.size <= points else grid[np.unique(np.linspace(0, grid.size - 1, points).round()
+                                                                         .astype(int))]
+
+
+def _choose_threshold(run: _Run, selection, evaluation, eval_trials: int, selection_trials: int, bins: int,
+                      curve_points: int) -> tuple[float, np.ndarray | None]:
+    """White-box threshold and curve grid from the selection data only.
 
     With exact score distributions (PV, ESA, PoE) the rates of the selection
     clean outputs are computed, so no trials are spent; otherwise a pilot run
@@ -489,42 +323,93 @@ def _choose_threshold(run: _Run, selection, evaluation, eval_trials: int, select
         tl_c = np.maximum(tl_c, clopper_pearson_upper(n - k1, n, a))
         fu = np.maximum(fu, clopper_pearson_upper(k0, n, a))
         fu_c = np.minimum(fu_c, clopper_pearson_lower(n - k0, n, a))
-    objective = _objective(tl, tl_c, fu, fu_c, run.estimator, run.delta)
-    return float(candidates[_best_threshold(objective, tpr - fpr)])
+    chosen = select_index(objective(tl, tl_c, fu, fu_c, run.estimator, run.delta), tpr - fpr)
+    grid = None
+    if curve_points and run.method != "paper":
+        grid = _curve_grid(candidates, tpr, tpr_c, fpr, curve_points, chosen)
+    return float(candidates[chosen]), grid
 
 
-def _evaluate(run: _Run, evaluation, trials: int, threshold: float | None) -> tuple[RateBound, RateBound, int]:
-    """``(TPR bound, FPR bound, trials per hypothesis)`` on the evaluation snapshots."""
+def _curve(rates, hypothesis_trials, kind: str, grid: np.ndarray, alpha: float, delta: float) -> TradeoffCurve:
+    """Simultaneous bounds at every grid threshold (Bonferroni over ``2 G`` rates unless exact)."""
+    g = grid.size
+    a = alpha / (2 * g)
+    bounds = []
+    for side, r in zip(("lower", "upper"), rates):
+        if kind == "exact":
+            bounds.append((np.mean(r[0], axis=0), np.mean(r[1], axis=0)))
+        elif kind == "binomial":
+            bounds.append(binomial_pair(r, hypothesis_trials, side, a))
+        else:  # per-snapshot rates (n, G) and complements: Bernstein per column
+            cols = [bernstein_bound(r[0][:, j], r[1][:, j], side, a) for j in range(g)]
+            bounds.append((np.array([c.bound for c in cols]), np.array([c.complement for c in cols])))
+    (tl, tl_c), (fu, fu_c) = bounds
+    return certified_curve(grid, tl, tl_c, fu, fu_c, delta=delta, alpha_per_rate=0.0 if kind == "exact" else a,
+                           exact=kind == "exact")
+
+
+def _evaluate(run: _Run, evaluation, trials: int, threshold: float | None, grid: np.ndarray | None):
+    """``(TPR bound, FPR bound, trials per hypothesis, curve or None)`` on the evaluation snapshots."""
     mech, attack, alpha = run.mechanism, run.attack, run.alpha
     ev1, ev0 = evaluation
     if run.method == "exact":
         if threshold is None:
             rates = [_per_snapshot_pair(lambda x: exact_hit_probability(mech, x, attack), ev) for ev in (ev1, ev0)]
+            curve = None
         else:
-            rates = [
-                _per_snapshot_pair(lambda x: exact_score_probability(mech, x, attack, threshold), ev)
-                for ev in (ev1, ev0)
-            ]
-        return _bound_exact(rates[0], run.clean, "lower", alpha / 2), _bound_exact(rates[1], run.clean, "upper",
-                                                                                    alpha / 2), 0
+            thr = np.concatenate([[threshold], grid if grid is not None else []])
+            full = [_per_snapshot_pair(lambda x: exact_score_probability(mech, x, attack, thr), ev) for ev in (ev1, ev0)]
+            rates = [(p[:, 0], q[:, 0]) for p, q in full]
+            curve = None
+            if grid is not None:
+                cols = [(p[:, 1:], q[:, 1:]) for p, q in full]
+                kind = "exact" if run.clean == "fixed" else "bernstein"
+                curve = _curve(cols, 0, kind, grid, alpha, run.delta)
+        if run.clean == "fixed":
+            return exact_rate(*rates[0]), exact_rate(*rates[1]), 0, curve
+        return (bernstein_bound(*rates[0], "lower", alpha / 2), bernstein_bound(*rates[1], "upper", alpha / 2), 0,
+                curve)
     scheme = "bootstrap" if (run.method == "paper" or run.clean == "fixed") else "stratified"
+    thr = None
+    if threshold is not None:
+        thr = threshold if grid is None else np.concatenate([[threshold], grid])
     counts = [
         simulate(run.stream(_EVAL, b), mech, attack, ev, trials=trials, scheme=scheme,
-                 per_unit=(run.method == "paper"), threshold=threshold, devices=run.devices,
+                 per_unit=(run.method == "paper"), threshold=thr, devices=run.devices,
                  progress=run.progress(f"b={b}"))
         for b, ev in ((1, ev1), (0, ev0))
     ]
-    hits = [c.hits if threshold is None else c.score_hits for c in counts]
-    if run.method == "paper":
-        bounds = (_bound_paper(counts[0], hits[0], "lower", alpha / 4), _bound_paper(counts[1], hits[1], "upper",
-                                                                                      alpha / 4))
-    elif scheme == "stratified":
-        bounds = (_bound_stratified(hits[0], counts[0].trials, "lower", alpha / 2),
-                  _bound_stratified(hits[1], counts[1].trials, "upper", alpha / 2))
+    if threshold is None:
+        hits = [c.hits for c in counts]
+    elif grid is None:
+        hits = [c.score_hits for c in counts]
     else:
-        bounds = (_bound_binomial(int(hits[0].sum()), counts[0].total_trials, len(ev1), "lower", alpha / 2),
-                  _bound_binomial(int(hits[1].sum()), counts[1].total_trials, len(ev0), "upper", alpha / 2))
-    return bounds[0], bounds[1], counts[0].total_trials
+        hits = [c.score_hits[:, 0] for c in counts]
+    curve = None
+    if run.method == "paper":
+        bounds = []
+        for c, h, side in zip(counts, hits, ("lower", "upper")):
+            m = int(c.trials.sum())
+            unit_rate = np.where(c.trials > 0, h / np.maximum(c.trials, 1), h.sum() / m)
+            bounds.append(paper_bound(unit_rate[c.unit_index], h.sum() / m, (m - h.sum()) / m, m, side, alpha / 4))
+    elif scheme == "stratified":
+        bounds = [bernstein_bound(h / c.trials, (c.trials - h) / c.trials, side, alpha / 2, trials=int(c.trials.sum()))
+                  for c, h, side in zip(counts, hits, ("lower", "upper"))]
+        if grid is not None:
+            cols = [(c.score_hits[:, 1:] / c.trials[:, None], (c.trials[:, None] - c.score_hits[:, 1:]) /
+                     c.trials[:, None]) for c in counts]
+            curve = _curve(cols, 0, "bernstein", grid, alpha, run.delta)
+    else:
+        bounds = [binomial_bound(int(h.sum()), c.total_trials, side, alpha / 2, snapshots=len(ev))
+                  for c, h, side, ev in zip(counts, hits, ("lower", "upper"), (ev1, ev0))]
+        if grid is not None:
+            totals = [c.score_hits[:, 1:].sum(axis=0) for c in counts]
+            curve = _curve(totals, counts[0].total_trials, "binomial", grid, alpha, run.delta)
+    return bounds[0], bounds[1], counts[0].total_trials, curve
+
+
+def _single_distinct(x: np.ndarray) -> bool:
+    return len(dedupe(x)[0]) == 1
 
 
 def audit(
@@ -546,7 +431,10 @@ def audit(
     selection_fraction: float = 0.2,
     bins: int = 2048,
     sensitivity: float | None = None,
+    curve_points: int = CURVE_POINTS,
     seed: int = 0,
+    key: jax.Array | None = None,
+    stream: int = 0,
     devices=None,
     progress: bool = False,
 ) -> AuditResult:
@@ -560,9 +448,9 @@ def audit(
       delta: the claimed ``delta`` (also used by the estimators).
       threat: ``"black"`` (decision: release == target) or ``"white"``
         (decision: LR score >= threshold).
-      method: ``"simulate"``, ``"exact"`` or ``"paper"`` (module docstring).
-      estimator: ``"gdp"`` or ``"std"``; default ``"gdp"`` for Gaussian
-        mechanisms (PV, ESA) and ``"std"`` otherwise.
+      method: ``"simulate"``, ``"exact"`` or ``"paper"`` (module docstring; ``"paper"`` is a heuristic).
+      estimator: ``"std"`` (default, assumption-free, every mechanism) or ``"gdp"`` (Gaussian mechanisms
+        only: audits the ``mu``-GDP claim ``mu = sensitivity / sigma``).
       trials: DP-noise trials per hypothesis (white-box: selection + evaluation).
       confidence: ``gamma``; bounds hold jointly with probability ``>= gamma``.
       clean: ``"sampled"`` or ``"fixed"`` (module docstring).
@@ -575,8 +463,12 @@ def audit(
       selection_fraction: white-box: share of ``trials`` used to pick the threshold.
       bins: histogram bins for the white-box threshold search.
       sensitivity: the sensitivity the mechanism was calibrated for; when
-        given, a warning is recorded if the references are farther apart.
-      seed: PRNG seed.
+        given, a warning is recorded if the references are farther apart, and
+        the ``mu``-GDP claim ``sensitivity / sigma`` is tested under ``estimator="gdp"``.
+      curve_points: white-box: thresholds of the certified trade-off curve (0: none).
+      seed: PRNG seed (used when ``key`` is not given).
+      key: PRNG key of this audit (e.g. ``fold_in(key, row)`` for one of several claims).
+      stream: the row index recorded with ``key`` (informational).
       devices: devices to shard the simulation over (default: all).
       progress: progress bar on stderr.
 
@@ -589,9 +481,12 @@ def audit(
     Guarantees:
       ``tpr_low <= TPR`` and ``fpr_up >= FPR`` hold simultaneously with
       probability at least ``confidence`` under the assumptions in
-      ``result.assumptions``; then ``epsilon_std`` is a lower bound on the
-      ``eps`` of every ``(eps, delta)`` guarantee the mechanism satisfies,
-      and ``epsilon_gdp`` is one if the mechanism is ``mu``-GDP.
+      ``result.assumptions``; then ``epsilon_emp`` is a lower bound on the
+      ``eps`` of every ``(eps, delta)`` guarantee of the release, and ``mu_emp``
+      on the ``mu`` of every ``mu``-GDP guarantee. ``method="paper"`` is the
+      paper's heuristic radius and never sets ``violation``. With
+      ``method="exact"`` and ``clean="fixed"`` ``epsilon_emp`` is the release's
+      exact privacy profile where it has a closed form (``epsilon_profile``).
     """
     start = time.perf_counter()
     if not isinstance(mechanism, Mechanism):
@@ -607,9 +502,13 @@ def audit(
         raise ValueError(f"trials must be <= {MAX_TRIALS} per hypothesis, got {trials}")
     selection_fraction = _validate.open_unit("selection_fraction", selection_fraction)
     bins = _validate.positive_int("bins", bins, minimum=2)
-    if estimator is None:
-        estimator = "gdp" if mechanism.gaussian else "std"
-    estimator = _validate.choice("estimator", estimator, ESTIMATORS)
+    curve_points = _validate.positive_int("curve_points", curve_points, minimum=0)
+    estimator = _validate.choice("estimator", DEFAULT_ESTIMATOR if estimator is None else estimator, ESTIMATORS)
+    if estimator == "gdp" and not mechanism.gaussian:
+        raise ValueError(
+            f"estimator='gdp' audits a mu-GDP claim, but {mechanism.name} is a pure-epsilon mechanism that claims "
+            "no mu: use estimator='std'"
+        )
     if method == "exact" and not supports_exact(mechanism, threat):
         raise ValueError(
             f"method='exact' has no closed form for {mechanism.name} with the {threat}-box attack"
@@ -640,54 +539,39 @@ def audit(
 
     run = _Run(
         mechanism=mechanism, attack=attack, method=method, clean=clean, estimator=estimator, delta=delta,
-        alpha=1.0 - confidence, key=jax.random.key(seed), devices=devices,
+        alpha=1.0 - confidence, key=jax.random.key(seed) if key is None else key, devices=devices,
         label=f"{mechanism.name} eps={epsilon_theory:g}" if progress else None,
     )
-    threshold, selection_trials = None, 0
+    threshold, selection_trials, grid = None, 0, None
     if threat == "white":
         if not supports_exact(mechanism, "white"):
             selection_trials = max(1, int(round(selection_fraction * trials)))
             if trials - selection_trials < 1:
                 raise ValueError(f"trials={trials} leaves no evaluation trials after selection")
-        threshold = _choose_threshold(run, selection, evaluation, trials - selection_trials, selection_trials, bins)
-    tpr_b, fpr_b, eval_trials = _evaluate(run, evaluation, trials - selection_trials, threshold)
+        threshold, grid = _choose_threshold(run, selection, evaluation, trials - selection_trials, selection_trials,
+                                            bins, curve_points)
+    tpr_b, fpr_b, eval_trials, curve = _evaluate(run, evaluation, trials - selection_trials, threshold, grid)
 
-    eps_emp, eps_std, eps_gdp, mu = estimate(tpr_b, fpr_b, delta, estimator)
+    single_pair = clean == "fixed" and _single_distinct(evaluation[0]) and _single_distinct(evaluation[1])
+    profile = None
+    if method == "exact" and clean == "fixed":
+        profile = exact_release_epsilon(mechanism, evaluation[0], evaluation[1], attack, threat, delta)
     noise = {}
     for field in ("sigma", "scale"):
         if hasattr(mechanism, field):
             noise[field] = float(getattr(mechanism, field))
+    mu_claim = None
     if sensitivity is not None:
         noise["sensitivity"] = float(sensitivity)
-    return AuditResult(
-        mechanism=mechanism.name,
-        threat=threat,
-        method=method,
-        estimator=estimator,
-        clean=clean,
-        epsilon_theory=epsilon_theory,
-        delta=delta,
-        epsilon_emp=eps_emp,
-        epsilon_std=eps_std,
-        epsilon_gdp=eps_gdp,
-        mu_emp=mu,
-        tpr_hat=tpr_b.estimate,
-        fpr_hat=fpr_b.estimate,
-        tpr_low=tpr_b.bound,
-        fpr_up=fpr_b.bound,
-        violation=is_violation(eps_emp, epsilon_theory),
-        trials=int(eval_trials),
-        selection_trials=int(selection_trials),
-        snapshots=int(min(len(x1), len(x0))),
-        selection_snapshots=int(s),
-        confidence=confidence,
-        target=int(attack.target),
-        threshold=threshold,
-        tpr=tpr_b,
-        fpr=fpr_b,
-        noise=noise,
-        assumptions=_assumptions(method, clean, threat, estimator, mechanism),
-        warnings=tuple(messages),
-        seed=int(seed),
-        seconds=time.perf_counter() - start,
+        if mechanism.gaussian:
+            mu_claim = float(sensitivity) / float(mechanism.sigma)
+    return audit_result(
+        mechanism=mechanism.name, threat=threat, method=method, estimator=estimator, clean=clean,
+        epsilon_theory=epsilon_theory, delta=delta, tpr=tpr_b, fpr=fpr_b, confidence=confidence,
+        assumptions=_assumptions(method, clean, threat, mechanism, curve is not None), trials=int(eval_trials),
+        selection_trials=int(selection_trials), snapshots=int(min(len(x1), len(x0))), selection_snapshots=int(s),
+        target=int(attack.target), threshold=threshold, noise=noise, warnings=tuple(messages), seed=int(seed),
+        seconds=time.perf_counter() - start, mu_claim=mu_claim,
+        gaussian_by_construction=bool(mechanism.gaussian and threat == "white" and single_pair and method != "paper"),
+        epsilon_profile=profile, curve=curve, heuristic=method == "paper", stream=stream,
     )

@@ -30,6 +30,8 @@ from snapaudit_jax.mechanisms import Attack, EmbeddingSpaceAggregation, Mechanis
 
 __all__ = [
     "exact_hit_probability",
+    "exact_output_distribution",
+    "exact_release_epsilon",
     "exact_score_probability",
     "exact_score_grid",
     "pv_argmax_probability",
@@ -120,6 +122,60 @@ def exact_hit_probability(mechanism: Mechanism, clean, attack: Attack) -> tuple[
         )
         return special.ndtr(z), special.ndtr(-z)
     raise _unsupported(mechanism, "black")
+
+
+def exact_output_distribution(mechanism: Mechanism, clean, attack: Attack) -> np.ndarray:
+    """The black-box release's exact output distribution for each clean output, ``(D, K)`` float64.
+
+    PV: ``P(argmax = j)`` for every class (one integral each); PoE: ``softmax(scale * u)``;
+    two-candidate ESA: ``(P(nearest = target), P(nearest = other))`` ordered by candidate index.
+    """
+    x = np.asarray(clean, np.float64)
+    if isinstance(mechanism, PrivateVoting):
+        sigma = float(mechanism.sigma)
+        return np.array([[_argmax_integral((v[j] - np.delete(v, j)) / sigma) for j in range(v.size)] for v in x])
+    if isinstance(mechanism, ProductOfExperts):
+        logits = x * float(mechanism.scale)
+        return np.exp(logits - special.logsumexp(logits, axis=1, keepdims=True))
+    if isinstance(mechanism, EmbeddingSpaceAggregation) and supports_exact(mechanism, "black"):
+        p, q = exact_hit_probability(mechanism, x, attack)
+        return np.stack([p, q], axis=1) if int(attack.target) == 0 else np.stack([q, p], axis=1)
+    raise _unsupported(mechanism, "black")
+
+
+def exact_release_epsilon(mechanism: Mechanism, with_canary, without_canary, attack: Attack, threat: str,
+                          delta: float) -> float | None:
+    """Exact ``eps(delta)`` of the release for fixed clean outputs, or ``None`` where it has no closed form.
+
+    Black-box (PV, PoE, two-candidate ESA): the released label's distribution, averaged over the given
+    clean outputs (a mixture over recorded assignments), through the hockey-stick profile
+    (:func:`snapaudit_jax.profiles.discrete_epsilon`). White-box with one distinct clean output per
+    hypothesis: PV and ESA release the whole Gaussian-noised vector (``mu = |m_1 - m_0| / sigma``
+    exactly); PoE releases the noisy margin (a logistic location pair). White-box mixtures: ``None``.
+
+    Guarantees:
+      Exact for the stated release: the ``eps`` any attack on it can certify at most.
+    """
+    from snapaudit_jax.profiles import discrete_epsilon, gaussian_epsilon, logistic_epsilon
+    from snapaudit_jax.snapshots import dedupe
+
+    x1, x0 = np.asarray(with_canary, np.float64), np.asarray(without_canary, np.float64)
+    if threat == "black":
+        if not supports_exact(mechanism, "black"):
+            return None
+        parts = []
+        for x in (x1, x0):
+            distinct, _, counts = dedupe(x)
+            parts.append(counts @ exact_output_distribution(mechanism, distinct, attack) / counts.sum())
+        p1, p0 = (p / p.sum() for p in parts)
+        return discrete_epsilon(p1, p0, delta)
+    d1, d0 = dedupe(x1)[0], dedupe(x0)[0]
+    if len(d1) != 1 or len(d0) != 1 or not supports_exact(mechanism, "white"):
+        return None
+    if isinstance(mechanism, ProductOfExperts):
+        loc = _margin_location(np.concatenate([d1, d0]), float(mechanism.scale), int(attack.target))
+        return logistic_epsilon(float(loc[0] - loc[1]), delta)
+    return gaussian_epsilon(float(np.linalg.norm(d1[0] - d0[0])), float(mechanism.sigma), delta)
 
 
 def _margin_location(utilities: np.ndarray, scale: float, target: int) -> np.ndarray:

@@ -8,7 +8,12 @@ Clean-output model of the active audit (``[audit] clean``):
   both contexts uses the same assignment, so every pair is neighbouring and,
   by joint convexity of the hockey-stick divergence, the DP claim covers the
   pipeline with its assignment drawn from the recorded ones: the audit bounds
-  only the Monte Carlo error (Clopper-Pearson).
+  only the Monte Carlo error (Clopper-Pearson). The bound is for that mixture
+  over the recorded assignments; a violation of it is evidence that some
+  assignment's release violates the claim. If the determinism check finds a
+  recomputed answer that differs, the snapshots are not exact clean outputs:
+  ``[audit] on_mismatch`` then either falls back to ``sampled`` (default; the
+  warning and the assumption say so) or stops with an error (``"fail"``).
 * ``sampled``: the snapshots are i.i.d. draws of a random clean stage (e.g.
   sampled decoding); an empirical Bernstein bound adds the snapshot error,
   of order ``1 / n_llm``.
@@ -51,6 +56,9 @@ from snapaudit_jax.passive import passive_bounds
 __all__ = ["AuditConfig", "PipelineSettings", "MiaSettings", "load_config", "run_audit", "ConfigFileError"]
 
 PIPELINE_NAMES = ("pv", "poe", "esa", "ksa")
+ON_MISMATCH = ("sampled", "fail")
+_FIXED_MIXTURE = ("clean = fixed: the bound is for the release with its partition assignment drawn from the recorded "
+                  "ones (a mixture); a violation is evidence that some assignment's release violates the claim.")
 _DEFAULT_DATASET = {"pv": "agnews", "poe": "agnews", "esa": "samsum", "ksa": "samsum"}
 _DEFAULT_PARTITIONS = {"pv": 3, "esa": 1, "ksa": 8}
 
@@ -116,6 +124,7 @@ class AuditConfig:
     trials: int = 200_000
     passive_runs: int | None = None
     clean: str = "fixed"
+    on_mismatch: str = "sampled"
     calibration: str = "analytic"
     seed: int = 0
     case_seed: int = 0
@@ -161,6 +170,7 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
     kw["trials"] = _take(audit_s, "trials", "audit", _pos_int("trials"), 200_000)
     kw["passive_runs"] = _take(audit_s, "passive_runs", "audit", _pos_int("passive_runs", 2), None)
     kw["clean"] = _take(audit_s, "clean", "audit", _choice(CLEAN_MODELS), "fixed")
+    kw["on_mismatch"] = _take(audit_s, "on_mismatch", "audit", _choice(ON_MISMATCH), "sampled")
     kw["calibration"] = _take(audit_s, "calibration", "audit", _choice(("analytic", "classical")), "analytic")
     kw["seed"] = _take(audit_s, "seed", "audit", _pos_int("seed", 0), 0)
     kw["case_seed"] = _take(audit_s, "case_seed", "audit", _pos_int("case_seed", 0), 0)
@@ -240,6 +250,27 @@ def _signal_pair(settings: PipelineSettings, examples, oracle, log) -> tuple[tup
     info = {"method": settings.signals, "distance": pair.distance, "gs_distance": gs.distance,
             "evaluations": pair.evaluations + (0 if pair is gs else gs.evaluations)}
     return (pair.sentence_1, pair.sentence_2), info
+
+
+def _clean_model(config: AuditConfig, check: dict, log) -> tuple[str, list[str], tuple[str, ...]]:
+    """``(clean model, assumption notes, warnings)`` of the active audits after Phase A's determinism check.
+
+    Raises:
+      ValueError: ``clean = "fixed"``, a mismatch, and ``on_mismatch = "fail"`` (nothing is written then).
+    """
+    if config.clean != "fixed":
+        return config.clean, [], ()
+    mismatches = int(check.get("mismatches") or 0)
+    if not mismatches:
+        return "fixed", [_FIXED_MIXTURE], ()
+    msg = (f"determinism check: {mismatches} of {check.get('checked')} answers changed when recomputed, so the "
+           "snapshots are not the exact clean outputs of their assignments")
+    if config.on_mismatch == "fail":
+        raise ValueError(f"audit.clean: {msg}; clean = \"fixed\" needs a deterministic clean stage (set "
+                         "audit.clean = \"sampled\" or audit.on_mismatch = \"sampled\")")
+    log(f"  WARNING: {msg}: falling back to clean = \"sampled\"")
+    return "sampled", [f"clean = fixed was configured, but the {msg}: audited as clean = sampled (i.i.d. draws, "
+                       "empirical Bernstein snapshot term)."], (msg + "; audited as clean = sampled",)
 
 
 def _apriori_attack(pipeline) -> Attack:
@@ -363,10 +394,7 @@ def run_audit(config: AuditConfig, out_dir: str, *, progress: bool = True) -> di
             pipeline.vocabulary = tuple(run.manifest["vocabulary"])
         if settings.name == "esa":
             extra["candidate_coverage"] = pipeline.candidate_coverage(8, config.seed)
-        check = run.manifest.get("determinism_check") or {}
-        if config.clean == "fixed" and check.get("mismatches"):
-            log(f"  WARNING: {check['mismatches']} of {check['checked']} answers changed when recomputed: "
-                "the clean stage is not deterministic, use clean = \"sampled\"")
+        clean, notes, extra_warnings = _clean_model(config, run.manifest.get("determinism_check") or {}, log)
         # Passive runs: fresh partition assignments (seed stream 1), the same model-call budget.
         log(f"  passive: {n_passive} end-to-end runs per context")
         t0 = time.perf_counter()
@@ -381,8 +409,10 @@ def run_audit(config: AuditConfig, out_dir: str, *, progress: bool = True) -> di
             mech = pipeline.mechanism(eps, config.delta, config.calibration)
             for threat in config.threats:
                 res = audit(mech, snaps.with_canary, snaps.without_canary, epsilon_theory=eps, delta=config.delta,
-                            threat=threat, trials=config.trials, confidence=config.confidence, clean=config.clean,
+                            threat=threat, trials=config.trials, confidence=config.confidence, clean=clean,
                             target=int(snaps.target), sensitivity=pipeline.sensitivity, seed=config.seed)
+                res = dataclasses.replace(res, assumptions=" ".join([res.assumptions, *notes]),
+                                          warnings=res.warnings + extra_warnings)
                 rows.append(_row(settings.name, "active", res, run.manifest["llm_calls"], res.seconds))
                 full.append({"pipeline": settings.name, "mode": "active", **res.to_dict()})
             t1 = time.perf_counter()
@@ -396,8 +426,7 @@ def run_audit(config: AuditConfig, out_dir: str, *, progress: bool = True) -> di
                 calls += 2 * n_passive
             for threat in config.threats:
                 res = passive_bounds(outcomes[0], outcomes[1], epsilon_theory=eps, delta=config.delta,
-                                     threat=threat, estimator="gdp" if mech.gaussian else "std",
-                                     confidence=config.confidence, name=settings.name)
+                                     threat=threat, confidence=config.confidence, name=settings.name)
                 seconds = time.perf_counter() - t1 + passive_llm_seconds / len(config.epsilons)
                 rows.append(_row(settings.name, "passive", res, calls, seconds))
                 full.append({"pipeline": settings.name, "mode": "passive", **res.to_dict()})

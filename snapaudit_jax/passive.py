@@ -18,17 +18,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from snapaudit_jax import _validate
-from snapaudit_jax.audit import (
+from snapaudit_jax.estimation import (
+    DEFAULT_ESTIMATOR,
+    ESTIMATORS,
     AuditResult,
-    RateBound,
-    _anticipated_bounds,
-    _best_threshold,
-    _bound_binomial,
-    _objective,
-    estimate,
-    is_violation,
+    Split,
+    audit_result,
+    binomial_bound,
+    threshold_test,
 )
-from snapaudit_jax.estimators import ESTIMATORS
 from snapaudit_jax.mechanisms import Attack, Mechanism
 from snapaudit_jax.simulate import _Progress
 
@@ -82,9 +80,10 @@ def passive_audit(
     epsilon_theory: float,
     delta: float = 1e-5,
     threat: str = "black",
-    estimator: str = "std",
+    estimator: str = DEFAULT_ESTIMATOR,
     confidence: float = 0.95,
     selection_fraction: float = 0.5,
+    mu_claim: float | None = None,
     vectorized: bool = True,
     batch: int = 4096,
     name: str = "pipeline",
@@ -102,7 +101,9 @@ def passive_audit(
       delta: the claimed ``delta``.
       threat: ``"black"`` or ``"white"`` (threshold chosen on the first
         ``selection_fraction`` of the runs, evaluated on the rest).
-      estimator: ``"std"`` or ``"gdp"``.
+      estimator: ``"std"`` (assumption-free) or ``"gdp"`` (also tests ``mu_claim``, the pipeline's
+        ``mu``-GDP claim, with ``mu_emp``; the envelope ``eps`` never sets the ``(eps, delta)`` violation).
+      mu_claim: the ``mu`` a Gaussian pipeline claims (tested under ``estimator="gdp"``).
       confidence: joint confidence of the two bounds.
       selection_fraction: white-box selection share.
       vectorized: ``jit(vmap(pipeline))`` in batches; ``False`` calls it in a
@@ -125,7 +126,7 @@ def passive_audit(
     h0, s0 = _run(pipeline, key, 0, trials, vectorized, batch, bar, trials)
     return passive_bounds(
         (h1, s1), (h0, s0), epsilon_theory=epsilon_theory, delta=delta, threat=threat, estimator=estimator,
-        confidence=confidence, selection_fraction=selection_fraction, name=name, start=start,
+        confidence=confidence, selection_fraction=selection_fraction, mu_claim=mu_claim, name=name, start=start,
     )
 
 
@@ -136,9 +137,10 @@ def passive_bounds(
     epsilon_theory: float,
     delta: float = 1e-5,
     threat: str = "black",
-    estimator: str = "std",
+    estimator: str = DEFAULT_ESTIMATOR,
     confidence: float = 0.95,
     selection_fraction: float = 0.5,
+    mu_claim: float | None = None,
     name: str = "pipeline",
     start: float | None = None,
 ) -> AuditResult:
@@ -165,61 +167,22 @@ def passive_bounds(
                          f"{h1.shape}, {s1.shape}, {h0.shape}, {s0.shape}")
     trials = h1.size
     alpha = 1.0 - confidence
-
-    threshold = None
-    n_sel = 0
+    assumptions = ["End-to-end runs are i.i.d.; one-sided Clopper-Pearson bound on each rate, alpha/2 each."]
+    threshold, n_sel = None, 0
     if threat == "white":
         n_sel = int(math.floor(selection_fraction * trials))
         if n_sel < 1 or trials - n_sel < 1:
             raise ValueError(f"trials={trials} is too small to split into selection and evaluation runs")
-        cand = np.unique(np.concatenate([s1[:n_sel], s0[:n_sel]]))
-        sorted1, sorted0 = np.sort(s1[:n_sel]), np.sort(s0[:n_sel])
-        tpr = 1.0 - np.searchsorted(sorted1, cand, side="left") / n_sel
-        fpr = 1.0 - np.searchsorted(sorted0, cand, side="left") / n_sel
-        bounds = _anticipated_bounds(tpr, fpr, method="simulate", clean="fixed", trials=trials - n_sel, n1=1, n0=1,
-                                     alpha=alpha)
-        threshold = float(cand[_best_threshold(_objective(*bounds, estimator, delta), tpr - fpr)])
-        hits1, hits0 = s1[n_sel:] >= threshold, s0[n_sel:] >= threshold
+        test = threshold_test(s1, s0, Split(selection_fraction), delta=delta, alpha=alpha, estimator=estimator)
+        threshold, tpr_b, fpr_b = test.threshold, test.tpr, test.fpr
+        assumptions.append("The threshold was chosen on the first selection_fraction of the runs, independent of "
+                           "the evaluation runs.")
     else:
-        hits1, hits0 = h1, h0
-    m = hits1.size
-    tpr_b: RateBound = _bound_binomial(int(hits1.sum()), m, m, "lower", alpha / 2)
-    fpr_b: RateBound = _bound_binomial(int(hits0.sum()), m, m, "upper", alpha / 2)
-    eps_emp, eps_std, eps_gdp, mu = estimate(tpr_b, fpr_b, delta, estimator)
-    assumptions = "End-to-end runs are i.i.d.; one-sided Clopper-Pearson bound on each rate, alpha/2 each."
-    if threat == "white":
-        assumptions += " The threshold was chosen on selection runs independent of the evaluation runs."
-    if estimator == "gdp":
-        assumptions += " epsilon_emp from the GDP conversion assumes the pipeline is mu-GDP for some mu."
-    return AuditResult(
-        mechanism=name,
-        threat=threat,
-        method="passive",
-        estimator=estimator,
-        clean="end-to-end",
-        epsilon_theory=epsilon_theory,
-        delta=delta,
-        epsilon_emp=eps_emp,
-        epsilon_std=eps_std,
-        epsilon_gdp=eps_gdp,
-        mu_emp=mu,
-        tpr_hat=tpr_b.estimate,
-        fpr_hat=fpr_b.estimate,
-        tpr_low=tpr_b.bound,
-        fpr_up=fpr_b.bound,
-        violation=is_violation(eps_emp, epsilon_theory),
-        trials=m,
-        selection_trials=n_sel,
-        snapshots=0,
-        selection_snapshots=0,
-        confidence=confidence,
-        target=None,
-        threshold=threshold,
-        tpr=tpr_b,
-        fpr=fpr_b,
-        noise={},
-        assumptions=assumptions,
-        warnings=(),
-        seed=None,
+        tpr_b = binomial_bound(int(h1.sum()), trials, "lower", alpha / 2)
+        fpr_b = binomial_bound(int(h0.sum()), trials, "upper", alpha / 2)
+    return audit_result(
+        mechanism=name, threat=threat, method="passive", estimator=estimator, clean="end-to-end",
+        epsilon_theory=epsilon_theory, delta=delta, tpr=tpr_b, fpr=fpr_b, confidence=confidence,
+        assumptions=assumptions, trials=tpr_b.trials, selection_trials=n_sel, mu_claim=mu_claim,
         seconds=time.perf_counter() - start,
     )

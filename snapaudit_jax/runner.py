@@ -12,13 +12,15 @@ import math
 import numpy as np
 
 from snapaudit_jax import _validate
+import jax
+
 from snapaudit_jax.audit import CLEAN_MODELS, METHODS, THREATS, AuditResult, audit
-from snapaudit_jax.estimators import ESTIMATORS
+from snapaudit_jax.estimation import ESTIMATORS, holm, mu_violation_p_value, violation_p_value
 from snapaudit_jax.jem import KeywordSpaceAggregation
 from snapaudit_jax.mechanisms import EmbeddingSpaceAggregation, Mechanism, PrivateVoting, ProductOfExperts
 from snapaudit_jax.snapshots import Snapshots, check_clean, load_snapshots
 
-__all__ = ["SimulateConfig", "MECHANISMS", "DEFAULT_CLEAN", "build_snapshots", "build_mechanism", "run_simulate",
+__all__ = ["SimulateConfig", "familywise", "MECHANISMS", "DEFAULT_CLEAN", "build_snapshots", "build_mechanism", "run_simulate",
            "esa_unit_pair"]
 
 MECHANISMS = ("pv", "poe", "esa", "ksa")
@@ -81,6 +83,9 @@ class SimulateConfig:
         _validate.choice("method", self.method, METHODS)
         if self.estimator is not None:
             _validate.choice("estimator", self.estimator, ESTIMATORS)
+            if self.estimator == "gdp" and self.mechanism in ("poe", "ksa"):
+                raise ValueError(f"estimator='gdp' audits a mu-GDP claim, but {self.mechanism} is a pure-epsilon "
+                                 "(exponential) mechanism that claims no mu: use estimator='std'")
         _validate.choice("clean", self.clean, ("auto",) + CLEAN_MODELS)
         if self.clip is not None:
             _validate.positive_float("clip", self.clip)
@@ -197,12 +202,20 @@ def build_mechanism(config: SimulateConfig, epsilon: float, snapshots: Snapshots
 
 
 def run_simulate(config: SimulateConfig, *, progress: bool = False, devices=None) -> list[AuditResult]:
-    """Audits the configured mechanism at every ``epsilon``; one result each."""
+    """Audits the configured mechanism at every ``epsilon``; one result each.
+
+    Row ``i`` draws its randomness from ``fold_in(key(seed), i)``, so the rows are independent audits.
+    Every result carries ``violation_p_value`` (the smallest failure probability at which its bounds
+    certify ``epsilon_emp > epsilon_theory``) and ``familywise_violation``: Holm's step-down over the rows
+    at ``1 - confidence`` family-wise (Holm 1979), the flag ``--fail-on-violation`` uses. Heuristic
+    results (``method="paper"``) never count as violations.
+    """
     config.validate()
     snaps, clean = build_snapshots(config)
     target = config.target if config.target is not None else snaps.target
+    root = jax.random.key(config.seed)
     results = []
-    for eps in config.epsilons:
+    for row, eps in enumerate(config.epsilons):
         mech = build_mechanism(config, eps, snaps)
         results.append(
             audit(
@@ -220,11 +233,45 @@ def run_simulate(config: SimulateConfig, *, progress: bool = False, devices=None
                 target=target,
                 sensitivity=default_sensitivity(config),
                 seed=config.seed,
+                key=jax.random.fold_in(root, row),
+                stream=row,
                 devices=devices,
                 progress=progress,
             )
         )
-    return results
+    return familywise(results, 1.0 - config.confidence)
+
+
+def familywise(results: list[AuditResult], alpha: float) -> list[AuditResult]:
+    """Adds p-values and Holm's family-wise flags at family-wise error ``alpha`` (Holm 1979).
+
+    ``violation_p_value`` / ``familywise_violation`` test the ``(eps, delta)`` claims of the rows;
+    ``mu_violation_p_value`` / ``mu_familywise_violation`` the ``mu``-GDP claims of ``estimator="gdp"``
+    rows. Rows whose headline is an exact privacy profile have p-value 0 (violated) or 1; heuristic
+    rows (``method="paper"``) 1.
+    """
+    import dataclasses
+
+    eps_p, mu_p = [], []
+    for r in results:
+        if r.heuristic:
+            p = 1.0
+        elif r.epsilon_profile is not None:
+            p = 0.0 if r.violation else 1.0
+        else:
+            p = violation_p_value(r.tpr, r.fpr, r.delta, r.epsilon_theory,
+                                  gaussian_by_construction=r.gaussian_by_construction)
+        eps_p.append(p)
+        gdp = r.estimator == "gdp" and r.mu_claim is not None and not r.heuristic
+        mu_p.append(mu_violation_p_value(r.tpr, r.fpr, r.mu_claim) if gdp else 1.0)
+    eps_reject, mu_reject = holm(eps_p, alpha), holm(mu_p, alpha)
+    out = []
+    for r, p, f, q, g in zip(results, eps_p, eps_reject, mu_p, mu_reject):
+        gdp = r.estimator == "gdp" and r.mu_claim is not None
+        out.append(dataclasses.replace(r, violation_p_value=float(p), familywise_violation=bool(f),
+                                       mu_violation_p_value=float(q) if gdp else None,
+                                       mu_familywise_violation=bool(g) if gdp else None))
+    return out
 
 
 def parse_vector(name: str, text: str) -> tuple[float, ...]:

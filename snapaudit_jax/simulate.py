@@ -60,7 +60,8 @@ class SimulationCounts:
       unit_index: ``(n_snapshots,)`` the unit of every input snapshot.
       trials: ``(units,)`` trials per unit.
       hits: ``(units,)`` black-box successes per unit.
-      score_hits: ``(units,)`` white-box successes (``score >= threshold``) or ``None``.
+      score_hits: ``(units,)`` white-box successes (``score >= threshold``), ``(units, G)`` for a grid of
+        thresholds, or ``None``.
       histogram: ``(bins + 2,)`` score counts (underflow, bins, overflow) or ``None``.
       score_min / score_max: extremes of the white-box score (``nan`` if not tracked).
     """
@@ -90,6 +91,7 @@ class _Plan:
     sample_index: bool  # bootstrap with more than one distinct snapshot
     per_unit: bool
     want_threshold: bool
+    num_thresholds: int  # G white-box thresholds counted together (1 for a scalar threshold)
     bins: int  # 0: no histogram
     track_scores: bool
     shared_leaves: tuple[bool, ...]  # prepared leaves equal for every distinct snapshot
@@ -105,6 +107,11 @@ def _bucket(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
+def _above(score, threshold):
+    """``score >= threshold_g`` as int32, thresholds on a new last axis ``(..., G)``."""
+    return (score[..., None] >= threshold).astype(jnp.int32)
+
+
 def _accumulate(plan: _Plan, hit, score, valid, unit, threshold, lo, width):
     """Reduces one block of trials to the accumulators."""
     acc = {}
@@ -113,17 +120,17 @@ def _accumulate(plan: _Plan, hit, score, valid, unit, threshold, lo, width):
         acc["hits"] = jnp.sum(hit.astype(jnp.int32) * v, axis=0)
         acc["trials"] = jnp.sum(v, axis=0)
         if plan.want_threshold:
-            acc["score_hits"] = jnp.sum((score >= threshold).astype(jnp.int32) * v, axis=0)
+            acc["score_hits"] = jnp.sum(_above(score, threshold) * v[..., None], axis=0)
     elif plan.per_unit and plan.units > 1:
         acc["hits"] = jax.ops.segment_sum(hit.astype(jnp.int32) * v, unit, plan.units)
         acc["trials"] = jax.ops.segment_sum(v, unit, plan.units)
         if plan.want_threshold:
-            acc["score_hits"] = jax.ops.segment_sum((score >= threshold).astype(jnp.int32) * v, unit, plan.units)
+            acc["score_hits"] = jax.ops.segment_sum(_above(score, threshold) * v[:, None], unit, plan.units)
     else:
         acc["hits"] = jnp.sum(hit.astype(jnp.int32) * v)[None]
         acc["trials"] = jnp.sum(v)[None]
         if plan.want_threshold:
-            acc["score_hits"] = jnp.sum((score >= threshold).astype(jnp.int32) * v)[None]
+            acc["score_hits"] = jnp.sum(_above(score, threshold) * v[:, None], axis=0)[None]
     if plan.bins:
         pos = jnp.floor((score - lo) / width)
         idx = jnp.clip(pos, -1, plan.bins).astype(jnp.int32) + 1
@@ -188,7 +195,7 @@ def _block_outcomes(plan: _Plan, mechanism: Mechanism, attack: Attack, prepared,
 def _zeros(plan: _Plan):
     acc = {"hits": jnp.zeros((plan.units,), jnp.int32), "trials": jnp.zeros((plan.units,), jnp.int32)}
     if plan.want_threshold:
-        acc["score_hits"] = jnp.zeros((plan.units,), jnp.int32)
+        acc["score_hits"] = jnp.zeros((plan.units, plan.num_thresholds), jnp.int32)
     if plan.bins:
         acc["histogram"] = jnp.zeros((plan.bins + 2,), jnp.int32)
     if plan.track_scores:
@@ -293,7 +300,8 @@ def simulate(
       trials: number of trials (``"stratified"`` rounds it up to a multiple of ``n``).
       scheme: ``"bootstrap"`` or ``"stratified"``.
       per_unit: bootstrap only: count per distinct snapshot (else one total).
-      threshold: count ``score >= threshold`` as white-box successes.
+      threshold: count ``score >= threshold`` as white-box successes; a ``(G,)`` array counts every
+        threshold of a grid in the same trials (``score_hits`` then has shape ``(units, G)``).
       histogram: ``(lo, hi, bins)`` for a score histogram.
       track_scores: record the min and max score.
       devices: devices of the 1-D mesh (default: all global devices).
@@ -309,6 +317,9 @@ def simulate(
         raise ValueError(f"trials must be in [1, {MAX_TRIALS}], got {trials}")
     if scheme not in ("bootstrap", "stratified"):
         raise ValueError(f"scheme must be 'bootstrap' or 'stratified', got {scheme!r}")
+    thr_host = np.atleast_1d(np.asarray(0.0 if threshold is None else threshold, np.float64))
+    if thr_host.ndim != 1 or thr_host.size < 1:
+        raise ValueError(f"threshold must be a number or a non-empty 1-D array, got shape {thr_host.shape}")
     distinct, inverse, _ = dedupe(snaps)
     num_distinct = distinct.shape[0]
     padded = _bucket(num_distinct)
@@ -347,6 +358,7 @@ def simulate(
         sample_index=sample_index,
         per_unit=per_unit,
         want_threshold=threshold is not None,
+        num_thresholds=thr_host.size,
         bins=0 if histogram is None else int(histogram[2]),
         track_scores=track_scores,
         shared_leaves=shared,
@@ -357,7 +369,7 @@ def simulate(
     if plan.bins and not width > 0:
         raise ValueError(f"histogram range must satisfy lo < hi, got ({lo}, {hi})")
     unit_of_snapshot = jnp.asarray(inverse, jnp.int32)
-    thr = jnp.float32(0.0 if threshold is None else threshold)
+    thr = jnp.asarray(thr_host, jnp.float32)
 
     acc = None
     blocks_per_call = per_device * num_devices
@@ -396,7 +408,8 @@ def simulate(
         unit_index=np.asarray(unit_index),
         trials=acc["trials"][:cut],
         hits=acc["hits"][:cut],
-        score_hits=acc["score_hits"][:cut] if "score_hits" in acc else None,
+        score_hits=(None if "score_hits" not in acc else
+                    acc["score_hits"][:cut, 0] if np.ndim(threshold) == 0 else acc["score_hits"][:cut]),
         histogram=acc.get("histogram"),
         score_min=float(acc["score_min"]) if "score_min" in acc else math.nan,
         score_max=float(acc["score_max"]) if "score_max" in acc else math.nan,

@@ -32,12 +32,17 @@ def test_pv_classical_gaussian_violates_at_eps_16_and_analytic_does_not():
     """Flaw 1: classical sigma at eps=16 leaks more than 16; the analytic sigma is tight but valid."""
     classical = sa.PrivateVoting.calibrated(16.0, 1e-5, calibration="classical")
     analytic = sa.PrivateVoting.calibrated(16.0, 1e-5, calibration="analytic")
-    bad = sa.audit(classical, W, WO, epsilon_theory=16.0, method="exact", clean="fixed")
-    good = sa.audit(analytic, W, WO, epsilon_theory=16.0, method="exact", clean="fixed")
+    # White-box: the noisy vote vector is a Gaussian pair, its exact profile is 18.90 (the black-box label of
+    # this pair is a binary release with exact eps 11.82, which does not violate: see test_estimation).
+    bad = sa.audit(classical, W, WO, epsilon_theory=16.0, method="exact", clean="fixed", threat="white")
+    good = sa.audit(analytic, W, WO, epsilon_theory=16.0, method="exact", clean="fixed", threat="white")
     assert bad.violation and bad.epsilon_emp > 18.5
     assert not good.violation and good.epsilon_emp == pytest.approx(16.0, rel=1e-6)
-    # The same finding, certified by simulation with Clopper-Pearson bounds (alpha = 0.05).
-    sim = sa.audit(classical, W, WO, epsilon_theory=16.0, method="simulate", clean="fixed", trials=8_000_000)
+    # The same finding, certified by simulation with Clopper-Pearson bounds (alpha = 0.05); the GDP conversion
+    # is a valid (eps, delta) bound here because the white-box release is Gaussian by construction.
+    sim = sa.audit(classical, W, WO, epsilon_theory=16.0, method="simulate", clean="fixed", trials=8_000_000,
+                   threat="white", estimator="gdp")
+    assert sim.gaussian_by_construction
     assert sim.violation and sim.epsilon_emp < bad.epsilon_emp
 
 
@@ -50,14 +55,14 @@ def test_pv_classical_is_valid_below_one():
 
 @pytest.mark.parametrize("eps", [1.0, 16.0])
 def test_esa_sensitivity_one_violates_and_two_over_t_fixes_it(eps):
-    """Flaw 2: ESA at T=1 with sensitivity 1 violates; 2/T does not (pair distance 1.419)."""
+    """Flaw 2: ESA at T=1 with sensitivity 1 violates; 2/T does not (pair distance 1.419; white-box release)."""
     u1, u2 = esa_unit_pair(1.419, 64)
     cand = np.stack([u1, u2])
     with pytest.warns(UserWarning, match="sensitivity"):
         bad = sa.audit(sa.EmbeddingSpaceAggregation.calibrated(eps, 1e-5, cand, sensitivity=1.0), u1[None],
-                       u2[None], epsilon_theory=eps, method="exact", clean="fixed", sensitivity=1.0)
+                       u2[None], epsilon_theory=eps, method="exact", clean="fixed", sensitivity=1.0, threat="white")
     good = sa.audit(sa.EmbeddingSpaceAggregation.calibrated(eps, 1e-5, cand, partitions=1), u1[None], u2[None],
-                    epsilon_theory=eps, method="exact", clean="fixed", sensitivity=2.0)
+                    epsilon_theory=eps, method="exact", clean="fixed", sensitivity=2.0, threat="white")
     assert bad.violation and bad.warnings
     assert not good.violation and not good.warnings
     assert good.epsilon_emp < eps

@@ -33,7 +33,7 @@ def test_json_contract(capsys):
     assert [r["epsilon_theory"] for r in rows] == [1.0, 16.0]
     for r in rows:
         assert set(r) == KEYS
-        assert r["mechanism"] == "pv" and r["threat"] == "black" and r["estimator"] == "gdp"
+        assert r["mechanism"] == "pv" and r["threat"] == "black" and r["estimator"] == "std"
         assert r["trials"] == 100000 and r["snapshots"] == 2000 and r["confidence"] == 0.95
         assert r["tpr_low"] <= r["tpr_hat"] and r["fpr_up"] >= r["fpr_hat"]
 
@@ -42,7 +42,8 @@ def test_table_plot_and_full_results(capsys, tmp_path):
     """Default output is a table; --plot writes a PNG and --out the full results."""
     png, full = tmp_path / "p.png", tmp_path / "r.json"
     code, out, _ = run(capsys, "--mechanism", "esa", "--distance", "1.419", "--dim", "32", "--partitions", "1",
-                       "--sensitivity", "1", "--epsilon", "1", "--method", "exact", "--plot", png, "--out", full)
+                       "--sensitivity", "1", "--epsilon", "1", "--method", "exact", "--threat", "white", "--plot", png,
+                       "--out", full)
     assert code == 0
     assert "eps_theory" in out and "YES" in out and "warning:" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -52,7 +53,7 @@ def test_table_plot_and_full_results(capsys, tmp_path):
 
 def test_fail_on_violation_exit_code(capsys):
     code, _, _ = run(capsys, "--mechanism", "pv", "--calibration", "classical", "--epsilon", "16", "--method",
-                     "exact", "--fail-on-violation", "--json")
+                     "exact", "--threat", "white", "--fail-on-violation", "--json")
     assert code == 3
     code, _, _ = run(capsys, "--mechanism", "pv", "--epsilon", "16", "--method", "exact", "--fail-on-violation",
                      "--json")
@@ -151,7 +152,7 @@ def test_python_dash_m_entry_point():
     """`python -m snapaudit_jax` is the same command (checked in a fresh process)."""
     proc = subprocess.run(
         [sys.executable, "-m", "snapaudit_jax", "simulate", "--mechanism", "pv", "--epsilon", "2", "--method", "exact",
-         "--json"],
+         "--threat", "white", "--json"],
         capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent,
     )
     assert proc.returncode == 0, proc.stderr
