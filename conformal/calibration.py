@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from conformal.kernels import SCORES, _alpha_list, conformal_rank, pvalues, threshold
+from conformal.kernels import SCORES, _alpha_list, _score_dtype, conformal_rank, pvalues, threshold
 
 __all__ = ["Calibration", "calibrate", "miss_rate_upper", "coverage_check", "CoverageCheck"]
 
@@ -81,7 +81,13 @@ class Calibration:
         return set(self.qhat) != {None}
 
     def thresholds(self, alpha: float, strata: Sequence[Any] | None = None):
-        """The threshold at ``alpha`` (must be one of :attr:`alphas`): a float, or one per test document."""
+        """The threshold at ``alpha`` (must be one of :attr:`alphas`): a float, or one per test document.
+
+        Per document (Mondrian), a float32 array when every threshold is a
+        float32 value (always so for the kernels' scores), else float64: the
+        calibrated values exactly, never rounded (a float32 copy of a float64
+        threshold could fall below it and lose coverage).
+        """
         try:
             j = self.alphas.index(alpha)
         except ValueError:
@@ -92,12 +98,14 @@ class Calibration:
             return self.qhat[None][j]
         if strata is None:
             raise ValueError("a Mondrian calibration needs the strata of the test documents")
-        out = np.empty(len(strata), np.float32)
+        out = np.empty(len(strata), np.float64)
         for i, s in enumerate(strata):
             if s not in self.qhat:
                 raise ValueError(f"stratum {s!r} of test document {i} was not calibrated (known: {sorted(self.qhat)})")
             out[i] = self.qhat[s][j]
-        return out
+        with np.errstate(over="ignore"):
+            narrow = out.astype(np.float32)
+        return narrow if np.array_equal(narrow, out) else out
 
     def certified_coverage(self, alpha: float) -> float:
         """Lower bound ``(1 - miss_rate_upper)(1 - alpha)`` on unconditional coverage (CPA Cor. 5.3)."""
@@ -145,11 +153,18 @@ def calibrate(
     Raises:
       ValueError: empty calibration set (or stratum), alpha outside (0, 1),
         NaN scores, mismatched strata.
+
+    Guarantees:
+      Those of :class:`Calibration`. Each threshold is one of the calibration
+      scores exactly, in their own dtype (float64 scores give float64
+      thresholds: see :func:`conformal.threshold`); compare test scores with
+      it in that precision.
     """
     if score not in SCORES:
         raise ValueError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
     alphas = tuple(float(a) for a in _alpha_list(alpha)[0])  # validated as given, before float()
-    s = np.asarray(cal_scores, np.float32)
+    s = np.asarray(cal_scores)
+    s = s.astype(_score_dtype(s), copy=False)  # the caller's floating dtype; float32 for integers, as before
     if s.ndim != 1:
         raise ValueError(f"cal_scores must have shape (n,), got shape {s.shape}")
     if s.size == 0:
@@ -219,9 +234,15 @@ def coverage_check(cal_scores, test_scores, alphas: Sequence[float] = (0.05, 0.1
       test_scores: ``(k,)`` held-out scores of true identities (in the pool).
       alphas: levels to test (Bonferroni over them).
       confidence: family-wise confidence (false-alarm probability ``<= 1 - confidence``).
+
+    Scores are compared in their promoted dtype (float64 if either is float64;
+    the promotion is exact), the threshold being the exact order statistic in
+    that dtype, so coverage counts and p-values follow ``s <= qhat`` on the
+    values as given.
     """
-    cal = np.asarray(cal_scores, np.float32)
-    test = np.asarray(test_scores, np.float32)
+    dtype = _score_dtype(cal_scores, test_scores)
+    cal = np.asarray(cal_scores, dtype)
+    test = np.asarray(test_scores, dtype)
     for name, v in (("cal_scores", cal), ("test_scores", test)):
         if v.size == 0:
             raise ValueError(f"{name} is empty: coverage_check needs at least 1 calibration and 1 test score")

@@ -15,6 +15,13 @@ below ``2**-30`` count as 0 in APS and raw-probability scores; ties in ``q``
 are ties. Rank scores only count, so they compare the float32 values
 themselves.
 
+Caller's precision. Scores the kernels compute are float32. Scores a caller
+brings (float64, say) are never rounded to float32 on the way to a decision:
+:func:`threshold` returns one of the caller's own values in the caller's
+dtype, and :func:`pvalues` and :func:`prediction_sets` compare exactly
+(pitfall 10 of the conventions: a float32 copy can round the threshold below
+the order statistic and lose coverage).
+
 The kernels are pure and jit/vmap-able; when called eagerly with concrete
 arrays they validate their input (NaN, negative or unnormalised rows, labels
 outside the pool) and raise ``ValueError``. Under ``jit`` the checks are
@@ -310,16 +317,40 @@ def conformal_rank(n: int, alpha) -> int:
     return int(math.ceil(k))
 
 
+def _score_dtype(*xs) -> np.dtype:
+    """The dtype the caller's scores are compared in: the promotion of the floating ones (float32 if none is).
+
+    A Python float counts as the float64 it is. Promoting float32 to float64 is exact, so comparisons in this
+    dtype are comparisons of the values as given. Non-floating input (integers, bools) is float32, as always.
+    """
+    dtypes = [np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype for x in xs]
+    floats = [d for d in dtypes if jnp.issubdtype(d, jnp.floating)]
+    return np.dtype(functools.reduce(jnp.promote_types, floats)) if floats else np.dtype(np.float32)
+
+
+def _jax_keeps(dtype: np.dtype) -> bool:
+    """Whether a JAX array can hold ``dtype`` (float64 only with ``jax_enable_x64``)."""
+    return np.dtype(jax.dtypes.canonicalize_dtype(dtype)) == dtype
+
+
 @functools.partial(jax.jit, static_argnames=("ranks",))
 def _order_statistics(cal_scores, ranks):
     # n is small next to the test pools (calibration sets of 10^2..10^4), so one sort serves every alpha.
     ordered = jnp.sort(cal_scores)
     n = cal_scores.shape[0]
-    picks = [ordered[k - 1] if k <= n else jnp.float32(jnp.inf) for k in ranks]
+    picks = [ordered[k - 1] if k <= n else jnp.array(jnp.inf, ordered.dtype) for k in ranks]
     return jnp.stack(picks)
 
 
-def threshold(cal_scores: jax.Array, alpha: float | Sequence[float]) -> jax.Array:
+def _host_order_statistics(cal_scores: np.ndarray, ranks: tuple[int, ...]) -> np.ndarray:
+    """:func:`_order_statistics` in NumPy, in the dtype of ``cal_scores`` (a selection, not a sort: pitfall 8)."""
+    n = cal_scores.shape[0]
+    kth = sorted({k - 1 for k in ranks if k <= n})
+    part = np.partition(cal_scores, kth) if kth else cal_scores
+    return np.array([part[k - 1] if k <= n else np.inf for k in ranks], cal_scores.dtype)
+
+
+def threshold(cal_scores: jax.Array, alpha: float | Sequence[float]) -> jax.Array | np.ndarray:
     """The split-conformal threshold: the ``ceil((n+1)(1-alpha))``-th smallest calibration score, or ``+inf``.
 
     Args:
@@ -328,20 +359,34 @@ def threshold(cal_scores: jax.Array, alpha: float | Sequence[float]) -> jax.Arra
         Python numbers: the order statistic's index is static).
 
     Returns:
-      A scalar (one ``alpha``) or ``(len(alpha),)`` float32 array; ``+inf``
-      (full sets) where ``ceil((n+1)(1-alpha)) > n``, never the maximum score.
+      A scalar (one ``alpha``) or ``(len(alpha),)`` array in the dtype of
+      ``cal_scores`` (float32 for non-floating input); ``+inf`` (full sets)
+      where ``ceil((n+1)(1-alpha)) > n``, never the maximum score. A
+      ``jax.Array``, except for concrete scores of a dtype JAX cannot hold
+      (float64 without ``jax_enable_x64``): then a NumPy array (or NumPy
+      scalar), selected on the host with ``np.partition``.
 
     Guarantees:
       If the ``n`` calibration documents and a test document are exchangeable
       (their scores computed the same way; Lemma 5.1 for sampled attackers),
       ``P(s_test <= qhat) >= 1 - alpha`` (CPA Theorem 5.2), and
-      ``<= 1 - alpha + 1/(n+1)`` when scores have no ties.
+      ``<= 1 - alpha + 1/(n+1)`` when scores have no ties. ``qhat`` is one of
+      the caller's own values, bit for bit and in the caller's dtype (never a
+      float32 copy, which can round below the order statistic and lose
+      coverage: pitfall 10), so ``s_test <= qhat`` compared in that precision
+      is the rule the guarantee is about; :func:`prediction_sets`,
+      :func:`pvalues` and :func:`conformal.coverage_check` compare that way.
+      Under ``jit``/``vmap`` the scores are traced JAX arrays: float64 NumPy
+      input has already been converted to float32 there unless
+      ``jax_enable_x64`` is on, so call eagerly with float64 scores.
 
     References:
       CPA eq. (8); the off-by-one of np.quantile-based thresholds (MAPIE issue 973).
     """
     alphas, scalar = _alpha_list(alpha)
-    if _concrete(cal_scores):
+    dtype = _score_dtype(cal_scores)
+    concrete = _concrete(cal_scores)
+    if concrete:
         s = np.asarray(cal_scores)
         if s.ndim != 1:
             raise ValueError(f"cal_scores must have shape (n,), got shape {s.shape}")
@@ -351,7 +396,10 @@ def threshold(cal_scores: jax.Array, alpha: float | Sequence[float]) -> jax.Arra
             raise ValueError(f"cal_scores must not be NaN (index {int(np.argmax(np.isnan(s)))})")
     n = int(np.shape(cal_scores)[0])
     ranks = tuple(conformal_rank(n, a) for a in alphas)
-    out = _order_statistics(jnp.asarray(cal_scores, jnp.float32), ranks)
+    if concrete and not _jax_keeps(dtype):
+        out = _host_order_statistics(np.asarray(cal_scores, dtype), ranks)
+    else:
+        out = _order_statistics(jnp.asarray(cal_scores, dtype), ranks)
     return out[0] if scalar else out
 
 
@@ -490,6 +538,13 @@ def prediction_sets(probs: jax.Array, qhat, score: str = "aps") -> jax.Array:
       ``(n, m)`` bool membership. ``y in C(x)`` iff the score of ``y``
       (computed exactly as :func:`aps_scores` etc. would) is ``<= qhat``. Sets
       may be empty when ``qhat`` is below every candidate's score.
+
+    Guarantees:
+      ``s <= qhat`` is decided on the values as given: a ``qhat`` wider than
+      float32 (a float64 threshold from float64 calibration scores, a Python
+      float) is replaced by the largest float32 ``<= qhat``, which admits
+      exactly the float32 scores ``<= qhat`` (rounding to nearest could round
+      up and admit a score above it); float32 thresholds are used as they are.
     """
     if score not in SCORES:
         raise ValueError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
@@ -500,7 +555,25 @@ def prediction_sets(probs: jax.Array, qhat, score: str = "aps") -> jax.Array:
             raise ValueError(f"qhat must be a scalar or have shape ({np.shape(probs)[0]},), got shape {qh.shape}")
         if np.isnan(qh).any():
             raise ValueError("qhat must not be NaN")
-    return _sets(jnp.asarray(probs, jnp.float32), jnp.asarray(qhat, jnp.float32), score)
+    return _sets(jnp.asarray(probs, jnp.float32), _float32_at_most(qhat), score)
+
+
+def _float32_at_most(qhat) -> jax.Array:
+    """The largest float32 ``<= qhat`` elementwise: for float32 ``s``, ``s <= qhat`` iff ``s <= out``, exactly.
+
+    float32 and narrower (or non-floating) ``qhat`` is converted as it always was.
+    """
+    dtype = _score_dtype(qhat)
+    if jnp.finfo(dtype).bits <= 32:
+        return jnp.asarray(qhat, jnp.float32)
+    if _concrete(qhat):  # on the host: a float64 qhat may not fit in a JAX array
+        q = np.asarray(qhat, dtype)
+        with np.errstate(over="ignore"):
+            q32 = q.astype(np.float32)  # nearest; beyond float32's range +-inf
+            q32 = np.where(q32.astype(dtype) > q, np.nextafter(q32, np.float32(-np.inf)), q32)
+        return jnp.asarray(q32, jnp.float32)
+    q32 = qhat.astype(jnp.float32)
+    return jnp.where(q32.astype(qhat.dtype) > qhat, jnp.nextafter(q32, jnp.float32(-jnp.inf)), q32)
 
 
 def set_sizes(sets: jax.Array) -> jax.Array:
@@ -561,6 +634,11 @@ def _pvalues(cal_scores, test_scores):
     return _nearest_float32_ratio(1 + n - below, n + 1)
 
 
+@functools.partial(jax.jit, static_argnames=("n",))
+def _pvalues_from_below(below, n):
+    return _nearest_float32_ratio(1 + n - below, n + 1)
+
+
 def pvalues(cal_scores: jax.Array, test_scores: jax.Array) -> jax.Array:
     """Conformal p-values ``p = (1 + #{i : S_i >= T}) / (n + 1)`` of test scores ``(k,)``.
 
@@ -568,13 +646,27 @@ def pvalues(cal_scores: jax.Array, test_scores: jax.Array) -> jax.Array:
     exchangeability ``P(p <= u) <= u`` for every ``u``. Each p-value is the
     float32 nearest to the exact fraction (correctly rounded, on any backend),
     so compare it with float32 levels.
+
+    Guarantees:
+      The counts ``#{i : S_i >= T}`` compare the scores in their promoted
+      dtype (float64 if either is float64; exact, as is :func:`threshold`'s
+      order statistic), so ``T <= threshold(S, alpha)`` iff ``p > alpha``
+      holds for float64 scores too. Concrete float64 scores that JAX cannot
+      hold (no ``jax_enable_x64``) are counted on the host; float32 scores as
+      before, in JAX.
     """
-    if _concrete(cal_scores, test_scores):
+    dtype = _score_dtype(cal_scores, test_scores)
+    concrete = _concrete(cal_scores, test_scores)
+    if concrete:
         if np.size(cal_scores) == 0:
             raise ValueError("cal_scores is empty: the calibration set must hold at least 1 document")
         if np.isnan(np.asarray(cal_scores)).any() or np.isnan(np.asarray(test_scores)).any():
             raise ValueError("scores must not be NaN")
-    return _pvalues(jnp.asarray(cal_scores, jnp.float32), jnp.asarray(test_scores, jnp.float32))
+    if concrete and not _jax_keeps(dtype):
+        ordered = np.sort(np.asarray(cal_scores, dtype))
+        below = np.searchsorted(ordered, np.asarray(test_scores, dtype), side="left")  # #{S_i < T}
+        return _pvalues_from_below(jnp.asarray(below, jnp.int32), int(ordered.shape[0]))
+    return _pvalues(jnp.asarray(cal_scores, dtype), jnp.asarray(test_scores, dtype))
 
 
 # ---------------------------------------------------------------------------

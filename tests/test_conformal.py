@@ -487,6 +487,202 @@ def test_threshold_rejects_bad_calibration_scores():
         cf.conformal_rank(0, 0.1)
 
 
+# --------------------------------------------------------------------------- 3b. the caller's precision (pitfall 10)
+
+REPRO_VALUES, REPRO_COUNTS, REPRO_ALPHA = np.array([0.5, 0.7, 0.9]), (5, 12, 3), 0.2
+
+
+def repro_scores() -> np.ndarray:
+    """Pitfall 10's reproducer: 0.5 x5, 0.7 x12, 0.9 x3 as float64 (n = 20; alpha = 0.2 gives k = 17, a 0.7)."""
+    return np.repeat(REPRO_VALUES, REPRO_COUNTS)
+
+
+def float32_cast_threshold(s, alpha) -> float:
+    """The old rule, emulated: the exact order statistic of float64 scores rounded to float32 (+inf for k > n)."""
+    k = cf.conformal_rank(s.size, alpha)
+    return float(np.float32(np.sort(s)[k - 1])) if k <= s.size else math.inf
+
+
+def exact_iid_coverage(values, weights, n, alpha, rule) -> Fraction:
+    """``P(T <= rule(S_1..S_n))`` for n + 1 i.i.d. draws from ``P(values[j]) = weights[j]``, in exact fractions: a
+    sum over every multinomial composition of the calibration draws (``T <= q`` compared in float64)."""
+    total = Fraction(0)
+    for c0 in range(n + 1):
+        for c1 in range(n + 1 - c0):
+            counts = (c0, c1, n - c0 - c1)
+            prob = Fraction(math.factorial(n), math.prod(math.factorial(c) for c in counts))
+            prob *= math.prod(w**c for w, c in zip(weights, counts))
+            q = rule(np.repeat(values, counts), alpha)
+            total += prob * sum((w for v, w in zip(values, weights) if v <= q), Fraction(0))
+    return total
+
+
+def near_tie_scores(rng, n) -> np.ndarray:
+    """float64 scores with many exact ties and near-ties below float32 resolution: three base values, each also
+    one float64 ulp either side and 1e-12 above it (all four round to the same float32)."""
+    bases = rng.choice(np.array([0.1, 0.3, 0.7, 0.9, 1.0 / 3, 2.0 / 3]), size=3, replace=False)
+    variants = np.concatenate([bases, np.nextafter(bases, 1.0), np.nextafter(bases, 0.0), bases + 1e-12])
+    assert np.unique(variants.astype(np.float32)).size == 3  # the near-ties are float32 ties
+    return rng.choice(variants, size=n)
+
+
+def test_float64_threshold_reproducer_value_and_exact_coverage():
+    """The reproducer: threshold is 0.7 exactly, as float64 (not float32(0.7) = 0.69999998 < 0.7); coverage >= 0.8.
+
+    Exact computations, no sampling: (a) quantile-spaced test scores (the calibration multiset itself, 10 times)
+    are covered 17/20 = 0.85 of the time, and coverage_check counts the same 170 of 200 without an alarm; (b) for
+    n + 1 i.i.d. draws from the reproducer's distribution (0.5, 0.7, 0.9 w.p. 5/20, 12/20, 3/20) the coverage
+    probability, summed over all 231 calibration compositions in fractions, is >= 1 - alpha (CPA Thm 5.2).
+    The power check is test_float32_cast_threshold_fails_the_same_checks.
+    """
+    cal = repro_scores()
+    assert cf.conformal_rank(cal.size, REPRO_ALPHA) == 17
+    q = cf.threshold(cal, REPRO_ALPHA)
+    assert np.asarray(q).dtype == np.float64
+    assert float(q) == 0.7 == brute_threshold(cal, REPRO_ALPHA) and float(np.float32(0.7)) < 0.7
+    several = np.asarray(cf.threshold(cal, [REPRO_ALPHA, 0.05, 0.5, 0.01]))
+    assert several.dtype == np.float64
+    np.testing.assert_array_equal(several, [0.7, 0.9, 0.7, np.inf])  # k = 17, 20, 11, 21 > n
+    test = np.tile(cal, 10)
+    assert test.dtype == np.float64 and np.mean(test <= q) == 0.85 >= 1 - REPRO_ALPHA
+    chk = cf.coverage_check(cal, test, (REPRO_ALPHA,))
+    assert chk.covered == (170,) and not chk.alarm
+    assert chk.pvalue[0] == pytest.approx(stats.betabinom(200, 17, 4).cdf(170))
+    weights = [Fraction(c, 20) for c in REPRO_COUNTS]
+    exact = exact_iid_coverage(REPRO_VALUES, weights, cal.size, REPRO_ALPHA, cf.threshold)
+    assert exact >= 1 - Fraction(repr(REPRO_ALPHA)), float(exact)
+
+
+def test_float32_cast_threshold_fails_the_same_checks():
+    """Power: the old rule (the order statistic rounded to float32) fails every check the fixed threshold passes.
+
+    On the quantile-spaced test scores it covers only the 0.5s (0.25 < 0.8), its count 50 of 200 is far below the
+    coverage check's exact Beta-Binomial(200, 17, 4) alarm level, and its exact i.i.d. coverage is below 1 - alpha.
+    """
+    cal = repro_scores()
+    q32 = float32_cast_threshold(cal, REPRO_ALPHA)
+    assert q32 < 0.7
+    test = np.tile(cal, 10)
+    assert np.mean(test <= q32) == 0.25 < 1 - REPRO_ALPHA
+    level = 1 - cf.coverage_check(cal, test, (REPRO_ALPHA,)).confidence  # one alpha: no Bonferroni split
+    law = stats.betabinom(200, 17, 4)
+    assert law.cdf(int(np.sum(test <= q32))) < level <= law.cdf(170)  # the old count alarms, ours does not
+    weights = [Fraction(c, 20) for c in REPRO_COUNTS]
+    exact = exact_iid_coverage(REPRO_VALUES, weights, cal.size, REPRO_ALPHA, float32_cast_threshold)
+    assert exact < 1 - Fraction(repr(REPRO_ALPHA)), float(exact)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 13, 31, 97])
+def test_float64_threshold_matches_brute_force_with_near_ties(n):
+    """float64 scores with ties and near-ties below float32 resolution (0.7, nextafter(0.7, 1), ...): threshold
+    equals the brute-force order statistic for the whole GRID (+inf where k > n), bit for bit, in float64, and is
+    one of the caller's values; float32 input keeps the float32 JAX kernel. Power: for some cases the float32 cast
+    of the right answer is below it (the old rule would have returned that)."""
+    rng = np.random.default_rng(200 + n)
+    cast_below = 0
+    for _ in range(15):
+        s = near_tie_scores(rng, n)
+        got = cf.threshold(s, list(GRID))
+        ordered = np.sort(s)
+        for j, a in enumerate(GRID):
+            k = cf.conformal_rank(n, a)
+            expected = brute_threshold(s, a)
+            assert got[j] == expected and (got[j] == ordered[k - 1] if k <= n else got[j] == np.inf)
+            assert k > n or got[j] in s
+            cast_below += expected != math.inf and float(np.float32(expected)) < expected
+        assert isinstance(got, np.ndarray) and got.dtype == np.float64
+        for a in GRID[::4]:  # the scalar path
+            one = cf.threshold(s, a)
+            assert np.asarray(one).dtype == np.float64 and one == got[GRID.index(a)]
+    assert cast_below > 0
+    s32 = s.astype(np.float32)
+    got32 = cf.threshold(s32, list(GRID))
+    assert isinstance(got32, jax.Array) and got32.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(got32), np.array([brute_threshold(s32, a) for a in GRID], np.float32))
+
+
+@pytest.mark.parametrize("n", [9, 19, 99])
+def test_float64_pvalues_and_coverage_check_agree_with_threshold(n):
+    """float64 p-values count #{S >= T} in float64: p > alpha <=> T <= threshold(S, alpha) for every level of the
+    GRID, with near-ties and test scores one float64 ulp around each calibration score; coverage_check counts the
+    same T <= qhat; float32 test scores against float64 calibration compare exactly (promotion to float64).
+    Power: p-values of the float32 copies (the old path) disagree with the float64 threshold somewhere."""
+    rng = np.random.default_rng(210 + n)
+    cal = near_tie_scores(rng, n)
+    test = np.unique(np.concatenate([cal, np.nextafter(cal, -np.inf), np.nextafter(cal, np.inf), [-1e9, 1e9]]))
+    p = np.asarray(cf.pvalues(cal, test))
+    assert p.dtype == np.float32
+    exact = np.array([Fraction(1 + int(np.sum(cal >= t)), n + 1) for t in test])
+    np.testing.assert_array_equal(p, np.array([float(x) for x in exact], np.float32))
+    qs = np.asarray(cf.threshold(cal, list(GRID)))
+    old = np.asarray(cf.pvalues(cal.astype(np.float32), test.astype(np.float32)))
+    old_agrees = True
+    for a, q in zip(GRID, qs):
+        np.testing.assert_array_equal(p > a, test <= q, err_msg=f"alpha={a}")
+        np.testing.assert_array_equal(exact > Fraction(repr(a)), test <= q)
+        old_agrees &= np.array_equal(old > a, test <= q)
+    assert not old_agrees
+    chk = cf.coverage_check(cal, test, ALPHAS)
+    assert chk.covered == tuple(int(np.sum(test <= q)) for q in np.asarray(cf.threshold(cal, list(ALPHAS))))
+    t32 = test.astype(np.float32)
+    mixed = np.array([float(Fraction(1 + int(np.sum(cal >= np.float64(t))), n + 1)) for t in t32], np.float32)
+    np.testing.assert_array_equal(np.asarray(cf.pvalues(cal, t32)), mixed)
+
+
+@pytest.mark.parametrize("score", cf.SCORES)
+def test_prediction_sets_with_float64_thresholds_are_exact(score):
+    """A float64 qhat (a threshold of float64 calibration scores) decides s(x, y) <= qhat exactly for the kernels'
+    float32 scores: thresholds one float64 ulp below / above attained scores, scalars and per-row vectors, and a
+    Python float. End to end: float64 calibration scores just below the float32 truths' scores give a float64
+    threshold whose set excludes the candidate just above it. Power: the nearest-float32 conversion (the old one)
+    rounds such a qhat up and admits that candidate."""
+    rng = np.random.default_rng(220 + cf.SCORES.index(score))
+    n, m = 13, 31
+    p, labels = posteriors(rng, n, m)
+    full = np.asarray(cf.candidate_scores(p, score))
+    picks = full[np.arange(n), rng.integers(0, m, n)].astype(np.float64)
+    below, above = np.nextafter(picks, -np.inf), np.nextafter(picks, np.inf)
+    for qhat in [below[0], above[0], float(below[1]), below, above]:
+        expected = full.astype(np.float64) <= np.broadcast_to(qhat, (n,))[:, None]
+        np.testing.assert_array_equal(np.asarray(cf.prediction_sets(p, qhat, score)), expected, err_msg=str(qhat))
+    old = full <= below.astype(np.float32)[:, None]
+    assert (old & ~(full <= below[:, None])).any()  # power
+    cal = np.nextafter(full[np.arange(n), labels].astype(np.float64), -np.inf)
+    q = cf.threshold(cal, 0.3)  # k = ceil(14 * 0.7) = 10 <= 13
+    assert np.asarray(q).dtype == np.float64 and q in cal and float(np.float32(q)) > q
+    sets = np.asarray(cf.prediction_sets(p, q, score))
+    np.testing.assert_array_equal(sets, full.astype(np.float64) <= q)
+    i = int(np.flatnonzero(cal == q)[0])
+    assert not sets[i, labels[i]] and full[i, labels[i]] <= np.float32(q)  # the old conversion would admit it
+
+
+def test_calibrate_keeps_float64_thresholds():
+    """calibrate / Calibration.thresholds keep float64 thresholds exactly (plain and Mondrian, in to_json too);
+    float32 calibration scores still give float32 per-document thresholds."""
+    cal = repro_scores()
+    c = cf.calibrate(cal, [REPRO_ALPHA, 0.05])
+    assert c.qhat[None] == (0.7, 0.9) and c.thresholds(REPRO_ALPHA) == 0.7
+    assert c.to_json()["qhat"] == {"all": [0.7, 0.9]}
+    strata = ["a", "b"] * 10  # a: 0.5 x3, 0.7 x6, 0.9 x1; b: 0.5 x2, 0.7 x6, 0.9 x2 (n = 10, k = 9)
+    mc = cf.calibrate(cal, REPRO_ALPHA, strata=strata)
+    q = mc.thresholds(REPRO_ALPHA, ["a", "b", "a"])
+    assert q.dtype == np.float64
+    np.testing.assert_array_equal(q, [0.7, 0.9, 0.7])
+    np.testing.assert_array_equal(q[:2], [brute_threshold(cal[0::2], REPRO_ALPHA),
+                                          brute_threshold(cal[1::2], REPRO_ALPHA)])
+    q32 = cf.calibrate(cal.astype(np.float32), REPRO_ALPHA, strata=strata).thresholds(REPRO_ALPHA, ["a", "b"])
+    assert q32.dtype == np.float32
+    np.testing.assert_array_equal(q32, np.float32([0.7, 0.9]))
+
+
+def test_float64_threshold_under_jit_with_x64():
+    """With jax_enable_x64, traced float64 scores stay float64 in the jitted kernel (no float32 copy)."""
+    cal = repro_scores()
+    with jax.enable_x64(True):
+        q = jax.jit(lambda s: cf.threshold(s, [REPRO_ALPHA, 0.01]))(jnp.asarray(cal))
+        assert q.dtype == jnp.float64
+        np.testing.assert_array_equal(np.asarray(q), [0.7, np.inf])
+
 # --------------------------------------------------------------------------- 4. marginal coverage by Monte Carlo
 
 N_CAL, SPLITS = 99, 2000  # (n + 1)(1 - alpha) is an integer for every alpha in ALPHAS: E[coverage] = 1 - alpha
@@ -864,7 +1060,9 @@ def test_calibration_object_errors():
     plain = cf.calibrate(np.linspace(0, 1, 20), 0.1)
     with pytest.raises(ValueError, match="not Mondrian"):
         plain.thresholds(0.1, ["a"])
-    assert plain.to_json()["qhat"] == {"all": [float(cf.threshold(np.linspace(0, 1, 20).astype(np.float32), 0.1))]}
+    assert plain.to_json()["qhat"] == {"all": [float(cf.threshold(np.linspace(0, 1, 20), 0.1))]}  # float64 kept
+    plain32 = cf.calibrate(np.linspace(0, 1, 20).astype(np.float32), 0.1)
+    assert plain32.to_json()["qhat"] == {"all": [float(cf.threshold(np.linspace(0, 1, 20).astype(np.float32), 0.1))]}
 
 
 # --------------------------------------------------------------------------- 8. p-values
