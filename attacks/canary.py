@@ -27,7 +27,12 @@ Guarantees:
   runs; with many canaries in one run it is the usual heuristic (the scores share one model). The ``gdp``
   entry's ``mu_lower`` bounds the ``mu`` of a ``mu``-GDP claim; its ``epsilon_gdp`` is the ``eps(delta)`` of the
   Gaussian envelope and bounds the ``(eps, delta)`` of the training run only if its trade-off curve is Gaussian. jax_privacy's ``one_run`` bound
-  (Steinke et al. 2023) is valid for a single run given independent Bernoulli(1/2) insertion. A canary inserted
+  (Steinke et al. 2023) is valid for a single run given independent Bernoulli(1/2) insertion, and only then:
+  it scores its "member" guesses against the 1/2 prior, so with insertion probability ``p = 0.8`` and no
+  leakage at all it reported ``eps > 0`` in 400 of 400 simulated runs (median 1.23). :func:`jax_privacy_bounds` and
+  :func:`canary_audit` (with ``jax_privacy``) therefore refuse any ``insert_probability`` but 1/2; the
+  Clopper-Pearson bounds of :func:`epsilon_lower_bound` condition on membership and hold for any ``p``
+  (pitfall 11 of the house conventions). A canary inserted
   ``r`` times is protected only at group size ``r``: compare its group's bound with the group-privacy epsilon,
   not with the per-record one.
 
@@ -83,7 +88,8 @@ class CanaryAuditConfig:
       selection_fraction: share of each group that chooses the threshold (``"split"``).
       thresholds: the fixed grid (``"bonferroni"``), in score units, decided before scoring.
       batch_size: rows per scoring pass.
-      jax_privacy: also run :func:`jax_privacy_bounds`.
+      jax_privacy: also run :func:`jax_privacy_bounds`; its one-run bound requires canaries inserted with
+        probability 1/2 (:func:`canary_audit` refuses any other ``insert_probability`` while this is on).
     """
 
     delta: float = 1e-5
@@ -189,16 +195,49 @@ def epsilon_lower_bound(
     return out
 
 
-def jax_privacy_bounds(member_scores, nonmember_scores, *, delta: float, alpha: float = 0.05, seed: int = 0) -> dict:
+def _one_run_insert_probability(insert_probability) -> float:
+    """``insert_probability`` if the one-run bound's design allows it (exactly 1/2), else ``ValueError``."""
+    p = _validate.open_unit("insert_probability", insert_probability)
+    if p != 0.5:  # Steinke, Nasr, Jagielski 2023, Algorithm 1: S uniform on {-1, +1}^m
+        raise ValueError(
+            f"insert_probability must be 1/2 for jax_privacy's one-run bound (Steinke et al. 2023 assume each "
+            f"canary is inserted independently with probability 1/2), got {p}; insert with probability 0.5 or turn "
+            f"jax_privacy off (CanaryAuditConfig(jax_privacy=False)): the Clopper-Pearson bounds of "
+            f"epsilon_lower_bound hold for any insert_probability")
+    return p
+
+
+def jax_privacy_bounds(member_scores, nonmember_scores, *, delta: float, insert_probability: float,
+                       alpha: float = 0.05, seed: int = 0) -> dict:
     """jax_privacy ``CanaryScoreAuditor`` on the same scores (cross-check).
+
+    Args:
+      member_scores: ``(n1,)`` scores of inserted canaries (higher = member).
+      nonmember_scores: ``(n0,)`` scores of held-out canaries.
+      delta: ``delta`` of the audited claim, in ``(0, 1)``.
+      insert_probability: the probability with which each canary was independently inserted (required, no
+        default: the scores cannot tell, and a default of 1/2 would certify any design). Must be ``0.5``.
+      alpha: significance of every bound, in ``(0, 0.5)``.
+      seed: seed of jax_privacy's ``Split`` strategy.
 
     Returns:
       ``{"cp_split", "cp_bonferroni"}`` (Clopper-Pearson, two-sided rule search, its ``Split(0.5, seed)`` and
       ``Bonferroni()`` over all observed thresholds), ``"one_run"`` (Steinke et al. 2023, Bonferroni) and
       ``"auroc"``. Significance ``alpha`` (the C-P methods need ``alpha < 0.5``).
+
+    Raises:
+      ValueError: ``insert_probability`` other than 1/2, ``delta`` or ``alpha`` out of range.
+
+    Guarantees:
+      ``one_run`` is a lower bound on ``eps`` at ``delta`` with probability ``>= 1 - alpha`` for one training
+      run only if every canary was inserted independently with probability exactly 1/2 (Steinke et al. 2023,
+      Algorithm 1); with ``p > 1/2`` it reports ``eps > 0`` without any leakage, hence the refusal. The
+      Clopper-Pearson entries condition on membership (valid for any ``p``, like :func:`epsilon_lower_bound`),
+      but are refused with it: call :func:`epsilon_lower_bound` for ``p != 1/2``.
     """
     from jax_privacy import auditing
 
+    _one_run_insert_probability(insert_probability)
     delta = _validate.open_unit("delta", delta)
     alpha = _validate.open_unit("alpha", alpha)
     if alpha >= 0.5:
@@ -238,8 +277,21 @@ def canary_audit(
     Returns:
       ``{"scores", "inserted", "repetitions", "groups": [{"repetitions", "n_members", "n_nonmembers", "auc",
       "bounds": epsilon_lower_bound(...), "jax_privacy": jax_privacy_bounds(...) or None}]}``.
+
+    Raises:
+      ValueError: an invalid ``config``, or ``config.jax_privacy`` with ``canaries.insert_probability`` other
+        than 1/2 (raised before any scoring).
+
+    Guarantees:
+      ``bounds`` as :func:`epsilon_lower_bound` (any ``insert_probability``). ``jax_privacy["one_run"]`` only
+      with every canary inserted independently with probability 1/2, which is enforced. A group's
+      non-members include the held-out canaries of other repetition counts, picked by their membership rather
+      than by a fair coin: a "member" guess on one is never right, which only raises the one-sided one-run
+      p-value (conservative, not invalid).
     """
     config.validate()
+    if config.jax_privacy:
+        _one_run_insert_probability(canaries.insert_probability)
     scores = canary_scores(model, tokenizer, canaries, reference_model=reference_model, batch_size=config.batch_size)
     inserted, reps = canaries.inserted, canaries.repetitions
     non = scores[~inserted]
@@ -256,7 +308,8 @@ def canary_audit(
             mem, non, delta=config.delta, alpha=config.alpha, key=jax.random.fold_in(key, r),
             thresholds=config.thresholds if config.selection == "bonferroni" else None,
             selection_fraction=config.selection_fraction)
-        group["jax_privacy"] = (jax_privacy_bounds(mem, non, delta=config.delta, alpha=config.alpha, seed=r)
+        group["jax_privacy"] = (jax_privacy_bounds(mem, non, delta=config.delta, alpha=config.alpha, seed=r,
+                                                   insert_probability=canaries.insert_probability)
                                 if config.jax_privacy else None)
         groups.append(group)
     return {"scores": scores.tolist(), "inserted": inserted.tolist(), "repetitions": reps.tolist(), "groups": groups}

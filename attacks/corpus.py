@@ -509,8 +509,10 @@ class CanaryConfig:
       template: text with one ``{secret}`` field, e.g. ``"my pin is {secret}"``.
       digits: digits of each secret (written in groups of four).
       repetitions: canary ``i`` is inserted ``repetitions[i % len(repetitions)]`` times if it is inserted.
-      insert_probability: each canary is inserted independently with this probability (``1/2`` for the
-        one-run auditor of Steinke et al. 2023).
+      insert_probability: each canary is inserted independently with this probability. The one-run auditor
+        of Steinke et al. 2023 requires exactly ``1/2`` (:func:`attacks.canary.jax_privacy_bounds` and
+        :func:`attacks.canary.canary_audit` with ``jax_privacy`` refuse any other); the Clopper-Pearson bounds
+        of :func:`attacks.canary.epsilon_lower_bound` condition on membership and allow any value in ``(0, 1)``.
       seed: seeds the secrets and the inclusion draws.
     """
 
@@ -568,6 +570,11 @@ class CanarySet:
     @property
     def repetitions(self) -> np.ndarray:
         return np.array([c.repetitions for c in self.canaries], np.int64)
+
+    @property
+    def insert_probability(self) -> float:
+        """The probability with which each canary was independently inserted (``config.insert_probability``)."""
+        return float(self.config.insert_probability)
 
 
 def make_canaries(config: CanaryConfig = CanaryConfig()) -> CanarySet:

@@ -8,8 +8,10 @@ DP-SGD themselves are tested against their oracles in test_attacks.py and test_d
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -144,4 +146,25 @@ def test_cli_exit_code_on_bad_config(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "snapaudit_jax", "pii", path, "--out", str(tmp_path / "o")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "n_embd" in proc.stderr and "33" in proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_one_run_audit_refuses_unfair_canary_insertion_before_writing(tmp_path):
+    """epsilon_audited is jax_privacy's one-run bound, valid only for canaries inserted with probability 1/2
+    (Steinke et al. 2023): any other insert_probability is a config error at load time (and in run_pii for a
+    config built in code), before anything is written; with audit.jax_privacy off it is allowed."""
+    unfair = TINY.format(variants="").replace("n_canaries = 16", "n_canaries = 16\ninsert_probability = 0.8")
+    message = ("canaries.insert_probability: the one-run bound (Steinke et al. 2023) requires each canary inserted "
+               "independently with probability 1/2, got 0.8; set it to 0.5 or set audit.jax_privacy = false")
+    with pytest.raises(ConfigFileError, match=re.escape(message)):
+        load_pii_config(write(tmp_path, unfair))
+    allowed = load_pii_config(write(tmp_path, unfair + "\n[audit]\njax_privacy = false\n", "off.toml"))
+    assert allowed.canaries.insert_probability == 0.8 and not allowed.audit.jax_privacy
+    built = dataclasses.replace(allowed, audit=dataclasses.replace(allowed.audit, jax_privacy=True))
+    with pytest.raises(ConfigFileError, match=re.escape(message)):
+        run_pii(built, str(tmp_path / "out"), progress=False)
+    assert not (tmp_path / "out").exists()
+    proc = subprocess.run([sys.executable, "-m", "snapaudit_jax", "pii", write(tmp_path, unfair), "--out",
+                           str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "canaries.insert_probability" in proc.stderr and "got 0.8" in proc.stderr
     assert not (tmp_path / "o").exists()
