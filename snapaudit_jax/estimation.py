@@ -714,6 +714,8 @@ def audit_result(*, mechanism: str, threat: str, method: str, estimator: str, cl
     elif estimator == "gdp" and gaussian_by_construction:
         headline = max(headline, eps_gdp)
         parts.append("epsilon_emp also uses the GDP conversion, valid here: " + GDP_BY_CONSTRUCTION_LABEL + ".")
+    elif heuristic:
+        parts.append("epsilon_emp applies the standard estimator to the heuristic radius.")
     else:
         parts.append(ASSUMPTION_FREE)
     label = GDP_BY_CONSTRUCTION_LABEL if gaussian_by_construction else GDP_ENVELOPE_LABEL

@@ -95,7 +95,11 @@ def discrete_epsilon(p1, p0, delta: float) -> float:
         raise ValueError(f"delta must be in [0, 1), got {delta}")
     with np.errstate(divide="ignore"):
         la, lb = np.log(a), np.log(b)
-    log_target = math.log(delta) if delta > 0 else -math.inf
+    if delta == 0.0:  # pure DP: the largest log-ratio over outputs either side can produce
+        with np.errstate(invalid="ignore"):
+            ratios = [np.where(np.isneginf(lp), -np.inf, lp - lq) for lp, lq in ((la, lb), (lb, la))]
+        return float(max(0.0, *(float(np.max(r)) for r in ratios)))
+    log_target = math.log(delta)
     out = 0.0
     for lp, lq in ((la, lb), (lb, la)):
         if _log_hockey(lp, lq, 0.0) <= log_target:

@@ -174,7 +174,11 @@ def test_simulate_agrees_with_exact_and_is_below_it():
     ):
         for threat in ("black", "white"):
             ex = sa.audit(mech, x1, x0, epsilon_theory=4.0, method="exact", clean="fixed", threat=threat)
-            sim = sa.audit(mech, x1, x0, epsilon_theory=4.0, clean="fixed", threat=threat, trials=1_000_000)
+            # White-box PV with fixed clean outputs is a Gaussian pair: the GDP conversion is valid there and
+            # tight; elsewhere the assumption-free estimator is the valid one.
+            gaussian_pair = threat == "white" and mech.gaussian
+            sim = sa.audit(mech, x1, x0, epsilon_theory=4.0, clean="fixed", threat=threat, trials=1_000_000,
+                           estimator="gdp" if gaussian_pair else "std")
             assert sim.epsilon_emp <= ex.epsilon_emp + 1e-9
             assert sim.epsilon_emp == pytest.approx(ex.epsilon_emp, abs=0.35)
 
