@@ -5,14 +5,18 @@ Stages, one module each:
 * :mod:`~snapaudit_jax.calibration` -- Gaussian/GDP calibration, exponential-mechanism scales;
 * :mod:`~snapaudit_jax.mechanisms` and :mod:`~snapaudit_jax.jem` -- PV, PoE, ESA, KSA kernels;
 * :mod:`~snapaudit_jax.simulate` -- Phase B bootstrap simulation (sharded, chunked);
-* :mod:`~snapaudit_jax.exact` -- exact attack success probabilities;
-* :mod:`~snapaudit_jax.bounds` and :mod:`~snapaudit_jax.estimators` -- confidence bounds, epsilon estimators;
+* :mod:`~snapaudit_jax.exact` and :mod:`~snapaudit_jax.profiles` -- exact success probabilities and exact
+  privacy profiles of releases;
+* :mod:`~snapaudit_jax.estimation` -- the one estimation layer: rate bounds, decision rules as values,
+  estimators, certified trade-off curves, Holm, and the :class:`AuditResult` factory (its formulas live in
+  :mod:`~snapaudit_jax.bounds` and :mod:`~snapaudit_jax.estimators`);
 * :mod:`~snapaudit_jax.audit` -- Phase C, the active (snapshot) audit;
 * :mod:`~snapaudit_jax.passive` -- the passive black-box baseline;
 * :mod:`~snapaudit_jax.snapshots` -- snapshot files.
 """
 
-from snapaudit_jax.audit import AuditResult, RateBound, audit, make_attack
+from snapaudit_jax import estimation, profiles
+from snapaudit_jax.audit import audit, make_attack
 from snapaudit_jax.bounds import (
     clopper_pearson_lower,
     clopper_pearson_upper,
@@ -28,8 +32,27 @@ from snapaudit_jax.calibration import (
     gdp_epsilon,
     gdp_mu,
 )
+from snapaudit_jax.estimation import (
+    AuditResult,
+    Bonferroni,
+    Exact,
+    Explicit,
+    RateBound,
+    Split,
+    ThresholdTest,
+    TradeoffCurve,
+    audit_result,
+    holm,
+    threshold_test,
+)
 from snapaudit_jax.estimators import epsilon_gdp, epsilon_std, mu_lower
-from snapaudit_jax.exact import exact_hit_probability, exact_score_probability, pv_argmax_probability
+from snapaudit_jax.exact import (
+    exact_hit_probability,
+    exact_output_distribution,
+    exact_release_epsilon,
+    exact_score_probability,
+    pv_argmax_probability,
+)
 from snapaudit_jax.jem import KeywordSpaceAggregation, joint_exponential_topk, jem_prepare, jem_select
 from snapaudit_jax.mechanisms import (
     Attack,
@@ -49,6 +72,19 @@ __version__ = "0.1.0"
 __all__ = [
     "AuditResult",
     "Attack",
+    "Bonferroni",
+    "Exact",
+    "Explicit",
+    "Split",
+    "ThresholdTest",
+    "TradeoffCurve",
+    "audit_result",
+    "estimation",
+    "exact_output_distribution",
+    "exact_release_epsilon",
+    "holm",
+    "profiles",
+    "threshold_test",
     "EmbeddingSpaceAggregation",
     "KeywordSpaceAggregation",
     "Mechanism",

@@ -506,8 +506,8 @@ def audit(
     estimator = _validate.choice("estimator", DEFAULT_ESTIMATOR if estimator is None else estimator, ESTIMATORS)
     if estimator == "gdp" and not mechanism.gaussian:
         raise ValueError(
-            f"estimator='gdp' audits a mu-GDP claim, but {mechanism.name} is a pure-epsilon mechanism that claims "
-            "no mu: use estimator='std'"
+            f"estimator must be 'std' for {mechanism.name}: 'gdp' audits a mu-GDP claim, but {mechanism.name} is a "
+            "pure-epsilon mechanism that claims no mu"
         )
     if method == "exact" and not supports_exact(mechanism, threat):
         raise ValueError(

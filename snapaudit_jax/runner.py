@@ -84,8 +84,8 @@ class SimulateConfig:
         if self.estimator is not None:
             _validate.choice("estimator", self.estimator, ESTIMATORS)
             if self.estimator == "gdp" and self.mechanism in ("poe", "ksa"):
-                raise ValueError(f"estimator='gdp' audits a mu-GDP claim, but {self.mechanism} is a pure-epsilon "
-                                 "(exponential) mechanism that claims no mu: use estimator='std'")
+                raise ValueError(f"estimator must be 'std' for {self.mechanism}: 'gdp' audits a mu-GDP claim, but "
+                                 f"{self.mechanism} is a pure-epsilon (exponential) mechanism that claims no mu")
         _validate.choice("clean", self.clean, ("auto",) + CLEAN_MODELS)
         if self.clip is not None:
             _validate.positive_float("clip", self.clip)

@@ -183,9 +183,9 @@ def test_issue_examples_are_valid_now():
     r = run_simulate(SimulateConfig(mechanism="pv", calibration="classical", epsilons=(16.0,), clean_with=(1, 2),
                                     clean_without=(0, 3), method="exact"))[0]
     assert r.estimator == "std" and r.epsilon_emp == pytest.approx(11.82, abs=5e-3) and not r.violation
-    with pytest.raises(ValueError, match="estimator.*pure-epsilon"):
+    with pytest.raises(ValueError, match="estimator must be 'std' for poe.*pure-epsilon"):
         SimulateConfig(mechanism="poe", epsilons=(4.0,), estimator="gdp", method="exact").validate()
-    with pytest.raises(ValueError, match="claims no mu"):
+    with pytest.raises(ValueError, match="estimator must be 'std'.*claims no mu"):
         sa.audit(sa.ProductOfExperts.calibrated(4.0, clip=5.0), [[-25.11, -10.13]], [[-28.76, -5.15]],
                  epsilon_theory=4.0, estimator="gdp", method="exact", clean="fixed")
 
@@ -409,6 +409,10 @@ def test_holm_matches_its_definition():
 
 def test_rows_use_their_own_key_streams_and_holm_in_the_cli(capsys):
     from snapaudit_jax.cli import main
+
+    code = main(["simulate", "--mechanism", "poe", "--estimator", "gdp", "--method", "exact"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--estimator" in err and "claims no mu" in err
 
     rows = run_simulate(SimulateConfig(mechanism="pv", epsilons=(2.0, 2.0), trials=20_000))
     assert rows[0].tpr_hat != rows[1].tpr_hat and [r.stream for r in rows] == [0, 1]

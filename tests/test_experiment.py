@@ -48,6 +48,7 @@ BAD = [
     ("[audit]\ndelta = 2\n[pipelines.pv]\n", "audit.delta"),
     ("[audit]\ncolour = 1\n[pipelines.pv]\n", "audit: unknown key(s) colour"),
     ("[audit]\nthreats = \"black\"\n[pipelines.pv]\n", "audit.threats"),
+    ("[audit]\non_mismatch = \"ignore\"\n[pipelines.pv]\n", "audit.on_mismatch"),
     ("[pipelines.lasso]\n", "pipelines.lasso"),
     ("[pipelines.pv]\nnum_exemplars = 4\npartitions = 6\n", "pipelines.pv.partitions"),
     ("[pipelines.esa]\nsignals = [\"only one\"]\n", "pipelines.esa.signals"),
@@ -69,6 +70,20 @@ def test_bad_configs_name_the_key(tmp_path, capsys, text, needle):
     assert main(["audit", str(path), "--out", str(out_dir), "--quiet"]) == 2
     assert needle in capsys.readouterr().err
     assert not out_dir.exists()
+
+
+def test_fixed_clean_outputs_and_the_determinism_check():
+    """clean = fixed states the mixture assumption; a mismatch falls back to sampled (warned) or stops."""
+    from snapaudit_jax.experiment import AuditConfig, _clean_model
+
+    quiet = (lambda message: None)
+    clean, notes, warns = _clean_model(AuditConfig(), {"checked": 4, "mismatches": 0}, quiet)
+    assert clean == "fixed" and "mixture" in notes[0] and "evidence" in notes[0] and warns == ()
+    clean, notes, warns = _clean_model(AuditConfig(), {"checked": 4, "mismatches": 1}, quiet)
+    assert clean == "sampled" and "1 of 4" in warns[0] and "audited as clean = sampled" in notes[0]
+    with pytest.raises(ValueError, match=r"audit.clean: determinism check: 1 of 4"):
+        _clean_model(AuditConfig(on_mismatch="fail"), {"checked": 4, "mismatches": 1}, quiet)
+    assert _clean_model(AuditConfig(clean="sampled"), {"checked": 4, "mismatches": 1}, quiet)[0] == "sampled"
 
 
 def test_missing_config_file(capsys, tmp_path):
