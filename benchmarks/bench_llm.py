@@ -51,7 +51,7 @@ SmolLM2 (AG News demo, 6 exemplars, ``T = 3`` partitions), ``eps_theory = 8``,
   ``n_llm`` = 2, 4, 8, ... snapshots per context;
 * passive (``n`` end-to-end runs per context: fresh partition assignments,
   one private release each, :func:`snapaudit_jax.passive.passive_bounds`
-  with the GDP estimator), for ``n`` = 50, 100, 200, ... (at most
+  with the assumption-free standard estimator, like the active audit), for ``n`` = 50, 100, 200, ... (at most
   ``--max-passive-runs``).
 
 The target is ``--target`` or, by default, 0.8 times the active bound at
@@ -394,7 +394,7 @@ class AuditBench:
         llm_s = time.perf_counter() - start
         outcomes = {b: release_outcomes(mech, attack, jax.random.fold_in(key, b), clean[b]) for b in (1, 0)}
         res = passive_bounds(outcomes[1], outcomes[0], epsilon_theory=EPSILON, delta=DELTA, threat="black",
-                             estimator="gdp", confidence=CONFIDENCE, name="pv")
+                             confidence=CONFIDENCE, name="pv")
         wall = time.perf_counter() - start
         stats = pipeline.oracle.stats
         return {

@@ -8,7 +8,10 @@
 2. estimates TPR and FPR on the evaluation data (simulation or exact ``h_b``);
 3. turns them into one-sided bounds ``TPR_low``, ``FPR_up`` that hold
    simultaneously with probability at least ``confidence``;
-4. converts the pair into ``eps_emp`` with the standard or the GDP estimator.
+4. hands them to the estimation layer (:func:`snapaudit_jax.estimation.audit_result`), which turns the
+   pair into ``eps_emp`` with the assumption-free standard estimator (or, with ``method="exact"`` and
+   fixed clean outputs, the release's exact privacy profile), tests the ``mu``-GDP claim under
+   ``estimator="gdp"``, and decides ``violation`` from valid estimates only.
 
 Bounding methods (``method`` x ``clean``):
 
@@ -18,11 +21,12 @@ method        ``clean="sampled"`` (snapshots are i.i.d. LLM draws)           ``c
 simulate      stratified trials; one-sided empirical Bernstein on the        bootstrap trials; exact
               per-snapshot success rates (covers snapshot *and* Monte        Clopper-Pearson on each rate
               Carlo error), ``alpha/2`` per rate
-exact         exact ``h_b`` per snapshot; empirical Bernstein over           exact rates, no error
-              snapshots, ``alpha/2`` per rate
+exact         exact ``h_b`` per snapshot; empirical Bernstein over           exact rates, no error; exact
+              snapshots, ``alpha/2`` per rate                                privacy profile of the release
 paper         SnapAudit App. C.2: Bernstein(snapshots) + Hoeffding(MC),      (same)
               ``alpha/4`` per event; ``sigma^2`` is the plug-in variance
-              of simulated per-distinct-snapshot rates
+              of simulated per-distinct-snapshot rates: a heuristic,
+              labelled so, never a violation
 ============  ============================================================  ===========================
 
 ``clean="fixed"`` audits the DP noise stage on clean outputs that are known

@@ -14,7 +14,7 @@ import numpy as np
 from snapaudit_jax import _validate
 import jax
 
-from snapaudit_jax.audit import CLEAN_MODELS, METHODS, THREATS, AuditResult, audit
+from snapaudit_jax.audit import CLEAN_MODELS, CURVE_POINTS, METHODS, THREATS, AuditResult, audit
 from snapaudit_jax.estimation import ESTIMATORS, holm, mu_violation_p_value, violation_p_value
 from snapaudit_jax.jem import KeywordSpaceAggregation
 from snapaudit_jax.mechanisms import EmbeddingSpaceAggregation, Mechanism, PrivateVoting, ProductOfExperts
@@ -65,6 +65,7 @@ class SimulateConfig:
     estimator: str | None = None
     clean: str = "auto"
     seed: int = 0
+    curve_points: int = CURVE_POINTS
 
     def validate(self) -> "SimulateConfig":
         _validate.choice("mechanism", self.mechanism, MECHANISMS)
@@ -87,6 +88,7 @@ class SimulateConfig:
                 raise ValueError(f"estimator must be 'std' for {self.mechanism}: 'gdp' audits a mu-GDP claim, but "
                                  f"{self.mechanism} is a pure-epsilon (exponential) mechanism that claims no mu")
         _validate.choice("clean", self.clean, ("auto",) + CLEAN_MODELS)
+        _validate.positive_int("curve_points", self.curve_points, minimum=0)
         if self.clip is not None:
             _validate.positive_float("clip", self.clip)
         if self.top_k is not None:
@@ -232,6 +234,7 @@ def run_simulate(config: SimulateConfig, *, progress: bool = False, devices=None
                 clean=clean,
                 target=target,
                 sensitivity=default_sensitivity(config),
+                curve_points=config.curve_points,
                 seed=config.seed,
                 key=jax.random.fold_in(root, row),
                 stream=row,

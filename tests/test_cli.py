@@ -89,6 +89,8 @@ BAD = [
     (["--mechanism", "pv", "--delta", "1"], "--delta"),
     (["--mechanism", "pv", "--confidence", "1.5"], "--confidence"),
     (["--mechanism", "pv", "--trials", "0"], "--trials"),
+    (["--mechanism", "pv", "--curve-points", "-1"], "--curve-points"),
+    (["--mechanism", "ksa", "--estimator", "gdp"], "--estimator"),
     (["--mechanism", "pv", "--snapshots", "0"], "--snapshots"),
     (["--mechanism", "pv", "--clean-with", "1,2", "--clean-without", "0,3,1"], "--clean-with"),
     (["--mechanism", "pv", "--clean-with", "1,nan", "--clean-without", "0,3"], "--clean-with"),
