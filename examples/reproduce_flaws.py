@@ -29,12 +29,14 @@ inputs of the DP noise stage (``clean="fixed"``). Columns:
   with fixed clean outputs); elsewhere it only audits the ``mu``-GDP claim
   (``mu_violation``), and its envelope ``eps`` is shown for comparison, never
   as a bound;
-* ``violation``: decided from the valid bound of the row (exact, or the
-  simulated one; ``Holm`` family-wise over the five epsilons).
+* ``violation``: certified by the simulated bound of the row (``gdp`` where the
+  release is Gaussian by construction, ``std`` elsewhere: one family per row,
+  chosen before the data), Holm family-wise over the five epsilons; "exact
+  only" where only the exact profile exceeds the claim.
 
 Outputs in ``--out`` (default ``runs/flaws``): ``table.md``, ``results.json``
-and ``flaws.png`` (eps_emp against eps_theory, with y = x, and the certified
-trade-off curves of the white-box flaw rows).
+and ``flaws.png`` (the exact eps(delta) against eps_theory, with y = x, and the
+exact trade-off curves, as ROCs, of two white-box flaw rows against their claims).
 """
 
 from __future__ import annotations
@@ -97,7 +99,9 @@ def markdown(rows: dict, trials: int) -> str:
     for name, res in rows.items():
         for i, eps in enumerate(EPSILONS):
             ex, std, gdp = res["exact"][i], res["std"][i], res["gdp"][i]
-            certified = std.familywise_violation or gdp.familywise_violation
+            # One family per row, chosen before the data: the GDP rows where the release is Gaussian by
+            # construction, the assumption-free rows elsewhere (both at once would spend alpha twice).
+            certified = gdp.familywise_violation if gdp.gaussian_by_construction else std.familywise_violation
             flag = "**yes**" if certified else ("exact only" if ex.violation else "no")
             lines.append(f"| {name} | {eps:g} | {ex.epsilon_emp:.2f} | {std.epsilon_emp:.2f} | {_gdp_cell(gdp)} | "
                          f"{flag} |")
@@ -130,7 +134,8 @@ def main(argv=None) -> int:
         f"{args.out}/flaws.png",
         {name: res["exact"] for name, res in rows.items()},
         title="exact eps(delta) of the release; above y = x: violation",
-        curves=[rows["PV classical, white-box"]["std"][-1], rows["ESA T=1 sensitivity 1 (flawed), white-box"]["std"][0]],
+        curves=[rows["PV classical, white-box"]["exact"][-1],
+                rows["ESA T=1 sensitivity 1 (flawed), white-box"]["exact"][0]],
     )
     pv_white = rows["PV classical, white-box"]
     pv_black = rows["PV classical, black-box [1,3]/[0,4]"]["exact"][-1]

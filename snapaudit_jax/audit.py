@@ -255,19 +255,22 @@ def _sensitivity_warnings(mechanism: Mechanism, attack: Attack, sensitivity: flo
 def _curve_grid(candidates: np.ndarray, tpr, tpr_c, fpr, points: int, chosen: int) -> np.ndarray:
     """``points`` thresholds from ``candidates`` whose selection FPR (and 1 - TPR) are log-spaced.
 
-    The first inequality of DP is tight where FPR is small, the second where 1 - TPR is small: half of
-    the grid targets each. The single chosen threshold is always included.
+    The first inequality of DP is tight where FPR is small, the second where 1 - TPR is small: a third
+    of the grid targets each (log-spaced), the last third spreads FPR over the body of the curve. The
+    single chosen threshold is always included.
     """
     picks = {chosen}
-    half = max(1, points // 2)
-    for rate in (np.asarray(fpr, np.float64), np.asarray(tpr_c, np.float64)):
+    third = max(1, points // 3)
+    fpr = np.asarray(fpr, np.float64)
+    for rate in (fpr, np.asarray(tpr_c, np.float64)):
         positive = rate[rate > 0]
         if positive.size == 0:
             continue
         lo = max(float(positive.min()), 1e-300)
-        for target in np.geomspace(0.5, lo, half) if lo < 0.5 else [0.5]:
-            with np.errstate(divide="ignore"):
-                picks.add(int(np.argmin(np.abs(np.log(np.maximum(rate, 1e-300)) - math.log(target)))))
+        for target in np.geomspace(0.5, lo, third) if lo < 0.5 else [0.5]:
+            picks.add(int(np.argmin(np.abs(np.log(np.maximum(rate, 1e-300)) - math.log(target)))))
+    for target in np.linspace(0.05, 0.95, third):  # the body of the curve, where small-eps claims fail
+        picks.add(int(np.argmin(np.abs(fpr - target))))
     idx = np.array(sorted(picks))
     grid = np.unique(np.asarray(candidates, np.float64)[idx])
     return grid[:points] if grid.size <= points else grid[np.unique(np.linspace(0, grid.size - 1, points).round()

@@ -24,32 +24,41 @@ def _pyplot():
 
 
 def _tradeoff_panel(ax, results: Sequence[AuditResult]) -> None:
-    """Certified trade-off points (step upper bound on the release's curve) against the claimed curves."""
+    """The certified trade-off curves as log-log ROC lower bounds against the largest ROC each claim allows.
+
+    A trade-off curve ``f`` and a ROC are one object (``TPR = 1 - f(FPR)``); log-log axes show the tails
+    where large-epsilon claims fail. Each certified point ``(fpr_up, tpr_low)`` holds simultaneously with
+    the others; a point above its claim's line refutes the claim (Kairouz et al. 2015).
+    """
     import numpy as np
 
     from snapaudit_jax.estimation import claimed_tradeoff
 
-    x = np.linspace(0.0, 1.0, 401)
+    x = np.geomspace(1e-16, 1.0, 400)
+    lowest = 1.0
     for i, r in enumerate(results):
         c = r.curve
         colour = f"C{i % 10}"
         fpr = np.asarray(c["fpr_up"], float)
-        type2 = 1.0 - np.asarray(c["tpr_low"], float)
-        order = np.argsort(fpr)
-        # The release's curve T satisfies T(x) <= min{1 - tpr_low_i : fpr_up_i <= x} (T is non-increasing).
-        steps = np.minimum.accumulate(type2[order])
-        xs = np.concatenate([[0.0], fpr[order], [1.0]])
-        ys = np.concatenate([[1.0], steps, steps[-1:]])
-        ax.step(xs, ys, where="post", color=colour,
-                label=f"certified, eps={r.epsilon_theory:g}")
-        ax.plot(x, claimed_tradeoff(r.epsilon_theory, r.delta, x), color=colour, linestyle=":", linewidth=1,
-                label=f"claimed f_(eps={r.epsilon_theory:g}, delta)")
-    ax.set_xlabel("type I error (FPR)")
-    ax.set_ylabel("type II error (1 - TPR)")
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
-    ax.set_title("trade-off: certified upper bound vs claim\n(a claim above the steps is refuted)", fontsize=9)
-    ax.grid(alpha=0.3)
+        tpr = np.asarray(c["tpr_low"], float)
+        keep = (fpr > 0) & (tpr > 0)
+        order = np.argsort(fpr[keep])
+        ax.plot(fpr[keep][order], tpr[keep][order], marker="o", markersize=3, color=colour,
+                label=f"certified ROC, eps={r.epsilon_theory:g} (eps_curve {c['epsilon']:.2f})")
+        ax.plot(x, 1.0 - claimed_tradeoff(r.epsilon_theory, r.delta, x), color=colour, linestyle=":", linewidth=1,
+                label=f"largest ROC of ({r.epsilon_theory:g}, {r.delta:g})-DP")
+        if keep.any():
+            lowest = min(lowest, float(fpr[keep].min()), float(tpr[keep].min()))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    floor = max(1e-16, lowest / 10)
+    ax.set_xlim(floor, 1.0)
+    ax.set_ylim(floor, 1.5)
+    ax.set_xlabel("FPR (certified upper bound)")
+    ax.set_ylabel("TPR (certified lower bound)")
+    ax.set_title("certified trade-off curve as a ROC: a point above\nits claim's dotted line refutes the claim",
+                 fontsize=9)
+    ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=6)
 
 
