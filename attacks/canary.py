@@ -26,7 +26,8 @@ Guarantees:
   membership (each canary is an independent trial). That holds for canaries audited over independent training
   runs; with many canaries in one run it is the usual heuristic (the scores share one model). The ``gdp``
   entry's ``mu_lower`` bounds the ``mu`` of a ``mu``-GDP claim; its ``epsilon_gdp`` is the ``eps(delta)`` of the
-  Gaussian envelope and bounds the ``(eps, delta)`` of the training run only if its trade-off curve is Gaussian. jax_privacy's ``one_run`` bound
+  Gaussian envelope and bounds the ``(eps, delta)`` of the training run only if its trade-off curve is Gaussian.
+  jax_privacy's ``one_run`` bound
   (Steinke et al. 2023) is valid for a single run given independent Bernoulli(1/2) insertion, and only then:
   it scores its "member" guesses against the 1/2 prior, so with insertion probability ``p = 0.8`` and no
   leakage at all it reported ``eps > 0`` in 400 of 400 simulated runs (median 1.23). :func:`jax_privacy_bounds` and
@@ -72,8 +73,8 @@ SELECTIONS = ("split", "bonferroni")
 _GUARANTEES = (
     "std: valid lower bound on eps at delta with probability >= 1 - alpha if canary scores are independent trials "
     "(independent runs; heuristic for many canaries in one run); gdp: mu_lower bounds the mu of a mu-GDP claim, "
-    "epsilon_gdp is the Gaussian envelope's eps (a bound only for a Gaussian trade-off curve); the threshold is chosen on scores the bound does not use (split) or Bonferroni-corrected over a grid "
-    "fixed in advance."
+    "epsilon_gdp is the Gaussian envelope's eps (a bound only for a Gaussian trade-off curve); the threshold is "
+    "chosen on scores the bound does not use (split) or Bonferroni-corrected over a grid fixed in advance."
 )
 
 

@@ -603,7 +603,8 @@ def format_table(results: Mapping[str, dict], full: Mapping[str, dict], config: 
                   + ", ".join(f"{n} {_fmt(v)}" for n, v in lazy.items()) + ".", ""]
     lines += ["", "Canary audit (canaries inserted once; members vs held-out canaries): jax_privacy's one-run bound "
               "is the reported epsilon_audited; our Clopper-Pearson estimators on a separate threshold split "
-              "(standard eps and the GDP mu lower bound) treat the canaries as independent trials, a cross-check, not a "
+              "(standard eps and the GDP mu lower bound) treat the canaries as independent trials, a cross-check, "
+              "not a "
               "one-run bound.", "",
               "| variant | canary AUC | one-run (jax_privacy) | CP split std (ours) | CP split mu_low (ours) | "
               "CP Bonferroni (jax_privacy) |", "|---|---:|---:|---:|---:|---:|"]

@@ -365,7 +365,8 @@ def _evaluate(run: _Run, evaluation, trials: int, threshold: float | None, grid:
             curve = None
         else:
             thr = np.concatenate([[threshold], grid if grid is not None else []])
-            full = [_per_snapshot_pair(lambda x: exact_score_probability(mech, x, attack, thr), ev) for ev in (ev1, ev0)]
+            full = [_per_snapshot_pair(lambda x: exact_score_probability(mech, x, attack, thr), ev)
+                    for ev in (ev1, ev0)]
             rates = [(p[:, 0], q[:, 0]) for p, q in full]
             curve = None
             if grid is not None:

@@ -73,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default=None, metavar="FILE.json", help="write the full results (all fields)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--fail-on-violation", action="store_true",
-                   help=f"exit with status {EXIT_VIOLATION} if a claim is violated, family-wise over the epsilons (Holm "
-                        "at 1 - confidence); with --estimator gdp the mu-GDP claims count too")
+                   help=f"exit with status {EXIT_VIOLATION} if a claim is violated, family-wise over the epsilons "
+                        "(Holm at 1 - confidence); with --estimator gdp the mu-GDP claims count too")
 
     _config_command(
         sub, "audit", "quickstart.toml",
@@ -211,7 +211,8 @@ def format_table(results) -> str:
         if several:
             line += f" {('YES' if r.familywise_violation else 'no'):>5}"
         if gdp:
-            line += f" {_fmt(r.mu_claim, '8.3f')} {('YES' if r.mu_violation else 'no'):>7} {_fmt(r.epsilon_gdp, '8.3f')}"
+            line += (f" {_fmt(r.mu_claim, '8.3f')} {('YES' if r.mu_violation else 'no'):>7} "
+                     f"{_fmt(r.epsilon_gdp, '8.3f')}")
         if curve:
             line += f" {_fmt(r.epsilon_curve, '9.3f')}"
         lines.append(line + f" {_fmt(r.seconds, '8.2f')}")

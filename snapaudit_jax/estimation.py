@@ -501,7 +501,9 @@ def certified_curve(thresholds, tpr_low, tpr_low_c, fpr_up, fpr_up_c, *, delta: 
     """Builds a :class:`TradeoffCurve` from simultaneous bounds at every grid threshold."""
     eps = objective(tpr_low, tpr_low_c, fpr_up, fpr_up_c, "std", delta)
     best = int(np.argmax(eps))
-    tup = (lambda a: tuple(float(v) for v in np.atleast_1d(a)))
+    def tup(a):
+        return tuple(float(v) for v in np.atleast_1d(a))
+
     return TradeoffCurve(tup(thresholds), tup(fpr_up), tup(tpr_low), tup(fpr_up_c), tup(tpr_low_c),
                          float(alpha_per_rate), float(eps[best]), best, bool(exact))
 

@@ -183,6 +183,6 @@ def passive_bounds(
     return audit_result(
         mechanism=name, threat=threat, method="passive", estimator=estimator, clean="end-to-end",
         epsilon_theory=epsilon_theory, delta=delta, tpr=tpr_b, fpr=fpr_b, confidence=confidence,
-        assumptions=assumptions, trials=tpr_b.trials, selection_trials=n_sel, mu_claim=mu_claim,
+        assumptions=assumptions, trials=tpr_b.trials, selection_trials=n_sel, threshold=threshold, mu_claim=mu_claim,
         seconds=time.perf_counter() - start,
     )

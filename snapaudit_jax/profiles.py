@@ -109,7 +109,9 @@ def discrete_epsilon(p1, p0, delta: float) -> float:
             return math.inf
         finite = ~np.isneginf(lq) & ~np.isneginf(lp)
         hi = float(np.max(lp[finite] - lq[finite])) + 1e-9  # delta(hi) is the impossible-output mass only
-        f = (lambda e, lp=lp, lq=lq: _log_hockey(lp, lq, e) - log_target)
+        def f(e, lp=lp, lq=lq):
+            return _log_hockey(lp, lq, e) - log_target
+
         if f(hi) > 0:
             return math.inf
         out = max(out, float(optimize.brentq(f, 0.0, hi, xtol=1e-13, rtol=4 * np.finfo(float).eps, maxiter=500)))
@@ -158,5 +160,7 @@ def logistic_epsilon(shift: float, delta: float) -> float:
     d = abs(float(shift))
     if d == 0.0 or logistic_delta(d, 0.0) <= delta:
         return 0.0
-    f = (lambda e: math.log(max(logistic_delta(d, e), 1e-300)) - math.log(delta))
+    def f(e):
+        return math.log(max(logistic_delta(d, e), 1e-300)) - math.log(delta)
+
     return float(optimize.brentq(f, 0.0, d, xtol=1e-12, maxiter=300))

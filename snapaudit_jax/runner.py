@@ -20,7 +20,8 @@ from snapaudit_jax.jem import KeywordSpaceAggregation
 from snapaudit_jax.mechanisms import EmbeddingSpaceAggregation, Mechanism, PrivateVoting, ProductOfExperts
 from snapaudit_jax.snapshots import Snapshots, check_clean, load_snapshots
 
-__all__ = ["SimulateConfig", "familywise", "MECHANISMS", "DEFAULT_CLEAN", "build_snapshots", "build_mechanism", "run_simulate",
+__all__ = ["SimulateConfig", "familywise",
+           "MECHANISMS", "DEFAULT_CLEAN", "build_snapshots", "build_mechanism", "run_simulate",
            "esa_unit_pair"]
 
 MECHANISMS = ("pv", "poe", "esa", "ksa")

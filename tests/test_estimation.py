@@ -353,7 +353,7 @@ def test_canary_grid_needs_its_bonferroni():
         k1 = (m[None] >= grid[:, None]).sum(1)
         k0 = (n[None] >= grid[:, None]).sum(1)
 
-        def missed(a):
+        def missed(a, k1=k1, k0=k0):
             tl, _ = est.binomial_pair(k1, size, "lower", a)
             fu, _ = est.binomial_pair(k0, size, "upper", a)
             return bool(np.any(tl > true) or np.any(fu < true))

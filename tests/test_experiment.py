@@ -76,7 +76,9 @@ def test_fixed_clean_outputs_and_the_determinism_check():
     """clean = fixed states the mixture assumption; a mismatch falls back to sampled (warned) or stops."""
     from snapaudit_jax.experiment import AuditConfig, _clean_model
 
-    quiet = (lambda message: None)
+    def quiet(message):
+        return None
+
     clean, notes, warns = _clean_model(AuditConfig(), {"checked": 4, "mismatches": 0}, quiet)
     assert clean == "fixed" and "mixture" in notes[0] and "evidence" in notes[0] and warns == ()
     clean, notes, warns = _clean_model(AuditConfig(), {"checked": 4, "mismatches": 1}, quiet)
