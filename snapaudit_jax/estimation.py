@@ -74,6 +74,7 @@ __all__ = [
     "holm",
     "is_violation",
     "jsonable",
+    "objective",
     "paper_bound",
     "rebound",
     "select_index",

@@ -2,7 +2,10 @@
 
 Given a test with ``TPR >= tpr_low`` and ``FPR <= fpr_up`` (simultaneously,
 with the audit's confidence), these turn the pair into lower bounds on the
-mechanism's privacy parameters.
+mechanism's privacy parameters: ``epsilon_std`` on ``eps`` (assumption-free),
+``mu_lower`` on the ``mu`` of a ``mu``-GDP claim; ``epsilon_gdp`` is the
+Gaussian envelope's ``eps`` (see its docstring). Audits use them through
+:mod:`snapaudit_jax.estimation`.
 """
 
 from __future__ import annotations
@@ -93,9 +96,13 @@ def epsilon_gdp(tpr_low, fpr_up, delta, *, tpr_low_complement=None, fpr_up_compl
     """``eps`` of the GDP profile at ``mu_lower`` (``mu <= 0`` gives 0).
 
     Guarantees:
-      A valid lower bound on the mechanism's ``eps`` at ``delta`` *under the
-      assumption* that its trade-off curve is Gaussian (``mu``-GDP for some
-      ``mu``), as for the Gaussian mechanisms PV and ESA (Nasr et al. 2023).
+      The ``eps(delta)`` of the Gaussian envelope ``G_mu_lower``. It is a
+      valid lower bound on the release's ``eps`` at ``delta`` only if the
+      release's trade-off curve *equals* ``G_mu`` for some ``mu`` (e.g. the
+      whole Gaussian-noised vector with fixed clean outputs). Being
+      ``mu``-GDP (``f >= G_mu``) is not enough: a post-processed release
+      (argmax, nearest candidate) has a smaller ``eps(delta)`` than its
+      envelope. :mod:`snapaudit_jax.estimation` applies it accordingly.
     """
     delta = _validate.open_unit("delta", delta)
     mu = float(mu_lower(tpr_low, fpr_up, tpr_low_complement=tpr_low_complement, fpr_up_complement=fpr_up_complement))
