@@ -66,6 +66,7 @@ __all__ = [
     "canary_scores",
     "epsilon_lower_bound",
     "jax_privacy_bounds",
+    "one_run_insert_probability",
     "canary_audit",
 ]
 
@@ -178,9 +179,10 @@ def epsilon_lower_bound(
     out = {"selection": "bonferroni" if thresholds is not None else "split", "alpha": alpha, "delta": delta,
            "guarantees": _GUARANTEES}
     if thresholds is not None:
-        rule = Bonferroni(tuple(np.ravel(_validate.finite_array("thresholds", thresholds)).tolist()))
-        if np.ndim(thresholds) != 1:
-            raise ValueError(f"thresholds must be 1-dimensional, got shape {np.shape(thresholds)}")
+        grid = _validate.finite_array("thresholds", thresholds)
+        if grid.ndim != 1:
+            raise ValueError(f"thresholds must be 1-dimensional, got shape {grid.shape}")
+        rule = Bonferroni(tuple(grid.tolist()))
     else:
         if key is None:
             raise ValueError("key must be a PRNG key for selection='split' (no hidden default key), got None")
@@ -196,7 +198,7 @@ def epsilon_lower_bound(
     return out
 
 
-def _one_run_insert_probability(insert_probability) -> float:
+def one_run_insert_probability(insert_probability) -> float:
     """``insert_probability`` if the one-run bound's design allows it (exactly 1/2), else ``ValueError``."""
     p = _validate.open_unit("insert_probability", insert_probability)
     if p != 0.5:  # Steinke, Nasr, Jagielski 2023, Algorithm 1: S uniform on {-1, +1}^m
@@ -238,7 +240,7 @@ def jax_privacy_bounds(member_scores, nonmember_scores, *, delta: float, insert_
     """
     from jax_privacy import auditing
 
-    _one_run_insert_probability(insert_probability)
+    one_run_insert_probability(insert_probability)
     delta = _validate.open_unit("delta", delta)
     alpha = _validate.open_unit("alpha", alpha)
     if alpha >= 0.5:
@@ -292,7 +294,7 @@ def canary_audit(
     """
     config.validate()
     if config.jax_privacy:
-        _one_run_insert_probability(canaries.insert_probability)
+        one_run_insert_probability(canaries.insert_probability)
     scores = canary_scores(model, tokenizer, canaries, reference_model=reference_model, batch_size=config.batch_size)
     inserted, reps = canaries.inserted, canaries.repetitions
     non = scores[~inserted]

@@ -42,7 +42,7 @@ import jax
 import numpy as np
 
 from attacks.blackbox import encode_texts, frame, score_texts
-from attacks.canary import CanaryAuditConfig, canary_audit
+from attacks.canary import CanaryAuditConfig, canary_audit, one_run_insert_probability
 from attacks.corpus import CanaryConfig, Corpus, CorpusConfig, insert_canaries, make_canaries, make_corpus
 from attacks.extraction import ExtractionConfig, extraction_attack, tagged_pii
 from attacks.inference import InferenceConfig, inference_attack
@@ -183,11 +183,15 @@ def _section(default, body: Any, where: str):
 def _check_one_run_design(config: PIIConfig) -> None:
     """The reported ``epsilon_audited`` is jax_privacy's one-run bound: canaries must be fair coins (pitfall 11)."""
     p = config.canaries.insert_probability
-    if config.audit.jax_privacy and p != 0.5:  # Steinke, Nasr, Jagielski 2023, Algorithm 1
+    if not config.audit.jax_privacy:
+        return
+    try:
+        one_run_insert_probability(p)  # the library's rule (Steinke, Nasr, Jagielski 2023, Algorithm 1)
+    except ValueError:
         raise ConfigFileError(
             f"canaries.insert_probability: the one-run bound (Steinke et al. 2023) requires each canary inserted "
             f"independently with probability 1/2, got {p}; set it to 0.5 or set audit.jax_privacy = false "
-            f"(epsilon_audited is then null; the Clopper-Pearson bounds allow any insert_probability)")
+            f"(epsilon_audited is then null; the Clopper-Pearson bounds allow any insert_probability)") from None
 
 
 def load_pii_config(path: str | os.PathLike) -> PIIConfig:

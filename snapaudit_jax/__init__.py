@@ -35,7 +35,6 @@ from snapaudit_jax.calibration import (
 from snapaudit_jax.estimation import (
     AuditResult,
     Bonferroni,
-    Exact,
     Explicit,
     RateBound,
     Split,
@@ -73,7 +72,6 @@ __all__ = [
     "AuditResult",
     "Attack",
     "Bonferroni",
-    "Exact",
     "Explicit",
     "Split",
     "ThresholdTest",

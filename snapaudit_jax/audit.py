@@ -54,8 +54,6 @@ from snapaudit_jax.bounds import (
     hoeffding_radius,
 )
 from snapaudit_jax.estimation import (
-    DEFAULT_ESTIMATOR,
-    ESTIMATORS,
     VIOLATION_RTOL,
     AuditResult,
     RateBound,
@@ -65,6 +63,7 @@ from snapaudit_jax.estimation import (
     binomial_bound,
     binomial_pair,
     certified_curve,
+    check_estimator,
     exact_rate,
     is_violation,
     objective,
@@ -260,21 +259,18 @@ def _curve_grid(candidates: np.ndarray, tpr, tpr_c, fpr, points: int, chosen: in
     single chosen threshold is always included.
     """
     picks = {chosen}
-    third = max(1, points // 3)
+    third = (points - 1) // 3  # at most 1 + 3 * third <= points thresholds
     fpr = np.asarray(fpr, np.float64)
     for rate in (fpr, np.asarray(tpr_c, np.float64)):
         positive = rate[rate > 0]
         if positive.size == 0:
             continue
         lo = max(float(positive.min()), 1e-300)
-        for target in np.geomspace(0.5, lo, third) if lo < 0.5 else [0.5]:
+        for target in np.geomspace(0.5, lo, third) if lo < 0.5 else [0.5][:third]:
             picks.add(int(np.argmin(np.abs(np.log(np.maximum(rate, 1e-300)) - math.log(target)))))
     for target in np.linspace(0.05, 0.95, third):  # the body of the curve, where small-eps claims fail
         picks.add(int(np.argmin(np.abs(fpr - target))))
-    idx = np.array(sorted(picks))
-    grid = np.unique(np.asarray(candidates, np.float64)[idx])
-    return grid[:points] if grid.size <= points else grid[np.unique(np.linspace(0, grid.size - 1, points).round()
-                                                                         .astype(int))]
+    return np.unique(np.asarray(candidates, np.float64)[sorted(picks)])
 
 
 def _choose_threshold(run: _Run, selection, evaluation, eval_trials: int, selection_trials: int, bins: int,
@@ -359,12 +355,13 @@ def _evaluate(run: _Run, evaluation, trials: int, threshold: float | None, grid:
     """``(TPR bound, FPR bound, trials per hypothesis, curve or None)`` on the evaluation snapshots."""
     mech, attack, alpha = run.mechanism, run.attack, run.alpha
     ev1, ev0 = evaluation
+    # White-box: one threshold array, column 0 the chosen threshold, the rest the curve grid.
+    thr = None if threshold is None else np.concatenate([[threshold], grid if grid is not None else []])
     if run.method == "exact":
         if threshold is None:
             rates = [_per_snapshot_pair(lambda x: exact_hit_probability(mech, x, attack), ev) for ev in (ev1, ev0)]
             curve = None
         else:
-            thr = np.concatenate([[threshold], grid if grid is not None else []])
             full = [_per_snapshot_pair(lambda x: exact_score_probability(mech, x, attack, thr), ev)
                     for ev in (ev1, ev0)]
             rates = [(p[:, 0], q[:, 0]) for p, q in full]
@@ -378,21 +375,13 @@ def _evaluate(run: _Run, evaluation, trials: int, threshold: float | None, grid:
         return (bernstein_bound(*rates[0], "lower", alpha / 2), bernstein_bound(*rates[1], "upper", alpha / 2), 0,
                 curve)
     scheme = "bootstrap" if (run.method == "paper" or run.clean == "fixed") else "stratified"
-    thr = None
-    if threshold is not None:
-        thr = threshold if grid is None else np.concatenate([[threshold], grid])
     counts = [
         simulate(run.stream(_EVAL, b), mech, attack, ev, trials=trials, scheme=scheme,
                  per_unit=(run.method == "paper"), threshold=thr, devices=run.devices,
                  progress=run.progress(f"b={b}"))
         for b, ev in ((1, ev1), (0, ev0))
     ]
-    if threshold is None:
-        hits = [c.hits for c in counts]
-    elif grid is None:
-        hits = [c.score_hits for c in counts]
-    else:
-        hits = [c.score_hits[:, 0] for c in counts]
+    hits = [c.hits if threshold is None else c.score_hits[:, 0] for c in counts]
     curve = None
     if run.method == "paper":
         bounds = []
@@ -511,12 +500,7 @@ def audit(
     selection_fraction = _validate.open_unit("selection_fraction", selection_fraction)
     bins = _validate.positive_int("bins", bins, minimum=2)
     curve_points = _validate.positive_int("curve_points", curve_points, minimum=0)
-    estimator = _validate.choice("estimator", DEFAULT_ESTIMATOR if estimator is None else estimator, ESTIMATORS)
-    if estimator == "gdp" and not mechanism.gaussian:
-        raise ValueError(
-            f"estimator must be 'std' for {mechanism.name}: 'gdp' audits a mu-GDP claim, but {mechanism.name} is a "
-            "pure-epsilon mechanism that claims no mu"
-        )
+    estimator = check_estimator(estimator, mechanism.name, mechanism.gaussian)
     if method == "exact" and not supports_exact(mechanism, threat):
         raise ValueError(
             f"method='exact' has no closed form for {mechanism.name} with the {threat}-box attack"

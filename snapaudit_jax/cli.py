@@ -65,9 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fixed: clean outputs known exactly; sampled: i.i.d. LLM draws (auto: fixed for vectors, "
                         "sampled for --snapshot)")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--curve-points", type=int, default=24,
-                   help="white-box: thresholds of the certified trade-off curve, fixed on selection data (0: none; "
-                        "simulation counts every one, so it costs throughput)")
+    s.add_argument("--curve-points", type=int, default=None,
+                   help="white-box: thresholds of the certified trade-off curve, fixed on selection data (default "
+                        "24; 0: none; simulation counts every one, so it costs throughput)")
     s.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     s.add_argument("--plot", default=None, metavar="FILE.png", help="plot eps_emp against eps_theory")
     s.add_argument("--out", default=None, metavar="FILE.json", help="write the full results (all fields)")
@@ -160,7 +160,7 @@ def _config_from_args(args):
         estimator=args.estimator,
         clean=args.clean,
         seed=args.seed,
-        curve_points=args.curve_points,
+        **({} if args.curve_points is None else {"curve_points": args.curve_points}),
     ).validate()
 
 

@@ -9,8 +9,8 @@ end-to-end baseline (:func:`snapaudit_jax.passive_audit`) and the DP-SGD canary 
    ``[0, 1]``), exact rates (no error), or SnapAudit's App. C.2 radius (a heuristic, see
    :func:`paper_bound`). :func:`rebound` re-derives a bound at another failure probability from the
    same sufficient statistics (family-wise corrections).
-2. **Decision rules as frozen values**, interpreted by :func:`threshold_test`: :class:`Exact` (exact
-   rates: any rule may be chosen on them), :class:`Split` (choose on one part, evaluate on the other),
+2. **Decision rules as frozen values**, interpreted by :func:`threshold_test`: :class:`Split` (choose on
+   one part, evaluate on the other),
    :class:`Bonferroni` (a grid fixed in advance, every threshold evaluated at ``alpha / (2 G)`` per
    rate) and :class:`Explicit` (a threshold chosen before the data).
 3. **Estimators** (:func:`estimate`): the assumption-free ``(eps, delta)`` bound ``eps_std`` (both
@@ -39,7 +39,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from scipy import special
 
 from snapaudit_jax import _validate
 from snapaudit_jax.bounds import (
@@ -55,9 +54,7 @@ __all__ = [
     "Bonferroni",
     "DEFAULT_ESTIMATOR",
     "ESTIMATORS",
-    "Exact",
     "Explicit",
-    "RULES",
     "RateBound",
     "Split",
     "ThresholdTest",
@@ -68,6 +65,7 @@ __all__ = [
     "binomial_bound",
     "binomial_pair",
     "certified_curve",
+    "check_estimator",
     "claimed_tradeoff",
     "estimate",
     "exact_rate",
@@ -270,6 +268,19 @@ def estimate(tpr: RateBound, fpr: RateBound, delta: float) -> tuple[float, float
             float(epsilon_gdp(tpr.bound, fpr.bound, delta, **kw)))
 
 
+def check_estimator(estimator: str | None, mechanism: str, gaussian: bool) -> str:
+    """The validated estimator (``None``: the default); ``"gdp"`` only for a mechanism that claims a ``mu``.
+
+    Raises:
+      ValueError: an unknown estimator, or ``"gdp"`` for a pure-epsilon mechanism (PoE, KSA).
+    """
+    estimator = _validate.choice("estimator", DEFAULT_ESTIMATOR if estimator is None else estimator, ESTIMATORS)
+    if estimator == "gdp" and not gaussian:
+        raise ValueError(f"estimator must be 'std' for {mechanism}: 'gdp' audits a mu-GDP claim, but {mechanism} is "
+                         "a pure-epsilon mechanism that claims no mu")
+    return estimator
+
+
 def is_violation(epsilon_emp: float, epsilon_theory: float) -> bool:
     """``epsilon_emp > epsilon_theory`` beyond the numerical tolerance of the conversions (1e-6 relative).
 
@@ -305,11 +316,6 @@ def objective(tpr_low, tpr_low_c, fpr_up, fpr_up_c, estimator: str, delta: float
 
 
 @dataclasses.dataclass(frozen=True)
-class Exact:
-    """The rates are exact (no statistical error): the rule may be chosen on them directly."""
-
-
-@dataclasses.dataclass(frozen=True)
 class Split:
     """Choose the threshold on a ``fraction`` of each group, evaluate it on the rest (``alpha / 2`` per rate).
 
@@ -333,9 +339,6 @@ class Explicit:
     """One threshold chosen before the data (``alpha / 2`` per rate)."""
 
     threshold: float
-
-
-RULES = (Exact, Split, Bonferroni, Explicit)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -457,12 +460,6 @@ def claimed_tradeoff(epsilon: float, delta: float, x) -> np.ndarray:
     x = np.asarray(x, np.float64)
     return np.maximum.reduce([np.zeros_like(x), 1.0 - delta - math.exp(epsilon) * x,
                               math.exp(-epsilon) * (1.0 - delta - x)])
-
-
-def gaussian_tradeoff(mu: float, x) -> np.ndarray:
-    """``G_mu(x) = Phi(Phi^-1(1 - x) - mu)``."""
-    x = np.asarray(x, np.float64)
-    return special.ndtr(-special.ndtri(x) - mu)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -666,14 +663,6 @@ class AuditResult:
             "tpr_hat", "fpr_hat", "tpr_low", "fpr_up", "trials", "snapshots", "confidence", "violation", "seconds",
         )
         return {k: d[k] for k in keys}
-
-    def extended_summary(self) -> dict[str, Any]:
-        """:meth:`summary` plus the claim-specific keys (GDP audit, profile, curve, family-wise flag)."""
-        d = self.to_dict()
-        extra = ("epsilon_std", "epsilon_gdp", "epsilon_gdp_label", "mu_claim", "mu_violation", "epsilon_profile",
-                 "epsilon_curve", "heuristic", "violation_p_value", "familywise_violation", "mu_violation_p_value",
-                 "mu_familywise_violation")
-        return {**self.summary(), **{k: d[k] for k in extra}}
 
 
 GDP_ENVELOPE_LABEL = ("eps(delta) of the Gaussian envelope G_mu_emp: bounds the release's eps only if its trade-off "

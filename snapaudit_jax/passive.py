@@ -9,7 +9,6 @@ bounds need no assumption about the clean stage.
 from __future__ import annotations
 
 import functools
-import math
 import time
 from collections.abc import Callable
 
@@ -170,11 +169,8 @@ def passive_bounds(
     assumptions = ["End-to-end runs are i.i.d.; one-sided Clopper-Pearson bound on each rate, alpha/2 each."]
     threshold, n_sel = None, 0
     if threat == "white":
-        n_sel = int(math.floor(selection_fraction * trials))
-        if n_sel < 1 or trials - n_sel < 1:
-            raise ValueError(f"trials={trials} is too small to split into selection and evaluation runs")
         test = threshold_test(s1, s0, Split(selection_fraction), delta=delta, alpha=alpha, estimator=estimator)
-        threshold, tpr_b, fpr_b = test.threshold, test.tpr, test.fpr
+        threshold, tpr_b, fpr_b, n_sel = test.threshold, test.tpr, test.fpr, test.n_selection[0]
         assumptions.append("The threshold was chosen on the first selection_fraction of the runs, independent of "
                            "the evaluation runs.")
     else:

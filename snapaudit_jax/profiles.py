@@ -50,6 +50,15 @@ def _check_distribution(name: str, p) -> np.ndarray:
     return arr
 
 
+def _log_pair(p1, p0) -> tuple[np.ndarray, np.ndarray]:
+    """Validated ``(log p1, log p0)`` of two output distributions of one shape (``-inf`` for impossible outputs)."""
+    a, b = _check_distribution("p1", p1), _check_distribution("p0", p0)
+    if a.shape != b.shape:
+        raise ValueError(f"p1 and p0 must have one shape, got {a.shape} and {b.shape}")
+    with np.errstate(divide="ignore"):
+        return np.log(a), np.log(b)
+
+
 def _log_hockey(log_p: np.ndarray, log_q: np.ndarray, eps: float) -> float:
     """``log sum_o max(0, p_o - e^eps q_o)`` from log-probabilities (no cancellation for tiny ``q``)."""
     gap = log_q + eps - log_p  # < 0 where p > e^eps q
@@ -62,12 +71,8 @@ def _log_hockey(log_p: np.ndarray, log_q: np.ndarray, eps: float) -> float:
 
 def discrete_delta(p1, p0, epsilon: float) -> float:
     """``delta(eps)`` of the pair of finite output distributions ``p1``, ``p0`` (both directions)."""
-    a, b = _check_distribution("p1", p1), _check_distribution("p0", p0)
-    if a.shape != b.shape:
-        raise ValueError(f"p1 and p0 must have one shape, got {a.shape} and {b.shape}")
+    la, lb = _log_pair(p1, p0)
     eps = _validate.nonnegative_float("epsilon", epsilon)
-    with np.errstate(divide="ignore"):
-        la, lb = np.log(a), np.log(b)
     return float(math.exp(max(_log_hockey(la, lb, eps), _log_hockey(lb, la, eps))))
 
 
@@ -87,14 +92,10 @@ def discrete_epsilon(p1, p0, delta: float) -> float:
       Exact up to root finding (``|error| < 1e-12`` in ``eps``): the pair is
       ``(eps(delta), delta)``-DP and no smaller ``eps`` holds at that ``delta``.
     """
-    a, b = _check_distribution("p1", p1), _check_distribution("p0", p0)
-    if a.shape != b.shape:
-        raise ValueError(f"p1 and p0 must have one shape, got {a.shape} and {b.shape}")
+    la, lb = _log_pair(p1, p0)
     delta = _validate.nonnegative_float("delta", delta)
     if delta >= 1.0:
         raise ValueError(f"delta must be in [0, 1), got {delta}")
-    with np.errstate(divide="ignore"):
-        la, lb = np.log(a), np.log(b)
     if delta == 0.0:  # pure DP: the largest log-ratio over outputs either side can produce
         with np.errstate(invalid="ignore"):
             ratios = [np.where(np.isneginf(lp), -np.inf, lp - lq) for lp, lq in ((la, lb), (lb, la))]

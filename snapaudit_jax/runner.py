@@ -15,7 +15,7 @@ from snapaudit_jax import _validate
 import jax
 
 from snapaudit_jax.audit import CLEAN_MODELS, CURVE_POINTS, METHODS, THREATS, AuditResult, audit
-from snapaudit_jax.estimation import ESTIMATORS, holm, mu_violation_p_value, violation_p_value
+from snapaudit_jax.estimation import check_estimator, holm, mu_violation_p_value, violation_p_value
 from snapaudit_jax.jem import KeywordSpaceAggregation
 from snapaudit_jax.mechanisms import EmbeddingSpaceAggregation, Mechanism, PrivateVoting, ProductOfExperts
 from snapaudit_jax.snapshots import Snapshots, check_clean, load_snapshots
@@ -25,6 +25,8 @@ __all__ = ["SimulateConfig", "familywise",
            "esa_unit_pair"]
 
 MECHANISMS = ("pv", "poe", "esa", "ksa")
+MECHANISM_CLASSES = {"pv": PrivateVoting, "poe": ProductOfExperts, "esa": EmbeddingSpaceAggregation,
+                     "ksa": KeywordSpaceAggregation}
 CALIBRATIONS = ("analytic", "classical")
 
 # Clean outputs used when none are given: PV and PoE from SnapAudit Table 11
@@ -84,10 +86,7 @@ class SimulateConfig:
         _validate.open_unit("confidence", self.confidence)
         _validate.choice("method", self.method, METHODS)
         if self.estimator is not None:
-            _validate.choice("estimator", self.estimator, ESTIMATORS)
-            if self.estimator == "gdp" and self.mechanism in ("poe", "ksa"):
-                raise ValueError(f"estimator must be 'std' for {self.mechanism}: 'gdp' audits a mu-GDP claim, but "
-                                 f"{self.mechanism} is a pure-epsilon (exponential) mechanism that claims no mu")
+            check_estimator(self.estimator, self.mechanism, MECHANISM_CLASSES[self.mechanism].gaussian)
         _validate.choice("clean", self.clean, ("auto",) + CLEAN_MODELS)
         _validate.positive_int("curve_points", self.curve_points, minimum=0)
         if self.clip is not None:
