@@ -316,7 +316,7 @@ def test_bernstein_coverage_fails_for_wald_and_for_a_dropped_range_term():
 def test_audit_false_alarms_at_the_nominal_rate_with_power():
     """sa.audit on a fixed PV pair: the joint miss of (tpr_low, fpr_up) against the exact rates over R = 1500
     seeded audits stays below the 1e-6 quantile of Bin(R, 0.05); the same results re-bounded at a doubled
-    alpha (est.rebound) exceed it, and so would an audit run at confidence 0.7."""
+    alpha (est.rebound) exceed it, and so do the point estimates (tpr_hat, fpr_hat) reported as bounds."""
     mech = sa.PrivateVoting.calibrated(1.0, DELTA)
     w, wo = np.array([[1.0, 2.0]]), np.array([[0.0, 3.0]])
     attack = sa.make_attack(mech, w[0], wo[0], target=0)
@@ -324,14 +324,16 @@ def test_audit_false_alarms_at_the_nominal_rate_with_power():
     fpr = float(sa.exact_hit_probability(mech, wo, attack)[0][0])
     reps = 1500
     limit = _limit(reps, 0.05)
-    miss = miss_doubled = 0
+    miss = miss_doubled = miss_point = 0
     for seed in range(reps):
         r = sa.audit(mech, w, wo, epsilon_theory=1.0, clean="fixed", target=0, trials=3000, seed=seed)
         miss += r.tpr_low > tpr or r.fpr_up < fpr
         t2, f2 = est.rebound(r.tpr, 0.05), est.rebound(r.fpr, 0.05)
         miss_doubled += t2.bound > tpr or f2.bound < fpr
+        miss_point += r.tpr_hat > tpr or r.fpr_hat < fpr
     assert miss <= limit
     assert miss_doubled > limit
+    assert miss_point > limit
 
 
 def test_canary_grid_needs_its_bonferroni():
