@@ -10,12 +10,14 @@ Stages, one module each:
 * :mod:`~snapaudit_jax.estimation` -- the one estimation layer: rate bounds, decision rules as values,
   estimators, certified trade-off curves, Holm, and the :class:`AuditResult` factory (its formulas live in
   :mod:`~snapaudit_jax.bounds` and :mod:`~snapaudit_jax.estimators`);
+* :mod:`~snapaudit_jax.one_run` -- the one-run auditor (many canaries, one run; Steinke, Nasr, Jagielski 2023),
+  part of the estimation layer;
 * :mod:`~snapaudit_jax.audit` -- Phase C, the active (snapshot) audit;
 * :mod:`~snapaudit_jax.passive` -- the passive black-box baseline;
 * :mod:`~snapaudit_jax.snapshots` -- snapshot files.
 """
 
-from snapaudit_jax import estimation, profiles
+from snapaudit_jax import estimation, one_run, profiles
 from snapaudit_jax.audit import audit, make_attack
 from snapaudit_jax.bounds import (
     clopper_pearson_lower,
@@ -61,6 +63,7 @@ from snapaudit_jax.mechanisms import (
     ProductOfExperts,
     Release,
 )
+from snapaudit_jax.one_run import DeclaredGrid, HeldOut, OneRunResult, one_run_audit
 from snapaudit_jax.passive import passive_audit
 from snapaudit_jax.platform import use_all_cpu_cores
 from snapaudit_jax.simulate import SimulationCounts, simulate
@@ -81,6 +84,11 @@ __all__ = [
     "exact_output_distribution",
     "exact_release_epsilon",
     "holm",
+    "one_run",
+    "one_run_audit",
+    "DeclaredGrid",
+    "HeldOut",
+    "OneRunResult",
     "profiles",
     "threshold_test",
     "EmbeddingSpaceAggregation",
