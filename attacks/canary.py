@@ -15,8 +15,16 @@ never comes from the scores that the bound uses:
 * ``"bonferroni"``: a grid of thresholds fixed *before* seeing the scores, every one evaluated on all scores
   at ``alpha / (2 G)`` per rate, the best reported (a union bound over the ``2 G`` events).
 
-:func:`jax_privacy_bounds` runs jax_privacy's ``CanaryScoreAuditor`` on the same scores as a cross-check
-(Clopper-Pearson with its split and Bonferroni strategies, and the one-run auditor of Steinke et al. 2023).
+:func:`canary_audit` bounds each repetition group's canaries as *one run* with this package's one-run auditor
+(:func:`snapaudit_jax.one_run.one_run_audit`, Steinke, Nasr, Jagielski 2023): the canaries of one repetition
+count (assigned by index, before the coins) with their coins, a declared grid of ``(k_+, k_-)`` guesses fixed by
+the group's size, the union bound over it. This is the bound valid for one training run, and the one the PII
+experiment reports as ``epsilon_audited``.
+
+:func:`jax_privacy_bounds` runs jax_privacy's ``CanaryScoreAuditor`` on the same scores as a labelled
+cross-reference (Clopper-Pearson with its split and Bonferroni strategies, and its one-run auditor, whose
+threshold family is chosen with the labels: 6.1% false ``eps > 0`` at a nominal 5%, see
+:mod:`snapaudit_jax.one_run`).
 Its ``epsilon_from_gdp`` is not used: it takes ``abs(mu)``, which turns a worse-than-chance test into
 evidence.
 
@@ -24,7 +32,8 @@ Guarantees:
   With probability at least ``1 - alpha`` the ``std`` bound is below the true ``eps`` of every
   ``(eps, delta)``-DP mechanism *if* the member scores are i.i.d. and the non-member scores are i.i.d. given
   membership (each canary is an independent trial). That holds for canaries audited over independent training
-  runs; with many canaries in one run it is the usual heuristic (the scores share one model). The ``gdp``
+  runs; with many canaries in one run it is the usual heuristic (the scores share one model): the one-run
+  bound (``one_run``) is the valid one there. The ``gdp``
   entry's ``mu_lower`` bounds the ``mu`` of a ``mu``-GDP claim; its ``epsilon_gdp`` is the ``eps(delta)`` of the
   Gaussian envelope and bounds the ``(eps, delta)`` of the training run only if its trade-off curve is Gaussian.
   jax_privacy's ``one_run`` bound
@@ -55,6 +64,7 @@ import numpy as np
 
 from snapaudit_jax import _validate
 from snapaudit_jax.estimation import Bonferroni, Split, ThresholdTest, estimate, threshold_test
+from snapaudit_jax.one_run import DeclaredGrid, check_design, default_grid, one_run_audit
 
 from attacks.blackbox import continuation_logprobs
 from attacks.corpus import Canary, CanarySet
@@ -90,8 +100,13 @@ class CanaryAuditConfig:
       selection_fraction: share of each group that chooses the threshold (``"split"``).
       thresholds: the fixed grid (``"bonferroni"``), in score units, decided before scoring.
       batch_size: rows per scoring pass.
-      jax_privacy: also run :func:`jax_privacy_bounds`; its one-run bound requires canaries inserted with
-        probability 1/2 (:func:`canary_audit` refuses any other ``insert_probability`` while this is on).
+      jax_privacy: also run :func:`jax_privacy_bounds` (a cross-reference); its one-run bound requires canaries
+        inserted with probability 1/2 (:func:`canary_audit` refuses any other ``insert_probability`` while this
+        is on).
+      one_run: bound each repetition group with :func:`snapaudit_jax.one_run.one_run_audit` (``delta > 0``
+        requires ``insert_probability = 1/2``, refused before scoring otherwise).
+      one_run_pairs: the declared ``(k_plus, k_minus)`` grid, the same for every group (default: each group's
+        :func:`snapaudit_jax.one_run.default_grid`, fixed by its size).
     """
 
     delta: float = 1e-5
@@ -101,6 +116,8 @@ class CanaryAuditConfig:
     thresholds: tuple[float, ...] | None = None
     batch_size: int = 32
     jax_privacy: bool = True
+    one_run: bool = True
+    one_run_pairs: tuple[tuple[int, int], ...] | None = None
 
     def validate(self) -> "CanaryAuditConfig":
         """Checks every field; returns ``self`` (errors name the field, the rule and the value)."""
@@ -114,6 +131,14 @@ class CanaryAuditConfig:
                                  f"got {self.thresholds!r}")
             _validate.finite_array("thresholds", self.thresholds)
         _validate.positive_int("batch_size", self.batch_size)
+        if self.one_run_pairs is not None:
+            if not self.one_run_pairs:
+                raise ValueError("one_run_pairs must be a non-empty grid of (k_plus, k_minus) pairs, got ()")
+            for i, pair in enumerate(self.one_run_pairs):
+                if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                    raise ValueError(f"one_run_pairs[{i}] must be a pair (k_plus, k_minus), got {pair!r}")
+                for j, k in enumerate(pair):
+                    _validate.positive_int(f"one_run_pairs[{i}][{j}]", k, minimum=0)
         return self
 
 
@@ -268,7 +293,9 @@ def canary_audit(
     """Scores every canary and bounds epsilon separately for each repetition count.
 
     Members of group ``r`` are the canaries inserted ``r`` times; the non-members (all held-out canaries) are
-    shared by the groups. Each group's bounds hold at ``alpha`` on their own (not simultaneously).
+    shared by the groups for the Clopper-Pearson bounds. The one-run bound of group ``r`` uses exactly the
+    canaries assigned ``r`` repetitions (by index, before the coins), included or not, with their coins.
+    Each group's bounds hold at ``alpha`` on their own (not simultaneously).
 
     Args:
       model: the trained NNX decoder; tokenizer: its tokenizer.
@@ -279,22 +306,26 @@ def canary_audit(
 
     Returns:
       ``{"scores", "inserted", "repetitions", "groups": [{"repetitions", "n_members", "n_nonmembers", "auc",
-      "bounds": epsilon_lower_bound(...), "jax_privacy": jax_privacy_bounds(...) or None}]}``.
+      "bounds": epsilon_lower_bound(...), "one_run": OneRunResult.to_dict() or None,
+      "jax_privacy": jax_privacy_bounds(...) or None}]}``.
 
     Raises:
-      ValueError: an invalid ``config``, or ``config.jax_privacy`` with ``canaries.insert_probability`` other
-        than 1/2 (raised before any scoring).
+      ValueError: an invalid ``config``; ``config.jax_privacy`` with ``canaries.insert_probability`` other
+        than 1/2; ``config.one_run`` with ``delta > 0`` and ``insert_probability`` other than 1/2 (all raised
+        before any scoring).
 
     Guarantees:
-      ``bounds`` as :func:`epsilon_lower_bound` (any ``insert_probability``). ``jax_privacy["one_run"]`` only
-      with every canary inserted independently with probability 1/2, which is enforced. A group's
-      non-members include the held-out canaries of other repetition counts, picked by their membership rather
-      than by a fair coin: a "member" guess on one is never right, which only raises the one-sided one-run
-      p-value (conservative, not invalid).
+      ``bounds`` as :func:`epsilon_lower_bound` (any ``insert_probability``). ``one_run["epsilon"]`` is a
+      lower bound on the training run's ``eps`` at ``delta`` with probability ``>= 1 - alpha`` (group ``r``:
+      the ``eps`` of group privacy for ``r`` records), given the stated independent insertion
+      (:mod:`snapaudit_jax.one_run`). ``jax_privacy["one_run"]`` is a cross-reference only. A group's
+      Clopper-Pearson non-members include the held-out canaries of other repetition counts.
     """
     config.validate()
     if config.jax_privacy:
         one_run_insert_probability(canaries.insert_probability)
+    if config.one_run:
+        check_design(canaries.insert_probability, config.delta)
     scores = canary_scores(model, tokenizer, canaries, reference_model=reference_model, batch_size=config.batch_size)
     inserted, reps = canaries.inserted, canaries.repetitions
     non = scores[~inserted]
@@ -302,6 +333,12 @@ def canary_audit(
     for r in sorted(set(reps.tolist())):
         mem = scores[inserted & (reps == r)]
         group = {"repetitions": r, "n_members": len(mem), "n_nonmembers": len(non)}
+        in_group = reps == r
+        group["one_run"] = (one_run_audit(
+            scores[in_group], inserted[in_group], insert_probability=canaries.insert_probability,
+            delta=config.delta, alpha=config.alpha,
+            rule=DeclaredGrid(config.one_run_pairs or default_grid(int(in_group.sum())))).to_dict()
+            if config.one_run else None)
         if len(mem) < 2 or len(non) < 2:
             group.update(auc=None, bounds=None, jax_privacy=None, skipped="fewer than 2 members or non-members")
             groups.append(group)

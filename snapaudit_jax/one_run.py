@@ -84,6 +84,7 @@ __all__ = [
     "DeclaredGrid",
     "HeldOut",
     "OneRunResult",
+    "check_design",
     "default_grid",
     "guess_counts",
     "one_run_audit",
@@ -183,12 +184,18 @@ def _delta(delta) -> float:
     return d
 
 
-def _check_design(p: float, delta: float) -> None:
+def check_design(insert_probability, delta) -> tuple[float, float]:
+    """``(p, delta)`` if the analysis covers them, else ``ValueError`` (``delta > 0`` needs ``p = 1/2``).
+
+    Call it before any scoring or model call, so a design the bound cannot use fails first.
+    """
+    p, delta = _probability(insert_probability), _delta(delta)
     if delta > 0.0 and p != 0.5:
         raise ValueError(
             f"insert_probability must be 1/2 for an (eps, delta) claim with delta > 0 (the delta term of Steinke, "
             f"Nasr, Jagielski 2023 is proved for fair coins), got insert_probability={p} with delta={delta}; include "
             f"canaries with probability 0.5, or audit a pure eps claim (delta=0), which any probability allows")
+    return p, delta
 
 
 def _counts(name: str, value) -> int:
@@ -287,8 +294,7 @@ def one_run_p_value(correct_plus: int, k_plus: int, correct_minus: int, k_minus:
     if vm > km:
         raise ValueError(f"correct_minus must be <= k_minus ({km}), got {vm}")
     eps = _validate.nonnegative_float("epsilon", epsilon)
-    d, p = _delta(delta), _probability(insert_probability)
-    _check_design(p, d)
+    p, d = check_design(insert_probability, delta)
     return _p_value(vp, kp, vm, km, m, eps, d, p)
 
 
@@ -433,9 +439,8 @@ def one_run_audit(scores, inserted, *, insert_probability: float, delta: float, 
     """
     s, mask = _scores_and_mask(scores, inserted)
     m = s.shape[0]
-    p, d = _probability(insert_probability), _delta(delta)
+    p, d = check_design(insert_probability, delta)
     a = _validate.open_unit("alpha", alpha)
-    _check_design(p, d)
     if rule is None:
         rule = DeclaredGrid(default_grid(m))
     if isinstance(rule, DeclaredGrid):

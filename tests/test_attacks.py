@@ -24,6 +24,8 @@ import pytest
 from flax import nnx
 from scipy import stats
 
+from snapaudit_jax.one_run import one_run_audit
+
 tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("faker")
 sklearn_metrics = pytest.importorskip("sklearn.metrics")
@@ -601,6 +603,10 @@ def test_canary_audit_on_a_model(lm):
         mem = np.array(out["scores"])[np.array(out["inserted"]) & (reps == g["repetitions"])]
         assert g["n_members"] == len(mem) and g["auc"] == pytest.approx(roc_auc(mem, lp[~cs.inserted]))
         assert g["bounds"]["std"]["epsilon_std"] >= 0.0 and g["jax_privacy"]["one_run"] >= 0.0
+        # our one-run bound: exactly this group's canaries (by index) with their coins, the declared default grid
+        group = reps == g["repetitions"]
+        want = one_run_audit(lp[group], cs.inserted[group], insert_probability=0.5, delta=1e-5, alpha=0.05)
+        assert g["one_run"] == want.to_dict() and g["one_run"]["canaries"] == int(group.sum()) == 12
 
 
 def test_one_run_bound_needs_fair_coin_insertion():
@@ -648,11 +654,15 @@ def test_one_run_bound_refuses_unfair_insertion(lm):
     assert unfair.insert_probability == 0.8 and make_canaries(CanaryConfig()).insert_probability == 0.5
     with pytest.raises(ValueError, match=r"insert_probability must be 1/2 .*got 0.8"):
         canary_audit(None, None, unfair, CanaryAuditConfig(), jax.random.key(0))  # no model: refused first
+    with pytest.raises(ValueError, match=r"insert_probability must be 1/2 for an \(eps, delta\) claim .*got "
+                                         r"insert_probability=0.8 with delta=1e-05"):  # our one-run bound, too
+        canary_audit(None, None, unfair, CanaryAuditConfig(jax_privacy=False), jax.random.key(0))
     model, tok = lm
-    out = canary_audit(model, tok, unfair, CanaryAuditConfig(batch_size=BATCH, jax_privacy=False),
+    out = canary_audit(model, tok, unfair, CanaryAuditConfig(batch_size=BATCH, jax_privacy=False, one_run=False),
                        jax.random.key(0))
     (group,) = out["groups"]
     assert group["jax_privacy"] is None and group["bounds"]["std"]["epsilon_std"] >= 0.0
+    assert group["one_run"] is None
 
 
 # ---------------------------------------------------------------------------

@@ -154,11 +154,15 @@ def test_one_run_audit_refuses_unfair_canary_insertion_before_writing(tmp_path):
     (Steinke et al. 2023): any other insert_probability is a config error at load time (and in run_pii for a
     config built in code), before anything is written; with audit.jax_privacy off it is allowed."""
     unfair = TINY.format(variants="").replace("n_canaries = 16", "n_canaries = 16\ninsert_probability = 0.8")
+    ours = ("canaries.insert_probability: must be 1/2 for our one-run bound of an (eps, delta) claim with delta = ")
+    with pytest.raises(ConfigFileError, match=re.escape(ours) + r".*got 0.8; set it to 0.5 or set audit.one_run"):
+        load_pii_config(write(tmp_path, unfair))
     message = ("canaries.insert_probability: the one-run bound (Steinke et al. 2023) requires each canary inserted "
                "independently with probability 1/2, got 0.8; set it to 0.5 or set audit.jax_privacy = false")
     with pytest.raises(ConfigFileError, match=re.escape(message)):
-        load_pii_config(write(tmp_path, unfair))
-    allowed = load_pii_config(write(tmp_path, unfair + "\n[audit]\njax_privacy = false\n", "off.toml"))
+        load_pii_config(write(tmp_path, unfair + "\n[audit]\none_run = false\n", "jp.toml"))
+    allowed = load_pii_config(write(tmp_path, unfair + "\n[audit]\njax_privacy = false\none_run = false\n",
+                                    "off.toml"))
     assert allowed.canaries.insert_probability == 0.8 and not allowed.audit.jax_privacy
     built = dataclasses.replace(allowed, audit=dataclasses.replace(allowed.audit, jax_privacy=True))
     with pytest.raises(ConfigFileError, match=re.escape(message)):
