@@ -24,7 +24,10 @@ resumable), Phase B/C audits the private releases with the core engine
 model-call budget (passive). A run folder receives ``results.json`` (one row
 per pipeline, mode, threat and epsilon), ``results_full.json``, ``table.md``,
 PNG plots, the snapshots with their manifests, the model-answer cache and,
-if configured, ``mia.json`` (clean-output membership-inference AUC).
+if configured, ``mia.json`` (clean-output membership-inference AUC) and
+``one_run.json`` (``[one_run]``: one-run audits of PV/PoE with many canaries in
+one private set, :mod:`snapaudit_jax.one_run_icl`; also a section of
+``table.md`` and the ``one_run`` entry of ``results_full.json``).
 
 The configuration file is TOML; every section and key is documented in
 :class:`AuditConfig` and ``examples/quickstart.toml``.
@@ -51,6 +54,7 @@ from snapaudit_jax._io import write_json, write_text
 from snapaudit_jax._progress import RunLog as _Log
 from snapaudit_jax.audit import CLEAN_MODELS, AuditResult, audit
 from snapaudit_jax.mechanisms import Attack
+from snapaudit_jax.one_run_icl import OneRunSettings
 from snapaudit_jax.passive import passive_bounds
 
 __all__ = ["AuditConfig", "PipelineSettings", "MiaSettings", "load_config", "run_audit", "ConfigFileError"]
@@ -132,6 +136,7 @@ class AuditConfig:
     verify: int = 4
     pipelines: tuple[PipelineSettings, ...] = ()
     mia: MiaSettings | None = None
+    one_run: OneRunSettings | None = None
 
 
 def load_config(path: str | os.PathLike) -> AuditConfig:
@@ -150,6 +155,7 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
     audit_s = dict(raw.pop("audit", {}))
     pipes = dict(raw.pop("pipelines", {}))
     mia = raw.pop("mia", None)
+    one_run = raw.pop("one_run", None)
     _reject_unknown(raw, path)
     kw: dict[str, Any] = {}
     kw["llm"] = _take(model, "llm", "model", str, "smollm2")
@@ -214,6 +220,14 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
             defenses=_take(mia, "defenses", "mia", _choices(DEFENSES), ("none", "strict")),
         )
         _reject_unknown(mia, "mia")
+    if one_run is not None:
+        from snapaudit_jax.one_run_icl import parse_settings
+
+        if not isinstance(one_run, dict):
+            raise ConfigFileError(f"one_run: must be a table ([one_run]), got {one_run!r}")
+        poe = next((p for p in settings if p.name == "poe"), None)
+        kw["one_run"] = parse_settings(one_run, epsilons=kw["epsilons"], threats=kw["threats"],
+                                       clip=poe.clip if poe else 5.0, seed=kw["seed"])
     return AuditConfig(**kw)
 
 
@@ -435,14 +449,42 @@ def run_audit(config: AuditConfig, out_dir: str, *, progress: bool = True) -> di
         plot_rows = [r for r in rows if r["pipeline"] == settings.name]
         _plot(plot_epsilon, os.path.join(out_dir, f"{settings.name}.png"), settings.name, plot_rows)
     mia = _run_mia(config, lm, oracle, log) if config.mia else None
+    one_run = _run_one_run(config, oracle, log) if config.one_run else None
     summary = {"config": dataclasses.asdict(config), "pipelines": summaries, "llm_calls": oracle.stats.as_dict()}
     write_json(os.path.join(out_dir, "results.json"), rows)
-    write_json(os.path.join(out_dir, "results_full.json"), {"summary": summary, "results": full})
+    extra_full = {} if one_run is None else {"one_run": one_run}
+    write_json(os.path.join(out_dir, "results_full.json"), {"summary": summary, "results": full, **extra_full})
     if mia is not None:
         write_json(os.path.join(out_dir, "mia.json"), mia)
-    write_text(os.path.join(out_dir, "table.md"), format_report(rows, summaries, mia))
+    if one_run is not None:
+        write_json(os.path.join(out_dir, "one_run.json"), one_run)
+    write_text(os.path.join(out_dir, "table.md"), format_report(rows, summaries, mia, one_run))
     log(f"done: {out_dir}")
-    return {"rows": rows, "summary": summary, "mia": mia}
+    return {"rows": rows, "summary": summary, "mia": mia, "one_run": one_run}
+
+
+def _run_one_run(config: AuditConfig, oracle, log) -> dict:
+    """``[one_run]``: one-run audits of PV/PoE (:mod:`snapaudit_jax.one_run_icl`); the ``one_run.json`` object."""
+    from snapaudit_jax import one_run_icl
+    from snapaudit_jax.data import get_spec, load_examples
+
+    s = config.one_run
+    spec, examples = get_spec(s.dataset), load_examples(s.dataset, s.data_path)
+    rows = []
+    for name in s.pipelines:
+        m = s.slots_for(name)
+        groups = s.partitions if name == "pv" else m + s.base_exemplars
+        log(f"one-run {name}: {m} canaries (p = {s.insert_probability:g}), {groups} "
+            f"{'partitions' if name == 'pv' else 'experts'}, {m * groups} model calls")
+        rows += one_run_icl.one_run_pipeline(name, s, oracle, examples, spec, delta0=config.delta,
+                                             calibration=config.calibration, defense=config.defense, log=log)
+        for r in rows[-len(s.epsilons):]:
+            bounds = ", ".join(f"{t} {v['epsilon']:.2f}" for t, v in r["threats"].items())
+            log(f"  eps/query {r['epsilon_per_query']:g}: composed eps {r['claim']['epsilon']:.2f} at delta "
+                f"{s.delta:g}; one-run lower bounds {bounds}")
+    return {"settings": dataclasses.asdict(s), "interaction": one_run_icl.INTERACTION_NOTE,
+            "guarantees": one_run_icl.GUARANTEES,
+            "rows": one_run_icl.jsonable_rows(rows)}
 
 
 def _plot(plot_epsilon, path, name, rows):
@@ -490,8 +532,9 @@ def _run_mia(config: AuditConfig, lm, oracle, log) -> dict:
     return {"rows": out, "note": "AUC of a one-call clean-output signal over canaries (SnapAudit Table 12)"}
 
 
-def format_report(rows: list[dict], summaries: dict, mia: dict | None) -> str:
-    """Markdown tables: epsilon_emp by pipeline x epsilon, for active/passive and black/white."""
+def format_report(rows: list[dict], summaries: dict, mia: dict | None, one_run: dict | None = None) -> str:
+    """Markdown tables: epsilon_emp by pipeline x epsilon, for active/passive and black/white; the one-run
+    section (``[one_run]``) next to the active audit's numbers."""
     lines = ["# DP-ICL audit", ""]
     for name, info in summaries.items():
         m = info["manifest"]
@@ -528,6 +571,10 @@ def format_report(rows: list[dict], summaries: dict, mia: dict | None) -> str:
         for r in mia["rows"]:
             lines.append(f"| {r['pipeline']} | {r['query']} | {r['defense']} | {r['auc']:.2f} |")
         lines.append("")
+    if one_run:
+        from snapaudit_jax.one_run_icl import format_section
+
+        lines.append(format_section(one_run["rows"], rows))
     lines.append("Entries are 95%-confidence lower bounds on epsilon (see results_full.json for assumptions). "
                  "Active audits with clean = fixed treat each snapshot as the exact clean output of its recorded "
                  "partition assignment (greedy decoding; see the determinism check); passive audits are end to end.")
