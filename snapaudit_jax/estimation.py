@@ -21,6 +21,10 @@ end-to-end baseline (:func:`snapaudit_jax.passive_audit`) and the DP-SGD canary 
    ``violation`` may be set (only from assumption-free estimates, never from a heuristic) and which
    assumptions the result states.
 
+One-run audits (many canaries with their own coins, one run of the mechanism; Steinke, Nasr, Jagielski 2023)
+are the same layer's :mod:`snapaudit_jax.one_run`, re-exported here: :func:`one_run_audit` with the rule
+values :class:`DeclaredGrid` and :class:`HeldOut`.
+
 Claims and their flags:
 
 * the ``(eps, delta)`` claim: ``violation`` iff ``epsilon_emp > epsilon_theory`` (1e-6 relative
@@ -48,10 +52,15 @@ from snapaudit_jax.bounds import (
     hoeffding_radius,
 )
 from snapaudit_jax.estimators import epsilon_gdp, epsilon_std, mu_lower
+from snapaudit_jax.one_run import DeclaredGrid, HeldOut, OneRunResult, one_run_audit
 
 __all__ = [
     "AuditResult",
     "Bonferroni",
+    "DeclaredGrid",
+    "HeldOut",
+    "OneRunResult",
+    "one_run_audit",
     "DEFAULT_ESTIMATOR",
     "ESTIMATORS",
     "Explicit",
