@@ -543,7 +543,8 @@ def one_run_pipeline(pipeline: str, settings: OneRunSettings, oracle, examples, 
 def ceiling(canaries: int, *, delta: float, alpha: float, insert_probability: float) -> float:
     """The largest bound the default grid can give for ``canaries`` (every guess right): the design's reach.
 
-    With few canaries it is 0 (e.g. ``m = 12``, ``alpha = 0.05``): no outcome of the run can then show
+    With few canaries it is 0 (e.g. ``m = 4``, ``alpha = 0.05``; ``m = 12`` reaches 0.71): no outcome of the
+    run can then show
     ``eps > 0``, however much the pipeline leaks.
     """
     pairs = default_grid(canaries)

@@ -238,7 +238,8 @@ def test_fully_leaking_answerer_gives_a_positive_bound_below_the_composed_claim(
 
 
 def test_ceiling_is_the_all_correct_bound():
-    assert O.ceiling(12, delta=1e-6, alpha=0.05, insert_probability=0.5) == 0.0  # too few canaries to show anything
+    assert O.ceiling(4, delta=1e-6, alpha=0.05, insert_probability=0.5) == 0.0  # too few canaries to show anything
+    assert 0.0 < O.ceiling(12, delta=1e-6, alpha=0.05, insert_probability=0.5) < 1.0
     top = O.ceiling(200, delta=1e-6, alpha=0.05, insert_probability=0.5)
     coins = np.arange(200) % 2 == 0
     res = one_run_audit(coins.astype(float), coins, insert_probability=0.5, delta=1e-6, alpha=0.05)
