@@ -14,6 +14,8 @@ Stages, one module each:
   part of the estimation layer;
 * :mod:`~snapaudit_jax.audit` -- Phase C, the active (snapshot) audit;
 * :mod:`~snapaudit_jax.passive` -- the passive black-box baseline;
+* :mod:`~snapaudit_jax.one_run_icl` -- one-run audits of DP-ICL pipelines (many canaries in one private set,
+  the ``[one_run]`` section of ``snapaudit audit``);
 * :mod:`~snapaudit_jax.snapshots` -- snapshot files.
 """
 

@@ -76,7 +76,7 @@ from snapaudit_jax.calibration import gdp_epsilon
 from snapaudit_jax.data import Example
 from snapaudit_jax.estimation import is_violation
 from snapaudit_jax.mechanisms import Attack
-from snapaudit_jax.one_run import default_grid, one_run_audit, one_run_epsilon, one_run_p_value
+from snapaudit_jax.one_run import DeclaredGrid, check_design, default_grid, one_run_audit, one_run_epsilon
 
 __all__ = ["OneRunSettings", "CanarySlots", "parse_settings", "make_slots", "partition_groups",
            "gaussian_composition", "pure_composition", "composed_claim", "one_run_pipeline", "format_section",
@@ -116,6 +116,9 @@ class OneRunSettings:
       clip: PoE's ``Gamma`` (default: ``pipelines.poe.clip``, else 5).
       dataset, data_path: where the slot texts come from (default: AG News demo data).
       seed: seed of the slots, codes, coins and DP noise (default: ``audit.seed``).
+      pairs: the declared ``(k_plus, k_minus)`` guesses, fixed before the run (default: the library's
+        :func:`~snapaudit_jax.one_run.default_grid` of each pipeline's ``m``); the union bound covers them all,
+        so one pair (e.g. ``[[m/2, m/2]]``: guess every canary) reaches further with few canaries.
     """
 
     canaries: int = 32
@@ -132,6 +135,7 @@ class OneRunSettings:
     dataset: str = "agnews"
     data_path: str | None = None
     seed: int = 0
+    pairs: tuple[tuple[int, int], ...] | None = None
 
     def slots_for(self, pipeline: str) -> int:
         """The number of canary slots of ``pipeline``."""
@@ -143,6 +147,21 @@ def _delta(value) -> float:
     if not d < 1.0:
         raise ValueError(f"delta must be in [0, 1), got {value!r}")
     return d
+
+
+def _pairs(value) -> tuple[tuple[int, int], ...]:
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"pairs must be a non-empty list of [k_plus, k_minus] pairs, got {value!r}")
+    out = []
+    for i, pair in enumerate(value):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ValueError(f"pairs[{i}] must be a pair [k_plus, k_minus], got {pair!r}")
+        kp = _validate.positive_int(f"pairs[{i}][0] (k_plus)", pair[0], minimum=0)
+        km = _validate.positive_int(f"pairs[{i}][1] (k_minus)", pair[1], minimum=0)
+        if kp + km == 0:
+            raise ValueError(f"pairs[{i}] must make at least one guess (k_plus + k_minus >= 1), got {pair!r}")
+        out.append((kp, km))
+    return tuple(out)
 
 
 def parse_settings(section: dict, *, epsilons: tuple[float, ...], threats: tuple[str, ...], clip: float,
@@ -184,14 +203,21 @@ def parse_settings(section: dict, *, epsilons: tuple[float, ...], threats: tuple
     kw["dataset"] = _take(s, "dataset", w, _choice(tuple(DATASETS)), "agnews")
     kw["data_path"] = _take(s, "data_path", w, str, None)
     kw["seed"] = _take(s, "seed", w, _pos_int("seed", 0), seed)
+    kw["pairs"] = _take(s, "pairs", w, _pairs, None)
     _reject_unknown(s, w)
+    if kw["pairs"] is not None:
+        smallest = min(kw["canaries"], kw["poe_canaries"] or kw["canaries"]) if "poe" in kw["pipelines"] \
+            else kw["canaries"]
+        for i, (kp, km) in enumerate(kw["pairs"]):
+            if kp + km > smallest:
+                raise ConfigFileError(f"{w}.pairs[{i}]: k_plus + k_minus must be <= the number of canaries "
+                                      f"({smallest}), got {kp} + {km}")
     if kw["partitions"] > kw["canaries"] + kw["base_exemplars"]:
         raise ConfigFileError(f"{w}.partitions: must be <= canaries + base_exemplars = "
                               f"{kw['canaries'] + kw['base_exemplars']} (every partition needs an exemplar), "
                               f"got {kw['partitions']}")
-    try:  # the one-run library's design rule (delta > 0 needs p = 1/2), checked on a dummy count
-        one_run_p_value(1, 1, 0, 0, canaries=kw["canaries"], epsilon=0.0, delta=kw["delta"],
-                        insert_probability=kw["insert_probability"])
+    try:  # the one-run library's design rule (delta > 0 needs p = 1/2)
+        check_design(kw["insert_probability"], kw["delta"])
     except ValueError as err:
         raise ConfigFileError(f"{w}.insert_probability: {err}") from None
     return OneRunSettings(**kw)
@@ -525,7 +551,8 @@ def one_run_pipeline(pipeline: str, settings: OneRunSettings, oracle, examples, 
         for threat in settings.threats:
             scores = margins if threat == "white" else hits.astype(np.float64)
             res = one_run_audit(scores, coins, insert_probability=settings.insert_probability,
-                                delta=settings.delta, alpha=settings.alpha)
+                                delta=settings.delta, alpha=settings.alpha,
+                                rule=DeclaredGrid(settings.pairs) if settings.pairs else None)
             threats[threat] = {**res.to_dict(), "violation": is_violation(res.epsilon, claim["epsilon"])}
         rows.append({
             "pipeline": pipeline, "epsilon_per_query": float(eps), "delta_per_query": delta0 if pipeline == "pv"
@@ -534,20 +561,23 @@ def one_run_pipeline(pipeline: str, settings: OneRunSettings, oracle, examples, 
             "claim": claim, "threats": threats, "llm_calls": int(calls),
             "seconds": float(llm_seconds + time.perf_counter() - t1),
             "ceiling": ceiling(m, delta=settings.delta, alpha=settings.alpha,
-                               insert_probability=settings.insert_probability),
+                               insert_probability=settings.insert_probability, pairs=settings.pairs),
             "inserted": int(coins.sum()), "coins": coins.astype(int).tolist(),
             "clean_secret_rate": _secret_rate(pipeline, clean, coins)})
     return rows
 
 
-def ceiling(canaries: int, *, delta: float, alpha: float, insert_probability: float) -> float:
-    """The largest bound the default grid can give for ``canaries`` (every guess right): the design's reach.
+def ceiling(canaries: int, *, delta: float, alpha: float, insert_probability: float,
+            pairs: Sequence[tuple[int, int]] | None = None) -> float:
+    """The largest bound the declared grid can give for ``canaries`` (every guess right): the design's reach.
+
+    ``pairs`` is the declared grid (default: :func:`~snapaudit_jax.one_run.default_grid` of ``canaries``).
 
     With few canaries it is 0 (e.g. ``m = 4``, ``alpha = 0.05``; ``m = 12`` reaches 0.71): no outcome of the
     run can then show
     ``eps > 0``, however much the pipeline leaks.
     """
-    pairs = default_grid(canaries)
+    pairs = tuple(pairs) if pairs else default_grid(canaries)
     level = alpha / len(pairs)
     return max(one_run_epsilon(kp, kp, km, km, canaries=canaries, delta=delta, alpha=level,
                                insert_probability=insert_probability) for kp, km in pairs)

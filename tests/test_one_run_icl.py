@@ -244,6 +244,11 @@ def test_ceiling_is_the_all_correct_bound():
     coins = np.arange(200) % 2 == 0
     res = one_run_audit(coins.astype(float), coins, insert_probability=0.5, delta=1e-6, alpha=0.05)
     assert top == res.epsilon > 0  # perfect scores reach it
+    # one declared pair (guess every canary) is tested at alpha, not alpha / 12: it reaches further
+    one = O.ceiling(48, delta=1e-6, alpha=0.05, insert_probability=0.5, pairs=((24, 24),))
+    q_low = 0.05 ** (1 / 48)  # 48 of 48 right: Clopper-Pearson, the delta term (2 m 1e-6 / 48) aside
+    assert one > O.ceiling(48, delta=1e-6, alpha=0.05, insert_probability=0.5)
+    assert one == pytest.approx(np.log(q_low / (1 - q_low)), abs=0.02) and one < np.log(q_low / (1 - q_low))
 
 
 def test_release_scores_reject_bad_clean_shapes():
@@ -270,6 +275,12 @@ BAD = [
     ("canaries = 4\npartitions = 5\n", r"one_run.partitions: must be <= canaries + base_exemplars = 4"),
     ("base_exemplars = -1\n", r"one_run.base_exemplars: base_exemplars must be an integer >= 0, got -1"),
     ("threats = [\"grey\"]\n", r"one_run.threats: must be one of 'black', 'white', got 'grey'"),
+    ("canaries = 8\npairs = [[5, 4]]\n", r"one_run.pairs[0]: k_plus + k_minus must be <= the number of canaries "
+                                         r"(8), got 5 + 4"),
+    ("pairs = [[0, 0]]\n", r"pairs[0] must make at least one guess"),
+    ("pairs = [[1, -1]]\n", r"pairs[0][1] (k_minus) must be an integer >= 0, got -1"),
+    ("pairs = [3]\n", r"pairs[0] must be a pair [k_plus, k_minus], got 3"),
+    ("pairs = []\n", r"pairs must be a non-empty list of [k_plus, k_minus] pairs, got []"),
 ]
 
 
@@ -288,7 +299,9 @@ def test_one_run_config_defaults_and_pure_claims(tmp_path):
     s = load_config(path).one_run
     assert (s.epsilons, s.threats, s.clip, s.seed) == ((2.0, 8.0), ("white",), 3.0, 3)
     assert s.insert_probability == 0.25 and s.delta == 0.0  # a pure claim allows any p
-    assert s.slots_for("poe") == s.slots_for("pv") == 32
+    assert s.slots_for("poe") == s.slots_for("pv") == 32 and s.pairs is None
+    path.write_text("[pipelines.pv]\n[one_run]\ncanaries = 10\npairs = [[5, 5], [3, 0]]\n")
+    assert load_config(path).one_run.pairs == ((5, 5), (3, 0))
     assert load_config(os.path.join(os.path.dirname(__file__), "..", "examples", "one_run.toml")).one_run.canaries == 32
 
 
