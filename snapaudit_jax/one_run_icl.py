@@ -118,7 +118,8 @@ class OneRunSettings:
       seed: seed of the slots, codes, coins and DP noise (default: ``audit.seed``).
       pairs: the declared ``(k_plus, k_minus)`` guesses, fixed before the run (default: the library's
         :func:`~snapaudit_jax.one_run.default_grid` of each pipeline's ``m``); the union bound covers them all,
-        so one pair (e.g. ``[[m/2, m/2]]``: guess every canary) reaches further with few canaries.
+        so one pair reaches further with few canaries. ``"all"``: the one pair ``(m // 2, m - m // 2)`` of each
+        pipeline's ``m`` (every canary guessed).
     """
 
     canaries: int = 32
@@ -135,7 +136,14 @@ class OneRunSettings:
     dataset: str = "agnews"
     data_path: str | None = None
     seed: int = 0
-    pairs: tuple[tuple[int, int], ...] | None = None
+    pairs: tuple[tuple[int, int], ...] | str | None = None
+
+    def pairs_for(self, pipeline: str) -> tuple[tuple[int, int], ...] | None:
+        """The declared pairs of ``pipeline`` (``None``: the library's default grid of its ``m``)."""
+        if self.pairs == "all":
+            m = self.slots_for(pipeline)
+            return ((m // 2, m - m // 2),)
+        return self.pairs
 
     def slots_for(self, pipeline: str) -> int:
         """The number of canary slots of ``pipeline``."""
@@ -149,9 +157,11 @@ def _delta(value) -> float:
     return d
 
 
-def _pairs(value) -> tuple[tuple[int, int], ...]:
+def _pairs(value) -> tuple[tuple[int, int], ...] | str:
+    if value == "all":
+        return "all"
     if not isinstance(value, (list, tuple)) or not value:
-        raise ValueError(f"pairs must be a non-empty list of [k_plus, k_minus] pairs, got {value!r}")
+        raise ValueError(f"pairs must be \"all\" or a non-empty list of [k_plus, k_minus] pairs, got {value!r}")
     out = []
     for i, pair in enumerate(value):
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
@@ -205,7 +215,7 @@ def parse_settings(section: dict, *, epsilons: tuple[float, ...], threats: tuple
     kw["seed"] = _take(s, "seed", w, _pos_int("seed", 0), seed)
     kw["pairs"] = _take(s, "pairs", w, _pairs, None)
     _reject_unknown(s, w)
-    if kw["pairs"] is not None:
+    if kw["pairs"] not in (None, "all"):
         smallest = min(kw["canaries"], kw["poe_canaries"] or kw["canaries"]) if "poe" in kw["pipelines"] \
             else kw["canaries"]
         for i, (kp, km) in enumerate(kw["pairs"]):
@@ -527,6 +537,7 @@ def one_run_pipeline(pipeline: str, settings: OneRunSettings, oracle, examples, 
       See the module docstring; the coins and the DP keys are fixed before any model call.
     """
     m = settings.slots_for(pipeline)
+    declared = settings.pairs_for(pipeline)
     slots = make_slots(examples, canaries=m, base_exemplars=settings.base_exemplars,
                        insert_probability=settings.insert_probability, seed=settings.seed)
     coins = np.array(slots.coins)
@@ -552,7 +563,7 @@ def one_run_pipeline(pipeline: str, settings: OneRunSettings, oracle, examples, 
             scores = margins if threat == "white" else hits.astype(np.float64)
             res = one_run_audit(scores, coins, insert_probability=settings.insert_probability,
                                 delta=settings.delta, alpha=settings.alpha,
-                                rule=DeclaredGrid(settings.pairs) if settings.pairs else None)
+                                rule=DeclaredGrid(declared) if declared else None)
             threats[threat] = {**res.to_dict(), "violation": is_violation(res.epsilon, claim["epsilon"])}
         rows.append({
             "pipeline": pipeline, "epsilon_per_query": float(eps), "delta_per_query": delta0 if pipeline == "pv"
@@ -561,7 +572,7 @@ def one_run_pipeline(pipeline: str, settings: OneRunSettings, oracle, examples, 
             "claim": claim, "threats": threats, "llm_calls": int(calls),
             "seconds": float(llm_seconds + time.perf_counter() - t1),
             "ceiling": ceiling(m, delta=settings.delta, alpha=settings.alpha,
-                               insert_probability=settings.insert_probability, pairs=settings.pairs),
+                               insert_probability=settings.insert_probability, pairs=declared),
             "inserted": int(coins.sum()), "coins": coins.astype(int).tolist(),
             "clean_secret_rate": _secret_rate(pipeline, clean, coins)})
     return rows

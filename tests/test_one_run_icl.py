@@ -280,7 +280,7 @@ BAD = [
     ("pairs = [[0, 0]]\n", r"pairs[0] must make at least one guess"),
     ("pairs = [[1, -1]]\n", r"pairs[0][1] (k_minus) must be an integer >= 0, got -1"),
     ("pairs = [3]\n", r"pairs[0] must be a pair [k_plus, k_minus], got 3"),
-    ("pairs = []\n", r"pairs must be a non-empty list of [k_plus, k_minus] pairs, got []"),
+    ("pairs = []\n", 'pairs must be "all" or a non-empty list of [k_plus, k_minus] pairs, got []'),
 ]
 
 
@@ -302,6 +302,9 @@ def test_one_run_config_defaults_and_pure_claims(tmp_path):
     assert s.slots_for("poe") == s.slots_for("pv") == 32 and s.pairs is None
     path.write_text("[pipelines.pv]\n[one_run]\ncanaries = 10\npairs = [[5, 5], [3, 0]]\n")
     assert load_config(path).one_run.pairs == ((5, 5), (3, 0))
+    path.write_text("[pipelines.pv]\n[one_run]\ncanaries = 11\npoe_canaries = 6\npairs = \"all\"\n")
+    s = load_config(path).one_run
+    assert s.pairs_for("pv") == ((5, 6),) and s.pairs_for("poe") == ((3, 3),)
     assert load_config(os.path.join(os.path.dirname(__file__), "..", "examples", "one_run.toml")).one_run.canaries == 32
 
 
