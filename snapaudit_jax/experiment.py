@@ -329,7 +329,7 @@ def _ksa_reconstructed_hits(pipeline, mechanism, clean, key) -> np.ndarray:
     keys = jax.random.split(key, clean.shape[0])
     seqs = np.asarray(jax.jit(jax.vmap(lambda k, c: mechanism(k, c).output))(keys, jnp.asarray(clean, jnp.float32)))
     texts = pipeline.oracle.generate(pipeline.reconstruction_prompts(seqs), pipeline.max_new_tokens)
-    return np.array([pipeline.target_keyword in keywords_of(t) for t in texts])
+    return np.array([pipeline.target_keyword in keywords_of(t, pipeline.answer_keywords) for t in texts])
 
 
 def _row(pipeline: str, mode: str, result: AuditResult, llm_calls: int, seconds: float) -> dict:

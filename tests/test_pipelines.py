@@ -175,3 +175,45 @@ def test_smollm2_copy_query_reveals_the_canary():
     fast = lm.greedy_continues_with(prompts, [" " + case.secret] * len(prompts))
     slow = [g.text.startswith(" " + case.secret) for g in lm.generate(prompts, max_new_tokens=12)]
     assert list(fast) == slow and sum(slow) == 1
+
+
+class _LeakingOracle:
+    """A perfectly leaking model: "Yes" (direct/semantic) or the secret (copy) iff the canary is in the context."""
+
+    def __init__(self, case_of):
+        self.case_of, self.lm = case_of, self
+
+    def chat_prompt(self, user, system=None):
+        return user
+
+    def generate(self, prompts, max_new_tokens):
+        case = self.case_of()
+        if case is None:  # make_case's paraphrase of a semantic canary
+            return ["A text that means the same." for _ in prompts]
+        out = []
+        for p in prompts:
+            context = p.split("\n\nQuestion:")[0].split("\n\n" + P.COPY_INSTRUCTION)[0]
+            if case.mode == "copy":
+                out.append(f" {case.secret if case.secret in context else case.decoy}.")
+            else:
+                out.append("Yes, it does." if case.context.canary.text in context else "No.")
+        return out
+
+
+@pytest.mark.parametrize("mode", ["direct", "semantic", "copy"])
+def test_ksa_counts_the_target_answer_in_every_query_mode(mode):
+    """The target keyword ("yes" under direct/semantic, a stopword) is counted: with a leaking model the
+    with-canary histograms hold it once per call (the canary's partition), the without-canary ones never."""
+    holder = {"case": None}
+    oracle = _LeakingOracle(lambda: holder["case"])
+    case = make_case(load_examples("samsum"), get_spec("samsum"), mode=mode, num_exemplars=4, seed=0, oracle=oracle)
+    holder["case"] = case
+    ksa = KeywordPipeline(oracle, case, partitions=2, top_k=2)
+    h1, h0 = ksa.histograms(ksa.clean_calls(1, 5, 0), ksa.clean_calls(0, 5, 0))
+    t = ksa.target
+    np.testing.assert_array_equal(h1[:, t], np.ones(5))
+    np.testing.assert_array_equal(h0[:, t], np.zeros(5))
+    if mode != "copy":
+        assert keywords_of("Yes") == set()  # a stopword for ordinary answers ...
+        assert keywords_of("Yes, it does.", ksa.answer_keywords) == {"yes"}  # ... but counted as KSA's answer
+        assert "no" in ksa.vocabulary  # the other answer is counted too

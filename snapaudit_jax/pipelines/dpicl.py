@@ -113,9 +113,14 @@ def make_case(
     return AuditCase(spec, mode, ctx, ctx.canary.text)
 
 
-def keywords_of(text: str) -> set[str]:
-    """Keywords of one response: lower-case words of letters/digits, stopwords removed."""
-    return {w for w in re.findall(r"[a-z0-9]+", text.lower()) if w not in _STOPWORDS}
+def keywords_of(text: str, keep: frozenset[str] | set[str] = frozenset()) -> set[str]:
+    """Keywords of one response: lower-case words of letters/digits, stopwords removed except those in ``keep``.
+
+    ``keep`` holds the words an audit counts although they are stopwords: KSA's answer words "yes" / "no"
+    under ``direct`` and ``semantic`` queries (else the target answer "yes" is never counted and the audit
+    is blind).
+    """
+    return {w for w in re.findall(r"[a-z0-9]+", text.lower()) if w not in _STOPWORDS or w in keep}
 
 
 class Pipeline(abc.ABC):
@@ -389,6 +394,11 @@ class KeywordPipeline(Pipeline):
         return self.case.secret.split()[0] if self.case.mode == "copy" else "yes"
 
     @property
+    def answer_keywords(self) -> frozenset[str]:
+        """Words counted even if they are stopwords: the answers the audit distinguishes."""
+        return frozenset({self.target_keyword} if self.case.mode == "copy" else {"yes", "no"})
+
+    @property
     def target(self) -> int:
         if self.vocabulary is None:
             raise ValueError("the keyword vocabulary is fixed by histograms(); call it first")
@@ -402,7 +412,7 @@ class KeywordPipeline(Pipeline):
         if self.defense == "contextleak":
             flagged = self._leaks(texts)
             texts = [P.WITHHELD if f else t for t, f in zip(texts, flagged)]
-        return [frozenset(keywords_of(t)) for t in texts]
+        return [frozenset(keywords_of(t, self.answer_keywords)) for t in texts]
 
     def aggregate(self, answers):
         return tuple(answers)  # the partitions' keyword sets, counted by histograms()
