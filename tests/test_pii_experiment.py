@@ -150,9 +150,10 @@ def test_cli_exit_code_on_bad_config(tmp_path):
 
 
 def test_one_run_audit_refuses_unfair_canary_insertion_before_writing(tmp_path):
-    """epsilon_audited is jax_privacy's one-run bound, valid only for canaries inserted with probability 1/2
-    (Steinke et al. 2023): any other insert_probability is a config error at load time (and in run_pii for a
-    config built in code), before anything is written; with audit.jax_privacy off it is allowed."""
+    """epsilon_audited is our one-run bound of an (eps, delta) claim, and jax_privacy's one-run value its
+    cross-reference: both need canaries inserted with probability 1/2 (Steinke et al. 2023), so any other
+    insert_probability is a config error at load time (and in run_pii for a config built in code), before
+    anything is written; with audit.one_run and audit.jax_privacy off it is allowed."""
     unfair = TINY.format(variants="").replace("n_canaries = 16", "n_canaries = 16\ninsert_probability = 0.8")
     ours = ("canaries.insert_probability: must be 1/2 for our one-run bound of an (eps, delta) claim with delta = ")
     with pytest.raises(ConfigFileError, match=re.escape(ours) + r".*got 0.8; set it to 0.5 or set audit.one_run"):
