@@ -83,6 +83,8 @@ class PipelineSettings:
       signal_vocabulary: ESA: words for the signal search.
       signal_seeds: ESA: seed sentences for the signal search.
       signal_sweeps: ESA: MSGS sweeps.
+      neighbouring: KSA: ``replace_one`` (default; Delta_u = 2) or ``add_remove`` (the canary's context
+        without it drops it; needs one exemplar per partition, Delta_u = 1).
       reconstruct: KSA: run the reconstruction prompt in the passive audit
         (the black-box decision is then "target keyword in the final answer").
     """
@@ -99,6 +101,7 @@ class PipelineSettings:
     signal_seeds: int = 2
     signal_sweeps: int = 2
     reconstruct: bool = False
+    neighbouring: str = "replace_one"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,8 +207,16 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
             signal_seeds=_take(body, "signal_seeds", where, _pos_int("signal_seeds"), 2),
             signal_sweeps=_take(body, "signal_sweeps", where, _pos_int("signal_sweeps"), 2),
             reconstruct=_take(body, "reconstruct", where, bool, False),
+            neighbouring=_take(body, "neighbouring", where, _choice(("replace_one", "add_remove")), "replace_one"),
         )
         _reject_unknown(body, where)
+        if s["neighbouring"] != "replace_one" and name != "ksa":
+            raise ConfigFileError(f"{where}.neighbouring: only KSA takes 'add_remove' (the other pipelines are "
+                                  f"calibrated for replace-one), got {s['neighbouring']!r}")
+        if s["neighbouring"] == "add_remove" and s["partitions"] != s["num_exemplars"]:
+            raise ConfigFileError(f"{where}.neighbouring: 'add_remove' needs one exemplar per partition "
+                                  f"(partitions = num_exemplars = {s['num_exemplars']}), got partitions="
+                                  f"{s['partitions']}")
         if s["partitions"] is not None and s["partitions"] > s["num_exemplars"]:
             raise ConfigFileError(f"{where}.partitions: must be <= num_exemplars={s['num_exemplars']}, "
                                   f"got {s['partitions']}")
@@ -399,6 +410,7 @@ def run_audit(config: AuditConfig, out_dir: str, *, progress: bool = True) -> di
             kwargs["signals"] = signals
         if settings.name == "ksa":
             kwargs["top_k"] = settings.top_k
+            kwargs["neighbouring"] = settings.neighbouring
         pipeline = PIPELINES[settings.name](oracle, case, **kwargs)
         log(f"  phase A: {config.snapshots} calls of M' per context")
         run = generate_snapshots(pipeline, snapshots=config.snapshots, seed=config.seed,
@@ -417,7 +429,7 @@ def run_audit(config: AuditConfig, out_dir: str, *, progress: bool = True) -> di
         else:
             passive_clean = tuple(pipeline.clean_outputs(b, n_passive, config.seed + 1) for b in (1, 0))
         passive_llm_seconds = time.perf_counter() - t0
-        passive_calls = 2 * n_passive * pipeline.calls_per_clean
+        passive_calls = n_passive * (pipeline.calls_per_clean_of(1) + pipeline.calls_per_clean_of(0))
         attack = _apriori_attack(pipeline)
         for eps in config.epsilons:
             mech = pipeline.mechanism(eps, config.delta, config.calibration)

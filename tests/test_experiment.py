@@ -57,6 +57,11 @@ BAD = [
     ("[mia]\nqueries = [\"direct\", \"yelling\"]\n[pipelines.pv]\n", "mia.queries"),
     ("[extras]\n[pipelines.pv]\n", "unknown key(s) extras"),
     ("this is = not toml [", "invalid TOML"),
+    ("[pipelines.ksa]\nneighbouring = \"swap\"\n", "pipelines.ksa.neighbouring"),
+    ("[pipelines.pv]\nneighbouring = \"add_remove\"\n", "pipelines.pv.neighbouring: only KSA takes 'add_remove'"),
+    ("[pipelines.ksa]\nnum_exemplars = 8\npartitions = 4\nneighbouring = \"add_remove\"\n",
+     "pipelines.ksa.neighbouring: 'add_remove' needs one exemplar per partition (partitions = num_exemplars = 8), "
+     "got partitions=4"),
 ]
 
 

@@ -117,3 +117,23 @@ def test_ksa_outcome_hit_and_likelihood_ratio_score():
         expect = -np.max(top_w - w[s]) + np.max(top_wo - wo[s])
         assert sc == pytest.approx(expect)
         assert float(sequence_utility(jnp.asarray(top_w), jnp.asarray(w), jnp.asarray(s))) == -np.max(top_w - w[s])
+
+
+def test_jem_utility_sensitivity_is_two_for_replace_one_and_one_for_add_remove():
+    """Brute force over every length-K sequence: a replace-one change (one partition's keyword set replaced:
+    every count moves by -1, 0 or +1) moves u(s) by at most 2; adding one partition's set (every count moves by
+    0 or +1) by at most 1; both bounds are attained (KeywordPipeline.sensitivity states the same)."""
+    rng = np.random.default_rng(11)
+    d, k = 5, 3
+    worst = {"replace": 0.0, "add": 0.0}
+    for _ in range(300):
+        c = rng.integers(0, 6, size=d).astype(float)
+        old, new = rng.random(d) < 0.5, rng.random(d) < 0.5  # the changed partition's keyword sets
+        changes = {"replace": new.astype(float) - old, "add": new.astype(float)}
+        for kind, delta in changes.items():
+            c2 = c + delta
+            top1, top2 = np.sort(c)[::-1][:k], np.sort(c2)[::-1][:k]
+            seqs = np.array(list(itertools.permutations(range(d), k)))  # every sequence; u as sequence_utility
+            u1, u2 = -np.max(top1 - c[seqs], axis=1), -np.max(top2 - c2[seqs], axis=1)
+            worst[kind] = max(worst[kind], float(np.max(np.abs(u1 - u2))))
+    assert worst == {"replace": 2.0, "add": 1.0}

@@ -217,3 +217,25 @@ def test_ksa_counts_the_target_answer_in_every_query_mode(mode):
         assert keywords_of("Yes") == set()  # a stopword for ordinary answers ...
         assert keywords_of("Yes, it does.", ksa.answer_keywords) == {"yes"}  # ... but counted as KSA's answer
         assert "no" in ksa.vocabulary  # the other answer is counted too
+
+
+def test_ksa_add_remove_drops_the_canary_and_halves_the_sensitivity():
+    """add_remove: the context without the canary has k - 1 exemplars, one partition each; with a leaking model
+    the histograms differ by a 0/1 vector (the canary's keyword set), Delta_u = 1; replace-one keeps 2."""
+    holder = {"case": None}
+    oracle = _LeakingOracle(lambda: holder["case"])
+    case = make_case(load_examples("samsum"), get_spec("samsum"), mode="direct", num_exemplars=4, seed=0)
+    holder["case"] = case
+    ksa = KeywordPipeline(oracle, case, partitions=4, top_k=2, neighbouring="add_remove")
+    assert len(ksa.exemplars(1)) == 4 and len(ksa.exemplars(0)) == 3
+    assert case.context.canary in ksa.exemplars(1) and case.context.replacement not in ksa.exemplars(0)
+    assert ksa.calls_per_clean_of(1) == 4 and ksa.calls_per_clean_of(0) == 3
+    h1, h0 = ksa.histograms(ksa.clean_calls(1, 3, 0), ksa.clean_calls(0, 3, 0))
+    assert set(np.unique(h1 - h0)) <= {0.0, 1.0} and np.all(h1[:, ksa.target] - h0[:, ksa.target] == 1)
+    assert ksa.sensitivity == 1.0 and KeywordPipeline(oracle, case, partitions=4).sensitivity == 2.0
+    assert ksa.mechanism(4.0, 1e-5).scale == pytest.approx(4.0 / 2.0)  # eps / (2 Delta_u)
+    with pytest.raises(ValueError, match=r"neighbouring='add_remove' needs one exemplar per partition .*"
+                                         r"got partitions=2"):
+        KeywordPipeline(oracle, case, partitions=2, neighbouring="add_remove")
+    with pytest.raises(ValueError, match=r"neighbouring must be one of replace_one, add_remove, got 'swap'"):
+        KeywordPipeline(oracle, case, partitions=4, neighbouring="swap")

@@ -181,6 +181,10 @@ class Pipeline(abc.ABC):
         order = rng.permutation(len(exemplars))
         return [tuple(exemplars[i] for i in sorted(part)) for part in np.array_split(order, self.partitions)]
 
+    def exemplars(self, b: int) -> tuple[Example, ...]:
+        """The private exemplar set of hypothesis ``b`` (1: with the canary; default: the case's replace-one pair)."""
+        return self.case.exemplars(b)
+
     @abc.abstractmethod
     def answers(self, groups: Sequence[tuple[Example, ...]]) -> list:
         """Per-partition answers for many partitions (batched model calls)."""
@@ -194,6 +198,11 @@ class Pipeline(abc.ABC):
         """Model calls of one clean output (partitions, plus filter calls under ContextLeak)."""
         return self.partitions * (2 if self.defense == "contextleak" else 1)
 
+    def calls_per_clean_of(self, b: int) -> int:
+        """Model calls of one clean output of hypothesis ``b`` (its context may have one partition fewer)."""
+        groups = len(self.assign(self.exemplars(b), np.random.default_rng(0)))
+        return groups * (2 if self.defense == "contextleak" else 1)
+
     def clean_calls(self, b: int, n: int, seed: int) -> list:
         """The aggregates of ``n`` calls of ``M'`` under hypothesis ``b``, each with its own partition assignment.
 
@@ -202,7 +211,7 @@ class Pipeline(abc.ABC):
         same way, the canary taking the replacement's place, so their clean
         outputs are neighbouring. A call's answer does not depend on ``n``.
         """
-        exemplars = self.case.exemplars(b)
+        exemplars = self.exemplars(b)
         calls = [self.assign(exemplars, np.random.default_rng([seed, i])) for i in range(n)]
         answers = self.answers([g for call in calls for g in call])
         out, pos = [], 0
@@ -384,10 +393,34 @@ class KeywordPipeline(Pipeline):
 
     name = "ksa"
 
-    def __init__(self, oracle, case, *, partitions: int = 8, top_k: int = 4, defense: str = "none"):
+    NEIGHBOURING = ("replace_one", "add_remove")
+
+    def __init__(self, oracle, case, *, partitions: int = 8, top_k: int = 4, defense: str = "none",
+                 neighbouring: str = "replace_one"):
         super().__init__(oracle, case, partitions=partitions, defense=defense)
+        if neighbouring not in self.NEIGHBOURING:
+            raise ValueError(f"neighbouring must be one of {', '.join(self.NEIGHBOURING)}, got {neighbouring!r}")
+        k = case.context.num_exemplars
+        if neighbouring == "add_remove" and partitions != k:
+            raise ValueError(f"neighbouring='add_remove' needs one exemplar per partition (partitions = "
+                             f"num_exemplars = {k}): only then does adding an exemplar add one whole keyword set "
+                             f"(every count moves by 0 or +1, Delta_u = 1); got partitions={partitions}")
         self.top_k = int(top_k)
+        self.neighbouring = neighbouring
         self.vocabulary: tuple[str, ...] | None = None
+
+    def exemplars(self, b: int) -> tuple[Example, ...]:
+        """Hypothesis ``b``'s exemplars: under ``add_remove`` the context without the canary drops it (``k - 1``
+        exemplars) instead of holding a replacement."""
+        if self.neighbouring == "add_remove" and not b:
+            ctx = self.case.context
+            return tuple(e for i, e in enumerate(ctx.without_canary) if i != ctx.position)
+        return self.case.exemplars(b)
+
+    def assign(self, exemplars, rng):
+        if self.neighbouring == "add_remove":
+            return [(e,) for e in exemplars]  # one partition per exemplar: no randomness
+        return super().assign(exemplars, rng)
 
     @property
     def target_keyword(self) -> str:
@@ -443,7 +476,16 @@ class KeywordPipeline(Pipeline):
 
     @property
     def sensitivity(self) -> float:
-        return 2.0
+        """Sensitivity ``Delta_u`` of JEM's utility ``u(s) = -max_i (c_(i) - c[s_i])`` over the histogram.
+
+        ``replace_one`` (the case's neighbouring contexts: the canary replaces one exemplar), and equally
+        add/remove of an exemplar that shares a partition: one partition's keyword set changes, so every count
+        moves by -1, 0 or +1, ``c_(i)`` and ``c[s_i]`` by up to 1 each in opposite directions: ``Delta_u = 2``.
+        ``add_remove`` with one exemplar per partition: adding the exemplar adds one whole keyword set, every
+        count moves by 0 or +1 in the same direction, the difference by at most 1: ``Delta_u = 1``
+        (Gillenwater et al. 2022). Both bounds are attained (tested by brute force).
+        """
+        return 1.0 if self.neighbouring == "add_remove" else 2.0
 
     def mechanism(self, epsilon, delta, calibration="analytic"):
         k = min(self.top_k, len(self.vocabulary) if self.vocabulary else self.top_k)

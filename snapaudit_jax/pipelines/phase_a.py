@@ -47,8 +47,8 @@ def case_fingerprint(pipeline: Pipeline, snapshots: int, seed: int) -> str:
         "query": case.query_text,
         "secret": case.secret,
         "decoy": case.decoy,
-        "with": [e.text for e in case.exemplars(1)],
-        "without": [e.text for e in case.exemplars(0)],
+        "with": [e.text for e in pipeline.exemplars(1)],
+        "without": [e.text for e in pipeline.exemplars(0)],
         "snapshots": snapshots,
         "seed": seed,
         "extra": {k: v for k, v in vars(pipeline).items() if isinstance(v, (int, float, str, tuple))},
@@ -68,7 +68,7 @@ def _verify(pipeline: Pipeline, sample: int, seed: int) -> dict:
     groups = []
     for b in (1, 0):
         for i in rng.choice(10**6, size=max(1, sample // 2), replace=False):
-            groups.append(pipeline.assign(pipeline.case.exemplars(b), np.random.default_rng([seed, int(i)]))[0])
+            groups.append(pipeline.assign(pipeline.exemplars(b), np.random.default_rng([seed, int(i)]))[0])
     cached = pipeline.answers(groups)
     fresh_pipeline = copy.copy(pipeline)
     fresh_pipeline.oracle = LLMOracle(pipeline.oracle.lm, pipeline.oracle.embedder, batch_size=1)
