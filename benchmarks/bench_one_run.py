@@ -31,13 +31,13 @@ import sys
 import time
 
 import numpy as np
-from scipy import stats
 
 from _common import int_at_least
 
 import jax
 
 from snapaudit_jax._io import write_json
+from snapaudit_jax.bounds import clopper_pearson_lower, clopper_pearson_upper
 from snapaudit_jax.calibration import gdp_epsilon
 from snapaudit_jax.one_run import HeldOut, default_grid, one_run_audit
 
@@ -49,8 +49,7 @@ def _jax_privacy(scores, inserted, alpha, delta):
 
 
 def _rate(hits: int, n: int) -> dict:
-    lo = 0.0 if hits == 0 else float(stats.beta.ppf(0.025, hits, n - hits + 1))
-    hi = 1.0 if hits == n else float(stats.beta.ppf(0.975, hits + 1, n - hits))
+    lo, hi = float(clopper_pearson_lower(hits, n, 0.025)), float(clopper_pearson_upper(hits, n, 0.025))
     return {"alarms": int(hits), "runs": n, "rate": hits / n, "ci95": [lo, hi]}
 
 

@@ -45,6 +45,14 @@ def open_unit(name: str, value: Any) -> float:
     return out
 
 
+def unit_closed_open(name: str, value: Any) -> float:
+    """A number in ``[0, 1)`` (e.g. a ``delta`` where 0, a pure claim, is allowed)."""
+    out = nonnegative_float(name, value)
+    if not out < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+    return out
+
+
 def positive_int(name: str, value: Any, *, minimum: int = 1) -> int:
     if isinstance(value, bool):
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")

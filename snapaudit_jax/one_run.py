@@ -177,19 +177,12 @@ def _probability(p) -> float:
     return _validate.open_unit("insert_probability", p)
 
 
-def _delta(delta) -> float:
-    d = _validate.nonnegative_float("delta", delta)
-    if not d < 1.0:
-        raise ValueError(f"delta must be in [0, 1), got {delta!r}")
-    return d
-
-
 def check_design(insert_probability, delta) -> tuple[float, float]:
     """``(p, delta)`` if the analysis covers them, else ``ValueError`` (``delta > 0`` needs ``p = 1/2``).
 
     Call it before any scoring or model call, so a design the bound cannot use fails first.
     """
-    p, delta = _probability(insert_probability), _delta(delta)
+    p, delta = _probability(insert_probability), _validate.unit_closed_open("delta", delta)
     if delta > 0.0 and p != 0.5:
         raise ValueError(
             f"insert_probability must be 1/2 for an (eps, delta) claim with delta > 0 (the delta term of Steinke, "
@@ -372,12 +365,10 @@ def default_grid(canaries: int) -> tuple[tuple[int, int], ...]:
     """
     m = _validate.positive_int("canaries", canaries)
     out = []
-    for fp, fm in DEFAULT_FRACTIONS:
-        kp, km = max(1, round(fp * m)), round(fm * m)
-        if fm > 0:
-            km = max(1, km)
-        if kp + km <= m and (kp, km) not in out:
-            out.append((kp, km))
+    for i, fractions in enumerate(DEFAULT_FRACTIONS):
+        pair = _scaled(fractions, m, f"DEFAULT_FRACTIONS[{i}]")
+        if pair is not None and pair not in out:
+            out.append(pair)
     return tuple(out)
 
 
@@ -463,16 +454,16 @@ def one_run_audit(scores, inserted, *, insert_probability: float, delta: float, 
     sel, ev = perm[:n_sel], np.sort(perm[n_sel:])
     best, best_eps = None, -1.0
     for i, cand in enumerate(rule.candidates):
-        on_sel = _scaled(cand, n_sel, f"rule.candidates[{i}]")
-        if on_sel is None:
+        where = f"rule.candidates[{i}]"
+        on_sel, on_ev = _scaled(cand, n_sel, where), _scaled(cand, ev.size, where)
+        if on_sel is None or on_ev is None:
             continue
         (vp, vm), = guess_counts(s[sel], mask[sel], [on_sel])
         eps = _epsilon(int(vp), on_sel[0], int(vm), on_sel[1], n_sel, a, d, p)
-        if eps > best_eps and _scaled(cand, ev.size, "") is not None:
-            best, best_eps = cand, eps
+        if eps > best_eps:
+            best, best_eps = on_ev, eps
     if best is None:
         raise ValueError(f"rule.candidates: no candidate gives a guess on the {n_sel} selection and {ev.size} "
                          f"evaluation canaries; use more canaries or larger fractions")
-    pair = _scaled(best, ev.size, "rule.candidates[...]")
-    return _grid_result(s[ev], mask[ev], (pair,), m=int(ev.size), delta=d, alpha=a, p=p, rule="held_out",
+    return _grid_result(s[ev], mask[ev], (best,), m=int(ev.size), delta=d, alpha=a, p=p, rule="held_out",
                         n_selection=n_sel)

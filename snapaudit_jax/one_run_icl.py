@@ -150,13 +150,6 @@ class OneRunSettings:
         return self.poe_canaries if pipeline == "poe" and self.poe_canaries is not None else self.canaries
 
 
-def _delta(value) -> float:
-    d = _validate.nonnegative_float("delta", value)
-    if not d < 1.0:
-        raise ValueError(f"delta must be in [0, 1), got {value!r}")
-    return d
-
-
 def _pairs(value) -> tuple[tuple[int, int], ...] | str:
     if value == "all":
         return "all"
@@ -199,7 +192,7 @@ def parse_settings(section: dict, *, epsilons: tuple[float, ...], threats: tuple
     kw["poe_canaries"] = _take(s, "poe_canaries", w, _pos_int("poe_canaries", 2), None)
     kw["insert_probability"] = _take(s, "insert_probability", w,
                                      lambda v: _validate.open_unit("insert_probability", v), 0.5)
-    kw["delta"] = _take(s, "delta", w, _delta, 1e-6)
+    kw["delta"] = _take(s, "delta", w, lambda v: _validate.unit_closed_open("delta", v), 1e-6)
     kw["alpha"] = _take(s, "alpha", w, lambda v: _validate.open_unit("alpha", v), 0.05)
     kw["pipelines"] = _take(s, "pipelines", w, _choices(ONE_RUN_PIPELINES), ONE_RUN_PIPELINES)
     eps = _take(s, "epsilons", w, lambda v: tuple(_validate.positive_float("epsilon", e) for e in v), epsilons)
@@ -368,7 +361,7 @@ def gaussian_composition(sigma: float, sensitivity: float, queries: int, delta: 
     sigma = _validate.positive_float("sigma", sigma)
     sens = _validate.positive_float("sensitivity", sensitivity)
     m = _validate.positive_int("queries", queries)
-    d = _delta(delta)
+    d = _validate.unit_closed_open("delta", delta)
     mu = math.sqrt(m) * sens / sigma
     if d == 0.0:
         return {"mu": mu, "epsilon_gdp": math.inf, "epsilon_pld": math.inf}
@@ -408,7 +401,7 @@ def pure_composition(epsilon: float, queries: int, delta: float) -> dict:
 
     e0 = _validate.positive_float("epsilon", epsilon)
     m = _validate.positive_int("queries", queries)
-    d = _delta(delta)
+    d = _validate.unit_closed_open("delta", delta)
     if d == 0.0:
         return {"epsilon_kov": m * e0, "epsilon_pld": m * e0}
     if _kov_delta(0.0, e0, m) <= d:
