@@ -144,7 +144,7 @@ def test_null_false_alarms_below_alpha_and_the_check_tells_six_from_five_percent
 
     30,000 runs: the check fails above _limit(30000, 0.05, 1e-4) (5.47%) with false-failure probability 1e-4 at
     a true 5%; a procedure at jax_privacy's measured 6.1% would pass it with probability < 1e-5, and the same
-    grid without its family correction (alpha per pair) is caught.
+    grid without its family correction (alpha per pair) is caught, as is a point estimate reported as a bound.
     """
     runs, m, delta, alpha, failure = 30_000, 1000, 1e-5, 0.05, 1e-4
     rng = np.random.default_rng(0)
@@ -162,6 +162,10 @@ def test_null_false_alarms_below_alpha_and_the_check_tells_six_from_five_percent
     # power: the same pairs each at alpha (no union bound) exceed alpha
     uncorrected = _rejects_zero(counts, pairs, m=m, delta=delta, level=alpha, p=0.5)
     assert uncorrected.sum() > limit
+    # and a point estimate reported as a bound (logit of the best pair's raw precision) is caught too
+    r = np.array([kp + km for kp, km in pairs])
+    point = (counts.sum(-1) / r > 0.5).any(axis=1)  # logit(v / r) > 0 for some pair
+    assert point.sum() > limit
     # the Monte Carlo's event is the library's: epsilon > 0 exactly where some pair rejects eps = 0
     rng = np.random.default_rng(1)
     for _ in range(40):
