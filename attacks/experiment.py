@@ -8,8 +8,20 @@ A small GPT-2 (our Flax NNX model) is trained on a synthetic corpus of e-mail an
 extraction game (PII it also generates is not counted as leaked) and supplies the tokenizer: the BPE is
 trained on public text only, so its vocabulary holds no private PII.
 
-Each variant gets: held-out perplexity, PII extraction precision/recall, reconstruction and inference
-accuracy (seed 003, Algorithms 3-6), loss-based membership inference AUC, and a canary audit: canaries
+Each variant gets, measured as seed 003 measures it (where the CPU-sized setting differs, the README says so):
+
+* held-out perplexity -- for the scrubbed variants on scrubbed held-out text, as the reference scrubs the
+  training *and* the test split (a scrubbed model never saw a raw name, so raw text measures the tagger);
+* PII extraction (Algorithm 3, Table III): PERSON entities, precision and recall over unique strings, the
+  training PII defined by the same tagger that finds PII in the generated text; the ground-truth-span
+  variant and all labels are extra columns;
+* reconstruction (Algorithm 6, 64 candidates) and inference (``|C| = 100`` and ``500``, distractors from the
+  training pool's PII of the same label, the truth once) accuracy over the queries the public baseline model
+  does not already get right (the paper's rule), the raw accuracy as an extra column;
+* membership inference AUC of the loss attack and of the reference-model (likelihood-ratio) attack that
+  calibrates each loss by the public baseline model's (members: training records as trained on, scrubbed for
+  the scrubbed variants; non-members: held-out records, scrubbed alike);
+* a canary audit: canaries
 inserted with probability 1/2 into the training records (after scrubbing: the audit measures the training
 algorithm, not the tagger), scored by loss, turned into an epsilon lower bound by our one-run auditor
 (:mod:`snapaudit_jax.one_run`, Steinke et al. 2023: a declared grid of guesses, valid for one training run)
@@ -17,9 +29,8 @@ algorithm, not the tagger), scored by loss, turned into an epsilon lower bound b
 threshold family is chosen with the labels), and our Clopper-Pearson / GDP estimators on a separate
 threshold-selection split (which treat canaries as independent trials: a heuristic within one run).
 
-Output folder: ``results.json`` (one object per variant with ``perplexity, extraction_precision,
-extraction_recall, reconstruction_accuracy, inference_accuracy, mia_auc, epsilon_claimed,
-epsilon_audited``; ``null`` where not applicable), ``results_full.json`` (every attack's details and the DP
+Output folder: ``results.json`` (one object per variant with the :data:`RESULT_KEYS`; ``null`` where not
+applicable), ``results_full.json`` (every attack's details and the DP
 reports), ``table.md``, ``leakage.png``, ``config.json``, and ``checkpoints/`` + ``variants/`` from which a
 rerun into the same folder resumes (finished trainings and attacks are not redone).
 
@@ -61,8 +72,10 @@ __all__ = ["VARIANTS", "RESULT_KEYS", "ModelSettings", "TrainingSettings", "PIIC
 
 VARIANTS = ("undefended", "dp", "scrubbed", "dp_scrubbed")
 RESULT_KEYS = ("perplexity", "extraction_precision", "extraction_recall", "reconstruction_accuracy",
-               "inference_accuracy", "mia_auc", "epsilon_claimed", "epsilon_audited")
-_VERSION = 1  # of the resume files' layout
+               "reconstruction_accuracy_raw", "inference_accuracy", "inference_accuracy_raw", "mia_auc",
+               "mia_auc_reference", "epsilon_claimed", "epsilon_audited")
+HEADLINE_LABEL = "PERSON"  # Table III's entity class (the first attacked label when PERSON is not attacked)
+_VERSION = 2  # of the resume files' layout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,8 +165,8 @@ class PIIConfig:
     model: ModelSettings = ModelSettings()
     training: TrainingSettings = TrainingSettings()
     extraction: ExtractionConfig = ExtractionConfig(n_samples=200, max_new_tokens=96)
-    reconstruction: ReconstructionConfig = ReconstructionConfig(n_samples=32, max_queries=100)
-    inference: InferenceConfig = InferenceConfig(n_candidates=50, max_queries=100)
+    reconstruction: ReconstructionConfig = ReconstructionConfig(n_samples=64, max_queries=100)
+    inference: InferenceConfig = InferenceConfig(n_candidates=(100, 500), max_queries=100)
     audit: CanaryAuditConfig = CanaryAuditConfig()
     mia_fprs: tuple[float, ...] = (0.1, 0.01)
     eval_batch_size: int = 32
@@ -284,7 +297,9 @@ class _Data:
     canaries: Any
     tokenizer: Any
     tagger: Any
-    scrubbed: list[str]
+    scrubbed: list[str]  # the training records as the scrubbed variants train on them
+    scrubbed_test: list[str]  # the held-out records scrubbed alike (the scrubbed variants' evaluation text)
+    tagged_train_pii: set  # (label, string) the tagger finds in the training records (Table III's training PII)
     tagger_quality: dict
 
 
@@ -305,15 +320,28 @@ def _prepare(config: PIIConfig, log) -> _Data:
     predicted = tagger.tag(texts)
     quality = evaluate_tagger(predicted, [r.spans for r in train])
     scrubbed = [scrub_text(t, spans) for t, spans in zip(texts, predicted)]  # scrub(), without tagging twice
+    test_texts = [r.text for r in test]
+    scrubbed_test = [scrub_text(t, spans) for t, spans in zip(test_texts, tagger.tag(test_texts))]
+    from attacks.extraction import normalize_pii
+
+    tagged_train_pii = {(s.label, normalize_pii(s.value)) for spans in predicted for s in spans}
+    label = config.inference.label
+    pool = {normalize_pii(s.value) for r in train for s in r.spans if s.label == label}
+    if len(pool) < max(config.inference.sizes):
+        raise ConfigFileError(
+            f"inference.n_candidates: |C| = {max(config.inference.sizes)} needs at least that many distinct "
+            f"{label} strings in the training records (the distractor pool, with the truth drawn once), got "
+            f"{len(pool)}; lower it or raise corpus.n_people / corpus.n_records")
     log(f"corpus: {len(train)} training records, {len(test)} held out, {len(public.records)} public; "
         f"{int(canaries.inserted.sum())}/{len(canaries.canaries)} canaries inserted; "
         f"tagger recall {quality['all']['recall']:.3f}, precision {quality['all']['precision']:.3f}")
-    longest = max(len(frame(tokenizer, t)) for t in texts + scrubbed + [r.text for r in test] + public.texts
+    longest = max(len(frame(tokenizer, t)) for t in texts + scrubbed + test_texts + scrubbed_test + public.texts
                   + [c.text for c in canaries.canaries])
     if longest > config.model.max_length:
         raise ConfigFileError(f"model.max_length: must be >= {longest} (the longest framed record), "
                               f"got {config.model.max_length}")
-    return _Data(corpus, train, test, public, canaries, tokenizer, tagger, scrubbed, quality)
+    return _Data(corpus, train, test, public, canaries, tokenizer, tagger, scrubbed, scrubbed_test, tagged_train_pii,
+                 quality)
 
 
 def _init_model(config: PIIConfig, tokenizer):
@@ -375,27 +403,38 @@ def _attack(name: str, model, report, config: PIIConfig, data: _Data, baseline, 
     bs = config.eval_batch_size
     out: dict[str, Any] = {"variant": name}
     t0 = time.perf_counter()
-    out["perplexity"] = _perplexity(model, data, [r.text for r in data.test], bs)
-    out["train_perplexity"] = _perplexity(model, data, [r.text for r in data.train], bs)
+    scrubbed = name in ("scrubbed", "dp_scrubbed")
+    # Evaluation text as the variant was trained: the scrubbed variants are evaluated on scrubbed text.
+    train_texts = data.scrubbed if scrubbed else [r.text for r in data.train]
+    test_texts = data.scrubbed_test if scrubbed else [r.text for r in data.test]
+    out["evaluation_text"] = "scrubbed" if scrubbed else "raw"
+    out["perplexity"] = _perplexity(model, data, test_texts, bs)
+    out["train_perplexity"] = _perplexity(model, data, train_texts, bs)
     out["extraction"] = extraction_attack(model, data.tokenizer, data.train, config.extraction,
-                                          jax.random.fold_in(key, 1), tagger=data.tagger, baseline_pii=baseline_pii)
-    log(f"{name}: extraction precision {out['extraction']['precision']:.3f}, "
-        f"recall {out['extraction']['recall']:.3f}")
+                                          jax.random.fold_in(key, 1), tagger=data.tagger, baseline_pii=baseline_pii,
+                                          tagged_training=data.tagged_train_pii)
+    head = _headline_extraction(out["extraction"], config)
+    log(f"{name}: extraction ({head['label']}, tagged training PII) precision {_fmt(head['precision'])}, "
+        f"recall {_fmt(head['recall'])}")
     if config.lazy_slots:
         out["lazy_extraction"] = _lazy(model, data, out["extraction"]["samples"], config, jax.random.fold_in(key, 6))
     out["reconstruction"] = reconstruction_attack(model, data.tokenizer, data.train, config.reconstruction,
                                                   jax.random.fold_in(key, 2), tagger=data.tagger,
                                                   baseline_model=baseline)
-    pool = [p.name for p in data.corpus.people] + [p.name for p in data.public.people]
+    # Distractors: the training records' own PII of the label (inference_attack's default pool).
     out["inference"] = inference_attack(model, data.tokenizer, data.train, config.inference,
-                                        jax.random.fold_in(key, 3), candidate_pool=pool, baseline_model=baseline)
-    log(f"{name}: reconstruction {out['reconstruction']['accuracy']:.3f}, inference "
-        f"{out['inference']['accuracy']:.3f} (|C| = {config.inference.n_candidates}; the public baseline model "
-        f"{out['inference']['baseline_accuracy']:.3f})")
+                                        jax.random.fold_in(key, 3), baseline_model=baseline)
+    rec, inf = out["reconstruction"], out["inference"]
+    log(f"{name}: reconstruction {_fmt(rec['accuracy_excluding_baseline'])} excluding what the public model gets "
+        f"right ({_fmt(rec['accuracy'])} raw), inference " + ", ".join(
+            f"|C| = {g['n_candidates']}: {_fmt(g['accuracy_excluding_baseline'])} ({_fmt(g['accuracy'])} raw)"
+            for g in inf["by_size"]))
     rng = np.random.default_rng([config.seed, 13])
-    members = [data.train[int(i)].text for i in rng.choice(len(data.train), len(data.test), replace=False)]
-    out["mia"] = mia_attack(model, data.tokenizer, members, [r.text for r in data.test], jax.random.fold_in(key, 4),
+    members = [train_texts[int(i)] for i in rng.choice(len(data.train), len(data.test), replace=False)]
+    out["mia"] = mia_attack(model, data.tokenizer, members, test_texts, jax.random.fold_in(key, 4),
                             fprs=config.mia_fprs, batch_size=bs)
+    out["mia_reference"] = mia_attack(model, data.tokenizer, members, test_texts, jax.random.fold_in(key, 4),
+                                      reference_model=baseline, fprs=config.mia_fprs, batch_size=bs)
     audit_delta = report.delta if report.dp else config.audit.delta
     audit_cfg = dataclasses.replace(config.audit, delta=audit_delta)
     out["canary_audit"] = canary_audit(model, data.tokenizer, data.canaries, audit_cfg, jax.random.fold_in(key, 5))
@@ -406,17 +445,33 @@ def _attack(name: str, model, report, config: PIIConfig, data: _Data, baseline, 
     out["report"] = _report_dict(report)
     out["row"] = {
         "perplexity": out["perplexity"],
-        "extraction_precision": _num(out["extraction"]["precision"]),
-        "extraction_recall": _num(out["extraction"]["recall"]),
-        "reconstruction_accuracy": _num(out["reconstruction"]["accuracy"]),
-        "inference_accuracy": _num(out["inference"]["accuracy"]),
+        "extraction_precision": _num(head["precision"]),
+        "extraction_recall": _num(head["recall"]),
+        "reconstruction_accuracy": _num(rec["accuracy_excluding_baseline"]),
+        "reconstruction_accuracy_raw": _num(rec["accuracy"]),
+        "inference_accuracy": _num(inf["accuracy_excluding_baseline"]),
+        "inference_accuracy_raw": _num(inf["accuracy"]),
         "mia_auc": _num(out["mia"]["auc"]),
+        "mia_auc_reference": _num(out["mia_reference"]["auc"]),
         "epsilon_claimed": float(report.epsilon) if report.dp else None,
         "epsilon_audited": audited,
     }
-    log(f"{name}: MIA AUC {out['mia']['auc']:.3f}, audited epsilon {audited if audited is None else round(audited, 3)}"
+    log(f"{name}: MIA AUC {out['mia']['auc']:.3f} (loss), {out['mia_reference']['auc']:.3f} (reference model), "
+        f"audited epsilon {audited if audited is None else round(audited, 3)}"
         f" ({time.perf_counter() - t0:.0f}s of attacks)")
     return out
+
+
+def _headline_label(config: PIIConfig) -> str:
+    labels = config.extraction.labels
+    return HEADLINE_LABEL if HEADLINE_LABEL in labels else labels[0]
+
+
+def _headline_extraction(extraction: Mapping[str, Any], config: PIIConfig) -> dict:
+    """Table III's figure: one label (PERSON), unique strings, the training PII as the tagger defines it."""
+    label = _headline_label(config)
+    rates = extraction["tagged"]["per_label"].get(label) or {"precision": float("nan"), "recall": float("nan")}
+    return {"label": label, **rates}
 
 
 REPETITION_BINS = ((1, 3), (4, 15), (16, None))  # training records holding the attacked PII string
@@ -583,26 +638,53 @@ def _fmt(x, digits=3) -> str:
 
 def format_table(results: Mapping[str, dict], full: Mapping[str, dict], config: PIIConfig, tagger: dict) -> str:
     """Markdown in the spirit of seed 003's Tables III-VI."""
+    sizes = config.inference.sizes
+    label = _headline_label(config)
     lines = ["# PII leakage of a small GPT-2 fine-tuned four ways", "",
-             f"Extraction: {config.extraction.n_samples} top-{config.extraction.top_k} samples; reconstruction and "
-             f"inference of {config.reconstruction.label} (inference |C| = {config.inference.n_candidates}, chance "
-             f"{1 / config.inference.n_candidates:.3f}); MIA: loss, members vs held-out records; epsilon audited: "
-             "our one-run lower bound from the canaries inserted once (95%, declared guess grid).", "",
+             f"Extraction (Table III): {label} strings in {config.extraction.n_samples} top-{config.extraction.top_k}"
+             " samples, precision and recall over unique strings against the training PII as the same tagger finds "
+             "it, PII the public baseline model also generates removed. Reconstruction "
+             f"({config.reconstruction.n_samples} sampled candidates) and inference (|C| = {sizes[0]}, chance "
+             f"{1 / sizes[0]:.3f}) of {config.reconstruction.label}: accuracy over the queries the public baseline "
+             "model does not already get right. MIA: loss attack (and the reference-model attack calibrated by the "
+             "public baseline model), members vs held-out records, scrubbed text for the scrubbed variants (as the "
+             "perplexity). Epsilon audited: our one-run lower bound from the canaries inserted once (95%, declared "
+             "guess grid).", "",
              "| variant | perplexity | extraction precision | extraction recall | reconstruction acc. | "
-             "inference acc. | MIA AUC | epsilon claimed | epsilon audited |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    first = next(iter(full.values()), {})
-    base_rec = first.get("reconstruction", {}).get("baseline_accuracy")
-    base_inf = first.get("inference", {}).get("baseline_accuracy")
+             "inference acc. | MIA AUC (loss) | MIA AUC (reference) | epsilon claimed | epsilon audited |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
         lines.append(f"| {name} | {_fmt(r['perplexity'], 2)} | {_fmt(r['extraction_precision'])} | "
                      f"{_fmt(r['extraction_recall'])} | {_fmt(r['reconstruction_accuracy'])} | "
-                     f"{_fmt(r['inference_accuracy'])} | {_fmt(r['mia_auc'])} | {_fmt(r['epsilon_claimed'], 2)} | "
-                     f"{_fmt(r['epsilon_audited'], 2)} |")
-    lines += ["", f"Reference: ranking the same candidate lists with the public baseline model (never trained on the "
-              f"private records) gives inference {_fmt(base_inf)} (what the data distribution alone gives away) and "
-              f"reconstruction {_fmt(base_rec)} (its candidates were sampled from the first variant's model, so this "
-              "measures the ranking step only).", ""]
+                     f"{_fmt(r['inference_accuracy'])} | {_fmt(r['mia_auc'])} | {_fmt(r['mia_auc_reference'])} | "
+                     f"{_fmt(r['epsilon_claimed'], 2)} | {_fmt(r['epsilon_audited'], 2)} |")
+
+    def pr(rates):
+        return f"{_fmt((rates or {}).get('precision'))} / {_fmt((rates or {}).get('recall'))}"
+
+    lines += ["", "Extra columns. Extraction precision / recall: the headline label against the ground-truth spans "
+              "(counts the tagger's misses), and every attacked label (micro) against tagged and ground-truth PII. "
+              "Accuracy raw: over every query; public model: the baseline model ranking the same lists; agreement "
+              "rule: the reference implementation's (a query is skipped when the public model predicts what the "
+              "target predicts).", "",
+              f"| variant | extraction {label}, ground truth | all labels, tagged | all labels, ground truth | "
+              "reconstruction raw / public model / agreement rule | "
+              + " | ".join(f"inference |C| = {s}: excl. public / raw / public model" for s in sizes) + " |",
+              "|---|---:|---:|---:|---:|" + "---:|" * len(sizes)]
+    for name, f in full.items():
+        ex, rec = f["extraction"], f["reconstruction"]
+        games = {g["n_candidates"]: g for g in f["inference"].get("by_size", [f["inference"]])}
+        cells = [pr(ex["per_label"].get(label)), pr(ex.get("tagged")), pr(ex),
+                 f"{_fmt(rec.get('accuracy'))} / {_fmt(rec.get('baseline_accuracy'))} / "
+                 f"{_fmt(rec.get('accuracy_excluding_agreement'))}"]
+        for size in sizes:
+            g = games.get(size, {})
+            cells.append(f"{_fmt(g.get('accuracy_excluding_baseline'))} / {_fmt(g.get('accuracy'))} / "
+                         f"{_fmt(g.get('baseline_accuracy'))}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "The public model's reconstruction ranks candidates sampled from each variant's own model, so it "
+              "measures the ranking step only; its inference accuracy is what the data distribution alone gives "
+              "away.", ""]
     lines += ["", "Accuracy by how many training records hold the attacked PII (DP bounds one record's "
               "influence; repeated PII is a group):", "",
               "| variant | game | " + " | ".join(r["records"] + " records" for r in

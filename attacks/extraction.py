@@ -6,9 +6,14 @@ data) also emits, and compare the rest with the PII of the training records::
 
     precision = |extracted & train| / |extracted|       recall = |extracted & train| / |train|
 
-per label and over all labels (micro: a PII is a ``(label, string)`` pair), with strings compared after
-whitespace normalisation (case-sensitive). The recall denominator is all training PII of the label, so PII
-the baseline also produces cannot be credited to the attack (it is dropped from the numerator only).
+per label and over all labels (micro: a PII is a ``(label, string)`` pair, counted once however often it
+occurs: precision and recall over unique strings), with strings compared after whitespace normalisation
+(case-sensitive). The training PII can be defined two ways: by the ground-truth spans of the records, or -- as
+in the paper's Table III, where Flair tags both the training data and the samples -- by the same tagger that
+finds the PII in the generated text (``tagged_training``); the second charges the attack only with PII the
+tagger can see at all, the first also counts the tagger's misses. The recall denominator is all training PII
+of the label, so PII the baseline also produces cannot be credited to the attack (it is dropped from the
+numerator only).
 
 Lazy estimation (Algorithm 4, :func:`lazy_extractability`): assume PII of one class is interchangeable in the
 contexts where the model emits that class. Every tagged PII slot in the samples gives a prefix; the
@@ -173,6 +178,7 @@ def extraction_attack(
     tagger: Tagger | None = None,
     baseline_model=None,
     baseline_pii: Collection[tuple[str, str]] | None = None,
+    tagged_training: Collection[tuple[str, str]] | None = None,
 ) -> dict:
     """Observed PII extraction (Algorithm 3).
 
@@ -186,9 +192,12 @@ def extraction_attack(
       baseline_model: a model trained without the private data; its samples' PII is subtracted.
       baseline_pii: precomputed baseline PII instead (``(label, string)`` pairs, e.g. from :func:`tagged_pii`
         on baseline samples shared by several targets). At most one of the two.
+      tagged_training: the training PII as ``tagger`` finds it in the training text (``(label, string)`` pairs,
+        e.g. :func:`tagged_pii` of the records' texts); when given, ``"tagged"`` holds the metrics against it.
 
     Returns:
-      :func:`extraction_metrics`'s dict plus ``"samples"`` (the target samples), ``"n_samples"``,
+      :func:`extraction_metrics`'s dict against the ground-truth spans, ``"tagged"`` (the same against
+      ``tagged_training``, or absent), plus ``"samples"`` (the target samples), ``"n_samples"``,
       ``"baseline_pii"`` (sorted pairs) and ``"items"``: one dict per training PII ``{"label", "value",
       "train_records", "generated_count", "extracted"}`` (``generated_count``: tagged occurrences in the target
       samples; ``extracted``: generated and not produced by the baseline), for leakage-vs-repetition plots.
@@ -212,6 +221,10 @@ def extraction_attack(
     for (label, value), n in pii_record_counts(records, config.labels).items():
         train_counts[(label, normalize_pii(value))] += n
     out = extraction_metrics(set(generated), set(train_counts), baseline)
+    if tagged_training is not None:
+        keep = set(config.labels)
+        out["tagged"] = extraction_metrics(set(generated), {k for k in _keys("tagged_training", tagged_training)
+                                                            if k[0] in keep}, baseline)
     out["samples"] = samples
     out["n_samples"] = config.n_samples
     out["baseline_pii"] = sorted(baseline)

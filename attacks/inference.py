@@ -2,9 +2,14 @@
 
 The attacker of the inference game additionally knows a set ``C`` of ``|C|`` candidate PII strings that
 contains the target's (e.g. the people of a known organisation). Each query (:func:`~attacks.reconstruction.
-make_queries`) gets the true string plus ``|C| - 1`` distractors drawn uniformly without replacement from a
-pool of same-label PII, and Algorithm 6's ranking (:func:`~attacks.reconstruction.rank_candidates`, lowest
+make_queries`) gets the true string once plus ``|C| - 1`` distractors drawn uniformly without replacement from a
+pool of same-label PII -- by default the training records' own PII of the label, as the paper draws them (the
+reference implementation samples them from the training split's tagged PII), so no distractor is a name the
+model never saw -- and Algorithm 6's ranking (:func:`~attacks.reconstruction.rank_candidates`, lowest
 perplexity, exact ties to the lexicographically smallest string) picks one. Chance accuracy is ``1 / |C|``.
+
+Several set sizes can be played on the same queries (Table V reports ``|C| = 100`` and ``500``, the
+default); the first size is the headline, each size draws its own distractors.
 
 References:
   Lukas et al., "Analyzing Leakage of Personally Identifiable Information in Language Models", IEEE S&P 2023,
@@ -34,14 +39,15 @@ class InferenceConfig:
 
     Attributes:
       label: target PII label.
-      n_candidates: ``|C|``, candidates per query including the truth.
+      n_candidates: ``|C|``, candidates per query including the truth; a tuple plays every size on the same
+        queries (the first is the headline). Default ``(100, 500)``, the paper's Table V.
       fill: ``"public"`` or ``"mask"`` (see :mod:`attacks.reconstruction`).
       max_queries: attack at most this many target mentions (uniform subset; ``None``: all).
       batch_size: rows per scoring pass.
     """
 
     label: str = "PERSON"
-    n_candidates: int = 100
+    n_candidates: int | tuple[int, ...] = (100, 500)
     fill: str = "public"
     max_queries: int | None = None
     batch_size: int = 32
@@ -49,12 +55,25 @@ class InferenceConfig:
     def validate(self) -> "InferenceConfig":
         """Checks every field; returns ``self`` (errors name the field, the rule and the value)."""
         _validate.choice("label", self.label, LABELS)
-        _validate.positive_int("n_candidates", self.n_candidates, minimum=2)
+        if isinstance(self.n_candidates, tuple):
+            if not self.n_candidates:
+                raise ValueError("n_candidates must hold at least one set size, got ()")
+            for size in self.n_candidates:
+                _validate.positive_int("n_candidates[...]", size, minimum=2)
+            if len(set(self.n_candidates)) != len(self.n_candidates):
+                raise ValueError(f"n_candidates must not repeat a size, got {list(self.n_candidates)}")
+        else:
+            _validate.positive_int("n_candidates", self.n_candidates, minimum=2)
         _validate.choice("fill", self.fill, FILLS)
         if self.max_queries is not None:
             _validate.positive_int("max_queries", self.max_queries)
         _validate.positive_int("batch_size", self.batch_size)
         return self
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The candidate-set sizes played, headline first."""
+        return self.n_candidates if isinstance(self.n_candidates, tuple) else (self.n_candidates,)
 
 
 def candidate_sets(truths: Sequence[str], pool: Sequence[str], n_candidates: int, key: jax.Array) -> list[list[str]]:
@@ -103,27 +122,38 @@ def inference_attack(
       model: the target NNX decoder; tokenizer: its tokenizer.
       records: the private training records (targets from their ground-truth spans).
       config: an :class:`InferenceConfig`.
-      key: PRNG key (queries ``fold_in(key, 0)``, candidate sets ``fold_in(key, 1)``).
+      key: PRNG key (queries ``fold_in(key, 0)``; the first size's candidate sets ``fold_in(key, 1)``, every
+        further size ``s`` ``fold_in(fold_in(key, 1), s)``).
       candidate_pool: strings the distractors come from (default: every distinct ``config.label`` string in
-        ``records``; pass e.g. the whole people pool of the corpus to include PII that is not in training).
-      baseline_model: optional model without the private data; queries it gets right are excluded from
-        ``accuracy_excluding_baseline``.
+        ``records``, the training pool of the paper).
+      baseline_model: optional model without the private data; it ranks the same sets, and queries it gets
+        right are excluded from ``accuracy_excluding_baseline`` (see :mod:`attacks.reconstruction`).
 
     Returns:
-      As :func:`~attacks.reconstruction.reconstruction_attack` (``coverage`` is 1 by construction), plus
-      ``"n_candidates"`` and ``"chance"`` (``1 / |C|``).
+      The first size's game as :func:`~attacks.reconstruction.reconstruction_attack` returns it (``coverage``
+      is 1 by construction), plus ``"n_candidates"``, ``"chance"`` (``1 / |C|``) and ``"by_size"``: one such
+      dict per size in ``config.sizes`` (the first is the headline itself, without its items).
+
+    Raises:
+      ValueError: the pool holds fewer than ``|C| - 1`` strings other than a truth.
     """
     config.validate()
     queries = make_queries(records, config.label, jax.random.fold_in(key, 0), fill=config.fill,
                            max_queries=config.max_queries)
     if candidate_pool is None:
         candidate_pool = [s.value for r in records for s in r.spans if s.label == config.label]
-    sets = candidate_sets([q.truth for q in queries], candidate_pool, config.n_candidates, jax.random.fold_in(key, 1))
-    rankings = rank_candidates(model, tokenizer, queries, sets, batch_size=config.batch_size)
-    baseline = None
-    if baseline_model is not None:
-        baseline = rank_candidates(baseline_model, tokenizer, queries, sets, batch_size=config.batch_size)
-    out = _summary(queries, rankings, baseline)
-    out["n_candidates"] = config.n_candidates
-    out["chance"] = 1.0 / config.n_candidates
+    games = []
+    for i, size in enumerate(config.sizes):
+        sets_key = jax.random.fold_in(key, 1) if i == 0 else jax.random.fold_in(jax.random.fold_in(key, 1), size)
+        sets = candidate_sets([q.truth for q in queries], candidate_pool, size, sets_key)
+        rankings = rank_candidates(model, tokenizer, queries, sets, batch_size=config.batch_size)
+        baseline = None
+        if baseline_model is not None:
+            baseline = rank_candidates(baseline_model, tokenizer, queries, sets, batch_size=config.batch_size)
+        game = _summary(queries, rankings, baseline)
+        game["n_candidates"] = size
+        game["chance"] = 1.0 / size
+        games.append(game)
+    out = dict(games[0])
+    out["by_size"] = [{k: v for k, v in g.items() if k != "items" or j} for j, g in enumerate(games)]
     return out

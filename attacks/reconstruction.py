@@ -10,6 +10,12 @@ public masked LM; here a :class:`~attacks.corpus.PublicFiller` draws same-label 
 2. ranking (:func:`rank_candidates`): each candidate is written into the slot and the whole sentence scored;
    the prediction is the candidate of lowest perplexity.
 
+Baseline rule (the paper's headline): a public model that never saw the private records ranks the same
+candidates; queries it already gets right are what the data distribution gives away, so
+``accuracy_excluding_baseline`` -- the accuracy over the other queries -- is the leakage attributable to
+training, and ``accuracy`` the raw figure. (The reference implementation skips a query whenever the public model's
+prediction equals the target model's; that variant is ``accuracy_excluding_agreement``.)
+
 Ties: a candidate set is deduplicated on normalised strings; among candidates whose perplexities are exactly
 equal (float64 of the float32 sums) the lexicographically smallest string is predicted, so the result does not
 depend on candidate order. A query without candidates predicts nothing and counts as wrong.
@@ -291,6 +297,12 @@ def _summary(queries: Sequence[Query], rankings: Sequence[dict], baseline: Seque
         out["baseline_accuracy"] = float(base_correct.mean()) if n else float("nan")
         out["accuracy_excluding_baseline"] = float(correct[attributable].mean()) if attributable.any() else float(
             "nan")
+        out["n_excluding_baseline"] = int(attributable.sum())
+        # The reference implementation's literal rule: skip a query when the public model predicts what the
+        # target predicts (right or wrong).
+        differ = np.array([it["baseline_prediction"] != it["prediction"] for it in items], bool)
+        out["accuracy_excluding_agreement"] = float(correct[differ].mean()) if differ.any() else float("nan")
+        out["n_excluding_agreement"] = int(differ.sum())
     out["items"] = items
     return out
 
@@ -318,7 +330,8 @@ def reconstruction_attack(
 
     Returns:
       ``{"n_queries", "accuracy" (top-1), "coverage" (truth among candidates), "accuracy_given_coverage",
-      ["baseline_accuracy", "accuracy_excluding_baseline"], "items": [per query {"record", "start", "end",
+      ["baseline_accuracy", "accuracy_excluding_baseline", "n_excluding_baseline", "accuracy_excluding_agreement",
+      "n_excluding_agreement"], "items": [per query {"record", "start", "end",
       "label", "truth", "prediction", "correct", "n_candidates", "truth_in_candidates", "tied", ...}]}``.
     """
     config.validate()

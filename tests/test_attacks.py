@@ -115,8 +115,12 @@ def _tokenizer(texts):
 def lm(corpus):
     """``(model, tokenizer)``: random GPT-2 (width 32, 2 layers, 64 positions) and a BPE trained on the corpus."""
     tok = _tokenizer(corpus.texts + [c.text for c in make_canaries(CanaryConfig(n_canaries=50)).canaries])
+    return _gpt2(tok, 7), tok
+
+
+def _gpt2(tok, seed: int):
     cfg = GPT2Config(vocab_size=tok.vocab_size, n_positions=64, n_embd=32, n_layer=2, n_head=4, n_inner=64)
-    return GPT2(cfg, nnx.Rngs(7)), tok
+    return GPT2(cfg, nnx.Rngs(seed))
 
 
 def _record(index: int, parts) -> Record:
@@ -485,6 +489,62 @@ def test_inference_candidate_sets_and_attack(lm):
     assert out["coverage"] == 1.0 and out["chance"] == 0.2
 
 
+def test_inference_plays_every_size_from_the_training_pool(lm):
+    """Several |C| on the same queries; default distractors: the records' own PII, the truth exactly once."""
+    model, tok = lm
+    records = SHORT + [_record(3 + i, ["Hi ", ("PERSON", n), "."]) for i, n in
+                       enumerate(["Eve Adams", "Fay Hill", "Gus Lee", "Hal Ito", "Ida Kay"])]
+    pool = sorted({s.value for r in records for s in r.spans if s.label == "PERSON"})
+    baseline = _gpt2(tok, 11)  # another random model: its predictions differ from model's
+    cfg = InferenceConfig(n_candidates=(3, 6), fill="mask", batch_size=BATCH)
+    out = inference_attack(model, tok, records, cfg, jax.random.key(6), baseline_model=baseline)
+    qs = make_queries(records, "PERSON", jax.random.fold_in(jax.random.key(6), 0), fill="mask")
+    assert [g["n_candidates"] for g in out["by_size"]] == [3, 6] and out["n_candidates"] == 3
+    seen_disagreement = False
+    for i, size in enumerate((3, 6)):
+        k = jax.random.fold_in(jax.random.key(6), 1)
+        sets = candidate_sets([q.truth for q in qs], pool, size, k if i == 0 else jax.random.fold_in(k, size))
+        for q, cands in zip(qs, sets):
+            assert cands.count(q.truth) == 1 and len(cands) == size and set(cands) <= set(pool)
+        mine = rank_candidates(model, tok, qs, sets, batch_size=BATCH)
+        base = rank_candidates(baseline, tok, qs, sets, batch_size=BATCH)
+        game = out["by_size"][i]
+        correct = np.array([m["prediction"] == q.truth for m, q in zip(mine, qs)])
+        base_ok = np.array([b["prediction"] == q.truth for b, q in zip(base, qs)])
+        agree = np.array([b["prediction"] == m["prediction"] for b, m in zip(base, mine)])
+        assert game["accuracy"] == pytest.approx(correct.mean())
+        assert game["baseline_accuracy"] == pytest.approx(base_ok.mean())
+        assert game["n_excluding_baseline"] == int((~base_ok).sum())
+        if (~base_ok).any():
+            assert game["accuracy_excluding_baseline"] == pytest.approx(correct[~base_ok].mean())
+        if (~agree).any():
+            seen_disagreement = True
+            assert game["accuracy_excluding_agreement"] == pytest.approx(correct[~agree].mean())
+        assert game["chance"] == pytest.approx(1 / size)
+    assert out["accuracy"] == out["by_size"][0]["accuracy"] and "items" in out and "items" in out["by_size"][1]
+    assert seen_disagreement  # the agreement rule was exercised, not skipped
+    with pytest.raises(ValueError, match="n_candidates=10 needs a pool of at least 9"):
+        inference_attack(model, tok, records, InferenceConfig(n_candidates=(3, 10), fill="mask"), jax.random.key(6))
+    for bad, match in [((), "at least one set size"), ((3, 3), "must not repeat"), ((3, 1), r"n_candidates\[...\]")]:
+        with pytest.raises(ValueError, match=match):
+            InferenceConfig(n_candidates=bad).validate()
+
+
+def test_mia_reference_attack_subtracts_the_reference_loss(lm):
+    """Likelihood-ratio score: -(target loss - reference loss), oracle from score_texts of both models."""
+    model, tok = lm
+    reference = _gpt2(tok, 11)
+    members, nonmembers = [r.text for r in SHORT], ["Hi Eve Adams.", "Dear Fay Hill, call Gus Lee.", "Ok."]
+    out = mia_attack(model, tok, members, nonmembers, jax.random.key(0), reference_model=reference, fprs=(0.5,),
+                     batch_size=BATCH)
+    want = (-score_texts(model, tok, members, batch_size=BATCH).mean_nll
+            + score_texts(reference, tok, members, batch_size=BATCH).mean_nll)
+    np.testing.assert_allclose(out["member_scores"], want, rtol=1e-5)
+    plain = mia_attack(model, tok, members, nonmembers, jax.random.key(0), fprs=(0.5,), batch_size=BATCH)
+    assert not np.allclose(out["member_scores"], plain["member_scores"])
+    assert out["score"] == "-(loss - reference loss)" and plain["score"] == "-loss"
+
+
 # ---------------------------------------------------------------------------
 # 6. Membership inference
 # ---------------------------------------------------------------------------
@@ -502,6 +562,23 @@ def test_roc_auc_and_curve_match_sklearn():
         np.testing.assert_allclose(tpr, st)
         np.testing.assert_allclose(th[1:], sth[1:])
     assert roc_auc([1.0, 1.0], [1.0]) == 0.5
+
+
+def test_extraction_against_tagged_training_pii(lm):
+    """Table III's variant: the training PII is what the tagger finds, not the ground-truth spans."""
+    model, tok = lm
+    tagger = _FixedTagger(["Alice Smith", "Zed Moe", "Alice Smith"])
+    cfg = ExtractionConfig(n_samples=6, max_new_tokens=12, top_k=5, batch_size=BATCH, labels=("PERSON",))
+    # The tagger saw Zed Moe (a ground-truth miss) and Alice in the training text, plus an ORG (not attacked).
+    tagged = [("PERSON", "Alice Smith"), ("PERSON", " Zed  Moe "), ("ORG", "Lee LLC")]
+    out = extraction_attack(model, tok, SHORT, cfg, jax.random.key(2), tagger=tagger, tagged_training=tagged)
+    # Generated {Alice, Zed}: both are tagged training PII; the ground truth {Alice, Bob, Carol, Dan} has Alice.
+    assert (out["tagged"]["precision"], out["tagged"]["recall"]) == (1.0, 1.0)
+    assert out["tagged"]["n_training"] == 2  # ORG filtered out: only attacked labels count
+    assert (out["precision"], out["recall"]) == (0.5, 0.25)
+    assert "tagged" not in extraction_attack(model, tok, SHORT, cfg, jax.random.key(2), tagger=tagger)
+    with pytest.raises(ValueError, match="tagged_training must hold"):
+        extraction_attack(model, tok, SHORT, cfg, jax.random.key(2), tagger=tagger, tagged_training=["Alice"])
 
 
 def test_low_fpr_points_are_empirical_and_heldout():

@@ -173,3 +173,77 @@ def test_one_run_audit_refuses_unfair_canary_insertion_before_writing(tmp_path):
                            str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "canaries.insert_probability" in proc.stderr and "got 0.8" in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_headline_columns_follow_the_paper(tiny_run):
+    """Row = Table III's PERSON extraction against tagged training PII, accuracies excluding what the public
+    model already gets right (raw beside them), and both membership attacks."""
+    import numpy as np
+
+    from attacks.corpus import make_corpus
+    from attacks.extraction import normalize_pii
+    from attacks.ner import default_tagger
+
+    cfg, out, result = tiny_run
+    full = json.load(open(os.path.join(out, "results_full.json")))["variants"]
+    corpus = make_corpus(cfg.corpus)  # the runner's split, recomputed
+    held = set(int(i) for i in np.random.default_rng([cfg.seed, 11]).permutation(len(corpus.records))[:cfg.n_test])
+    train = [r.text for r in corpus.records if r.index not in held]
+    tagged_person = {normalize_pii(s.value) for spans in default_tagger(cfg.corpus.locale).tag(train)
+                     for s in spans if s.label == "PERSON"}
+    for name, row in result["results"].items():
+        f = full[name]
+        person = f["extraction"]["tagged"]["per_label"]["PERSON"]
+        assert person["n_training"] == len(tagged_person)
+        assert row["extraction_precision"] == (person["precision"] if person["n_extracted"] else None)
+        assert row["extraction_recall"] == person["recall"]
+        rec, inf = f["reconstruction"], f["inference"]
+        assert row["reconstruction_accuracy_raw"] == rec["accuracy"]
+        assert row["reconstruction_accuracy"] == (rec["accuracy_excluding_baseline"]
+                                                  if rec["n_excluding_baseline"] else None)
+        assert row["inference_accuracy_raw"] == inf["accuracy"] and inf["n_candidates"] == 5
+        assert row["mia_auc"] == f["mia"]["auc"] and row["mia_auc_reference"] == f["mia_reference"]["auc"]
+        assert f["mia_reference"]["score"] == "-(loss - reference loss)"
+        assert f["evaluation_text"] == ("scrubbed" if "scrubbed" in name else "raw")
+    table = open(os.path.join(out, "table.md")).read()
+    assert "MIA AUC (reference)" in table and "inference |C| = 5" in table
+
+
+def test_scrubbed_variants_are_evaluated_on_scrubbed_text(tiny_run):
+    """Perplexity and membership members/non-members of a scrubbed variant use the text as it trained on."""
+    import numpy as np
+
+    from attacks.blackbox import score_texts
+    from attacks.corpus import insert_canaries
+    from attacks.experiment import _perplexity, _prepare, _train
+    from attacks.ner import MASK
+    from snapaudit_jax._progress import RunLog
+
+    cfg, out, result = tiny_run
+    quiet = RunLog(False)
+    data = _prepare(cfg, quiet)
+    assert any(MASK in t for t in data.scrubbed_test) and data.scrubbed_test != [r.text for r in data.test]
+    model, _ = _train("scrubbed", insert_canaries(data.scrubbed, data.canaries), False, cfg, data, out, quiet)
+    bs = cfg.eval_batch_size
+    scrubbed_ppl = _perplexity(model, data, data.scrubbed_test, bs)
+    raw_ppl = _perplexity(model, data, [r.text for r in data.test], bs)
+    assert result["results"]["scrubbed"]["perplexity"] == pytest.approx(scrubbed_ppl, rel=1e-5)
+    assert abs(scrubbed_ppl - raw_ppl) > 1e-3 * raw_ppl  # the two texts give different figures
+    idx = np.random.default_rng([cfg.seed, 13]).choice(len(data.train), len(data.test), replace=False)
+    members = [data.scrubbed[int(i)] for i in idx]
+    full = json.load(open(os.path.join(out, "results_full.json")))["variants"]["scrubbed"]
+    np.testing.assert_allclose(full["mia"]["member_scores"],
+                               -score_texts(model, data.tokenizer, members, batch_size=bs).mean_nll, rtol=1e-5)
+    np.testing.assert_allclose(full["mia"]["nonmember_scores"],
+                               -score_texts(model, data.tokenizer, data.scrubbed_test, batch_size=bs).mean_nll,
+                               rtol=1e-5)
+
+
+def test_inference_pool_too_small_fails_before_writing(tmp_path):
+    cfg = load_pii_config(write(tmp_path, TINY.format(variants="").replace("n_candidates = 5",
+                                                                           "n_candidates = [5, 500]")))
+    assert cfg.inference.sizes == (5, 500)
+    out = tmp_path / "out"
+    with pytest.raises(ConfigFileError, match=r"inference.n_candidates: \|C\| = 500 needs at least that many"):
+        run_pii(cfg, str(out), progress=False)
+    assert not out.exists()
