@@ -18,6 +18,21 @@ Clean-output model of the active audit (``[audit] clean``):
   sampled decoding); an empirical Bernstein bound adds the snapshot error,
   of order ``1 / n_llm``.
 
+ESA's candidate pool (``[pipelines.esa] candidates``): ``"sampled"`` (default)
+runs the paper's constrained 0-shot candidate stage (SnapAudit Alg. 5 line 8,
+App. D.2) ``candidate_calls`` times, once per audit and before Phase A;
+``"fixed"`` uses the two signal sentences. The stage never sees the private
+examples, so the pool is data-independent: the active audit conditions on the
+drawn pool (treated as public), which is recorded in the results. Its calls
+count in both budgets: the active audit pays them once; every passive
+end-to-end run draws its own pool, as the deployed mechanism does, so the
+passive budget (the active audit's, at ``passive_runs = snapshots``) buys
+fewer runs (:func:`passive_plan`). Pseudo-seeds
+(:meth:`~snapaudit_jax.pipelines.EmbeddingPipeline.candidate_prompts`): the
+active pool's from ``seed = [audit.seed]``, passive run ``r``'s from
+``[audit.seed + 1, r]`` (shared by run ``r`` of both contexts, like its
+partition assignment).
+
 Phase A runs the pipelines on the language model (clean snapshots, cached and
 resumable), Phase B/C audits the private releases with the core engine
 (active), and the same pipelines are audited end to end with the same
@@ -57,7 +72,8 @@ from snapaudit_jax.mechanisms import Attack
 from snapaudit_jax.one_run_icl import OneRunSettings
 from snapaudit_jax.passive import passive_bounds
 
-__all__ = ["AuditConfig", "PipelineSettings", "MiaSettings", "load_config", "run_audit", "ConfigFileError"]
+__all__ = ["AuditConfig", "PipelineSettings", "MiaSettings", "load_config", "run_audit", "passive_plan",
+           "ConfigFileError"]
 
 PIPELINE_NAMES = ("pv", "poe", "esa", "ksa")
 ON_MISMATCH = ("sampled", "fail")
@@ -65,6 +81,11 @@ _FIXED_MIXTURE = ("clean = fixed: the bound is for the release with its partitio
                   "ones (a mixture); a violation is evidence that some assignment's release violates the claim.")
 _DEFAULT_DATASET = {"pv": "agnews", "poe": "agnews", "esa": "samsum", "ksa": "samsum"}
 _DEFAULT_PARTITIONS = {"pv": 3, "esa": 1, "ksa": 8}
+ESA_CANDIDATES = ("sampled", "fixed")
+METHODS = ("simulate", "exact")
+# T_cand: the paper leaves it open. With the constrained stage close to a fair coin over {y1, y2}, 8 draws miss
+# y1 with probability 2**-8 (either signal: 2**-7), for 8 calls -- little next to Phase A's 2 * snapshots * T.
+DEFAULT_CANDIDATE_CALLS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +108,11 @@ class PipelineSettings:
         without it drops it; needs one exemplar per partition, Delta_u = 1).
       reconstruct: KSA: run the reconstruction prompt in the passive audit
         (the black-box decision is then "target keyword in the final answer").
+      candidates: ESA's candidate pool: ``"sampled"`` (default; the paper's constrained 0-shot stage, run
+        ``candidate_calls`` times once per audit before Phase A, its distinct answers the pool, off-signal
+        answers included) or ``"fixed"`` (the two signal sentences, no model call).
+      candidate_calls: ESA's ``T_cand`` (default 8: ``DEFAULT_CANDIDATE_CALLS``); with ``"fixed"`` the number
+        of calls of the candidate-stage diagnostic (``candidate_coverage``, not counted in the budgets).
     """
 
     name: str
@@ -102,6 +128,8 @@ class PipelineSettings:
     signal_sweeps: int = 2
     reconstruct: bool = False
     neighbouring: str = "replace_one"
+    candidates: str = "sampled"
+    candidate_calls: int = DEFAULT_CANDIDATE_CALLS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +144,12 @@ class MiaSettings:
 
 @dataclasses.dataclass(frozen=True)
 class AuditConfig:
-    """A full audit run (see ``examples/quickstart.toml``)."""
+    """A full audit run (see ``examples/quickstart.toml``).
+
+    ``method`` (``[audit] method``): ``"simulate"`` (default) or ``"exact"`` (closed-form rates of PV, PoE and
+    two-candidate ESA; refused for KSA, and for an ESA pool of other than 2 candidates under the black-box
+    threat).
+    """
 
     llm: str = "smollm2"
     embedder: str = "minilm"
@@ -133,6 +166,7 @@ class AuditConfig:
     clean: str = "fixed"
     on_mismatch: str = "sampled"
     calibration: str = "analytic"
+    method: str = "simulate"
     seed: int = 0
     case_seed: int = 0
     batch_size: int = 8
@@ -181,6 +215,7 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
     kw["clean"] = _take(audit_s, "clean", "audit", _choice(CLEAN_MODELS), "fixed")
     kw["on_mismatch"] = _take(audit_s, "on_mismatch", "audit", _choice(ON_MISMATCH), "sampled")
     kw["calibration"] = _take(audit_s, "calibration", "audit", _choice(("analytic", "classical")), "analytic")
+    kw["method"] = _take(audit_s, "method", "audit", _choice(METHODS), "simulate")
     kw["seed"] = _take(audit_s, "seed", "audit", _pos_int("seed", 0), 0)
     kw["case_seed"] = _take(audit_s, "case_seed", "audit", _pos_int("case_seed", 0), 0)
     kw["batch_size"] = _take(audit_s, "batch_size", "audit", _pos_int("batch_size"), 8)
@@ -194,6 +229,9 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
         if name not in PIPELINE_NAMES:
             raise ConfigFileError(f"{where}: unknown pipeline (choose from {', '.join(PIPELINE_NAMES)})")
         body = dict(body)
+        for key in ("candidates", "candidate_calls"):
+            if key in body and name != "esa":
+                raise ConfigFileError(f"{where}.{key}: only ESA has a candidate stage, got {body[key]!r}")
         s = dict(
             name=name,
             dataset=_take(body, "dataset", where, _choice(tuple(DATASETS)), _DEFAULT_DATASET[name]),
@@ -208,6 +246,9 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
             signal_sweeps=_take(body, "signal_sweeps", where, _pos_int("signal_sweeps"), 2),
             reconstruct=_take(body, "reconstruct", where, bool, False),
             neighbouring=_take(body, "neighbouring", where, _choice(("replace_one", "add_remove")), "replace_one"),
+            candidates=_take(body, "candidates", where, _choice(ESA_CANDIDATES), "sampled"),
+            candidate_calls=_take(body, "candidate_calls", where, _pos_int("candidate_calls"),
+                                  DEFAULT_CANDIDATE_CALLS),
         )
         _reject_unknown(body, where)
         if s["neighbouring"] != "replace_one" and name != "ksa":
@@ -222,6 +263,9 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
                                   f"got {s['partitions']}")
         settings.append(PipelineSettings(**s))
     kw["pipelines"] = tuple(settings)
+    if kw["method"] == "exact" and any(p.name == "ksa" for p in settings):
+        raise ConfigFileError("audit.method: 'exact' has no closed form for KSA's top-K release ([pipelines.ksa]); "
+                              "use \"simulate\" or drop the pipeline, got 'exact'")
     if mia is not None:
         mia = dict(mia)
         kw["mia"] = MiaSettings(
@@ -277,6 +321,61 @@ def _signal_pair(settings: PipelineSettings, examples, oracle, log) -> tuple[tup
     return (pair.sentence_1, pair.sentence_2), info
 
 
+def _esa_pool(config: AuditConfig, settings: PipelineSettings, pipeline, log):
+    """ESA's candidate pool for the whole audit, drawn once before Phase A (``settings.candidates``).
+
+    Raises:
+      ValueError: ``audit.method = "exact"`` with the black-box threat and a sampled pool of other than 2
+        candidates (raised before any snapshot is computed).
+    """
+    from snapaudit_jax.pipelines import CandidatePool
+
+    if settings.candidates == "fixed":
+        return CandidatePool.fixed(pipeline.signals)
+    log(f"  candidate stage: {settings.candidate_calls} constrained 0-shot calls (no private examples)")
+    pool = pipeline.draw_pool(settings.candidate_calls, config.seed)
+    log(f"  candidate pool: {len(pool.texts)} candidates (draws: y1 {pool.counts()['y1']}, y2 {pool.counts()['y2']}, "
+        f"other {pool.counts()['other']})")
+    if config.method == "exact" and "black" in config.threats and len(pool.texts) != 2:
+        raise ValueError(
+            f"pipelines.esa.candidates: audit.method = \"exact\" needs exactly 2 ESA candidates for the black-box "
+            f"release, but the sampled pool ({settings.candidate_calls} candidate calls) has {len(pool.texts)}: "
+            f"{list(pool.texts)}; set pipelines.esa.candidates = \"fixed\" (the pool y1, y2) or audit.method = "
+            "\"simulate\"")
+    return pool
+
+
+def _pool_notes(pool) -> tuple[list[str], tuple[str, ...]]:
+    """``(assumption notes, black-box warnings)`` of the active ESA audit with ``pool``."""
+    if pool.source == "fixed":
+        note = ("ESA candidate pool fixed to the two signal sentences (y1, y2): data-independent, so the release is "
+                "post-processing of the Gaussian mean for this pool.")
+    else:
+        note = (f"ESA candidate pool drawn once, before Phase A, by {pool.calls} constrained 0-shot calls that do not "
+                f"see the private examples: data-independent and treated as public, the audit is conditional on "
+                f"it ({len(pool.texts)} candidates: {list(pool.texts)}).")
+    return [note], tuple(f"ESA: {p}" for p in pool.problems())
+
+
+def passive_plan(runs: int, calls_per_pair: int, candidate_calls: int = 0) -> tuple[int, int]:
+    """``(runs per context, model calls)`` of a passive audit with the active audit's budget.
+
+    ``runs`` end-to-end runs per context cost ``calls_per_pair`` calls per pair of runs (one per context).
+    ESA with a sampled pool (``candidate_calls = T_cand > 0``): the active audit pays ``runs * calls_per_pair +
+    T_cand`` calls (Phase A at ``snapshots = runs``, then one candidate stage); every passive run draws its own
+    pool, ``calls_per_pair + 2 T_cand`` per pair, so that budget buys ``floor(budget / (calls_per_pair +
+    2 T_cand))`` runs per context (at least 1).
+    """
+    runs = _validate.positive_int("runs", runs)
+    calls_per_pair = _validate.positive_int("calls_per_pair", calls_per_pair)
+    candidate_calls = _validate.positive_int("candidate_calls", candidate_calls, minimum=0)
+    if not candidate_calls:
+        return runs, runs * calls_per_pair
+    per_pair = calls_per_pair + 2 * candidate_calls
+    n = max(1, (runs * calls_per_pair + candidate_calls) // per_pair)
+    return n, n * per_pair
+
+
 def _clean_model(config: AuditConfig, check: dict, log) -> tuple[str, list[str], tuple[str, ...]]:
     """``(clean model, assumption notes, warnings)`` of the active audits after Phase A's determinism check.
 
@@ -307,7 +406,8 @@ def _apriori_attack(pipeline) -> Attack:
     if isinstance(pipeline, PrivateVotingPipeline):
         r1, r0 = np.array([1.0, 0.0]), np.array([0.0, 1.0])
     elif isinstance(pipeline, EmbeddingPipeline):
-        r1, r0 = pipeline.candidates[0], pipeline.candidates[1]
+        r1, r0 = pipeline.signal_embeddings  # the fixed pool's candidates
+        return Attack(jnp.asarray(r1, jnp.float32), jnp.asarray(r0, jnp.float32), int(pipeline.target or 0))
     elif isinstance(pipeline, KeywordPipeline):
         r1 = np.zeros(len(pipeline.vocabulary))
         r1[pipeline.target] = 1.0
@@ -328,6 +428,30 @@ def _passive_outcomes(pipeline, mechanism, attack, clean: np.ndarray, key) -> tu
 
     keys = jax.random.split(key, clean.shape[0])
     hits, scores = jax.jit(jax.vmap(one))(keys, jnp.asarray(clean, jnp.float32))
+    return np.asarray(hits), np.asarray(scores)
+
+
+def _esa_fresh_pool_outcomes(pipeline, mechanism, pools, clean: np.ndarray, key) -> tuple[np.ndarray, np.ndarray]:
+    """``(hits, scores)`` of end-to-end ESA runs, run ``r`` releasing the candidate of its own pool ``pools[r]``
+    nearest to its noisy mean: hit iff the released text is ``y1``; score ``<noisy mean, e(y1) - e(y2)>``."""
+    import jax.numpy as jnp
+
+    y1 = pipeline.signals[0]
+    embedded = [pipeline.embed_texts(p.texts) for p in pools]
+    width = max(len(e) for e in embedded)
+    # Padding with copies of candidate 0 releases the same text (equal embeddings, equal distances).
+    cands = np.stack([np.concatenate([e, np.repeat(e[:1], width - len(e), axis=0)]) for e in embedded])
+    is_y1 = np.array([[t == y1 for t in p.texts] + [p.texts[0] == y1] * (width - len(p.texts)) for p in pools])
+    e1, e2 = pipeline.signal_embeddings
+    direction = jnp.asarray(e1 - e2, jnp.float32)
+
+    def one(k, c, cand, y1_mask):
+        release = dataclasses.replace(mechanism, candidates=cand)(k, c)
+        return y1_mask[release.output], jnp.dot(release.noisy, direction)
+
+    keys = jax.random.split(key, len(pools))
+    hits, scores = jax.jit(jax.vmap(one))(keys, jnp.asarray(clean, jnp.float32), jnp.asarray(cands, jnp.float32),
+                                          jnp.asarray(is_y1))
     return np.asarray(hits), np.asarray(scores)
 
 
@@ -412,52 +536,80 @@ def run_audit(config: AuditConfig, out_dir: str, *, progress: bool = True) -> di
             kwargs["top_k"] = settings.top_k
             kwargs["neighbouring"] = settings.neighbouring
         pipeline = PIPELINES[settings.name](oracle, case, **kwargs)
+        pool_notes, pool_warnings, candidate_calls = [], (), 0
+        if settings.name == "esa":
+            pipeline.pool = _esa_pool(config, settings, pipeline, log)  # once, before any snapshot or trial
+            extra["candidate_pool"] = pipeline.pool.to_dict()
+            pool_notes, pool_warnings = _pool_notes(pipeline.pool)
+            candidate_calls = pipeline.pool.calls
         log(f"  phase A: {config.snapshots} calls of M' per context")
         run = generate_snapshots(pipeline, snapshots=config.snapshots, seed=config.seed,
                                  run_dir=os.path.join(out_dir, "snapshots"), verify=config.verify)
         snaps = run.snapshots
         if isinstance(pipeline, KeywordPipeline) and pipeline.vocabulary is None:
             pipeline.vocabulary = tuple(run.manifest["vocabulary"])
-        if settings.name == "esa":
-            extra["candidate_coverage"] = pipeline.candidate_coverage(8, config.seed)
+        if settings.name == "esa" and settings.candidates == "fixed":
+            extra["candidate_coverage"] = pipeline.candidate_coverage(settings.candidate_calls, config.seed)
+        active_calls = run.manifest["llm_calls"] + candidate_calls
         clean, notes, extra_warnings = _clean_model(config, run.manifest.get("determinism_check") or {}, log)
-        # Passive runs: fresh partition assignments (seed stream 1), the same model-call budget.
-        log(f"  passive: {n_passive} end-to-end runs per context")
+        # Passive runs: fresh partition assignments (seed stream 1), the same model-call budget; ESA with a
+        # sampled pool: a fresh pool per run (pseudo-seeds of run r from [seed + 1, r]; run r of both contexts
+        # shares it, as it shares the partition assignment).
+        runs, passive_calls = passive_plan(n_passive, pipeline.calls_per_clean_of(1) + pipeline.calls_per_clean_of(0),
+                                           candidate_calls)
+        log(f"  passive: {runs} end-to-end runs per context")
         t0 = time.perf_counter()
         if isinstance(pipeline, KeywordPipeline):
-            passive_clean = tuple(pipeline.count(pipeline.clean_calls(b, n_passive, config.seed + 1)) for b in (1, 0))
+            passive_clean = tuple(pipeline.count(pipeline.clean_calls(b, runs, config.seed + 1)) for b in (1, 0))
         else:
-            passive_clean = tuple(pipeline.clean_outputs(b, n_passive, config.seed + 1) for b in (1, 0))
+            passive_clean = tuple(pipeline.clean_outputs(b, runs, config.seed + 1) for b in (1, 0))
+        passive_pools = None
+        if candidate_calls:
+            passive_pools = tuple(pipeline.draw_pools(candidate_calls, [(config.seed + 1, r) for r in range(runs)])
+                                  for _ in (1, 0))
+            extra["passive_candidate_pools"] = {
+                "runs": runs, "calls_per_run": candidate_calls, "fresh_per_run": True,
+                "with_y1": sum(p.target is not None for p in passive_pools[0]),
+                "with_both_signals": sum(set(p.signals) <= set(p.texts) for p in passive_pools[0]),
+                "sizes": [len(p.texts) for p in passive_pools[0]],
+            }
         passive_llm_seconds = time.perf_counter() - t0
-        passive_calls = n_passive * (pipeline.calls_per_clean_of(1) + pipeline.calls_per_clean_of(0))
         attack = _apriori_attack(pipeline)
         for eps in config.epsilons:
             mech = pipeline.mechanism(eps, config.delta, config.calibration)
             for threat in config.threats:
+                target = None if snaps.target is None else int(snaps.target)  # None: the default rule
                 res = audit(mech, snaps.with_canary, snaps.without_canary, epsilon_theory=eps, delta=config.delta,
                             threat=threat, trials=config.trials, confidence=config.confidence, clean=clean,
-                            target=int(snaps.target), sensitivity=pipeline.sensitivity, seed=config.seed)
-                res = dataclasses.replace(res, assumptions=" ".join([res.assumptions, *notes]),
-                                          warnings=res.warnings + extra_warnings)
-                rows.append(_row(settings.name, "active", res, run.manifest["llm_calls"], res.seconds))
+                            target=target, sensitivity=pipeline.sensitivity, seed=config.seed, method=config.method)
+                warns = res.warnings + extra_warnings + (pool_warnings if threat == "black" else ())
+                res = dataclasses.replace(res, assumptions=" ".join([res.assumptions, *notes, *pool_notes]),
+                                          warnings=warns)
+                rows.append(_row(settings.name, "active", res, active_calls, res.seconds))
                 full.append({"pipeline": settings.name, "mode": "active", **res.to_dict()})
             t1 = time.perf_counter()
             key = jax.random.fold_in(jax.random.key(config.seed), int(eps * 1000))
-            outcomes = [_passive_outcomes(pipeline, mech, attack, c, jax.random.fold_in(key, b))
-                        for b, c in ((1, passive_clean[0]), (0, passive_clean[1]))]
+            if passive_pools is not None:
+                outcomes = [_esa_fresh_pool_outcomes(pipeline, mech, pools, c, jax.random.fold_in(key, b))
+                            for b, c, pools in ((1, passive_clean[0], passive_pools[0]),
+                                                (0, passive_clean[1], passive_pools[1]))]
+            else:
+                outcomes = [_passive_outcomes(pipeline, mech, attack, c, jax.random.fold_in(key, b))
+                            for b, c in ((1, passive_clean[0]), (0, passive_clean[1]))]
             calls = passive_calls
             if isinstance(pipeline, KeywordPipeline) and settings.reconstruct:
                 outcomes = [(_ksa_reconstructed_hits(pipeline, mech, c, jax.random.fold_in(key, 10 + b)), o[1])
                             for b, c, o in ((1, passive_clean[0], outcomes[0]), (0, passive_clean[1], outcomes[1]))]
-                calls += 2 * n_passive
+                calls += 2 * runs
             for threat in config.threats:
                 res = passive_bounds(outcomes[0], outcomes[1], epsilon_theory=eps, delta=config.delta,
                                      threat=threat, confidence=config.confidence, name=settings.name)
                 seconds = time.perf_counter() - t1 + passive_llm_seconds / len(config.epsilons)
                 rows.append(_row(settings.name, "passive", res, calls, seconds))
                 full.append({"pipeline": settings.name, "mode": "passive", **res.to_dict()})
-        summaries[settings.name] = {"manifest": run.manifest, **extra, "passive_runs": n_passive,
-                                    "passive_llm_calls": passive_calls, "target": int(snaps.target)}
+        summaries[settings.name] = {"manifest": run.manifest, **extra, "active_llm_calls": active_calls,
+                                    "passive_runs": runs, "passive_llm_calls": passive_calls,
+                                    "target": None if snaps.target is None else int(snaps.target)}
         plot_rows = [r for r in rows if r["pipeline"] == settings.name]
         _plot(plot_epsilon, os.path.join(out_dir, f"{settings.name}.png"), settings.name, plot_rows)
     mia = _run_mia(config, lm, oracle, log) if config.mia else None
@@ -544,6 +696,25 @@ def _run_mia(config: AuditConfig, lm, oracle, log) -> dict:
     return {"rows": out, "note": "AUC of a one-call clean-output signal over canaries (SnapAudit Table 12)"}
 
 
+def _pool_lines(info: dict) -> list[str]:
+    """ESA's candidate pool in the report: what it holds, how it was drawn and what it lacks."""
+    pool = info["candidate_pool"]
+    if pool["source"] == "fixed":
+        out = [f"ESA candidate pool: fixed (y1, y2), no candidate calls; candidate stage (diagnostic, not counted): "
+               f"{info.get('candidate_coverage')}."]
+    else:
+        out = [f"ESA candidate pool: sampled once before Phase A by {pool['calls']} constrained 0-shot calls (no "
+               f"private examples; counted in the active budget): draws y1 {pool['y1']}, y2 {pool['y2']}, other "
+               f"{pool['other']}; {len(pool['texts'])} candidates {pool['texts']}."]
+    out += [f"WARNING (ESA black-box): {p}." for p in pool["problems"]]
+    fresh = info.get("passive_candidate_pools")
+    if fresh:
+        out.append(f"ESA passive runs: a fresh pool per run ({fresh['calls_per_run']} calls each, counted), "
+                   f"{fresh['runs']} runs per context within the active budget; {fresh['with_y1']} of "
+                   f"{fresh['runs']} pools hold y1.")
+    return out
+
+
 def format_report(rows: list[dict], summaries: dict, mia: dict | None, one_run: dict | None = None) -> str:
     """Markdown tables: epsilon_emp by pipeline x epsilon, for active/passive and black/white; the one-run
     section (``[one_run]``) next to the active audit's numbers."""
@@ -558,7 +729,9 @@ def format_report(rows: list[dict], summaries: dict, mia: dict | None, one_run: 
             f"{m['distinct_snapshots']}; determinism check {m['determinism_check']}."
         )
         if "signals" in info:
-            lines.append(f"ESA signals: {info['signals']}; candidate stage: {info.get('candidate_coverage')}.")
+            lines.append(f"ESA signals: {info['signals']}.")
+        if "candidate_pool" in info:
+            lines += _pool_lines(info)
         lines.append("")
         lines.append("| eps_theory | active black | active white | passive black | passive white "
                      "| LLM calls active/passive |")

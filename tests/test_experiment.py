@@ -62,6 +62,19 @@ BAD = [
     ("[pipelines.ksa]\nnum_exemplars = 8\npartitions = 4\nneighbouring = \"add_remove\"\n",
      "pipelines.ksa.neighbouring: 'add_remove' needs one exemplar per partition (partitions = num_exemplars = 8), "
      "got partitions=4"),
+    ("[pipelines.esa]\ncandidate_calls = 0\n",
+     "pipelines.esa.candidate_calls: candidate_calls must be an integer >= 1, got 0"),
+    ("[pipelines.esa]\ncandidate_calls = 2.5\n",
+     "pipelines.esa.candidate_calls: candidate_calls must be an integer >= 1, got 2.5"),
+    ("[pipelines.esa]\ncandidate_calls = true\n",
+     "pipelines.esa.candidate_calls: candidate_calls must be an integer >= 1, got True"),
+    ("[pipelines.esa]\ncandidates = \"random\"\n",
+     "pipelines.esa.candidates: must be one of 'sampled', 'fixed', got 'random'"),
+    ("[pipelines.pv]\ncandidates = \"fixed\"\n", "pipelines.pv.candidates: only ESA has a candidate stage"),
+    ("[pipelines.ksa]\ncandidate_calls = 4\n", "pipelines.ksa.candidate_calls: only ESA has a candidate stage"),
+    ("[audit]\nmethod = \"paper\"\n[pipelines.pv]\n", "audit.method: must be one of 'simulate', 'exact'"),
+    ("[audit]\nmethod = \"exact\"\n[pipelines.ksa]\nnum_exemplars = 8\n",
+     "audit.method: 'exact' has no closed form for KSA"),
 ]
 
 
@@ -156,3 +169,118 @@ def test_cli_generate_and_embed_json(tiny_folder, capsys):
 def test_cli_model_commands_bad_input(argv, needle, capsys):
     assert main(argv) == 2
     assert needle in capsys.readouterr().err
+
+
+# --- ESA's candidate stage through `snapaudit audit` (scripted model, hashing embedder) -----------------------
+Y1, Y2 = "the cat sleeps on the warm mat", "quarterly revenue exceeded all forecasts"
+OFF = "Here is one of the two sentences"
+
+
+def _esa_answers(n, i):
+    """Candidate answers: the first three computed [y1, off-signal, y2], then y1/y2 by the pseudo-seed's parity."""
+    return [f"1. {Y1}", f"{OFF}.", f"{Y2}.\n2. {Y1}"][i] if i < 3 else (Y1 if n % 2 == 0 else Y2)
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """Patches the model loaders: a ScriptedLM (candidate answers from ``holder["candidate"]``) and a hashing
+    embedder; ``holder["lm"]`` is the model of the last run."""
+    import snapaudit_jax.models as models
+    from _fake_esa import HashEmbedder, ScriptedLM
+
+    holder = {"candidate": _esa_answers}
+
+    def load_lm(name, allow_pickle=False):
+        holder["lm"] = ScriptedLM((Y1, Y2), lambda n, i: holder["candidate"](n, i))
+        return holder["lm"]
+
+    monkeypatch.setattr(models, "load_language_model", load_lm)
+    monkeypatch.setattr(models, "load_embedder", lambda name, allow_pickle=False: HashEmbedder())
+    return holder
+
+
+def _esa_config(tmp_path, body: str = "", audit: str = "") -> str:
+    path = tmp_path / "esa.toml"
+    path.write_text(
+        '[model]\nllm = "scripted"\n\n[audit]\nepsilons = [4]\nsnapshots = 20\ntrials = 4000\nverify = 0\n'
+        f'{audit}\n[pipelines.esa]\nnum_exemplars = 3\npartitions = 1\nsignals = ["{Y1}", "{Y2}"]\n{body}'
+    )
+    return str(path)
+
+
+def test_esa_sampled_candidate_stage_counts_in_both_budgets(tmp_path, scripted):
+    """Active: Phase A (2 x 20 x T = 40) + T_cand = 3 calls; passive: fresh pools per run within that budget,
+    floor(43 / (2 + 2 x 3)) = 5 runs per context = 40 calls; the model saw exactly the two budgets' calls."""
+    cfg = load_config(_esa_config(tmp_path, "candidate_calls = 3\n"))
+    assert cfg.pipelines[0].candidates == "sampled"
+    out = str(tmp_path / "run")
+    result = run_audit(cfg, out, progress=False)
+    rows = result["rows"]
+    assert {r["llm_calls"] for r in rows if r["mode"] == "active"} == {43}
+    assert {r["llm_calls"] for r in rows if r["mode"] == "passive"} == {40}
+    info = result["summary"]["pipelines"]["esa"]
+    assert info["passive_runs"] == 5 and info["active_llm_calls"] == 43 and info["passive_llm_calls"] == 40
+    assert result["summary"]["llm_calls"]["calls"] == 43 + 40  # every logical model call is in a budget
+    pool = info["candidate_pool"]
+    assert pool["texts"] == [Y1, Y2, OFF] and pool["draws"] == [Y1, OFF, Y2] and pool["calls"] == 3
+    assert (pool["y1"], pool["y2"], pool["other"], pool["target"]) == (1, 1, 1, 0)
+    lm = scripted["lm"]
+    assert len(lm.candidate_prompts) == 3 + 5 * 3  # the active pool, then one pool per passive run (both contexts)
+    assert info["passive_candidate_pools"]["runs"] == 5 and info["passive_candidate_pools"]["calls_per_run"] == 3
+    table = open(os.path.join(out, "table.md")).read()
+    assert "ESA candidate pool: sampled once before Phase A by 3 constrained 0-shot calls" in table and OFF in table
+    assert "| 4 |" in table and "| 43/40 |" in table
+    full = json.load(open(os.path.join(out, "results_full.json")))["results"]
+    assert all("drawn once, before Phase A" in r["assumptions"] for r in full if r["mode"] == "active")
+
+
+def test_esa_fixed_pool_keeps_the_previous_budget_and_a_changed_setting_recomputes(tmp_path, scripted):
+    """"fixed": the pool (y1, y2), active = passive = 2 x 20 calls as before (the candidate-stage diagnostic is
+    not counted); switching the setting in one run folder recomputes Phase A, the same setting resumes."""
+    out = str(tmp_path / "run")
+    sampled = run_audit(load_config(_esa_config(tmp_path, "candidate_calls = 3\n")), out, progress=False)
+    assert sampled["summary"]["pipelines"]["esa"]["manifest"]["candidate_pool"]["source"] == "sampled"
+    fixed_cfg = load_config(_esa_config(tmp_path, 'candidates = "fixed"\ncandidate_calls = 3\n'))
+    fixed = run_audit(fixed_cfg, out, progress=False)
+    info = fixed["summary"]["pipelines"]["esa"]
+    assert "resumed" not in info["manifest"] and info["manifest"]["candidate_pool"]["source"] == "fixed"
+    assert {r["llm_calls"] for r in fixed["rows"]} == {40} and info["passive_runs"] == 20
+    assert info["candidate_pool"]["texts"] == [Y1, Y2] and info["candidate_coverage"]["calls"] == 3
+    assert "passive_candidate_pools" not in info
+    again = run_audit(fixed_cfg, out, progress=False)
+    assert again["summary"]["pipelines"]["esa"]["manifest"]["resumed"] is True
+    back = run_audit(load_config(_esa_config(tmp_path, "candidate_calls = 3\n")), out, progress=False)
+    assert "resumed" not in back["summary"]["pipelines"]["esa"]["manifest"]
+
+
+def test_esa_pool_without_y1_runs_and_says_so(tmp_path, scripted):
+    scripted["candidate"] = lambda n, i: [Y2, OFF][i % 2]
+    out = str(tmp_path / "run")
+    result = run_audit(load_config(_esa_config(tmp_path, "candidate_calls = 4\n")), out, progress=False)
+    info = result["summary"]["pipelines"]["esa"]
+    assert info["candidate_pool"]["texts"] == [Y2, OFF] and info["target"] is None
+    assert info["candidate_pool"]["y1"] == 0 and info["passive_candidate_pools"]["with_y1"] == 0
+    table = open(os.path.join(out, "table.md")).read()
+    assert "WARNING (ESA black-box): the candidate pool lacks y1" in table
+    full = json.load(open(os.path.join(out, "results_full.json")))["results"]
+    black = [r for r in full if r["mode"] == "active" and r["threat"] == "black"]
+    white = [r for r in full if r["mode"] == "active" and r["threat"] == "white"]
+    assert black and all(any("lacks y1" in w for w in r["warnings"]) for r in black)
+    assert white and not any("lacks y1" in w for r in white for w in r["warnings"])
+    passive_black = [r for r in result["rows"] if r["mode"] == "passive" and r["threat"] == "black"]
+    assert all(r["epsilon_emp"] == 0.0 for r in passive_black)  # no passive run can release y1
+
+
+def test_exact_method_refuses_a_sampled_pool_of_other_than_two(tmp_path, scripted, capsys):
+    path = _esa_config(tmp_path, "candidate_calls = 3\n", audit='method = "exact"\n')
+    with pytest.raises(ValueError, match=r'pipelines.esa.candidates: audit.method = "exact" needs exactly 2 ESA '
+                                         r'candidates .* has 3: .*pipelines.esa.candidates = "fixed" .*'
+                                         r'audit.method = "simulate"'):
+        run_audit(load_config(path), str(tmp_path / "run"), progress=False)
+    assert scripted["lm"].computed == scripted["lm"].candidate_prompts  # refused before any snapshot
+    assert main(["audit", path, "--out", str(tmp_path / "cli"), "--quiet"]) == 2
+    assert "pipelines.esa.candidates" in capsys.readouterr().err
+    fixed = _esa_config(tmp_path, 'candidates = "fixed"\n', audit='method = "exact"\n')
+    result = run_audit(load_config(fixed), str(tmp_path / "exact"), progress=False)
+    full = json.load(open(os.path.join(tmp_path / "exact", "results_full.json")))["results"]
+    assert {r["method"] for r in full if r["mode"] == "active"} == {"exact"} and len(result["rows"]) == 4

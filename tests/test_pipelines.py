@@ -239,3 +239,105 @@ def test_ksa_add_remove_drops_the_canary_and_halves_the_sensitivity():
         KeywordPipeline(oracle, case, partitions=2, neighbouring="add_remove")
     with pytest.raises(ValueError, match=r"neighbouring must be one of replace_one, add_remove, got 'swap'"):
         KeywordPipeline(oracle, case, partitions=4, neighbouring="swap")
+
+
+# --- ESA's candidate stage ---------------------------------------------------------------------------------------
+Y1, Y2 = "The cat sleeps on the warm mat.", "quarterly revenue exceeded all forecasts"
+OFF = "Here is one of the two sentences"
+
+
+def _esa_with(candidate, *, partitions=1, num_exemplars=3):
+    from _fake_esa import HashEmbedder, ScriptedLM
+
+    lm = ScriptedLM((Y1, Y2), candidate)
+    oracle = LLMOracle(lm, HashEmbedder())
+    case = make_case(load_examples("samsum"), get_spec("samsum"), mode="copy", num_exemplars=num_exemplars, seed=0,
+                     signals=(Y1, Y2))
+    return EmbeddingPipeline(oracle, case, signals=(Y1, Y2), partitions=partitions), lm, oracle
+
+
+def test_candidate_text_reads_answers_like_the_generator_and_drops_option_numbers():
+    from snapaudit_jax.pipelines import candidate_text
+
+    assert candidate_text("1. The cat sleeps on the warm mat.\n2. quarterly revenue", (Y1, Y2)) == Y1  # as given
+    assert candidate_text("  quarterly revenue exceeded all forecasts.\n\nmore text", (Y1, Y2)) == Y2
+    assert candidate_text("2) quarterly revenue exceeded all forecasts", (Y1, Y2)) == Y2
+    assert candidate_text(f"{OFF}.\n1. {Y1}", (Y1, Y2)) == OFF  # the first line decides
+    assert candidate_text("1. The Cat sleeps on the warm mat", (Y1, Y2)) == "The Cat sleeps on the warm mat"
+    assert candidate_text("   ", (Y1, Y2)) == ""
+
+
+def test_esa_sampled_candidate_stage_is_t_cand_calls_without_the_private_examples():
+    """The pool is what the model answered, off-signal answers included, signals first; exactly T_cand calls,
+    none of whose prompts holds an exemplar; the same seed redraws the same pool from the cache."""
+    script = [f"1. {Y1}\n2. {Y2}", f"{Y2}.", f" {OFF}.\nsecond line", "1. The cat sleeps on the warm mat", Y2,
+              f"{OFF}", "2. quarterly revenue exceeded all forecasts."]
+    esa, lm, oracle = _esa_with(lambda n, i: script[i])
+    pool = esa.draw_pool(7, seed=3)
+    assert oracle.stats.calls == 7 and oracle.stats.computed == 7 and len(lm.computed) == 7
+    assert lm.computed == esa.candidate_prompts(7, 3) and len(set(lm.computed)) == 7
+    private = {e.text for b in (1, 0) for e in esa.exemplars(b)}
+    assert not any(x in p for p in lm.computed for x in private)  # the stage never sees the private examples
+    assert pool.draws == (Y1, Y2, OFF, Y1, Y2, OFF, Y2)
+    assert pool.texts == (Y1, Y2, OFF) and pool.source == "sampled" and pool.calls == 7 and pool.seed == (3,)
+    assert pool.counts() == {"y1": 2, "y2": 3, "other": 2} and pool.target == 0 and pool.problems() == []
+    esa.pool = pool
+    np.testing.assert_allclose(esa.candidates, oracle.embedder.embed([Y1, Y2, OFF]), atol=1e-6)
+    assert esa.mechanism(4.0, 1e-5).candidates.shape == (3, 16) and esa.target == 0
+    again = esa.draw_pool(7, seed=3)
+    assert again == pool and oracle.stats.calls == 14 and oracle.stats.computed == 7  # cached, deterministic
+    assert esa.candidate_prompts(7, 4) != esa.candidate_prompts(7, 3)
+    assert esa.candidate_coverage(7, 3) == {"calls": 7, "y1": 2, "y2": 3, "other": 2}
+    with pytest.raises(ValueError, match=r"calls must be an integer >= 1, got 0"):
+        esa.draw_pool(0, seed=3)
+
+
+def test_esa_pool_order_puts_the_signals_first_and_a_signal_only_pool_is_the_fixed_pool():
+    from snapaudit_jax.pipelines import CandidatePool
+
+    esa, _, _ = _esa_with(lambda n, i: [Y2, OFF, Y2, Y1][i % 4])
+    assert esa.pool == CandidatePool.fixed((Y1, Y2)) and esa.pool.calls == 0 and esa.target == 0
+    assert esa.draw_pool(4, 0).texts == (Y1, Y2, OFF)
+    only = CandidatePool.from_draws((Y1, Y2), (Y2, Y2, Y1), 0)
+    assert only.texts == CandidatePool.fixed((Y1, Y2)).texts and only.counts() == {"y1": 1, "y2": 2, "other": 0}
+
+
+def test_esa_pool_without_y1_is_audited_with_the_default_target_and_says_so():
+    """No y1 in the pool: target None, the audit's default rule picks the candidate the canary's mean moves
+    towards; a single-candidate pool releases one text whatever the context: black-box epsilon 0."""
+    from snapaudit_jax.audit import audit
+
+    esa, _, _ = _esa_with(lambda n, i: [Y2, OFF][i % 2])
+    esa.pool = esa.draw_pool(6, 0)
+    assert esa.pool.texts == (Y2, OFF) and esa.target is None
+    assert any("lacks y1" in p for p in esa.pool.problems())
+    w, wo = esa.clean_outputs(1, 3, 0), esa.clean_outputs(0, 3, 0)
+    res = audit(esa.mechanism(8.0, 1e-5), w, wo, epsilon_theory=8.0, threat="black", trials=4000, target=None)
+    assert res.target == int(np.argmax(esa.candidates @ (w[0] - wo[0])))
+    single, _, _ = _esa_with(lambda n, i: Y2)
+    single.pool = single.draw_pool(5, 0)
+    assert single.pool.texts == (Y2,) and any("single candidate" in p for p in single.pool.problems())
+    w, wo = single.clean_outputs(1, 3, 0), single.clean_outputs(0, 3, 0)
+    res = audit(single.mechanism(8.0, 1e-5), w, wo, epsilon_theory=8.0, threat="black", trials=4000)
+    assert res.epsilon_emp == 0.0
+
+
+def test_esa_snapshots_resume_only_with_the_same_pool(tmp_path):
+    """The pool is part of the snapshot fingerprint: another pool (or the same texts drawn otherwise) recomputes
+    Phase A (from the answer cache), the same pool resumes; the manifest records the pool."""
+    esa, _, oracle = _esa_with(lambda n, i: [Y1, OFF, Y2][i % 3])
+    fixed = generate_snapshots(esa, snapshots=4, seed=0, run_dir=str(tmp_path), verify=0)
+    assert fixed.manifest["candidate_pool"]["source"] == "fixed" and fixed.snapshots.candidates.shape == (2, 16)
+    assert generate_snapshots(esa, snapshots=4, seed=0, run_dir=str(tmp_path), verify=0).manifest["resumed"]
+    esa.pool = esa.draw_pool(3, 0)
+    sampled = generate_snapshots(esa, snapshots=4, seed=0, run_dir=str(tmp_path), verify=0)
+    assert "resumed" not in sampled.manifest and sampled.snapshots.candidates.shape == (3, 16)
+    assert sampled.manifest["candidate_pool"]["texts"] == [Y1, Y2, OFF]
+    assert sampled.manifest["candidate_pool"]["calls"] == 3 and sampled.snapshots.target == 0
+    again = generate_snapshots(esa, snapshots=4, seed=0, run_dir=str(tmp_path), verify=0)
+    assert again.manifest["resumed"] is True
+    np.testing.assert_array_equal(again.snapshots.candidates, sampled.snapshots.candidates)
+    from snapaudit_jax.pipelines import CandidatePool
+
+    esa.pool = CandidatePool.from_draws((Y1, Y2), (Y1, Y2), 0)  # the fixed pool's texts, drawn
+    assert "resumed" not in generate_snapshots(esa, snapshots=4, seed=0, run_dir=str(tmp_path), verify=0).manifest

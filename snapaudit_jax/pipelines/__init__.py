@@ -3,11 +3,13 @@
 from snapaudit_jax.pipelines.dpicl import (
     PIPELINES,
     AuditCase,
+    CandidatePool,
     EmbeddingPipeline,
     KeywordPipeline,
     Pipeline,
     PrivateVotingPipeline,
     ProductOfExpertsPipeline,
+    candidate_text,
     keywords_of,
     make_case,
 )
@@ -17,12 +19,14 @@ __all__ = [
     "PIPELINES",
     "AuditCase",
     "CallStats",
+    "CandidatePool",
     "EmbeddingPipeline",
     "KeywordPipeline",
     "LLMOracle",
     "Pipeline",
     "PrivateVotingPipeline",
     "ProductOfExpertsPipeline",
+    "candidate_text",
     "keywords_of",
     "make_case",
 ]

@@ -9,7 +9,7 @@ pipeline   per-partition answer                        clean output             
 =========  ==========================================  ==============================  ==================
 PV         label: Yes/No, or copy reproduced/not        vote vector ``(2,)``            PrivateVoting
 PoE        label log-probs clipped to ``[-Gamma, 0]``    utility sum ``(2,)``            ProductOfExperts
-ESA        generated response, embedded                 mean embedding ``(d,)``         ESA (2 candidates)
+ESA        generated response, embedded                 mean embedding ``(d,)``         ESA (candidate pool)
 KSA        generated response, split into keywords      keyword histogram ``(V,)``      JEM top-K
 =========  ==========================================  ==============================  ==================
 
@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from snapaudit_jax import _validate
 from snapaudit_jax.data import AuditContext, DatasetSpec, Example, sample_audit_context
 from snapaudit_jax.jem import KeywordSpaceAggregation
 from snapaudit_jax.mechanisms import EmbeddingSpaceAggregation, Mechanism, PrivateVoting, ProductOfExperts
@@ -35,7 +36,7 @@ from snapaudit_jax.pipelines import prompts as P
 from snapaudit_jax.pipelines.oracle import LLMOracle
 
 __all__ = ["AuditCase", "make_case", "Pipeline", "PrivateVotingPipeline", "ProductOfExpertsPipeline",
-           "EmbeddingPipeline", "KeywordPipeline", "PIPELINES", "keywords_of"]
+           "EmbeddingPipeline", "CandidatePool", "candidate_text", "KeywordPipeline", "PIPELINES", "keywords_of"]
 
 _STOPWORDS = frozenset(
     "a an the and or of to in on at for with by from is are was were be been it its this that these those as "
@@ -318,31 +319,168 @@ class ProductOfExpertsPipeline(Pipeline):
         return ProductOfExperts.calibrated(epsilon, self.clip)
 
 
-class EmbeddingPipeline(Pipeline):
-    """ESA (Wu et al. 2023): partitions answer with text; the mean embedding is noised.
+_OPTION_NUMBER = re.compile(r"^[12][.)]\s+")
 
-    The signal sentences ``y1`` (canary present) and ``y2`` are the two
-    candidates. Copy mode makes them the canary's and the replacement's
-    continuation, so the model answers by copying; direct/semantic modes ask
-    the model to reply with ``y1`` or ``y2`` (App. D.2). The 0-shot candidate
-    stage is run separately (:meth:`candidate_coverage`): ESA's guarantee holds
-    for any candidate pool, which does not see the private examples, so the
-    active audit conditions on the pool ``{y1, y2}``.
+
+def _first_line(text: str) -> str:
+    """Stripped, the first line, without trailing '.' (how ESA's answers are read)."""
+    t = text.strip()
+    return (t.splitlines()[0].strip() if t else "").rstrip(".").rstrip()
+
+
+def candidate_text(output: str, signals: tuple[str, str]) -> str:
+    """One answer of ESA's 0-shot candidate stage as a candidate text.
+
+    The answer is read as the generator's answers are (stripped, first line,
+    trailing '.' dropped); the option number ``"1. "`` / ``"2. "`` under which
+    :func:`~snapaudit_jax.pipelines.prompts.esa_candidate_instruction` lists
+    the signals is dropped too. An answer that then equals a signal is that
+    signal, as given (so its embedding is the fixed pool's); any other answer
+    is kept as its own text (an off-signal candidate).
+    """
+    line = _first_line(output)
+    bare = _OPTION_NUMBER.sub("", line, count=1).rstrip(".").rstrip()
+    for option in (line, bare):
+        for y in signals:
+            if option == _first_line(y):
+                return y
+    return bare
+
+
+@dataclasses.dataclass(frozen=True)
+class CandidatePool:
+    """ESA's candidate pool: the texts its release chooses from, and how they were drawn.
+
+    Attributes:
+      texts: the distinct candidates in release-index order: ``y1`` (if drawn), ``y2`` (if drawn), then the
+        other answers in order of first appearance. A pool whose draws are only signals, both present, is
+        the fixed pool ``(y1, y2)`` exactly.
+      signals: ``(y1, y2)``.
+      source: ``"fixed"`` (``texts = (y1, y2)``, no model call) or ``"sampled"`` (SnapAudit Alg. 5 line 8).
+      draws: ``"sampled"``: the ``T_cand`` answers as candidate texts (:func:`candidate_text`), in draw order.
+      seed: ``"sampled"``: the seed of the pseudo-seed stream (:meth:`EmbeddingPipeline.candidate_prompts`).
+
+    Guarantees:
+      Releasing the nearest of the ``T_cand`` draws (duplicates included) and the nearest of the distinct
+      ``texts`` give the same text: equal texts have equal embeddings, hence equal distances.
+    """
+
+    texts: tuple[str, ...]
+    signals: tuple[str, str]
+    source: str = "fixed"
+    draws: tuple[str, ...] = ()
+    seed: tuple[int, ...] | None = None
+
+    @classmethod
+    def fixed(cls, signals: tuple[str, str]) -> CandidatePool:
+        """The pool ``(y1, y2)`` of the two signal sentences (no candidate stage)."""
+        return cls(tuple(signals), tuple(signals))
+
+    @classmethod
+    def from_draws(cls, signals: tuple[str, str], draws, seed) -> CandidatePool:
+        """The pool of a candidate stage's answers (already :func:`candidate_text`)."""
+        draws = tuple(draws)
+        if not draws:
+            raise ValueError("a sampled candidate pool needs at least one draw, got 0")
+        signals = tuple(signals)
+        others = list(dict.fromkeys(d for d in draws if d not in signals))
+        texts = tuple(y for y in signals if y in draws) + tuple(others)
+        return cls(texts, signals, "sampled", draws, tuple(int(s) for s in np.atleast_1d(seed)))
+
+    @property
+    def calls(self) -> int:
+        """Model calls of the candidate stage (``T_cand``; 0 for the fixed pool)."""
+        return len(self.draws)
+
+    @property
+    def target(self) -> int | None:
+        """Index of ``y1`` (the release signalling "canary present"); ``None`` if the pool lacks it."""
+        return self.texts.index(self.signals[0]) if self.signals[0] in self.texts else None
+
+    def counts(self) -> dict:
+        """How many draws were ``y1``, ``y2`` or another text (the fixed pool: one each, no draw)."""
+        if self.source == "fixed":
+            return {"y1": 1, "y2": 1, "other": 0}
+        y1 = sum(d == self.signals[0] for d in self.draws)
+        y2 = sum(d == self.signals[1] for d in self.draws)
+        return {"y1": y1, "y2": y2, "other": len(self.draws) - y1 - y2}
+
+    def problems(self) -> list[str]:
+        """What the pool lacks for a black-box audit, in plain words (empty: both signals present)."""
+        out = []
+        if self.target is None:
+            out.append("the candidate pool lacks y1 (the signal of 'canary present'), so no release signals the "
+                       "canary: the black-box attack has no signal; its target is the candidate chosen by the "
+                       "default rule (the one the canary's clean output moves towards)")
+        if len(self.texts) == 1:
+            out.append("the candidate pool has a single candidate, so every release is the same text and the "
+                       "black-box attack cannot tell the contexts apart")
+        elif self.signals[1] not in self.texts and self.target is not None:
+            out.append("the candidate pool lacks y2: releases other than y1 are off-signal texts")
+        return out
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "texts": list(self.texts), "calls": self.calls, "draws": list(self.draws),
+                "seed": None if self.seed is None else list(self.seed), **self.counts(), "target": self.target,
+                "problems": self.problems()}
+
+
+class EmbeddingPipeline(Pipeline):
+    """ESA (Wu et al. 2023; SnapAudit Alg. 5): partitions answer with text; the mean embedding is noised and
+    the release is the candidate nearest to the noisy mean.
+
+    Copy mode makes the signal sentences ``y1`` (canary present) and ``y2``
+    the canary's and the replacement's continuation, so the model answers by
+    copying; direct/semantic modes ask the model to reply with ``y1`` or
+    ``y2`` (App. D.2). The candidates are a :class:`CandidatePool`: the
+    fixed pool ``(y1, y2)`` (default here) or one drawn by the constrained
+    0-shot candidate stage (:meth:`draw_pool`, App. D.2), set as
+    :attr:`pool` before any snapshot is taken.
+
+    Guarantees:
+      The candidate stage's prompt holds the query's signals and a
+      pseudo-seed, never the private examples, so the pool is independent of
+      the private context: for every fixed pool the release is
+      post-processing of the Gaussian mean, and ESA's claim holds
+      conditionally on the pool. An audit with the pool drawn once and held
+      fixed (treated as public) therefore tests the claim; a violation with
+      one pool is a violation of the claim.
+
+    References:
+      SnapAudit (Alg. 5; App. D.2 for the constrained candidate stage).
     """
 
     name = "esa"
     max_new_tokens = 48
 
-    def __init__(self, oracle, case, *, signals: tuple[str, str], partitions: int = 1, defense: str = "none"):
+    def __init__(self, oracle, case, *, signals: tuple[str, str], partitions: int = 1, defense: str = "none",
+                 pool: CandidatePool | None = None):
         super().__init__(oracle, case, partitions=partitions, defense=defense)
-        self.signals = signals
-        self._signal_embeddings = None
+        self.signals = tuple(signals)
+        self.pool = CandidatePool.fixed(self.signals) if pool is None else pool
+        self._embedded: dict[tuple[str, ...], np.ndarray] = {}
+
+    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+        """Embeddings ``(c, d)`` of candidate texts with the oracle's embedder (kept per text tuple)."""
+        texts = tuple(texts)
+        if texts not in self._embedded:
+            self._embedded[texts] = self.oracle.embed(list(texts))
+        return self._embedded[texts]
 
     @property
     def candidates(self) -> np.ndarray:
-        if self._signal_embeddings is None:
-            self._signal_embeddings = self.oracle.embed(list(self.signals))
-        return self._signal_embeddings
+        """Embeddings ``(c, d)`` of :attr:`pool`'s texts, in release-index order."""
+        return self.embed_texts(self.pool.texts)
+
+    @property
+    def signal_embeddings(self) -> np.ndarray:
+        """Embeddings ``(2, d)`` of ``(y1, y2)`` (the passive white-box attack's direction)."""
+        return self.embed_texts(self.signals)
+
+    @property
+    def target(self) -> int | None:
+        """Index of ``y1`` in the pool; ``None`` where the pool lacks it (the audit's default rule applies)."""
+        return self.pool.target
 
     def _prompt(self, group):
         if self.case.mode == "copy":
@@ -370,15 +508,40 @@ class EmbeddingPipeline(Pipeline):
         return EmbeddingSpaceAggregation.calibrated(epsilon, delta, self.candidates, partitions=self.partitions,
                                                     calibration=calibration)
 
+    # --- the 0-shot candidate stage (SnapAudit Alg. 5 line 8, constrained as in App. D.2) ---------------------
+    def candidate_prompts(self, calls: int, seed) -> list[str]:
+        """``calls`` prompts of the constrained 0-shot candidate stage: no exemplar, only the signals.
+
+        Each prompt carries a pseudo-seed (greedy decoding is deterministic; the
+        number varies the answer and the order the signals are listed in). The
+        pseudo-seeds are ``numpy.random.default_rng([*seed, 11]).integers(0,
+        10**6, calls)`` (``seed``: an int or a sequence of ints).
+        """
+        calls = _validate.positive_int("calls", calls)
+        y1, y2 = self.signals
+        rng = np.random.default_rng([*(int(s) for s in np.atleast_1d(seed)), 11])
+        return [self.oracle.lm.chat_prompt(P.esa_candidate_instruction(y1, y2, int(s)))
+                for s in rng.integers(0, 10**6, calls)]
+
+    def draw_pools(self, calls: int, seeds: Sequence) -> list[CandidatePool]:
+        """One candidate stage of ``calls`` model calls per seed (batched): ``len(seeds) * calls`` calls."""
+        prompts = [self.candidate_prompts(calls, s) for s in seeds]
+        outputs = self.oracle.generate([p for ps in prompts for p in ps], self.max_new_tokens)
+        return [CandidatePool.from_draws(self.signals, [candidate_text(o, self.signals)
+                                                         for o in outputs[i * calls:(i + 1) * calls]], s)
+                for i, s in enumerate(seeds)]
+
+    def draw_pool(self, calls: int, seed) -> CandidatePool:
+        """The pool of one candidate stage of ``calls`` model calls (:meth:`candidate_prompts`'s ``seed``).
+
+        Raises:
+          ValueError: ``calls`` is not an integer >= 1.
+        """
+        return self.draw_pools(calls, [seed])[0]
+
     def candidate_coverage(self, calls: int, seed: int) -> dict:
         """Runs the 0-shot candidate stage ``calls`` times; how often each signal comes back."""
-        y1, y2 = self.signals
-        rng = np.random.default_rng([seed, 11])
-        prompts = [self.oracle.lm.chat_prompt(P.esa_candidate_instruction(y1, y2, int(s)))
-                   for s in rng.integers(0, 10**6, calls)]
-        texts = [t.strip().rstrip(".") for t in self.oracle.generate(prompts, self.max_new_tokens)]
-        hits = {"y1": sum(t == y1.rstrip(".") for t in texts), "y2": sum(t == y2.rstrip(".") for t in texts)}
-        return {"calls": calls, **hits, "other": calls - hits["y1"] - hits["y2"]}
+        return {"calls": calls, **self.draw_pool(calls, seed).counts()}
 
 
 class KeywordPipeline(Pipeline):

@@ -35,7 +35,9 @@ class SnapshotRun:
 
 
 def case_fingerprint(pipeline: Pipeline, snapshots: int, seed: int) -> str:
-    """Hash of everything that determines the snapshots (model, case, pipeline settings, n, seed)."""
+    """Hash of everything that determines the snapshots (model, case, pipeline settings, n, seed; ESA: the
+    candidate pool, whose embeddings and target index the snapshot file holds, and how it was drawn, so that a
+    run folder of another pool setting is recomputed, from the answer cache, not reused)."""
     case = pipeline.case
     parts = {
         "model": pipeline.oracle.lm.name,
@@ -53,6 +55,9 @@ def case_fingerprint(pipeline: Pipeline, snapshots: int, seed: int) -> str:
         "seed": seed,
         "extra": {k: v for k, v in vars(pipeline).items() if isinstance(v, (int, float, str, tuple))},
     }
+    if isinstance(pipeline, EmbeddingPipeline):
+        pool = pipeline.pool
+        parts["candidate_pool"] = {"source": pool.source, "texts": pool.texts, "draws": pool.draws, "seed": pool.seed}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -123,7 +128,8 @@ def generate_snapshots(
         w, wo = pipeline.clean_outputs(1, snapshots, seed), pipeline.clean_outputs(0, snapshots, seed)
     stats = pipeline.oracle.stats
     candidates = pipeline.candidates if isinstance(pipeline, EmbeddingPipeline) else None
-    snaps = Snapshots(w, wo, candidates=candidates, target=int(pipeline.target))
+    target = pipeline.target
+    snaps = Snapshots(w, wo, candidates=candidates, target=None if target is None else int(target))
     manifest = {
         "fingerprint": fingerprint,
         "pipeline": pipeline.name,
@@ -144,6 +150,8 @@ def generate_snapshots(
         "determinism_check": _verify(pipeline, verify, seed) if verify else None,
         "note": "greedy decoding is deterministic: each distinct prompt is computed once and its answer reused",
     }
+    if isinstance(pipeline, EmbeddingPipeline):
+        manifest["candidate_pool"] = pipeline.pool.to_dict()
     if isinstance(pipeline, KeywordPipeline):
         manifest["vocabulary"] = list(pipeline.vocabulary)
         manifest["target_keyword"] = pipeline.target_keyword
