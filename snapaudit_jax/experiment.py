@@ -236,7 +236,8 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
             name=name,
             dataset=_take(body, "dataset", where, _choice(tuple(DATASETS)), _DEFAULT_DATASET[name]),
             data_path=_take(body, "data_path", where, str, None),
-            num_exemplars=_take(body, "num_exemplars", where, _pos_int("num_exemplars", 2), 6),
+            num_exemplars=_take(body, "num_exemplars", where, _pos_int("num_exemplars", 2),
+                                max(6, _DEFAULT_PARTITIONS.get(name) or 0)),  # KSA: one exemplar per partition
             partitions=_take(body, "partitions", where, _pos_int("partitions"), _DEFAULT_PARTITIONS.get(name)),
             clip=_take(body, "clip", where, lambda v: _validate.positive_float("clip", v), 5.0),
             top_k=_take(body, "top_k", where, _pos_int("top_k"), 4),

@@ -41,6 +41,16 @@ def test_quickstart_config_is_valid():
     assert cfg.query == "copy" and cfg.clean == "fixed" and cfg.mia is not None
 
 
+def test_bare_pipeline_sections_load_with_consistent_defaults(tmp_path):
+    """Every pipeline's defaults satisfy its own rules (KSA: 8 partitions need 8 exemplars)."""
+    for name in ("pv", "poe", "esa", "ksa"):
+        path = tmp_path / f"{name}.toml"
+        path.write_text(f"[pipelines.{name}]\n")
+        (p,) = load_config(path).pipelines
+        assert p.partitions is None or p.partitions <= p.num_exemplars
+    assert (p.num_exemplars, p.partitions) == (8, 8)
+
+
 BAD = [
     ("[audit]\nepsilons = [1, -2]\n[pipelines.pv]\n", "epsilon"),
     ("[audit]\nquery = \"shouting\"\n[pipelines.pv]\n", "audit.query"),
