@@ -43,3 +43,66 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 
 def write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write(path, lambda fh: fh.write(text.encode()))
+
+
+# Formats every matplotlib Agg build writes without extra software (pgf needs LaTeX; raw/rgba are buffers).
+PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp")
+
+
+def _nearest_existing(path: str) -> str:
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    return parent
+
+
+def _probe_writable(name: str, directory: str, what: str) -> None:
+    """Creates and removes a temporary file in ``directory``: the only test that also holds on /proc or as root."""
+    if not os.path.isdir(directory):
+        raise ValueError(f"{name}: {what} must be in a folder, but {directory!r} is not a folder")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".probe-", dir=directory)
+    except OSError as err:
+        raise ValueError(f"{name}: {what} must be writable, but {directory!r} refuses new files "
+                         f"({err.strerror or err})") from None
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def check_output_file(name: str, path: str | os.PathLike, suffixes: tuple[str, ...]) -> str:
+    """Refuses an output file that could not be written, before any work (nothing is created).
+
+    Args:
+      name: the flag or config key, named in the error (e.g. ``"--out"``).
+      path: the file to be written later (its folder may not exist yet: it is created then).
+      suffixes: allowed suffixes without the dot (case-insensitive).
+
+    Returns:
+      The suffix in lower case (the format to write).
+
+    Raises:
+      ValueError: a folder path, a wrong suffix, or a location that refuses new files.
+    """
+    path = os.fspath(path)
+    suffix = os.path.splitext(path)[1].lower().lstrip(".")
+    if not path or path.endswith(os.sep) or os.path.isdir(path):
+        raise ValueError(f"{name}: must be a file path, got the folder {path!r}")
+    if suffix not in suffixes:
+        raise ValueError(f"{name}: must end in {', '.join('.' + s for s in suffixes)}, got {path!r}")
+    _probe_writable(name, _nearest_existing(path), "the output file's folder")
+    return suffix
+
+
+def check_output_dir(name: str, path: str | os.PathLike) -> None:
+    """Refuses an output folder that could not be created or written, before any work (nothing is created).
+
+    Raises:
+      ValueError: ``path`` is an existing file, or its nearest existing ancestor refuses new files.
+    """
+    path = os.fspath(path)
+    if not path:
+        raise ValueError(f"{name}: must be a folder path, got ''")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{name}: must be a folder, but {path!r} is a file")
+    target = path if os.path.isdir(path) else _nearest_existing(os.path.join(path, "x"))
+    _probe_writable(name, target, "the output folder")

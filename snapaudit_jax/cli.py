@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="white-box: thresholds of the certified trade-off curve, fixed on selection data (default "
                         "24; 0: none; simulation counts every one, so it costs throughput)")
     s.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
-    s.add_argument("--plot", default=None, metavar="FILE.png", help="plot eps_emp against eps_theory")
+    s.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="plot eps_emp against eps_theory (format from the suffix: .png, .pdf, .svg, ...)")
     s.add_argument("--out", default=None, metavar="FILE.json", help="write the full results (all fields)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--fail-on-violation", action="store_true",
@@ -126,8 +127,11 @@ def _run_config(args, load, run, report: str):
     """Loads ``args.config``, runs it into ``--out`` (default ``runs/<config name>``), prints ``report``."""
     import os
 
+    from snapaudit_jax._io import check_output_dir
+
     config = load(args.config)
     out = args.out or os.path.join("runs", os.path.splitext(os.path.basename(args.config))[0])
+    check_output_dir("--out", out)  # before any work: nothing is created if it could not be written
     result = run(config, out, progress=not args.quiet)
     with open(os.path.join(out, report)) as fh:
         print(fh.read())
@@ -245,8 +249,14 @@ def _simulate(args) -> int:
     from snapaudit_jax._io import write_json
     from snapaudit_jax.runner import run_simulate
 
+    from snapaudit_jax._io import PLOT_FORMATS, check_output_file
+
     config = _config_from_args(args)
+    # Every output is checked before the audits run: a bad path costs nothing and writes nothing.
+    if args.out is not None:
+        check_output_file("--out", args.out, ("json",))
     if args.plot is not None:
+        check_output_file("--plot", args.plot, PLOT_FORMATS)
         from snapaudit_jax.plotting import _pyplot
 
         _pyplot()  # fail before the audits if matplotlib is missing

@@ -6,7 +6,7 @@ import io
 import os
 from collections.abc import Mapping, Sequence
 
-from snapaudit_jax._io import atomic_write
+from snapaudit_jax._io import PLOT_FORMATS, atomic_write, check_output_file
 from snapaudit_jax.audit import AuditResult
 
 __all__ = ["plot_epsilon"]
@@ -75,8 +75,10 @@ def plot_epsilon(
     pairs. Points above the diagonal are certified violations (at the audit's
     confidence). Results in ``curves`` that carry a certified trade-off curve
     (white-box audits) get a second panel with their curves against the
-    claimed ``f_(eps, delta)``. The PNG is written atomically.
+    claimed ``f_(eps, delta)``. The file is written atomically, in the format its suffix names (one of
+    :data:`~snapaudit_jax._io.PLOT_FORMATS`).
     """
+    fmt = check_output_file("path", path, PLOT_FORMATS)
     plt = _pyplot()
     with_curves = [r for r in curves if isinstance(r, AuditResult) and r.curve]
     if with_curves:
@@ -100,6 +102,6 @@ def plot_epsilon(
     ax.legend(fontsize=8)
     fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png")
+    fig.savefig(buf, format=fmt)
     plt.close(fig)
     atomic_write(path, lambda fh: fh.write(buf.getvalue()))
