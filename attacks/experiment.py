@@ -640,7 +640,7 @@ def format_table(results: Mapping[str, dict], full: Mapping[str, dict], config: 
     """Markdown in the spirit of seed 003's Tables III-VI."""
     sizes = config.inference.sizes
     label = _headline_label(config)
-    lines = ["# PII leakage of a small GPT-2 fine-tuned four ways", "",
+    lines = ["# PII leakage of a small GPT-2 trained four ways", "",
              f"Extraction (Table III): {label} strings in {config.extraction.n_samples} top-{config.extraction.top_k}"
              " samples, precision and recall over unique strings against the training PII as the same tagger finds "
              "it, PII the public baseline model also generates removed. Reconstruction "
