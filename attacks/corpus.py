@@ -161,6 +161,9 @@ class CorpusConfig:
                 raise ValueError(f"{name} must be in [0, 1], got {value!r}")
         if self.foreign_name_fraction > 0 and not self.foreign_locales:
             raise ValueError("foreign_locales must not be empty when foreign_name_fraction > 0, got ()")
+        _check_locale("locale", self.locale, tagger=True)
+        for loc in self.foreign_locales:
+            _check_locale("foreign_locales[...]", loc)
         if not isinstance(self.record_topics, bool):
             raise ValueError(f"record_topics must be true or false, got {self.record_topics!r}")
         lo, hi = self.year_range
@@ -173,6 +176,23 @@ class CorpusConfig:
                 f"zipf_exponent={self.zipf_exponent} puts the most frequent person in {head} records, more than "
                 f"n_records={self.n_records}: lower zipf_exponent or raise n_people")
         return self
+
+
+def _check_locale(name: str, locale, *, tagger: bool = False) -> None:
+    """A Faker locale; ``tagger``: also with the person, address and company providers the default tagger reads."""
+    import importlib.util
+
+    from faker.config import AVAILABLE_LOCALES
+
+    if locale not in AVAILABLE_LOCALES:
+        raise ValueError(f"{name} must be a Faker locale such as 'en_US', got {locale!r}")
+    if not tagger:
+        return
+    kinds = ("person", "address", "company")
+    missing = [k for k in kinds if importlib.util.find_spec(f"faker.providers.{k}.{locale}") is None]
+    if missing:
+        raise ValueError(f"{name} must be a Faker locale with {', '.join(kinds)} providers of its own (the default "
+                         f"tagger's gazetteers), got {locale!r}, which has no {', '.join(missing)} provider")
 
 
 def zipf_counts(total: int, n: int, exponent: float) -> np.ndarray:

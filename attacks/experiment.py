@@ -62,7 +62,7 @@ from attacks.mia import mia_attack
 from attacks.ner import default_tagger, evaluate_tagger, scrub_text
 from attacks.reconstruction import ReconstructionConfig, reconstruction_attack
 from snapaudit_jax import _validate
-from snapaudit_jax._config import ConfigFileError, read_toml, reject_unknown, take
+from snapaudit_jax._config import ConfigFileError, read_toml, reject_unknown, table, take
 from snapaudit_jax._io import write_json, write_text
 from snapaudit_jax.one_run import check_design
 from snapaudit_jax._progress import RunLog
@@ -193,7 +193,9 @@ def _section(default, body: Any, where: str):
     try:
         return dataclasses.replace(default, **values).validate()
     except (TypeError, ValueError) as err:
-        raise ConfigFileError(f"{where}: {err}") from None
+        msg = str(err)
+        field = msg.split(" ", 1)[0].split("[", 1)[0]
+        raise ConfigFileError(f"{where}: {msg}" + (f" ({where}.{field})" if field in names else "")) from None
 
 
 def _check_one_run_design(config: PIIConfig) -> None:
@@ -222,7 +224,7 @@ def _check_one_run_design(config: PIIConfig) -> None:
 def load_pii_config(path: str | os.PathLike) -> PIIConfig:
     """Reads and validates a TOML PII experiment (errors name ``section.key``, the rule and the value)."""
     raw = read_toml(path)
-    run = dict(raw.pop("run", {}))
+    run = table(raw, "run", "run", {})
     base = PIIConfig()
     kw: dict[str, Any] = {}
     kw["seed"] = take(run, "seed", "run", lambda v: _validate.positive_int("seed", v, minimum=0), 0)
@@ -567,8 +569,46 @@ def _config_json(config: PIIConfig) -> dict:
     return _clean(dataclasses.asdict(config))
 
 
+def _read_resume_json(path: str, what: str):
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError) as err:
+        raise ConfigFileError(f"{path}: not a readable {what} ({err}); delete it (or choose another --out folder) "
+                              "to recompute") from None
+
+
+def _check_run_folder(config: PIIConfig, out_dir: str) -> None:
+    """Refuses, before any work and changing nothing, a run folder of another configuration or with corrupted
+    resume files (``run.json``, ``variants/*.json``)."""
+    if not os.path.isdir(out_dir):
+        return
+    stamp = {"version": _VERSION, "config": _fingerprint(config)}
+    stamp_path = os.path.join(out_dir, "run.json")
+    if os.path.exists(stamp_path):
+        old = _read_resume_json(stamp_path, "run stamp")
+        if not isinstance(old, dict):
+            raise ConfigFileError(f"{stamp_path}: a run stamp must be a JSON object {{\"version\", \"config\"}}, got "
+                                  f"{str(old)[:80]!r}; choose another --out folder")
+        if old != stamp:
+            raise ConfigFileError(f"{out_dir}: holds a run of another configuration ({old.get('config')}, this one "
+                                  f"is {stamp['config']}); choose another --out folder")
+    for name in ("baseline_pii", *VARIANTS):
+        path = os.path.join(out_dir, "variants", f"{name}.json")
+        if not os.path.exists(path):
+            continue
+        done = _read_resume_json(path, "resume file")
+        ok = (isinstance(done, list) and all(isinstance(p, list) and len(p) == 2 for p in done)) \
+            if name == "baseline_pii" else (isinstance(done, dict) and isinstance(done.get("row"), dict))
+        if not ok:
+            shape = "a list of [label, string] pairs" if name == "baseline_pii" else 'an object with a "row" object'
+            raise ConfigFileError(f"{path}: a resume file must hold {shape}, got {str(done)[:80]!r}; delete it to "
+                                  "recompute")
+
+
 def run_pii(config: PIIConfig, out_dir: str, *, progress: bool = True) -> dict:
     """Trains the variants, runs every attack and writes the run folder (resuming from it)."""
+    _check_run_folder(config, out_dir)  # another run's folder or a corrupted resume file: before any work
     log = RunLog(progress)
     t0 = time.perf_counter()
     data = _prepare(config, log)  # every data/config error is raised before anything is written

@@ -41,7 +41,7 @@ from conformal.calibration import Calibration, calibrate, coverage_check
 from conformal.kernels import SCORES, prediction_sets, scores, truncate_top_k
 from conformal.metrics import ranking_metrics, set_metrics
 from snapaudit_jax import _validate
-from snapaudit_jax._config import ConfigFileError, choice, pos_int, read_toml, reject_unknown, take
+from snapaudit_jax._config import ConfigFileError, choice, pos_int, read_toml, reject_unknown, table, take
 from snapaudit_jax._io import atomic_write, write_json, write_text
 from snapaudit_jax._progress import RunLog
 
@@ -200,12 +200,12 @@ def load_cpa_config(path: str | os.PathLike) -> CPAConfig:
     """Reads and validates a TOML CPA configuration (errors name ``section.key``, the rule and the value)."""
     path = os.fspath(path)
     raw = read_toml(path)
-    run = dict(raw.pop("run", {}))
-    data = dict(raw.pop("data", {}))
-    attackers = dict(raw.pop("attackers", {}))
+    run = table(raw, "run", "run", {})
+    data = table(raw, "data", "data", {})
+    attackers = table(raw, "attackers", "attackers", {})
     drift = raw.pop("drift", [])
-    truncation = raw.pop("truncation", None)
-    mondrian = raw.pop("mondrian", None)
+    truncation = table(raw, "truncation", "truncation")
+    mondrian = table(raw, "mondrian", "mondrian")
     reject_unknown(raw, path)
     kw: dict[str, Any] = {}
     kw["seed"] = take(run, "seed", "run", pos_int("seed", 0), 0)
@@ -268,6 +268,8 @@ def load_cpa_config(path: str | os.PathLike) -> CPAConfig:
     drifts = []
     for i, body in enumerate(drift):
         where = f"drift[{i}]"
+        if not isinstance(body, dict):
+            raise ConfigFileError(f"{where}: must be a table ([[drift]]), got {body!r}")
         body = dict(body)
         for key in ("attacker", "calibrate", "test"):
             if key not in body:
@@ -277,7 +279,7 @@ def load_cpa_config(path: str | os.PathLike) -> CPAConfig:
         reject_unknown(body, where)
     kw["drift"] = tuple(drifts)
     if truncation is not None:
-        body = dict(truncation)
+        body = truncation
         for key in ("attacker", "suite", "top_k"):
             if key not in body:
                 raise ConfigFileError(f"truncation.{key}: required")
@@ -286,7 +288,7 @@ def load_cpa_config(path: str | os.PathLike) -> CPAConfig:
                             take(body, "top_k", "truncation", _int_list("top_k"), None))
         reject_unknown(body, "truncation")
     if mondrian is not None:
-        body = dict(mondrian)
+        body = mondrian
         for key in ("attacker", "suites"):
             if key not in body:
                 raise ConfigFileError(f"mondrian.{key}: required")
@@ -313,13 +315,19 @@ def build_suites(config: CPAConfig) -> dict[str, Any]:
             if p["n_documents"] > p["n_people"]:
                 raise ConfigFileError(f"data.synthetic.n_documents: must be <= n_people = {p['n_people']}, "
                                       f"got {p['n_documents']}")
-            ladder = synthetic_ladder(p["n_people"], p["n_documents"], seed=config.seed, releases=p["releases"],
-                                      levels=p["levels"], pool=p["pool"])
+            try:
+                ladder = synthetic_ladder(p["n_people"], p["n_documents"], seed=config.seed, releases=p["releases"],
+                                          levels=p["levels"], pool=p["pool"])
+            except ValueError as err:
+                raise _generator_error(source, err) from None
             suites.update({s.name: s for s in ladder.values()})
         elif source == "blog":
             for w in p["W"]:
-                s = blog_suite(p["n_authors"], posts_per_author=p["posts_per_author"], W=w,
-                               n_released_per_author=p["n_released_per_author"], seed=config.seed)
+                try:
+                    s = blog_suite(p["n_authors"], posts_per_author=p["posts_per_author"], W=w,
+                                   n_released_per_author=p["n_released_per_author"], seed=config.seed)
+                except ValueError as err:
+                    raise _generator_error(source, err) from None
                 suites[s.name] = s
         else:
             from conformal.data import loaders
@@ -328,9 +336,19 @@ def build_suites(config: CPAConfig) -> dict[str, Any]:
                 loaded = loaders.load_source(source, p, seed=config.seed)
             except ValueError as err:
                 raise ConfigFileError(f"data.{err}") from None
+            except OSError as err:  # FileNotFoundError: a path, or a file it needs, does not exist
+                raise ConfigFileError(f"data.{source}.path: {err}") from None
             for s in loaded:
                 suites[s.name] = s
     return suites
+
+
+def _generator_error(source: str, err: ValueError) -> ConfigFileError:
+    """A generator's argument error as ``data.<source>.<key>: ...`` (``knowledge_level`` is ``levels``)."""
+    msg = str(err)
+    head = msg.split(" ", 1)[0]
+    key = {"knowledge_level": "levels", "release": "releases"}.get(head, head)
+    return ConfigFileError(f"data.{source}.{key}: {msg}" if key in _DATA_KEYS[source] else f"data.{source}: {msg}")
 
 
 def _match(patterns, names) -> list[str]:
@@ -373,13 +391,17 @@ class _Models:
         self.out_dir, self.batch_size, self.log = out_dir, batch_size, log
         self._oracles = {}
 
-    def oracle(self, model: str):
+    def oracle(self, model: str, key: str = "model"):
+        """The cached oracle of ``model``; a checkpoint that cannot be loaded names ``key`` (a config key)."""
         if model not in self._oracles:
             from snapaudit_jax.models import load_language_model
             from snapaudit_jax.pipelines.oracle import LLMOracle
 
             self.log(f"loading language model {model}")
-            lm = load_language_model(model)
+            try:
+                lm = load_language_model(model)
+            except (ValueError, OSError) as err:
+                raise ConfigFileError(f"{key}: {err}") from None
             cache = os.path.join(self.out_dir, "llm_cache.jsonl")
             self._oracles[model] = LLMOracle(lm, cache_path=cache, batch_size=self.batch_size, progress=self.log.bar)
         return self._oracles[model]
@@ -609,8 +631,16 @@ def run_cpa(config: CPAConfig, out_dir: str, *, progress: bool = True) -> dict:
     log(f"{len(suites)} suites: " + ", ".join(f"{n} ({s.n_documents} docs x {s.n_candidates} candidates)"
                                               for n, s in suites.items()))
     check_references(config, suites)  # every error a config can cause is raised before anything is written
-    os.makedirs(out_dir, exist_ok=True)
+    cache = os.path.join(out_dir, "llm_cache.jsonl")
+    if os.path.exists(cache):
+        from snapaudit_jax.pipelines.oracle import read_cache
+
+        read_cache(cache)  # a corrupted answer cache of an earlier run: refused before any model is loaded
     models = _Models(out_dir, config.batch_size, log)
+    for attacker in config.attackers:  # models load before the folder is made: a bad checkpoint writes nothing
+        if attacker.kind != "retrieval":
+            models.oracle(attacker.model, f"attackers.{attacker.name}.model")
+    os.makedirs(out_dir, exist_ok=True)
     rows: list[dict] = []
     attacks: dict[tuple[str, str], tuple[_Attack, np.ndarray]] = {}
     by_name = {a.name: a for a in config.attackers}

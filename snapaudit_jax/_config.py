@@ -7,7 +7,8 @@ import tomllib
 
 from snapaudit_jax import _validate
 
-__all__ = ["ConfigFileError", "read_toml", "take", "choice", "choices", "pos_int", "reject_unknown"]
+__all__ = ["ConfigFileError", "read_toml", "table", "take", "choice", "choices", "pos_int", "boolean", "string",
+           "number_list", "reject_unknown"]
 
 
 class ConfigFileError(ValueError):
@@ -24,6 +25,16 @@ def read_toml(path: str | os.PathLike) -> dict:
         raise ConfigFileError(f"{path}: cannot read the configuration ({err.strerror})") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigFileError(f"{path}: invalid TOML ({err})") from None
+
+
+def table(parent: dict, key: str, where: str, default=None) -> dict | None:
+    """Pops the sub-table ``key`` of ``parent`` as a new dict (``default`` if absent); a non-table names ``where``."""
+    if key not in parent:
+        return default
+    value = parent.pop(key)
+    if not isinstance(value, dict):
+        raise ConfigFileError(f"{where}: must be a table ([{where}]), got {value!r}")
+    return dict(value)
 
 
 def take(section: dict, key: str, where: str, convert, default):
@@ -53,6 +64,30 @@ def choices(options):
         return tuple(choice(options)(v) for v in values)
 
     return convert
+
+
+def boolean(value):
+    """TOML ``true``/``false`` only (``bool("no")`` would be ``True``)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false, got {value!r}")
+    return value
+
+
+def string(value):
+    """A non-empty string (``str(5)`` would silently be ``"5"``)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def number_list(convert):
+    """A non-empty list, each entry passed through ``convert``."""
+    def check(values):
+        if isinstance(values, (str, bool)) or not isinstance(values, list) or not values:
+            raise ValueError(f"must be a non-empty list of numbers, got {values!r}")
+        return tuple(convert(v) for v in values)
+
+    return check
 
 
 def pos_int(name, minimum=1):

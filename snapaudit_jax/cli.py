@@ -314,12 +314,17 @@ def _generate(args) -> int:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.temperature is not None and args.seed is None:
         raise ValueError("--seed is required with --temperature (sampling needs an explicit key)")
-    if args.temperature is not None and not args.temperature > 0:
-        raise ValueError(f"--temperature must be > 0, got {args.temperature}")
+    if args.temperature is not None and not 0 < args.temperature < math.inf:
+        raise ValueError(f"--temperature must be a finite number > 0, got {args.temperature}")
     if not args.prompt.strip():
         raise ValueError("--prompt must not be empty")
-    lm = load_language_model(args.model, allow_pickle=args.allow_pickle)
+    lm = _load_model(load_language_model, args)
     prompt = lm.chat_prompt(args.prompt) if args.chat else args.prompt
+    n_prompt = len(lm.tokenizer.encode(prompt))
+    if n_prompt + args.max_new_tokens > lm.max_length:
+        raise ValueError(f"--max-new-tokens: the prompt's {n_prompt} tokens plus {args.max_new_tokens} new tokens "
+                         f"exceed the model's {lm.max_length} positions (at most {lm.max_length - n_prompt} here), "
+                         f"got {args.max_new_tokens}")
     start = time.perf_counter()
     key = None if args.seed is None else jax.random.key(args.seed)
     gen = lm.generate([prompt], max_new_tokens=args.max_new_tokens, temperature=args.temperature, key=key)[0]
@@ -332,10 +337,23 @@ def _generate(args) -> int:
     return EXIT_OK
 
 
+def _load_model(load, args):
+    """``load(--model)``; a checkpoint that cannot be loaded names the flag."""
+    if not args.model.strip():
+        raise ValueError(f"--model must name a model, a .gguf file or a checkpoint folder, got {args.model!r}")
+    try:
+        return load(args.model, allow_pickle=args.allow_pickle)
+    except (ValueError, OSError) as err:
+        raise ValueError(f"--model: {err}") from None
+
+
 def _embed(args) -> int:
     from snapaudit_jax.models import load_embedder
 
-    embedder = load_embedder(args.model, allow_pickle=args.allow_pickle)
+    for i, text in enumerate(args.text):
+        if not text.strip():
+            raise ValueError(f"--text must not be empty, got {text!r} (text {i + 1})")
+    embedder = _load_model(load_embedder, args)
     vectors = embedder.embed(args.text)
     if args.json:
         print(json.dumps({"model": args.model, "embeddings": vectors.astype(float).tolist()}))
@@ -356,7 +374,8 @@ def main(argv=None) -> int:
     try:
         return _COMMANDS[args.command](args)
     except (ValueError, RuntimeError, OSError) as err:
-        print(f"snapaudit {args.command}: error: {_name_flag(str(err))}", file=sys.stderr)
+        message = _name_flag(str(err)) if args.command == "simulate" else str(err)  # its fields are its flags
+        print(f"snapaudit {args.command}: error: {message}", file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -51,6 +51,7 @@ The configuration file is TOML; every section and key is documented in
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from typing import Any
@@ -60,10 +61,14 @@ import numpy as np
 
 from snapaudit_jax import _validate
 from snapaudit_jax._config import ConfigFileError, read_toml
+from snapaudit_jax._config import boolean as _boolean
 from snapaudit_jax._config import choice as _choice
 from snapaudit_jax._config import choices as _choices
+from snapaudit_jax._config import number_list as _number_list
 from snapaudit_jax._config import pos_int as _pos_int
 from snapaudit_jax._config import reject_unknown as _reject_unknown
+from snapaudit_jax._config import string as _string
+from snapaudit_jax._config import table as _table
 from snapaudit_jax._config import take as _take
 from snapaudit_jax._io import write_json, write_text
 from snapaudit_jax._progress import RunLog as _Log
@@ -188,22 +193,21 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
 
     path = os.fspath(path)
     raw = read_toml(path)
-    model = dict(raw.pop("model", {}))
-    audit_s = dict(raw.pop("audit", {}))
-    pipes = dict(raw.pop("pipelines", {}))
-    mia = raw.pop("mia", None)
-    one_run = raw.pop("one_run", None)
+    model = _table(raw, "model", "model", {})
+    audit_s = _table(raw, "audit", "audit", {})
+    pipes = _table(raw, "pipelines", "pipelines", {})
+    mia = _table(raw, "mia", "mia")
+    one_run = _table(raw, "one_run", "one_run")
     _reject_unknown(raw, path)
     kw: dict[str, Any] = {}
-    kw["llm"] = _take(model, "llm", "model", str, "smollm2")
-    kw["embedder"] = _take(model, "embedder", "model", str, "minilm")
-    kw["allow_pickle"] = _take(model, "allow_pickle", "model", bool, False)
+    kw["llm"] = _take(model, "llm", "model", _string, "smollm2")
+    kw["embedder"] = _take(model, "embedder", "model", _string, "minilm")
+    kw["allow_pickle"] = _take(model, "allow_pickle", "model", _boolean, False)
     _reject_unknown(model, "model")
-    eps = _take(audit_s, "epsilons", "audit", lambda v: tuple(_validate.positive_float("epsilon", e) for e in v),
-                (1.0, 2.0, 4.0, 8.0, 16.0))
-    if not eps:
-        raise ConfigFileError("audit.epsilons: must list at least one epsilon")
-    kw["epsilons"] = eps
+    if audit_s.get("epsilons") == []:
+        raise ConfigFileError("audit.epsilons: must list at least one epsilon, got []")
+    kw["epsilons"] = _take(audit_s, "epsilons", "audit",
+                           _number_list(lambda e: _validate.positive_float("epsilon", e)), (1.0, 2.0, 4.0, 8.0, 16.0))
     kw["delta"] = _take(audit_s, "delta", "audit", lambda v: _validate.open_unit("delta", v), 1e-5)
     kw["confidence"] = _take(audit_s, "confidence", "audit", lambda v: _validate.open_unit("confidence", v), 0.95)
     kw["query"] = _take(audit_s, "query", "audit", _choice(QUERY_MODES), "copy")
@@ -228,14 +232,14 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
         where = f"pipelines.{name}"
         if name not in PIPELINE_NAMES:
             raise ConfigFileError(f"{where}: unknown pipeline (choose from {', '.join(PIPELINE_NAMES)})")
-        body = dict(body)
+        body = _table({name: body}, name, where)
         for key in ("candidates", "candidate_calls"):
             if key in body and name != "esa":
                 raise ConfigFileError(f"{where}.{key}: only ESA has a candidate stage, got {body[key]!r}")
         s = dict(
             name=name,
             dataset=_take(body, "dataset", where, _choice(tuple(DATASETS)), _DEFAULT_DATASET[name]),
-            data_path=_take(body, "data_path", where, str, None),
+            data_path=_take(body, "data_path", where, _string, None),
             num_exemplars=_take(body, "num_exemplars", where, _pos_int("num_exemplars", 2),
                                 max(6, _DEFAULT_PARTITIONS.get(name) or 0)),  # KSA: one exemplar per partition
             partitions=_take(body, "partitions", where, _pos_int("partitions"), _DEFAULT_PARTITIONS.get(name)),
@@ -245,7 +249,7 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
             signal_vocabulary=_take(body, "signal_vocabulary", where, _pos_int("signal_vocabulary", 2), 120),
             signal_seeds=_take(body, "signal_seeds", where, _pos_int("signal_seeds"), 2),
             signal_sweeps=_take(body, "signal_sweeps", where, _pos_int("signal_sweeps"), 2),
-            reconstruct=_take(body, "reconstruct", where, bool, False),
+            reconstruct=_take(body, "reconstruct", where, _boolean, False),
             neighbouring=_take(body, "neighbouring", where, _choice(("replace_one", "add_remove")), "replace_one"),
             candidates=_take(body, "candidates", where, _choice(ESA_CANDIDATES), "sampled"),
             candidate_calls=_take(body, "candidate_calls", where, _pos_int("candidate_calls"),
@@ -268,7 +272,6 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
         raise ConfigFileError("audit.method: 'exact' has no closed form for KSA's top-K release ([pipelines.ksa]); "
                               "use \"simulate\" or drop the pipeline, got 'exact'")
     if mia is not None:
-        mia = dict(mia)
         kw["mia"] = MiaSettings(
             canaries=_take(mia, "canaries", "mia", _pos_int("canaries", 2), 6),
             pipelines=_take(mia, "pipelines", "mia", _choices(("pv", "poe", "ksa")), ("pv", "poe")),
@@ -279,8 +282,6 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
     if one_run is not None:
         from snapaudit_jax.one_run_icl import parse_settings
 
-        if not isinstance(one_run, dict):
-            raise ConfigFileError(f"one_run: must be a table ([one_run]), got {one_run!r}")
         poe = next((p for p in settings if p.name == "poe"), None)
         kw["one_run"] = parse_settings(one_run, epsilons=kw["epsilons"], threats=kw["threats"],
                                        clip=poe.clip if poe else 5.0, seed=kw["seed"])
@@ -498,28 +499,103 @@ def _clean_signal(pipeline, clean) -> float:
     return float(clean[0])
 
 
+def check_run_folder(out_dir: str | os.PathLike) -> None:
+    """Refuses a run folder whose resume files are corrupted, before any work (nothing is changed).
+
+    Checks the model-answer cache ``llm_cache.jsonl`` line by line, every ``snapshots/<name>.manifest.json``
+    and the snapshot file next to it.
+
+    Raises:
+      ValueError: a corrupted file (the message names it, the line or the array, and says to delete it).
+    """
+    from snapaudit_jax.pipelines.oracle import read_cache
+    from snapaudit_jax.snapshots import load_snapshots
+
+    out_dir = os.fspath(out_dir)
+    if not os.path.isdir(out_dir):
+        return
+    cache = os.path.join(out_dir, "llm_cache.jsonl")
+    if os.path.exists(cache):
+        read_cache(cache)
+    snaps = os.path.join(out_dir, "snapshots")
+    if not os.path.isdir(snaps):
+        return
+    for name in sorted(os.listdir(snaps)):
+        if not name.endswith(".manifest.json"):
+            continue
+        path = os.path.join(snaps, name)
+        npz = path[: -len(".manifest.json")] + ".npz"
+        try:
+            with open(path) as fh:
+                manifest = json.load(fh)
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{path}: not a readable snapshot manifest ({err}); delete it and {npz} to recompute "
+                             "the snapshots") from None
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("fingerprint"), str):
+            raise ValueError(f"{path}: a snapshot manifest must be a JSON object with a 'fingerprint' string, got "
+                             f"{str(manifest)[:80]!r}; delete it and {npz} to recompute the snapshots")
+        if os.path.exists(npz):
+            try:
+                load_snapshots(npz)
+            except ValueError as err:
+                raise ValueError(f"{err}; delete it and {path} to recompute the snapshots") from None
+
+
+def _load_datasets(config: AuditConfig) -> dict:
+    """``{(dataset, data_path): examples}`` of every pipeline; a bad ``data_path`` names its key."""
+    from snapaudit_jax.data import load_examples
+
+    out = {}
+    for p in config.pipelines:
+        if (p.dataset, p.data_path) not in out:
+            try:
+                out[(p.dataset, p.data_path)] = load_examples(p.dataset, p.data_path)
+            except (ValueError, OSError, ImportError) as err:
+                raise ConfigFileError(f"pipelines.{p.name}.data_path: {err}") from None
+    s = config.one_run
+    if s is not None and s.data_path not in (None, "hub"):
+        try:
+            load_examples(s.dataset, s.data_path)
+        except (ValueError, OSError, ImportError) as err:
+            raise ConfigFileError(f"one_run.data_path: {err}") from None
+    return out
+
+
+def _load_model(key: str, load, name: str, allow_pickle: bool):
+    """``load(name)``; a checkpoint that cannot be loaded names its config key (``model.llm``)."""
+    try:
+        return load(name, allow_pickle=allow_pickle)
+    except (ValueError, OSError) as err:
+        raise ConfigFileError(f"{key}: {err}") from None
+
+
 def run_audit(config: AuditConfig, out_dir: str, *, progress: bool = True) -> dict:
     """Runs the configured audits and writes the run folder; returns the summary dict."""
-    from snapaudit_jax.data import get_spec, load_examples
+    from snapaudit_jax.data import get_spec
     from snapaudit_jax.models import load_embedder, load_language_model
     from snapaudit_jax.pipelines import PIPELINES, KeywordPipeline, LLMOracle, make_case
     from snapaudit_jax.pipelines.phase_a import generate_snapshots
     from snapaudit_jax.plotting import plot_epsilon
 
     log = _Log(progress)
-    os.makedirs(out_dir, exist_ok=True)
+    # Everything that can be refused is refused before the folder is created or anything in it changes: the
+    # resume files of an earlier run, the data files, then the models.
+    check_run_folder(out_dir)
+    datasets = _load_datasets(config)
     log(f"loading {config.llm}")
-    lm = load_language_model(config.llm, allow_pickle=config.allow_pickle)
+    lm = _load_model("model.llm", load_language_model, config.llm, config.allow_pickle)
     needs_embedder = any(p.name == "esa" for p in config.pipelines)
-    embedder = load_embedder(config.embedder, allow_pickle=config.allow_pickle) if needs_embedder else None
+    embedder = _load_model("model.embedder", load_embedder, config.embedder, config.allow_pickle) \
+        if needs_embedder else None
     oracle = LLMOracle(lm, embedder, cache_path=os.path.join(out_dir, "llm_cache.jsonl"),
                        batch_size=config.batch_size, progress=log.bar)
+    os.makedirs(out_dir, exist_ok=True)
     n_passive = config.passive_runs or config.snapshots
     rows, full, summaries = [], [], {}
     for settings in config.pipelines:
         log(f"pipeline {settings.name}: dataset {settings.dataset}, query {config.query}, defense {config.defense}")
         spec = get_spec(settings.dataset)
-        examples = load_examples(settings.dataset, settings.data_path)
+        examples = datasets[(settings.dataset, settings.data_path)]
         extra = {}
         signals = None
         if settings.name == "esa":

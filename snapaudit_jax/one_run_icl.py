@@ -69,8 +69,10 @@ from snapaudit_jax import _validate
 from snapaudit_jax._config import ConfigFileError
 from snapaudit_jax._config import choice as _choice
 from snapaudit_jax._config import choices as _choices
+from snapaudit_jax._config import number_list as _number_list
 from snapaudit_jax._config import pos_int as _pos_int
 from snapaudit_jax._config import reject_unknown as _reject_unknown
+from snapaudit_jax._config import string as _string
 from snapaudit_jax._config import take as _take
 from snapaudit_jax.calibration import gdp_epsilon
 from snapaudit_jax.data import Example
@@ -195,16 +197,15 @@ def parse_settings(section: dict, *, epsilons: tuple[float, ...], threats: tuple
     kw["delta"] = _take(s, "delta", w, lambda v: _validate.unit_closed_open("delta", v), 1e-6)
     kw["alpha"] = _take(s, "alpha", w, lambda v: _validate.open_unit("alpha", v), 0.05)
     kw["pipelines"] = _take(s, "pipelines", w, _choices(ONE_RUN_PIPELINES), ONE_RUN_PIPELINES)
-    eps = _take(s, "epsilons", w, lambda v: tuple(_validate.positive_float("epsilon", e) for e in v), epsilons)
-    if not eps:
+    if s.get("epsilons") == []:
         raise ConfigFileError(f"{w}.epsilons: must list at least one epsilon, got []")
-    kw["epsilons"] = eps
+    kw["epsilons"] = _take(s, "epsilons", w, _number_list(lambda e: _validate.positive_float("epsilon", e)), epsilons)
     kw["threats"] = _take(s, "threats", w, _choices(("black", "white")), threats)
     kw["partitions"] = _take(s, "partitions", w, _pos_int("partitions"), 4)
     kw["base_exemplars"] = _take(s, "base_exemplars", w, _pos_int("base_exemplars", 0), 0)
     kw["clip"] = _take(s, "clip", w, lambda v: _validate.positive_float("clip", v), clip)
     kw["dataset"] = _take(s, "dataset", w, _choice(tuple(DATASETS)), "agnews")
-    kw["data_path"] = _take(s, "data_path", w, str, None)
+    kw["data_path"] = _take(s, "data_path", w, _string, None)
     kw["seed"] = _take(s, "seed", w, _pos_int("seed", 0), seed)
     kw["pairs"] = _take(s, "pairs", w, _pairs, None)
     _reject_unknown(s, w)

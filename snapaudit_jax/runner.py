@@ -113,6 +113,10 @@ class SimulateConfig:
         if self.mechanism == "esa" and self.clean_with is not None:
             raise ValueError("clean_with cannot describe esa, which needs candidate embeddings: use distance/dim or "
                              "a snapshot file with 'candidates'")
+        for name, value, owner in (("top_k", self.top_k, "ksa"), ("clip", self.clip, "poe"),
+                                   ("partitions", self.partitions, "esa")):
+            if value is not None and self.mechanism != owner:
+                raise ValueError(f"{name} applies to mechanism {owner!r} only, not {self.mechanism!r}, got {value!r}")
         if self.calibration == "classical" and self.mechanism in ("poe", "ksa"):
             raise ValueError(f"calibration applies to the Gaussian mechanisms pv and esa, not {self.mechanism!r}")
         return self
@@ -147,11 +151,16 @@ def build_snapshots(config: SimulateConfig) -> tuple[Snapshots, str]:
     """
     n = config.snapshots
     m = config.mechanism
+    names = ("with", "without")
     if config.snapshot is not None:
-        snaps = load_snapshots(config.snapshot)
+        try:
+            snaps = load_snapshots(config.snapshot)
+        except ValueError as err:  # every error of the file names the flag
+            raise ValueError(str(err) if str(err).startswith("snapshot ") else f"snapshot file: {err}") from None
         if m == "esa" and snaps.candidates is None:
             raise ValueError(f"snapshot file {config.snapshot!r} has no 'candidates' array, which esa needs")
         resolved = "sampled"
+        names = tuple(f"snapshot file {config.snapshot!r}: array {k!r}" for k in names)
     elif m == "esa":
         d = 1.419 if config.distance is None else config.distance
         dim = 384 if config.dim is None else config.dim
@@ -170,8 +179,9 @@ def build_snapshots(config: SimulateConfig) -> tuple[Snapshots, str]:
             raise ValueError(f"clean_with has {w.size} entries but clean_without has {wo.size}")
         snaps = Snapshots(np.tile(w, (n, 1)), np.tile(wo, (n, 1)))
         resolved = "fixed"
-    check_clean("with", snaps.with_canary, mechanism=m, candidates=snaps.candidates)
-    check_clean("without", snaps.without_canary, mechanism=m, candidates=snaps.candidates)
+        names = ("clean_with", "clean_without")
+    check_clean(names[0], snaps.with_canary, mechanism=m, candidates=snaps.candidates)
+    check_clean(names[1], snaps.without_canary, mechanism=m, candidates=snaps.candidates)
     clean = resolved if config.clean == "auto" else config.clean
     return snaps, clean
 

@@ -78,6 +78,8 @@ def load_snapshots(path: str | os.PathLike) -> Snapshots:
         arrays that are empty, ragged, non-numeric or not finite.
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ValueError(f"snapshot file {path!r} is a folder, not an .npz file")
     if not os.path.isfile(path):
         raise ValueError(f"snapshot file {path!r} does not exist")
     try:

@@ -107,6 +107,9 @@ def load_embedder(
     """A :class:`SentenceEmbedder` from ``"minilm"`` or a Hugging Face BERT folder (``data_parallel``: as
     :func:`load_language_model`)."""
     path = default_model_path(name_or_path) if name_or_path == "minilm" else os.fspath(name_or_path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise CheckpointError(f"{path}: an embedder is a Hugging Face BERT checkpoint folder (or 'minilm'), not a "
+                              "file")
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: embedder checkpoint folder does not exist")
     cfg, module = load_hf_folder(path, allow_pickle=allow_pickle)

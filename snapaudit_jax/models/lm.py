@@ -246,8 +246,8 @@ class LanguageModel:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         greedy = temperature is None
         if not greedy:
-            if not temperature > 0:
-                raise ValueError(f"temperature must be > 0, got {temperature}")
+            if not 0 < temperature < float("inf"):
+                raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
             if key is None:
                 raise ValueError("temperature sampling needs an explicit PRNG key")
         key = jax.random.key(0) if key is None else key

@@ -3,7 +3,8 @@
 Clean outputs are computed with greedy decoding, which is deterministic, so a
 prompt asked many times is computed once and its answer reused ("counted n
 times"). The cache is an append-only JSONL file: an interrupted run resumes
-with every answer it had already computed; a torn last line is ignored.
+with every answer it had already computed; a torn last line is ignored (and cut
+off before the next answer is appended), any other invalid line is an error.
 :meth:`LLMOracle.verify` recomputes a sample without the cache, in other batch
 compositions, to confirm the determinism the cache relies on.
 """
@@ -20,7 +21,7 @@ import numpy as np
 
 from snapaudit_jax.models import LanguageModel, SentenceEmbedder
 
-__all__ = ["LLMOracle", "CallStats"]
+__all__ = ["LLMOracle", "CallStats", "read_cache"]
 
 
 @dataclasses.dataclass
@@ -46,6 +47,46 @@ def _key(kind: str, model: str, *parts) -> str:
     return h.hexdigest()
 
 
+def _valid_row(row) -> bool:
+    key = row.get("k") if isinstance(row, dict) else None
+    return isinstance(key, str) and len(key) == 64 and all(c in "0123456789abcdef" for c in key) and "v" in row
+
+
+def read_cache(path: str | os.PathLike) -> tuple[dict[str, object], int | None]:
+    """The answers of a JSONL answer cache and the byte offset of its torn last line (``None``: none).
+
+    Each line is ``{"k": <64 hex digits>, "v": <answer>}`` and ends with a newline; what follows the last
+    newline is a write that an interruption cut short, and is ignored.
+
+    Raises:
+      ValueError: the file cannot be read, or a complete line is not such a record (the message names the
+        file and the line).
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read the answer cache ({err.strerror or err})") from None
+    *lines, rest = data.split(b"\n")
+    cache: dict[str, object] = {}
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as err:
+            raise ValueError(f"{path}: line {lineno} of the answer cache is not JSON ({err}); the file is corrupted: "
+                             "delete it to recompute the answers") from None
+        if not _valid_row(row):
+            shown = line[:80].decode(errors="replace")
+            raise ValueError(f"{path}: line {lineno} of the answer cache must be an object "
+                             f'{{"k": <64 hex digits>, "v": <answer>}}, got {shown!r}; delete the file to recompute '
+                             "the answers")
+        cache[row["k"]] = row["v"]
+    return cache, (len(data) - len(rest) if rest else None)
+
+
 class LLMOracle:
     """Cached, counted access to a language model and a sentence embedder.
 
@@ -67,14 +108,9 @@ class LLMOracle:
         self.stats = CallStats()
         self.requested: set[str] = set()  # hashes of every distinct request made through this oracle
         self._cache: dict[str, object] = {}
+        self._torn: int | None = None  # byte offset where the next append must start (a torn last line)
         if cache_path and os.path.exists(cache_path):
-            with open(cache_path) as fh:
-                for line in fh:
-                    try:
-                        row = json.loads(line)
-                    except ValueError:
-                        continue  # torn last line of an interrupted run
-                    self._cache[row["k"]] = row["v"]
+            self._cache, self._torn = read_cache(cache_path)
 
     def __len__(self) -> int:
         return len(self._cache)
@@ -83,6 +119,9 @@ class LLMOracle:
         self._cache.update(items)
         if self.cache_path:
             with open(self.cache_path, "a") as fh:
+                if self._torn is not None:  # cut the torn last line off before appending
+                    fh.truncate(self._torn)
+                    self._torn = None
                 for k, v in items.items():
                     fh.write(json.dumps({"k": k, "v": v}) + "\n")
                 fh.flush()

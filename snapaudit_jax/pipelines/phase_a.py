@@ -113,9 +113,13 @@ def generate_snapshots(
         npz = os.path.join(run_dir, f"{pipeline.name}.npz")
         manifest_path = os.path.join(run_dir, f"{pipeline.name}.manifest.json")
         if os.path.isfile(npz) and os.path.isfile(manifest_path):
-            with open(manifest_path) as fh:
-                manifest = json.load(fh)
-            if manifest.get("fingerprint") == fingerprint:
+            try:
+                with open(manifest_path) as fh:
+                    manifest = json.load(fh)
+            except ValueError as err:
+                raise ValueError(f"{manifest_path}: not a readable snapshot manifest ({err}); delete it and {npz} to "
+                                 "recompute the snapshots") from None
+            if isinstance(manifest, dict) and manifest.get("fingerprint") == fingerprint:
                 if isinstance(pipeline, KeywordPipeline):
                     pipeline.vocabulary = tuple(manifest["vocabulary"])
                 return SnapshotRun(load_snapshots(npz), manifest | {"resumed": True})
