@@ -7,6 +7,9 @@ reduces to two jitted kernels over a Flax NNX decoder (:class:`~snapaudit_jax.mo
 * :func:`score_texts` / :func:`continuation_logprobs`: summed next-token log-likelihoods, batched;
 * :func:`sample_texts`: top-k sampling with a KV cache, one PRNG stream per prompt.
 
+Both run the model kernels of :mod:`snapaudit_jax.models.inference` (:func:`~snapaudit_jax.models.sequence_nll`,
+:func:`~snapaudit_jax.models.decode` with :class:`~snapaudit_jax.models.Sample`).
+
 Framing: a text is the start token (the tokenizer's BOS, else its first EOS id, as GPT-2's
 ``<|endoftext|>``), the text's tokens and, for whole records, an EOS. :func:`encode_texts` builds training
 arrays with the same framing, so :func:`score_texts` on a training record gives exactly the loss DP-SGD
@@ -30,8 +33,7 @@ import numpy as np
 from flax import nnx
 
 from snapaudit_jax import _validate
-from snapaudit_jax.models.decoders import empty_cache
-from snapaudit_jax.models.layers import positions_from_mask
+from snapaudit_jax.models import Sample, decode, sequence_nll
 from snapaudit_jax.models.lm import batch_bucket, length_bucket
 
 __all__ = [
@@ -137,17 +139,10 @@ def _length(n: int, limit: int) -> int:
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
 def _logprob_kernel(graphdef, state, tokens, mask, score_from):
-    """Summed ``log p(x_t | x_<t)`` over real targets ``t >= score_from``, and their count: ``(B,)`` each.
-
-    ``tokens``/``mask`` ``(B, L)`` right-padded; target ``t`` counts when ``mask[t - 1] & mask[t]``.
-    """
-    model = nnx.merge(graphdef, state)
-    hidden, _ = model(tokens, positions_from_mask(mask), mask)
-    logp = jax.nn.log_softmax(model.logits(hidden[:, :-1]).astype(jnp.float32), axis=-1)
-    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
-    t = jnp.arange(1, tokens.shape[1])[None, :]
-    valid = mask[:, 1:] & mask[:, :-1] & (t >= score_from[:, None])
-    return jnp.sum(jnp.where(valid, picked, 0.0), axis=-1), jnp.sum(valid, axis=-1)
+    """Summed ``log p(x_t | x_<t)`` over real targets ``t >= score_from``, and their count: ``(B,)`` each
+    (:func:`snapaudit_jax.models.sequence_nll` of right-padded ``(B, L)`` rows)."""
+    nll, count = sequence_nll(nnx.merge(graphdef, state), tokens, mask, score_from)
+    return -nll, count
 
 
 def _score_rows(model, rows: list[list[int]], score_from: list[int], pad_id: int, batch_size: int):
@@ -231,45 +226,6 @@ def continuation_logprobs(
     return logp
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "top_k", "eos_ids", "pad_id"))
-def _sample_kernel(graphdef, state, tokens, mask, keys, temperature, limit, *, max_new, top_k, eos_ids, pad_id):
-    """``(B, max_new)`` top-k samples after left-padded prompts; row ``b`` draws step ``s`` with
-    ``fold_in(keys[b], s)``. Stops after ``limit`` tokens or when every row has emitted an EOS."""
-    model = nnx.merge(graphdef, state)
-    batch, length = tokens.shape
-    slots = length + max_new
-    key_mask = jnp.zeros((batch, slots), bool).at[:, :length].set(mask)
-    positions = positions_from_mask(mask)
-    hidden, cache = model(tokens, positions, key_mask, cache=empty_cache(model, batch, slots), index=0)
-    eos = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
-
-    def pick(hidden_last, step):
-        logits = model.logits(hidden_last).astype(jnp.float32) / temperature
-        values, index = jax.lax.top_k(logits, top_k)
-        draw = jax.vmap(lambda k, v: jax.random.categorical(jax.random.fold_in(k, step), v))(keys, values)
-        return jnp.take_along_axis(index, draw[:, None], axis=-1)[:, 0].astype(jnp.int32)
-
-    first = pick(hidden[:, -1], 0)
-    out = jnp.full((batch, max_new), pad_id, jnp.int32).at[:, 0].set(first)
-    finished = jnp.isin(first, eos)
-
-    def cond(carry):
-        step, _, _, _, finished, _, _ = carry
-        return (step < limit) & ~jnp.all(finished)
-
-    def body(carry):
-        step, cache, last, pos, finished, out, key_mask = carry
-        slot = length + step - 1
-        key_mask = key_mask.at[:, slot].set(True)
-        hidden, cache = model(last[:, None], pos[:, None], key_mask, cache=cache, index=slot)
-        nxt = jnp.where(finished, pad_id, pick(hidden[:, 0], step))
-        out = jax.lax.dynamic_update_slice(out, nxt[:, None], (0, step))
-        return step + 1, cache, nxt, pos + 1, finished | jnp.isin(nxt, eos), out, key_mask
-
-    carry = (jnp.int32(1), cache, first, positions[:, -1] + 1, finished, out, key_mask)
-    return jax.lax.while_loop(cond, body, carry)[5]
-
-
 def sample_texts(
     model,
     tokenizer,
@@ -321,7 +277,6 @@ def _sample_ids(model, tokenizer, prompts, key, *, top_k, max_new_tokens, temper
         if len(ids) + max_new_tokens > limit:
             raise ValueError(f"prompts[{i}] has {len(ids)} tokens; with max_new_tokens={max_new_tokens} that "
                              f"exceeds the model's {limit} positions")
-    graphdef, state = nnx.split(model)
     eos_ids = tuple(int(e) for e in tokenizer.eos_ids)
     pad = int(tokenizer.pad_id)
     max_new = length_bucket(max_new_tokens)
@@ -339,9 +294,9 @@ def _sample_ids(model, tokenizer, prompts, key, *, top_k, max_new_tokens, temper
             mask[j, width - len(rows[i]):] = True
         mask[len(idx):, -1] = True  # filler rows: one real token
         row_keys = keys[np.concatenate([idx, np.full(batch - len(idx), idx[0])])]
-        new = _sample_kernel(
-            graphdef, state, jnp.asarray(tokens), jnp.asarray(mask), row_keys, jnp.float32(temperature),
-            jnp.int32(max_new_tokens), max_new=max_new, top_k=top_k, eos_ids=eos_ids, pad_id=pad,
+        new = decode(
+            model, tokens, mask, Sample(row_keys, jnp.float32(temperature), top_k), max_new_tokens=max_new_tokens,
+            max_new=max_new, live=np.arange(batch) < len(idx), eos_ids=eos_ids, pad_id=pad,
         )
         new = np.asarray(new)
         for j, i in enumerate(idx):

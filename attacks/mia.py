@@ -26,9 +26,9 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
-from scipy import stats
 
 from snapaudit_jax import _validate
+from snapaudit_jax.estimation import roc_auc
 
 from attacks.blackbox import score_texts
 
@@ -55,23 +55,6 @@ def membership_scores(model, tokenizer, texts: Sequence[str], *, reference_model
     if reference_model is not None:
         score = score + score_texts(reference_model, tokenizer, texts, batch_size=batch_size).mean_nll
     return score
-
-
-def roc_auc(member_scores, nonmember_scores) -> float:
-    """Area under the ROC curve: ``P(S_member > S_nonmember) + P(equal) / 2`` (Mann-Whitney U / (n1 n0)).
-
-    Args:
-      member_scores: ``(n1,)`` scores of members (higher = member).
-      nonmember_scores: ``(n0,)`` scores of non-members.
-
-    Returns:
-      The AUC in ``[0, 1]`` (ties count one half, as ``sklearn.metrics.roc_auc_score``).
-    """
-    m = _scores("member_scores", member_scores)
-    n = _scores("nonmember_scores", nonmember_scores)
-    ranks = stats.rankdata(np.concatenate([m, n]), method="average")
-    u = ranks[: len(m)].sum() - len(m) * (len(m) + 1) / 2.0
-    return float(u / (len(m) * len(n)))
 
 
 def roc_curve(member_scores, nonmember_scores) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

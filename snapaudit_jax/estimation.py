@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
 from snapaudit_jax import _validate
 from snapaudit_jax.bounds import (
@@ -84,6 +85,7 @@ __all__ = [
     "objective",
     "paper_bound",
     "rebound",
+    "roc_auc",
     "select_index",
     "threshold_test",
     "violation_p_value",
@@ -560,6 +562,39 @@ def violation_p_value(tpr: RateBound, fpr: RateBound, delta: float, epsilon_theo
 def mu_violation_p_value(tpr: RateBound, fpr: RateBound, mu_claim: float) -> float:
     """Smallest ``alpha`` at which the bounds certify ``mu_low > mu_claim`` (a p-value for the ``mu``-GDP claim)."""
     return _p_value(tpr, fpr, lambda t, f: estimate(t, f, 0.5)[1] > mu_claim * (1.0 + VIOLATION_RTOL))
+
+
+def _score_vector(name: str, value) -> np.ndarray:
+    arr = _validate.finite_array(name, value)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-dimensional, got shape {arr.shape}")
+    return arr
+
+
+def roc_auc(member_scores, nonmember_scores) -> float:
+    """Area under the ROC curve: ``P(S_member > S_nonmember) + P(equal) / 2`` (Mann-Whitney U / (n1 n0)).
+
+    An empirical summary of how well a score separates two groups (members and non-members of a training set,
+    canary present or absent), not a confidence bound.
+
+    Args:
+      member_scores: ``(n1,)`` scores of the positive group (higher = member).
+      nonmember_scores: ``(n0,)`` scores of the negative group.
+
+    Returns:
+      The AUC in ``[0, 1]`` (ties count one half, as ``sklearn.metrics.roc_auc_score``).
+
+    Raises:
+      ValueError: an empty, non-finite or not 1-dimensional score array (naming it).
+
+    References:
+      Mann & Whitney, Ann. Math. Statist. 18 (1947); Hanley & McNeil, Radiology 143 (1982), eq. 1.
+    """
+    m = _score_vector("member_scores", member_scores)
+    n = _score_vector("nonmember_scores", nonmember_scores)
+    ranks = stats.rankdata(np.concatenate([m, n]), method="average")
+    u = ranks[: len(m)].sum() - len(m) * (len(m) + 1) / 2.0
+    return float(u / (len(m) * len(n)))
 
 
 def holm(p_values: Sequence[float], alpha: float) -> np.ndarray:

@@ -73,6 +73,7 @@ from snapaudit_jax._config import take as _take
 from snapaudit_jax._io import write_json, write_text
 from snapaudit_jax._progress import RunLog as _Log
 from snapaudit_jax.audit import CLEAN_MODELS, AuditResult, audit
+from snapaudit_jax.estimation import roc_auc
 from snapaudit_jax.mechanisms import Attack
 from snapaudit_jax.one_run_icl import OneRunSettings
 from snapaudit_jax.passive import passive_bounds
@@ -481,13 +482,6 @@ def _row(pipeline: str, mode: str, result: AuditResult, llm_calls: int, seconds:
     }
 
 
-def _auc(pos: np.ndarray, neg: np.ndarray) -> float:
-    """Mann-Whitney AUC, ties counted 1/2."""
-    pos, neg = np.asarray(pos, float), np.asarray(neg, float)
-    greater = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
-    return float(greater / (pos.size * neg.size))
-
-
 def _clean_signal(pipeline, clean) -> float:
     """A scalar membership signal of one clean output (larger: canary more likely present)."""
     from snapaudit_jax.pipelines import KeywordPipeline, ProductOfExpertsPipeline
@@ -769,7 +763,7 @@ def _run_mia(config: AuditConfig, lm, oracle, log) -> dict:
                         pos.append(_clean_signal(pipe, pipe.clean_outputs(1, 1, c)[0]))
                         neg.append(_clean_signal(pipe, pipe.clean_outputs(0, 1, c)[0]))
                 out.append({"pipeline": name, "query": query, "defense": defense, "canaries": mia.canaries,
-                            "auc": _auc(pos, neg)})
+                            "auc": roc_auc(pos, neg)})
     return {"rows": out, "note": "AUC of a one-call clean-output signal over canaries (SnapAudit Table 12)"}
 
 

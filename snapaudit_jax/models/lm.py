@@ -2,9 +2,8 @@
 
 Prompts are left-padded to a bucketed length and batches to a power of two,
 so repeated calls with similar sizes reuse one compiled function. Generation
-prefills the prompts into a fixed-size KV cache and decodes greedily (or at a
-temperature, with an explicit key) inside a ``lax.while_loop`` that stops when
-every sequence has produced an end-of-sequence token.
+decodes greedily (or at a temperature, with an explicit key) with the decode
+kernel of :mod:`snapaudit_jax.models.inference`.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from snapaudit_jax.models.decoders import empty_cache
+from snapaudit_jax.models.inference import BatchSample, Greedy, decode_tokens
 from snapaudit_jax.models.layers import positions_from_mask
 from snapaudit_jax.models.parallel import DataParallel
 from snapaudit_jax.models.tokenizer import Tokenizer
@@ -64,42 +63,13 @@ def _left_pad(rows: Sequence[Sequence[int]], length: int, batch: int, pad: int):
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "greedy", "eos_ids", "pad_id"))
 def _generate(graphdef, state, tokens, mask, key, temperature, live, limit, *, max_new, greedy, eos_ids, pad_id):
-    """``(B, max_new)`` new tokens; rows with ``live`` false (batch filler) count as finished from the start and
-    the loop stops after ``limit <= max_new`` tokens (both dynamic, so they do not retrace)."""
-    model = nnx.merge(graphdef, state)
-    batch, length = tokens.shape
-    slots = length + max_new
-    key_mask = jnp.zeros((batch, slots), bool).at[:, :length].set(mask)
-    positions = positions_from_mask(mask)
-    hidden, cache = model(tokens, positions, key_mask, cache=empty_cache(model, batch, slots), index=0)
-    eos = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
-
-    def pick(logits, k):
-        if greedy:
-            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        return jax.random.categorical(k, logits / temperature, axis=-1).astype(jnp.int32)
-
-    key, sub = jax.random.split(key)
-    first = pick(model.logits(hidden[:, -1]), sub)
-    out = jnp.full((batch, max_new), pad_id, jnp.int32).at[:, 0].set(first)
-    finished = jnp.isin(first, eos) | ~live
-
-    def cond(carry):
-        step, _, _, _, finished, _, _, _ = carry
-        return (step < limit) & ~jnp.all(finished)
-
-    def body(carry):
-        step, cache, last, pos, finished, out, key, key_mask = carry
-        slot = length + step - 1
-        key_mask = key_mask.at[:, slot].set(True)
-        hidden, cache = model(last[:, None], pos[:, None], key_mask, cache=cache, index=slot)
-        key, sub = jax.random.split(key)
-        nxt = jnp.where(finished, pad_id, pick(model.logits(hidden[:, 0]), sub))
-        out = jax.lax.dynamic_update_slice(out, nxt[:, None], (0, step))
-        return step + 1, cache, nxt, pos + 1, finished | jnp.isin(nxt, eos), out, key, key_mask
-
-    carry = (jnp.int32(1), cache, first, positions[:, -1] + 1, finished, out, key, key_mask)
-    return jax.lax.while_loop(cond, body, carry)[5]
+    """``(B, max_new)`` new tokens (:func:`~snapaudit_jax.models.inference.decode_tokens`): greedy, or
+    :class:`~snapaudit_jax.models.inference.BatchSample` with ``key``; rows with ``live`` false (batch filler)
+    count as finished from the start and the loop stops after ``limit <= max_new`` tokens (both dynamic, so
+    they do not retrace)."""
+    choose = Greedy() if greedy else BatchSample(key, temperature)
+    return decode_tokens(nnx.merge(graphdef, state), tokens, mask, choose, limit, live, max_new=max_new,
+                         eos_ids=eos_ids, pad_id=pad_id)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
