@@ -32,9 +32,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from snapaudit_jax import _validate
 from snapaudit_jax.models import Sample, decode, sequence_nll
 from snapaudit_jax.models.lm import batch_bucket, length_bucket
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = [
     "SequenceScores",
@@ -86,7 +87,7 @@ def start_id(tokenizer) -> int:
         return int(tokenizer.bos_id)
     if tokenizer.eos_ids:
         return int(tokenizer.eos_ids[0])
-    raise ValueError("tokenizer must have a bos_id or an eos id to start sequences, got neither")
+    raise InputError("tokenizer must have a bos_id or an eos id to start sequences, got neither")
 
 
 def _encode(tokenizer, text: str) -> list[int]:
@@ -117,13 +118,13 @@ def encode_texts(tokenizer, texts: Sequence[str], length: int, *, eos: bool = Tr
     Raises:
       ValueError: a framed text is longer than ``length`` (naming its index and length).
     """
-    length = _validate.positive_int("length", length, minimum=2)
+    length = validate.positive_int("length", length, minimum=2)
     tokens = np.full((len(texts), length), int(tokenizer.pad_id), np.int32)
     mask = np.zeros((len(texts), length), bool)
     for i, text in enumerate(texts):
         ids = frame(tokenizer, text, eos=eos)
         if len(ids) > length:
-            raise ValueError(f"texts[{i}] has {len(ids)} tokens framed, more than length={length}")
+            raise InputError(f"texts[{i}] has {len(ids)} tokens framed, more than length={length}")
         tokens[i, : len(ids)] = ids
         mask[i, : len(ids)] = True
     return tokens, mask
@@ -150,7 +151,7 @@ def _score_rows(model, rows: list[list[int]], score_from: list[int], pad_id: int
     limit = max_positions(model)
     for i, ids in enumerate(rows):
         if len(ids) > limit:
-            raise ValueError(f"sequence {i} has {len(ids)} tokens, more than the model's {limit} positions")
+            raise InputError(f"sequence {i} has {len(ids)} tokens, more than the model's {limit} positions")
     graphdef, state = nnx.split(model)
     logp = np.zeros(len(rows), np.float64)
     count = np.zeros(len(rows), np.int64)
@@ -189,9 +190,9 @@ def score_texts(model, tokenizer, texts: Sequence[str], *, batch_size: int = 16,
     Raises:
       ValueError: empty ``texts`` or a text longer than the model's context.
     """
-    batch_size = _validate.positive_int("batch_size", batch_size)
+    batch_size = validate.positive_int("batch_size", batch_size)
     if len(texts) == 0:
-        raise ValueError("texts must not be empty")
+        raise InputError("texts must not be empty")
     rows = [frame(tokenizer, t, eos=eos) for t in texts]
     logp, count = _score_rows(model, rows, [1] * len(rows), int(tokenizer.pad_id), batch_size)
     return SequenceScores(-logp, count)
@@ -208,18 +209,18 @@ def continuation_logprobs(
     Raises:
       ValueError: different lengths, an empty continuation, or a pair longer than the model's context.
     """
-    batch_size = _validate.positive_int("batch_size", batch_size)
+    batch_size = validate.positive_int("batch_size", batch_size)
     if len(prefixes) != len(continuations):
-        raise ValueError(f"prefixes and continuations must have the same length, got {len(prefixes)} and "
+        raise InputError(f"prefixes and continuations must have the same length, got {len(prefixes)} and "
                          f"{len(continuations)}")
     if len(prefixes) == 0:
-        raise ValueError("prefixes must not be empty")
+        raise InputError("prefixes must not be empty")
     rows, starts = [], []
     for i, (p, c) in enumerate(zip(prefixes, continuations)):
         head = frame(tokenizer, p, eos=False)
         tail = _encode(tokenizer, c)
         if not tail:
-            raise ValueError(f"continuations[{i}] is empty after tokenisation: {c!r}")
+            raise InputError(f"continuations[{i}] is empty after tokenisation: {c!r}")
         rows.append(head + tail)
         starts.append(len(head))
     logp, _ = _score_rows(model, rows, starts, int(tokenizer.pad_id), batch_size)
@@ -262,20 +263,20 @@ def sample_texts(
 
 def _sample_ids(model, tokenizer, prompts, key, *, top_k, max_new_tokens, temperature, batch_size) -> list[list[int]]:
     """Token ids of :func:`sample_texts` (before decoding), EOS excluded."""
-    batch_size = _validate.positive_int("batch_size", batch_size)
-    max_new_tokens = _validate.positive_int("max_new_tokens", max_new_tokens)
-    top_k = _validate.positive_int("top_k", top_k)
-    temperature = _validate.positive_float("temperature", temperature)
+    batch_size = validate.positive_int("batch_size", batch_size)
+    max_new_tokens = validate.positive_int("max_new_tokens", max_new_tokens)
+    top_k = validate.positive_int("top_k", top_k)
+    temperature = validate.positive_float("temperature", temperature)
     vocab = int(model.cfg.vocab_size)
     if top_k > vocab:
-        raise ValueError(f"top_k must be <= the vocabulary size {vocab}, got {top_k}")
+        raise InputError(f"top_k must be <= the vocabulary size {vocab}, got {top_k}")
     if len(prompts) == 0:
-        raise ValueError("prompts must not be empty")
+        raise InputError("prompts must not be empty")
     limit = max_positions(model)
     rows = [frame(tokenizer, p, eos=False) for p in prompts]
     for i, ids in enumerate(rows):
         if len(ids) + max_new_tokens > limit:
-            raise ValueError(f"prompts[{i}] has {len(ids)} tokens; with max_new_tokens={max_new_tokens} that "
+            raise InputError(f"prompts[{i}] has {len(ids)} tokens; with max_new_tokens={max_new_tokens} that "
                              f"exceeds the model's {limit} positions")
     eos_ids = tuple(int(e) for e in tokenizer.eos_ids)
     pad = int(tokenizer.pad_id)

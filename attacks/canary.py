@@ -62,13 +62,13 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from snapaudit_jax import _validate
-from snapaudit_jax.estimation import Bonferroni, Split, ThresholdTest, estimate, threshold_test
-from snapaudit_jax.one_run import DeclaredGrid, check_design, default_grid, one_run_audit
-
 from attacks.blackbox import continuation_logprobs
 from attacks.corpus import Canary, CanarySet
 from attacks.mia import roc_auc
+from snapaudit_jax.estimation import Bonferroni, Split, ThresholdTest, estimate, threshold_test
+from snapaudit_jax.one_run import DeclaredGrid, check_design, default_grid, one_run_audit
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = [
     "SELECTIONS",
@@ -121,24 +121,24 @@ class CanaryAuditConfig:
 
     def validate(self) -> "CanaryAuditConfig":
         """Checks every field; returns ``self`` (errors name the field, the rule and the value)."""
-        _validate.open_unit("delta", self.delta)
-        _validate.open_unit("alpha", self.alpha)
-        _validate.choice("selection", self.selection, SELECTIONS)
-        _validate.open_unit("selection_fraction", self.selection_fraction)
+        validate.open_unit("delta", self.delta)
+        validate.open_unit("alpha", self.alpha)
+        validate.choice("selection", self.selection, SELECTIONS)
+        validate.open_unit("selection_fraction", self.selection_fraction)
         if self.selection == "bonferroni":
             if not self.thresholds:
-                raise ValueError(f"thresholds must be a non-empty grid when selection='bonferroni', "
+                raise InputError(f"thresholds must be a non-empty grid when selection='bonferroni', "
                                  f"got {self.thresholds!r}")
-            _validate.finite_array("thresholds", self.thresholds)
-        _validate.positive_int("batch_size", self.batch_size)
+            validate.finite_array("thresholds", self.thresholds)
+        validate.positive_int("batch_size", self.batch_size)
         if self.one_run_pairs is not None:
             if not self.one_run_pairs:
-                raise ValueError("one_run_pairs must be a non-empty grid of (k_plus, k_minus) pairs, got ()")
+                raise InputError("one_run_pairs must be a non-empty grid of (k_plus, k_minus) pairs, got ()")
             for i, pair in enumerate(self.one_run_pairs):
                 if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-                    raise ValueError(f"one_run_pairs[{i}] must be a pair (k_plus, k_minus), got {pair!r}")
+                    raise InputError(f"one_run_pairs[{i}] must be a pair (k_plus, k_minus), got {pair!r}")
                 for j, k in enumerate(pair):
-                    _validate.positive_int(f"one_run_pairs[{i}][{j}]", k, minimum=0)
+                    validate.positive_int(f"one_run_pairs[{i}][{j}]", k, minimum=0)
         return self
 
 
@@ -199,19 +199,19 @@ def epsilon_lower_bound(
       See the module docstring: the ``std`` bound holds with probability ``>= 1 - alpha`` for independent
       canary trials; ``gdp["mu_lower"]`` bounds the ``mu`` of a ``mu``-GDP claim under the same condition.
     """
-    delta = _validate.open_unit("delta", delta)
-    alpha = _validate.open_unit("alpha", alpha)
+    delta = validate.open_unit("delta", delta)
+    alpha = validate.open_unit("alpha", alpha)
     out = {"selection": "bonferroni" if thresholds is not None else "split", "alpha": alpha, "delta": delta,
            "guarantees": _GUARANTEES}
     if thresholds is not None:
-        grid = _validate.finite_array("thresholds", thresholds)
+        grid = validate.finite_array("thresholds", thresholds)
         if grid.ndim != 1:
-            raise ValueError(f"thresholds must be 1-dimensional, got shape {grid.shape}")
+            raise InputError(f"thresholds must be 1-dimensional, got shape {grid.shape}")
         rule = Bonferroni(tuple(grid.tolist()))
     else:
         if key is None:
-            raise ValueError("key must be a PRNG key for selection='split' (no hidden default key), got None")
-        rule = Split(_validate.open_unit("selection_fraction", selection_fraction))
+            raise InputError("key must be a PRNG key for selection='split' (no hidden default key), got None")
+        rule = Split(validate.open_unit("selection_fraction", selection_fraction))
     for name in ("std", "gdp"):
         test = threshold_test(member_scores, nonmember_scores, rule, delta=delta, alpha=alpha, estimator=name,
                               key=key)
@@ -225,9 +225,9 @@ def epsilon_lower_bound(
 
 def one_run_insert_probability(insert_probability) -> float:
     """``insert_probability`` if the one-run bound's design allows it (exactly 1/2), else ``ValueError``."""
-    p = _validate.open_unit("insert_probability", insert_probability)
+    p = validate.open_unit("insert_probability", insert_probability)
     if p != 0.5:  # Steinke, Nasr, Jagielski 2023, Algorithm 1: S uniform on {-1, +1}^m
-        raise ValueError(
+        raise InputError(
             f"insert_probability must be 1/2 for jax_privacy's one-run bound (Steinke et al. 2023 assume each "
             f"canary is inserted independently with probability 1/2), got {p}; insert with probability 0.5 or turn "
             f"jax_privacy off (CanaryAuditConfig(jax_privacy=False)): the Clopper-Pearson bounds of "
@@ -266,10 +266,10 @@ def jax_privacy_bounds(member_scores, nonmember_scores, *, delta: float, insert_
     from jax_privacy import auditing
 
     one_run_insert_probability(insert_probability)
-    delta = _validate.open_unit("delta", delta)
-    alpha = _validate.open_unit("alpha", alpha)
+    delta = validate.open_unit("delta", delta)
+    alpha = validate.open_unit("alpha", alpha)
     if alpha >= 0.5:
-        raise ValueError(f"alpha must be < 0.5 for jax_privacy's Clopper-Pearson bounds, got {alpha}")
+        raise InputError(f"alpha must be < 0.5 for jax_privacy's Clopper-Pearson bounds, got {alpha}")
     auditor = auditing.CanaryScoreAuditor(np.asarray(member_scores, np.float64), np.asarray(nonmember_scores,
                                                                                             np.float64))
     return {

@@ -36,7 +36,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from snapaudit_jax import _validate
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = [
     "LABELS",
@@ -144,35 +145,35 @@ class CorpusConfig:
         Raises:
           ValueError: naming the field, the rule and the value.
         """
-        _validate.positive_int("n_records", self.n_records)
-        _validate.positive_int("seed", self.seed, minimum=0)
-        _validate.positive_int("n_people", self.n_people)
-        _validate.nonnegative_float("zipf_exponent", self.zipf_exponent)
+        validate.positive_int("n_records", self.n_records)
+        validate.positive_int("seed", self.seed, minimum=0)
+        validate.positive_int("n_people", self.n_people)
+        validate.nonnegative_float("zipf_exponent", self.zipf_exponent)
         if self.people_per_record != 2:
-            raise ValueError(f"people_per_record must be 2 (the templates mention two people), "
+            raise InputError(f"people_per_record must be 2 (the templates mention two people), "
                              f"got {self.people_per_record!r}")
         if self.n_people < self.people_per_record:
-            raise ValueError(f"n_people must be >= people_per_record={self.people_per_record}, got {self.n_people}")
-        _validate.positive_int("n_orgs", self.n_orgs)
-        _validate.positive_int("n_cities", self.n_cities)
+            raise InputError(f"n_people must be >= people_per_record={self.people_per_record}, got {self.n_people}")
+        validate.positive_int("n_orgs", self.n_orgs)
+        validate.positive_int("n_cities", self.n_cities)
         for name in ("email_fraction", "foreign_name_fraction"):
-            value = _validate.nonnegative_float(name, getattr(self, name))
+            value = validate.nonnegative_float(name, getattr(self, name))
             if value > 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+                raise InputError(f"{name} must be in [0, 1], got {value!r}")
         if self.foreign_name_fraction > 0 and not self.foreign_locales:
-            raise ValueError("foreign_locales must not be empty when foreign_name_fraction > 0, got ()")
+            raise InputError("foreign_locales must not be empty when foreign_name_fraction > 0, got ()")
         _check_locale("locale", self.locale, tagger=True)
         for loc in self.foreign_locales:
             _check_locale("foreign_locales[...]", loc)
         if not isinstance(self.record_topics, bool):
-            raise ValueError(f"record_topics must be true or false, got {self.record_topics!r}")
+            raise InputError(f"record_topics must be true or false, got {self.record_topics!r}")
         lo, hi = self.year_range
         if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi <= 9999):
-            raise ValueError(f"year_range must be (first, last) years with 1 <= first <= last <= 9999, "
+            raise InputError(f"year_range must be (first, last) years with 1 <= first <= last <= 9999, "
                              f"got {self.year_range!r}")
         head = int(zipf_counts(self.n_records * self.people_per_record, self.n_people, self.zipf_exponent)[0])
         if head > self.n_records:
-            raise ValueError(
+            raise InputError(
                 f"zipf_exponent={self.zipf_exponent} puts the most frequent person in {head} records, more than "
                 f"n_records={self.n_records}: lower zipf_exponent or raise n_people")
         return self
@@ -185,13 +186,13 @@ def _check_locale(name: str, locale, *, tagger: bool = False) -> None:
     from faker.config import AVAILABLE_LOCALES
 
     if locale not in AVAILABLE_LOCALES:
-        raise ValueError(f"{name} must be a Faker locale such as 'en_US', got {locale!r}")
+        raise InputError(f"{name} must be a Faker locale such as 'en_US', got {locale!r}")
     if not tagger:
         return
     kinds = ("person", "address", "company")
     missing = [k for k in kinds if importlib.util.find_spec(f"faker.providers.{k}.{locale}") is None]
     if missing:
-        raise ValueError(f"{name} must be a Faker locale with {', '.join(kinds)} providers of its own (the default "
+        raise InputError(f"{name} must be a Faker locale with {', '.join(kinds)} providers of its own (the default "
                          f"tagger's gazetteers), got {locale!r}, which has no {', '.join(missing)} provider")
 
 
@@ -207,9 +208,9 @@ def zipf_counts(total: int, n: int, exponent: float) -> np.ndarray:
       ``(n,)`` int64 counts summing to ``total``, non-increasing, with ``|counts[i] - total * w_i| < 1``
       (Hamilton's method; remainders tied in value go to the lower index).
     """
-    total = _validate.positive_int("total", total, minimum=0)
-    n = _validate.positive_int("n", n)
-    exponent = _validate.nonnegative_float("exponent", exponent)
+    total = validate.positive_int("total", total, minimum=0)
+    n = validate.positive_int("n", n)
+    exponent = validate.nonnegative_float("exponent", exponent)
     w = np.arange(1, n + 1, dtype=np.float64) ** -exponent
     quota = total * w / w.sum()
     counts = np.floor(quota).astype(np.int64)
@@ -333,7 +334,7 @@ def _people(config: CorpusConfig, rng: np.random.Generator) -> tuple[Person, ...
             if name not in names and email not in emails:
                 break
         else:
-            raise ValueError(f"n_people={config.n_people} exceeds the distinct names Faker {locale} can produce")
+            raise InputError(f"n_people={config.n_people} exceeds the distinct names Faker {locale} can produce")
         phone = fake.phone_number()
         while phone in phones:
             phone = fake.phone_number()
@@ -351,7 +352,7 @@ def _distinct(make, n: int, what: str) -> tuple[str, ...]:
             break
         seen.setdefault(make(), None)
     if len(seen) < n:
-        raise ValueError(f"could not draw {n} distinct {what}")
+        raise InputError(f"could not draw {n} distinct {what}")
     return tuple(seen)
 
 
@@ -374,7 +375,7 @@ def _assign(counts: np.ndarray, n_records: int, k: int, rng: np.random.Generator
                     grid[r, j], grid[r2, j2] = q, p
                 tries += 1
                 if tries > 100_000:
-                    raise ValueError("could not place people without repeats in a record: lower zipf_exponent")
+                    raise InputError("could not place people without repeats in a record: lower zipf_exponent")
     return grid
 
 
@@ -490,7 +491,7 @@ class PublicFiller:
     """
 
     def __init__(self, seed: int, locale: str = "en_US"):
-        self._fake = _faker(locale, _validate.positive_int("seed", seed, minimum=0))
+        self._fake = _faker(locale, validate.positive_int("seed", seed, minimum=0))
         self._rng = np.random.default_rng(seed)
 
     def value(self, label: str, like: str = "") -> str:
@@ -512,7 +513,7 @@ class PublicFiller:
             return _date(self._rng, (1990, 2022), _date_style(like))
         if label == "ORG":
             return f.company()
-        raise ValueError(f"label must be one of {', '.join(LABELS)}, got {label!r}")
+        raise InputError(f"label must be one of {', '.join(LABELS)}, got {label!r}")
 
 
 # ---------------------------------------------------------------------------
@@ -545,20 +546,20 @@ class CanaryConfig:
 
     def validate(self) -> "CanaryConfig":
         """Checks every field; returns ``self`` (errors name the field, the rule and the value)."""
-        _validate.positive_int("n_canaries", self.n_canaries, minimum=2)
+        validate.positive_int("n_canaries", self.n_canaries, minimum=2)
         if not isinstance(self.template, str) or self.template.count("{secret}") != 1:
-            raise ValueError(f"template must contain '{{secret}}' exactly once, got {self.template!r}")
+            raise InputError(f"template must contain '{{secret}}' exactly once, got {self.template!r}")
         if self.template.split("{secret}")[0].strip() == "":
-            raise ValueError(f"template must have a non-empty prefix before '{{secret}}', got {self.template!r}")
-        _validate.positive_int("digits", self.digits, minimum=4)
+            raise InputError(f"template must have a non-empty prefix before '{{secret}}', got {self.template!r}")
+        validate.positive_int("digits", self.digits, minimum=4)
         if not self.repetitions:
-            raise ValueError("repetitions must not be empty, got ()")
+            raise InputError("repetitions must not be empty, got ()")
         for r in self.repetitions:
-            _validate.positive_int("repetitions[...]", r)
-        _validate.open_unit("insert_probability", self.insert_probability)
-        _validate.positive_int("seed", self.seed, minimum=0)
+            validate.positive_int("repetitions[...]", r)
+        validate.open_unit("insert_probability", self.insert_probability)
+        validate.positive_int("seed", self.seed, minimum=0)
         if self.n_canaries > 10 ** self.digits // 2:
-            raise ValueError(f"n_canaries must be <= 10**digits / 2 = {10 ** self.digits // 2}, got {self.n_canaries}")
+            raise InputError(f"n_canaries must be <= 10**digits / 2 = {10 ** self.digits // 2}, got {self.n_canaries}")
         return self
 
 

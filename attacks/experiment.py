@@ -61,11 +61,12 @@ from attacks.inference import InferenceConfig, inference_attack
 from attacks.mia import mia_attack
 from attacks.ner import default_tagger, evaluate_tagger, scrub_text
 from attacks.reconstruction import ReconstructionConfig, reconstruction_attack
-from snapaudit_jax import _validate
-from snapaudit_jax._config import ConfigFileError, read_toml, reject_unknown, table, take
-from snapaudit_jax._io import write_json, write_text
 from snapaudit_jax.one_run import check_design
-from snapaudit_jax._progress import RunLog
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.config import ConfigFileError, read_toml, reject_unknown, table, take
+from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.io import to_json, write_json, write_text
+from snapaudit_jax.utils.progress import RunLog
 
 __all__ = ["VARIANTS", "RESULT_KEYS", "ModelSettings", "TrainingSettings", "PIIConfig", "load_pii_config",
            "run_pii", "train_tokenizer", "format_table"]
@@ -98,11 +99,11 @@ class ModelSettings:
 
     def validate(self) -> "ModelSettings":
         for name in ("n_layer", "n_embd", "n_head", "max_length"):
-            _validate.positive_int(name, getattr(self, name))
-        _validate.positive_int("vocab_size", self.vocab_size, minimum=300)
-        _validate.positive_int("init_seed", self.init_seed, minimum=0)
+            validate.positive_int(name, getattr(self, name))
+        validate.positive_int("vocab_size", self.vocab_size, minimum=300)
+        validate.positive_int("init_seed", self.init_seed, minimum=0)
         if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd must be divisible by n_head = {self.n_head}, got {self.n_embd}")
+            raise InputError(f"n_embd must be divisible by n_head = {self.n_head}, got {self.n_embd}")
         return self
 
 
@@ -127,15 +128,15 @@ class TrainingSettings:
     accountant: str = "pld"
 
     def validate(self) -> "TrainingSettings":
-        _validate.positive_int("steps", self.steps)
-        _validate.positive_int("batch_size", self.batch_size)
-        _validate.positive_float("learning_rate", self.learning_rate)
-        _validate.choice("optimizer", self.optimizer, ("sgd", "adam", "adamw"))
-        _validate.positive_float("clip_norm", self.clip_norm)
-        _validate.positive_float("epsilon", self.epsilon)
+        validate.positive_int("steps", self.steps)
+        validate.positive_int("batch_size", self.batch_size)
+        validate.positive_float("learning_rate", self.learning_rate)
+        validate.choice("optimizer", self.optimizer, ("sgd", "adam", "adamw"))
+        validate.positive_float("clip_norm", self.clip_norm)
+        validate.positive_float("epsilon", self.epsilon)
         if self.delta is not None:
-            _validate.open_unit("delta", self.delta)
-        _validate.choice("accountant", self.accountant, ("rdp", "pld"))
+            validate.open_unit("delta", self.delta)
+        validate.choice("accountant", self.accountant, ("rdp", "pld"))
         return self
 
 
@@ -227,31 +228,31 @@ def load_pii_config(path: str | os.PathLike) -> PIIConfig:
     run = table(raw, "run", "run", {})
     base = PIIConfig()
     kw: dict[str, Any] = {}
-    kw["seed"] = take(run, "seed", "run", lambda v: _validate.positive_int("seed", v, minimum=0), 0)
-    kw["n_test"] = take(run, "n_test", "run", lambda v: _validate.positive_int("n_test", v, minimum=4), base.n_test)
+    kw["seed"] = take(run, "seed", "run", lambda v: validate.positive_int("seed", v, minimum=0), 0)
+    kw["n_test"] = take(run, "n_test", "run", lambda v: validate.positive_int("n_test", v, minimum=4), base.n_test)
     kw["public_records"] = take(run, "public_records", "run",
-                                lambda v: _validate.positive_int("public_records", v, minimum=10), base.public_records)
+                                lambda v: validate.positive_int("public_records", v, minimum=10), base.public_records)
     kw["eval_batch_size"] = take(run, "eval_batch_size", "run",
-                                 lambda v: _validate.positive_int("eval_batch_size", v), base.eval_batch_size)
+                                 lambda v: validate.positive_int("eval_batch_size", v), base.eval_batch_size)
 
     def variants(v):
         if isinstance(v, str) or not isinstance(v, list) or not v:
-            raise ValueError(f"must be a non-empty list of {', '.join(VARIANTS)}, got {v!r}")
+            raise InputError(f"must be a non-empty list of {', '.join(VARIANTS)}, got {v!r}")
         for x in v:
-            _validate.choice("variants[...]", x, VARIANTS)
+            validate.choice("variants[...]", x, VARIANTS)
         if len(set(v)) != len(v):
-            raise ValueError(f"must not repeat a variant, got {v!r}")
+            raise InputError(f"must not repeat a variant, got {v!r}")
         return tuple(x for x in VARIANTS if x in v)
 
     kw["variants"] = take(run, "variants", "run", variants, VARIANTS)
 
     def fprs(v):
         if isinstance(v, str) or not isinstance(v, list) or not v:
-            raise ValueError(f"must be a non-empty list of rates in (0, 1), got {v!r}")
-        return tuple(_validate.open_unit("mia_fprs[...]", x) for x in v)
+            raise InputError(f"must be a non-empty list of rates in (0, 1), got {v!r}")
+        return tuple(validate.open_unit("mia_fprs[...]", x) for x in v)
 
     kw["mia_fprs"] = take(run, "mia_fprs", "run", fprs, base.mia_fprs)
-    kw["lazy_slots"] = take(run, "lazy_slots", "run", lambda v: _validate.positive_int("lazy_slots", v, minimum=0),
+    kw["lazy_slots"] = take(run, "lazy_slots", "run", lambda v: validate.positive_int("lazy_slots", v, minimum=0),
                             base.lazy_slots)
     reject_unknown(run, "run")
     for name in _SECTIONS:
@@ -447,14 +448,14 @@ def _attack(name: str, model, report, config: PIIConfig, data: _Data, baseline, 
     out["report"] = _report_dict(report)
     out["row"] = {
         "perplexity": out["perplexity"],
-        "extraction_precision": _num(head["precision"]),
-        "extraction_recall": _num(head["recall"]),
-        "reconstruction_accuracy": _num(rec["accuracy_excluding_baseline"]),
-        "reconstruction_accuracy_raw": _num(rec["accuracy"]),
-        "inference_accuracy": _num(inf["accuracy_excluding_baseline"]),
-        "inference_accuracy_raw": _num(inf["accuracy"]),
-        "mia_auc": _num(out["mia"]["auc"]),
-        "mia_auc_reference": _num(out["mia_reference"]["auc"]),
+        "extraction_precision": to_json(head["precision"]),
+        "extraction_recall": to_json(head["recall"]),
+        "reconstruction_accuracy": to_json(rec["accuracy_excluding_baseline"]),
+        "reconstruction_accuracy_raw": to_json(rec["accuracy"]),
+        "inference_accuracy": to_json(inf["accuracy_excluding_baseline"]),
+        "inference_accuracy_raw": to_json(inf["accuracy"]),
+        "mia_auc": to_json(out["mia"]["auc"]),
+        "mia_auc_reference": to_json(out["mia_reference"]["auc"]),
         "epsilon_claimed": float(report.epsilon) if report.dp else None,
         "epsilon_audited": audited,
     }
@@ -522,38 +523,8 @@ def _lazy(model, data: _Data, samples, config: PIIConfig, key) -> dict:
     return res
 
 
-def _num(x) -> float | None:
-    return None if x is None or not np.isfinite(x) else float(x)
-
-
 def _report_dict(report) -> dict:
-    d = report.to_dict() if hasattr(report, "to_dict") else dataclasses.asdict(report)
-    return json.loads(json.dumps(d, default=_jsonable))
-
-
-def _jsonable(x):
-    if isinstance(x, (np.floating, np.integer)):
-        return x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, (tuple, set)):
-        return list(x)
-    return str(x)
-
-
-def _clean(obj):
-    """JSON-safe copy: non-finite floats become ``None``."""
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if isinstance(obj, (np.floating, float)):
-        return float(obj) if math.isfinite(float(obj)) else None
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.bool_):
-        return bool(obj)
-    return obj
+    return to_json(report.to_dict() if hasattr(report, "to_dict") else dataclasses.asdict(report))
 
 
 # ---------------------------------------------------------------------------
@@ -566,7 +537,7 @@ def _fingerprint(config: PIIConfig) -> str:
 
 
 def _config_json(config: PIIConfig) -> dict:
-    return _clean(dataclasses.asdict(config))
+    return to_json(dataclasses.asdict(config))
 
 
 def _read_resume_json(path: str, what: str):
@@ -651,7 +622,7 @@ def run_pii(config: PIIConfig, out_dir: str, *, progress: bool = True) -> dict:
             scrubbed = name in ("scrubbed", "dp_scrubbed")
             texts = insert_canaries(data.scrubbed if scrubbed else [r.text for r in data.train], data.canaries)
             model, report = _train(name, texts, name.startswith("dp"), config, data, out_dir, log)
-            done = _clean(_attack(name, model, report, config, data, baseline, baseline_pii, log))
+            done = to_json(_attack(name, model, report, config, data, baseline, baseline_pii, log))
             write_json(path, done)
         results[name] = done["row"]
         full[name] = {k: v for k, v in done.items() if k != "row"}
@@ -660,7 +631,7 @@ def run_pii(config: PIIConfig, out_dir: str, *, progress: bool = True) -> dict:
     seconds = time.perf_counter() - t0
     write_json(os.path.join(out_dir, "results.json"), results)
     write_json(os.path.join(out_dir, "results_full.json"),
-               {"variants": full, "tagger": _clean(data.tagger_quality), "seconds": seconds,
+               {"variants": full, "tagger": to_json(data.tagger_quality), "seconds": seconds,
                 "corpus": {"train_records": len(data.train), "test_records": len(data.test),
                            "public_records": len(data.public.records),
                            "canaries_inserted": int(data.canaries.inserted.sum()),
@@ -779,7 +750,7 @@ def _plot(path: str, results: Mapping[str, dict], log) -> None:
     except ImportError:
         log("matplotlib not installed: no plot")
         return
-    from snapaudit_jax._io import atomic_write
+    from snapaudit_jax.utils.io import atomic_write
 
     keys = ("extraction_precision", "extraction_recall", "reconstruction_accuracy", "inference_accuracy", "mia_auc")
     names = list(results)

@@ -38,11 +38,11 @@ from collections.abc import Collection, Iterable, Sequence
 import jax
 import numpy as np
 
-from snapaudit_jax import _validate
-
 from attacks.blackbox import continuation_logprobs, sample_texts
 from attacks.corpus import LABELS, Record, pii_record_counts
 from attacks.ner import Tagger, default_tagger
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = [
     "ExtractionConfig",
@@ -81,18 +81,18 @@ class ExtractionConfig:
 
     def validate(self) -> "ExtractionConfig":
         """Checks every field; returns ``self`` (errors name the field, the rule and the value)."""
-        _validate.positive_int("n_samples", self.n_samples)
+        validate.positive_int("n_samples", self.n_samples)
         if self.n_baseline_samples is not None:
-            _validate.positive_int("n_baseline_samples", self.n_baseline_samples)
-        _validate.positive_int("max_new_tokens", self.max_new_tokens)
-        _validate.positive_int("top_k", self.top_k)
-        _validate.positive_float("temperature", self.temperature)
-        _validate.positive_int("batch_size", self.batch_size)
-        _validate.positive_int("max_slots", self.max_slots)
+            validate.positive_int("n_baseline_samples", self.n_baseline_samples)
+        validate.positive_int("max_new_tokens", self.max_new_tokens)
+        validate.positive_int("top_k", self.top_k)
+        validate.positive_float("temperature", self.temperature)
+        validate.positive_int("batch_size", self.batch_size)
+        validate.positive_int("max_slots", self.max_slots)
         if not self.labels:
-            raise ValueError("labels must not be empty, got ()")
+            raise InputError("labels must not be empty, got ()")
         for label in self.labels:
-            _validate.choice("labels[...]", label, LABELS)
+            validate.choice("labels[...]", label, LABELS)
         return self
 
 
@@ -114,7 +114,7 @@ def _keys(name: str, items) -> set[tuple[str, str]]:
     out = set()
     for item in items:
         if not (isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, str) for x in item)):
-            raise ValueError(f"{name} must hold (label, string) pairs, got {item!r}")
+            raise InputError(f"{name} must hold (label, string) pairs, got {item!r}")
         out.add((item[0], normalize_pii(item[1])))
     return out
 
@@ -207,7 +207,7 @@ def extraction_attack(
     """
     config.validate()
     if baseline_model is not None and baseline_pii is not None:
-        raise ValueError("give at most one of baseline_model and baseline_pii, got both")
+        raise InputError("give at most one of baseline_model and baseline_pii, got both")
     tagger = default_tagger() if tagger is None else tagger
     samples = extraction_samples(model, tokenizer, config.n_samples, jax.random.fold_in(key, 0), config)
     generated = tagged_pii(samples, tagger, config.labels)
@@ -270,8 +270,8 @@ def lazy_extractability(
       ValueError: empty ``samples`` or a malformed target.
     """
     if len(samples) == 0:
-        raise ValueError("samples must not be empty")
-    max_slots = _validate.positive_int("max_slots", max_slots)
+        raise InputError("samples must not be empty")
+    max_slots = validate.positive_int("max_slots", max_slots)
     wanted = sorted(_keys("targets", targets))
     tagger = default_tagger() if tagger is None else tagger
     slots: dict[str, list[tuple[str, str]]] = {}

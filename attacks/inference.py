@@ -24,11 +24,11 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from snapaudit_jax import _validate
-
 from attacks.corpus import LABELS, Record
 from attacks.extraction import normalize_pii
 from attacks.reconstruction import FILLS, _summary, make_queries, rank_candidates
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["InferenceConfig", "candidate_sets", "inference_attack"]
 
@@ -54,20 +54,20 @@ class InferenceConfig:
 
     def validate(self) -> "InferenceConfig":
         """Checks every field; returns ``self`` (errors name the field, the rule and the value)."""
-        _validate.choice("label", self.label, LABELS)
+        validate.choice("label", self.label, LABELS)
         if isinstance(self.n_candidates, tuple):
             if not self.n_candidates:
-                raise ValueError("n_candidates must hold at least one set size, got ()")
+                raise InputError("n_candidates must hold at least one set size, got ()")
             for size in self.n_candidates:
-                _validate.positive_int("n_candidates[...]", size, minimum=2)
+                validate.positive_int("n_candidates[...]", size, minimum=2)
             if len(set(self.n_candidates)) != len(self.n_candidates):
-                raise ValueError(f"n_candidates must not repeat a size, got {list(self.n_candidates)}")
+                raise InputError(f"n_candidates must not repeat a size, got {list(self.n_candidates)}")
         else:
-            _validate.positive_int("n_candidates", self.n_candidates, minimum=2)
-        _validate.choice("fill", self.fill, FILLS)
+            validate.positive_int("n_candidates", self.n_candidates, minimum=2)
+        validate.choice("fill", self.fill, FILLS)
         if self.max_queries is not None:
-            _validate.positive_int("max_queries", self.max_queries)
-        _validate.positive_int("batch_size", self.batch_size)
+            validate.positive_int("max_queries", self.max_queries)
+        validate.positive_int("batch_size", self.batch_size)
         return self
 
     @property
@@ -88,14 +88,14 @@ def candidate_sets(truths: Sequence[str], pool: Sequence[str], n_candidates: int
     Raises:
       ValueError: the pool has fewer than ``n_candidates - 1`` strings other than a truth.
     """
-    n_candidates = _validate.positive_int("n_candidates", n_candidates, minimum=2)
+    n_candidates = validate.positive_int("n_candidates", n_candidates, minimum=2)
     pool = sorted(set(filter(None, map(normalize_pii, pool))))
     index = {p: i for i, p in enumerate(pool)}
     out = []
     for t, truth in enumerate(truths):
         others = len(pool) - (truth in index)
         if others < n_candidates - 1:
-            raise ValueError(f"n_candidates={n_candidates} needs a pool of at least {n_candidates - 1} strings other "
+            raise InputError(f"n_candidates={n_candidates} needs a pool of at least {n_candidates - 1} strings other "
                              f"than the truth, got {others}")
         weights = np.ones(len(pool))
         if truth in index:

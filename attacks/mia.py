@@ -27,18 +27,18 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from snapaudit_jax import _validate
-from snapaudit_jax.estimation import roc_auc
-
 from attacks.blackbox import score_texts
+from snapaudit_jax.estimation import roc_auc
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["membership_scores", "roc_auc", "roc_curve", "roc_point", "tpr_at_fpr_heldout", "mia_attack"]
 
 
 def _scores(name: str, value) -> np.ndarray:
-    arr = _validate.finite_array(name, value)
+    arr = validate.finite_array(name, value)
     if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-dimensional, got shape {arr.shape}")
+        raise InputError(f"{name} must be 1-dimensional, got shape {arr.shape}")
     return arr
 
 
@@ -78,7 +78,7 @@ def roc_point(member_scores, nonmember_scores, fpr: float) -> dict:
     Returns:
       ``{"fpr_target", "tpr", "fpr", "threshold", "rule": "score >= threshold", "kind": "empirical curve point"}``.
     """
-    fpr = _validate.open_unit("fpr", fpr)
+    fpr = validate.open_unit("fpr", fpr)
     f, t, th = roc_curve(member_scores, nonmember_scores)
     ok = np.flatnonzero(f <= fpr)
     best = ok[np.argmax(t[ok])]  # f[0] = 0, so ok is never empty
@@ -96,7 +96,7 @@ def tpr_at_fpr_heldout(member_scores, nonmember_eval_scores, nonmember_calibrati
       ``{"fpr_target", "threshold", "rule", "tpr", "fpr", "n_members", "n_nonmembers_eval", "n_calibration",
       "kind": "held-out threshold, empirical rates"}``.
     """
-    fpr = _validate.open_unit("fpr", fpr)
+    fpr = validate.open_unit("fpr", fpr)
     m = _scores("member_scores", member_scores)
     n = _scores("nonmember_eval_scores", nonmember_eval_scores)
     c = np.sort(_scores("nonmember_calibration_scores", nonmember_calibration_scores))[::-1]
@@ -138,10 +138,10 @@ def mia_attack(
     Raises:
       ValueError: fewer than 2 non-members, or a bad fraction or rate.
     """
-    calibration_fraction = _validate.open_unit("calibration_fraction", calibration_fraction)
+    calibration_fraction = validate.open_unit("calibration_fraction", calibration_fraction)
     if len(members) < 1 or len(nonmembers) < 2:
-        raise ValueError(f"need >= 1 member and >= 2 non-members, got {len(members)} and {len(nonmembers)}")
-    fprs = [_validate.open_unit("fprs[...]", f) for f in fprs]
+        raise InputError(f"need >= 1 member and >= 2 non-members, got {len(members)} and {len(nonmembers)}")
+    fprs = [validate.open_unit("fprs[...]", f) for f in fprs]
     sm = membership_scores(model, tokenizer, members, reference_model=reference_model, batch_size=batch_size)
     sn = membership_scores(model, tokenizer, nonmembers, reference_model=reference_model, batch_size=batch_size)
     perm = np.asarray(jax.random.permutation(key, len(sn)))

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 from attacks.corpus import LABELS, Span
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["Tagger", "GazetteerTagger", "default_tagger", "evaluate_tagger", "scrub", "scrub_text", "MASK"]
 
@@ -84,7 +85,7 @@ class GazetteerTagger:
         self.labels = tuple(labels)
         for label in self.labels:
             if label not in LABELS:
-                raise ValueError(f"labels must be a subset of {', '.join(LABELS)}, got {label!r}")
+                raise InputError(f"labels must be a subset of {', '.join(LABELS)}, got {label!r}")
         street = "|".join(sorted(map(re.escape, set(street_suffixes)), key=len, reverse=True))
         company = "|".join(sorted(map(re.escape, set(company_suffixes)), key=len, reverse=True))
         prefixes = "|".join(map(re.escape, self.city_prefixes))
@@ -158,11 +159,11 @@ class GazetteerTagger:
           ValueError: an element of ``texts`` is not a string.
         """
         if isinstance(texts, str):
-            raise ValueError("texts must be a sequence of strings, got a single str")
+            raise InputError("texts must be a sequence of strings, got a single str")
         out = []
         for i, text in enumerate(texts):
             if not isinstance(text, str):
-                raise ValueError(f"texts[{i}] must be a str, got {type(text).__name__}")
+                raise InputError(f"texts[{i}] must be a str, got {type(text).__name__}")
             out.append(self.tag_one(text))
         return out
 
@@ -175,7 +176,7 @@ def default_tagger(locale: str = "en_US", labels: Iterable[str] = LABELS) -> Gaz
         try:
             return importlib.import_module(f"faker.providers.{kind}.{locale}").Provider
         except ImportError:
-            raise ValueError(f"locale must have Faker {kind} providers, got {locale!r}") from None
+            raise InputError(f"locale must have Faker {kind} providers, got {locale!r}") from None
 
     person, address, company = provider("person"), provider("address"), provider("company")
     return GazetteerTagger(
@@ -204,7 +205,7 @@ def evaluate_tagger(predicted: Sequence[Sequence[Span]], truth: Sequence[Sequenc
       ValueError: the two lists differ in length.
     """
     if len(predicted) != len(truth):
-        raise ValueError(f"predicted and truth must have the same length, got {len(predicted)} and {len(truth)}")
+        raise InputError(f"predicted and truth must have the same length, got {len(predicted)} and {len(truth)}")
     counts: dict[str, list[int]] = {}
     for pred, true in zip(predicted, truth):
         p = {(s.start, s.end, s.label) for s in pred}
@@ -233,7 +234,7 @@ def scrub_text(text: str, spans: Iterable[Span], mask: str = MASK) -> str:
     last = 0
     for s in sorted(spans, key=lambda s: s.start):
         if s.start < last or s.end > len(text) or s.start > s.end:
-            raise ValueError(f"spans must be non-overlapping and inside the text (length {len(text)}), got {s}")
+            raise InputError(f"spans must be non-overlapping and inside the text (length {len(text)}), got {s}")
         parts += [text[last:s.start], mask]
         last = s.end
     parts.append(text[last:])

@@ -34,12 +34,12 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from snapaudit_jax import _validate
-
 from attacks.blackbox import sample_texts, score_texts
 from attacks.corpus import LABELS, PublicFiller, Record, Span
 from attacks.extraction import normalize_pii
 from attacks.ner import MASK, Tagger, default_tagger
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = [
     "T_MASK",
@@ -108,15 +108,15 @@ class ReconstructionConfig:
 
     def validate(self) -> "ReconstructionConfig":
         """Checks every field; returns ``self`` (errors name the field, the rule and the value)."""
-        _validate.choice("label", self.label, LABELS)
-        _validate.positive_int("n_samples", self.n_samples)
-        _validate.positive_int("top_k", self.top_k)
-        _validate.positive_int("max_new_tokens", self.max_new_tokens)
-        _validate.positive_float("temperature", self.temperature)
-        _validate.choice("fill", self.fill, FILLS)
+        validate.choice("label", self.label, LABELS)
+        validate.positive_int("n_samples", self.n_samples)
+        validate.positive_int("top_k", self.top_k)
+        validate.positive_int("max_new_tokens", self.max_new_tokens)
+        validate.positive_float("temperature", self.temperature)
+        validate.choice("fill", self.fill, FILLS)
         if self.max_queries is not None:
-            _validate.positive_int("max_queries", self.max_queries)
-        _validate.positive_int("batch_size", self.batch_size)
+            validate.positive_int("max_queries", self.max_queries)
+        validate.positive_int("batch_size", self.batch_size)
         return self
 
 
@@ -147,8 +147,8 @@ def make_queries(
     Returns:
       The queries, in record order.
     """
-    _validate.choice("label", label, LABELS)
-    _validate.choice("fill", fill, FILLS)
+    validate.choice("label", label, LABELS)
+    validate.choice("fill", fill, FILLS)
     targets = []
     for i, r in enumerate(records):
         seen = set()
@@ -156,7 +156,7 @@ def make_queries(
             if s.label == label and normalize_pii(s.value) not in seen:
                 seen.add(normalize_pii(s.value))
                 targets.append((i, s))
-    if max_queries is not None and len(targets) > _validate.positive_int("max_queries", max_queries):
+    if max_queries is not None and len(targets) > validate.positive_int("max_queries", max_queries):
         keep = np.sort(np.asarray(jax.random.permutation(jax.random.fold_in(key, 0), len(targets)))[:max_queries])
         targets = [targets[int(k)] for k in keep]
     filler = PublicFiller(_seed(jax.random.fold_in(key, 1))) if fill == "public" else None
@@ -226,7 +226,7 @@ def pick_candidate(candidates: Sequence[str], perplexity: Sequence[float]) -> tu
       ``(prediction, number of candidates tied at the minimum)``; ``(None, 0)`` without candidates.
     """
     if len(candidates) != len(perplexity):
-        raise ValueError(f"candidates and perplexity must have the same length, got {len(candidates)} and "
+        raise InputError(f"candidates and perplexity must have the same length, got {len(candidates)} and "
                          f"{len(perplexity)}")
     if not len(candidates):
         return None, 0
@@ -255,7 +255,7 @@ def rank_candidates(
       ValueError: ``candidates`` and ``queries`` differ in length.
     """
     if len(candidates) != len(queries):
-        raise ValueError(f"candidates must have one list per query ({len(queries)}), got {len(candidates)}")
+        raise InputError(f"candidates must have one list per query ({len(queries)}), got {len(candidates)}")
     lists = [list(dict.fromkeys(c for c in map(normalize_pii, cands) if c)) for cands in candidates]
     texts = [q.filled(c) for q, cands in zip(queries, lists) for c in cands]
     ppl = score_texts(model, tokenizer, texts, batch_size=batch_size).perplexity if texts else np.zeros(0)

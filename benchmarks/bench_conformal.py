@@ -84,7 +84,7 @@ import numpy as np
 
 import conformal as cf
 from _common import alternate
-from snapaudit_jax._io import write_json
+from snapaudit_jax.utils.io import write_json
 
 DEFAULT_SIZES = ((1000, 1000), (1000, 10000), (10000, 1000))
 HEADLINE_SIZE = (1000, 10000)

@@ -57,7 +57,7 @@ import optax
 from flax import nnx
 
 from _common import CompileCounter, int_at_least
-from snapaudit_jax._io import write_json
+from snapaudit_jax.utils.io import write_json
 from snapaudit_jax.dpsgd import DPSGDConfig, poisson_batch, sequence_losses
 from snapaudit_jax.dpsgd.train import _SAMPLE_STREAM, _dp_step, _prepare
 from snapaudit_jax.models.config import GPT2Config

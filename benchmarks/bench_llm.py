@@ -86,7 +86,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from _common import CompileCounter, alternate, int_at_least, timed  # noqa: E402
-from snapaudit_jax._io import write_json  # noqa: E402
+from snapaudit_jax.utils.io import write_json  # noqa: E402
 from snapaudit_jax.audit import audit  # noqa: E402
 from snapaudit_jax.data import get_spec, load_examples  # noqa: E402
 from snapaudit_jax.mechanisms import Attack  # noqa: E402

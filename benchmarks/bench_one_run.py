@@ -36,7 +36,7 @@ from _common import int_at_least
 
 import jax
 
-from snapaudit_jax._io import write_json
+from snapaudit_jax.utils.io import write_json
 from snapaudit_jax.bounds import clopper_pearson_lower, clopper_pearson_upper
 from snapaudit_jax.calibration import gdp_epsilon
 from snapaudit_jax.one_run import HeldOut, default_grid, one_run_audit

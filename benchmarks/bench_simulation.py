@@ -75,7 +75,7 @@ import numpy as np  # noqa: E402
 
 import snapaudit_jax as sa  # noqa: E402
 from _common import CompileCounter, int_at_least, timed  # noqa: E402
-from snapaudit_jax._io import write_json  # noqa: E402
+from snapaudit_jax.utils.io import write_json  # noqa: E402
 from snapaudit_jax.audit import make_attack  # noqa: E402
 from snapaudit_jax.jem import bucket_num_values  # noqa: E402
 from snapaudit_jax.runner import DEFAULT_CLEAN, esa_unit_pair  # noqa: E402

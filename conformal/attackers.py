@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from snapaudit_jax.utils.errors import InputError
+
 __all__ = ["Attacker", "RetrievalAttacker", "ClueAttacker", "softmax_posterior", "ell_similarity", "CLUE_PROMPT"]
 
 
@@ -96,21 +98,21 @@ class RetrievalAttacker:
 
         profiles = list(profiles)
         if not profiles:
-            raise ValueError("profiles must not be empty (the candidate pool has no profile)")
+            raise InputError("profiles must not be empty (the candidate pool has no profile)")
         for i, p in enumerate(profiles):
             if not isinstance(p, str):
-                raise ValueError(f"profiles[{i}] must be a string, got {type(p).__name__}")
+                raise InputError(f"profiles[{i}] must be a string, got {type(p).__name__}")
         if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature!r}")
+            raise InputError(f"temperature must be > 0, got {temperature!r}")
         if chunk < 1:
-            raise ValueError(f"chunk must be >= 1, got {chunk!r}")
+            raise InputError(f"chunk must be >= 1, got {chunk!r}")
         kwargs = {"sublinear_tf": True, "stop_words": "english", "lowercase": True}
         kwargs.update(vectorizer or {})
         self.vectorizer = TfidfVectorizer(**kwargs)
         try:
             matrix = self.vectorizer.fit_transform(profiles)
         except ValueError as err:  # e.g. every profile empty or only stop words
-            raise ValueError(f"profiles: cannot build a TF-IDF vocabulary ({err})") from None
+            raise InputError(f"profiles: cannot build a TF-IDF vocabulary ({err})") from None
         self.temperature = float(temperature)
         self.chunk = int(chunk)
         self.size = len(profiles)
@@ -121,7 +123,7 @@ class RetrievalAttacker:
         """Cosine similarities ``(n, m)`` (TF-IDF rows are L2-normalised)."""
         documents = list(documents)
         if not documents:
-            raise ValueError("documents must not be empty")
+            raise InputError("documents must not be empty")
         queries = self.vectorizer.transform(documents).astype(np.float32)
         out = np.empty((len(documents), self.size), np.float32)
         width = queries.shape[1]
@@ -162,9 +164,9 @@ class ClueAttacker:
     def __init__(self, retrieval: RetrievalAttacker, oracle, *, max_new_tokens: int = 48,
                  prompt: str = CLUE_PROMPT):
         if "{document}" not in prompt:
-            raise ValueError("prompt must contain the field {document}")
+            raise InputError("prompt must contain the field {document}")
         if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens!r}")
+            raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens!r}")
         self.retrieval = retrieval
         self.oracle = oracle
         self.max_new_tokens = int(max_new_tokens)

@@ -22,6 +22,7 @@ import numpy as np
 from scipy import stats
 
 from conformal.kernels import SCORES, _alpha_list, _score_dtype, conformal_rank, pvalues, threshold
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["Calibration", "calibrate", "miss_rate_upper", "coverage_check", "CoverageCheck"]
 
@@ -33,11 +34,11 @@ def miss_rate_upper(n_missing: int, n_total: int, confidence: float) -> float:
     i.i.d. draws of the release/attacker configuration.
     """
     if n_total < 1:
-        raise ValueError(f"n_total must be >= 1, got {n_total}")
+        raise InputError(f"n_total must be >= 1, got {n_total}")
     if not 0 <= n_missing <= n_total:
-        raise ValueError(f"n_missing must be in [0, {n_total}], got {n_missing}")
+        raise InputError(f"n_missing must be in [0, {n_total}], got {n_missing}")
     if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+        raise InputError(f"confidence must be in (0, 1), got {confidence}")
     if n_missing == n_total:
         return 1.0
     return float(stats.beta.ppf(confidence, n_missing + 1, n_total - n_missing))
@@ -91,17 +92,17 @@ class Calibration:
         try:
             j = self.alphas.index(alpha)
         except ValueError:
-            raise ValueError(f"alpha {alpha!r} was not calibrated (calibrated: {list(self.alphas)})") from None
+            raise InputError(f"alpha {alpha!r} was not calibrated (calibrated: {list(self.alphas)})") from None
         if not self.mondrian:
             if strata is not None:
-                raise ValueError("strata given, but this calibration is not Mondrian")
+                raise InputError("strata given, but this calibration is not Mondrian")
             return self.qhat[None][j]
         if strata is None:
-            raise ValueError("a Mondrian calibration needs the strata of the test documents")
+            raise InputError("a Mondrian calibration needs the strata of the test documents")
         out = np.empty(len(strata), np.float64)
         for i, s in enumerate(strata):
             if s not in self.qhat:
-                raise ValueError(f"stratum {s!r} of test document {i} was not calibrated (known: {sorted(self.qhat)})")
+                raise InputError(f"stratum {s!r} of test document {i} was not calibrated (known: {sorted(self.qhat)})")
             out[i] = self.qhat[s][j]
         with np.errstate(over="ignore"):
             narrow = out.astype(np.float32)
@@ -110,7 +111,7 @@ class Calibration:
     def certified_coverage(self, alpha: float) -> float:
         """Lower bound ``(1 - miss_rate_upper)(1 - alpha)`` on unconditional coverage (CPA Cor. 5.3)."""
         if alpha not in self.alphas:
-            raise ValueError(f"alpha {alpha!r} was not calibrated (calibrated: {list(self.alphas)})")
+            raise InputError(f"alpha {alpha!r} was not calibrated (calibrated: {list(self.alphas)})")
         return (1.0 - self.miss_rate_upper) * (1.0 - alpha)
 
     def to_json(self) -> dict:
@@ -161,26 +162,26 @@ def calibrate(
       it in that precision.
     """
     if score not in SCORES:
-        raise ValueError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
+        raise InputError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
     alphas = tuple(float(a) for a in _alpha_list(alpha)[0])  # validated as given, before float()
     s = np.asarray(cal_scores)
     s = s.astype(_score_dtype(s), copy=False)  # the caller's floating dtype; float32 for integers, as before
     if s.ndim != 1:
-        raise ValueError(f"cal_scores must have shape (n,), got shape {s.shape}")
+        raise InputError(f"cal_scores must have shape (n,), got shape {s.shape}")
     if s.size == 0:
-        raise ValueError("cal_scores is empty: the calibration set must hold at least 1 document with its identity "
+        raise InputError("cal_scores is empty: the calibration set must hold at least 1 document with its identity "
                          "in the pool")
     if np.isnan(s).any():
-        raise ValueError(f"cal_scores must not be NaN (index {int(np.argmax(np.isnan(s)))})")
+        raise InputError(f"cal_scores must not be NaN (index {int(np.argmax(np.isnan(s)))})")
     if isinstance(n_missing, bool) or not isinstance(n_missing, (int, np.integer)) or n_missing < 0:
-        raise ValueError(f"n_missing must be an integer >= 0, got {n_missing!r}")
+        raise InputError(f"n_missing must be an integer >= 0, got {n_missing!r}")
     upper = miss_rate_upper(int(n_missing), s.size + int(n_missing), confidence)
     if strata is None:
         q = tuple(float(v) for v in np.asarray(threshold(s, list(alphas))))
         return Calibration(score, alphas, {None: q}, {None: int(s.size)}, int(n_missing), upper, confidence)
     strata = list(strata)
     if len(strata) != s.size:
-        raise ValueError(f"strata must have one entry per calibration score ({s.size}), got {len(strata)}")
+        raise InputError(f"strata must have one entry per calibration score ({s.size}), got {len(strata)}")
     qhat, counts = {}, {}
     for stratum in sorted(set(strata), key=str):
         idx = np.asarray([i for i, x in enumerate(strata) if x == stratum])
@@ -245,9 +246,9 @@ def coverage_check(cal_scores, test_scores, alphas: Sequence[float] = (0.05, 0.1
     test = np.asarray(test_scores, dtype)
     for name, v in (("cal_scores", cal), ("test_scores", test)):
         if v.size == 0:
-            raise ValueError(f"{name} is empty: coverage_check needs at least 1 calibration and 1 test score")
+            raise InputError(f"{name} is empty: coverage_check needs at least 1 calibration and 1 test score")
     if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+        raise InputError(f"confidence must be in (0, 1), got {confidence}")
     alphas = tuple(float(a) for a in _alpha_list(alphas)[0])
     n, k_test = cal.size, test.size
     qhat = np.asarray(threshold(cal, list(alphas)))

@@ -43,6 +43,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from snapaudit_jax.utils.errors import InputError
+
 __all__ = [
     "SCORES",
     "FIXED_POINT_BITS",
@@ -82,11 +84,11 @@ def _concrete(*xs) -> bool:
 def _check_probs(probs, name: str = "probs") -> None:
     p = np.asarray(probs)
     if p.ndim != 2:
-        raise ValueError(f"{name} must have shape (n, m), got shape {p.shape}")
+        raise InputError(f"{name} must have shape (n, m), got shape {p.shape}")
     if p.shape[1] == 0:
-        raise ValueError(f"{name}: the candidate pool is empty (m = 0)")
+        raise InputError(f"{name}: the candidate pool is empty (m = 0)")
     if not np.issubdtype(p.dtype, np.floating):
-        raise ValueError(f"{name} must be floating point, got dtype {p.dtype}")
+        raise InputError(f"{name} must be floating point, got dtype {p.dtype}")
     # Fast path, two passes: a non-negative minimum and finite row sums imply every entry is finite and >= 0
     # (NaN fails the comparison, +-inf makes a sum non-finite).
     sums = p.sum(axis=1, dtype=np.float64)
@@ -95,26 +97,26 @@ def _check_probs(probs, name: str = "probs") -> None:
     bad = ~np.isfinite(p)
     if bad.any():
         i, j = np.argwhere(bad)[0]
-        raise ValueError(f"{name} must be finite, got {p[i, j]} at [{i}, {j}]")
+        raise InputError(f"{name} must be finite, got {p[i, j]} at [{i}, {j}]")
     if (p < 0).any():
         i, j = np.argwhere(p < 0)[0]
-        raise ValueError(f"{name} must be >= 0, got {p[i, j]} at [{i}, {j}]")
+        raise InputError(f"{name} must be >= 0, got {p[i, j]} at [{i}, {j}]")
     off = np.abs(sums - 1.0) > _ROW_SUM_TOL
     if off.any():
         i = int(np.argmax(off))
-        raise ValueError(f"{name} rows must sum to 1 (within {_ROW_SUM_TOL}), row {i} sums to {sums[i]:.6g}")
+        raise InputError(f"{name} rows must sum to 1 (within {_ROW_SUM_TOL}), row {i} sums to {sums[i]:.6g}")
 
 
 def _check_labels(labels, n: int, m: int) -> None:
     y = np.asarray(labels)
     if y.shape != (n,):
-        raise ValueError(f"labels must have shape ({n},), got shape {y.shape}")
+        raise InputError(f"labels must have shape ({n},), got shape {y.shape}")
     if not np.issubdtype(y.dtype, np.integer):
-        raise ValueError(f"labels must be integers, got dtype {y.dtype}")
+        raise InputError(f"labels must be integers, got dtype {y.dtype}")
     bad = (y < 0) | (y >= m)
     if bad.any():
         i = int(np.argmax(bad))
-        raise ValueError(
+        raise InputError(
             f"labels must index the candidate pool [0, {m}), got {y[i]} for document {i} "
             "(an identity missing from the pool: use the open-world accounting of conformal.calibrate)"
         )
@@ -226,7 +228,7 @@ _SCORE_FNS = {"aps": aps_scores, "rank": rank_scores, "prob": prob_scores}
 def scores(probs: jax.Array, labels: jax.Array, score: str = "aps") -> jax.Array:
     """The score named ``score`` (one of :data:`SCORES`) of the true candidates."""
     if score not in _SCORE_FNS:
-        raise ValueError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
+        raise InputError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
     return _SCORE_FNS[score](probs, labels)
 
 
@@ -256,7 +258,7 @@ def candidate_scores(probs: jax.Array, score: str = "aps") -> jax.Array:
     vocabularies); for large pools use :func:`prediction_sets`, which never sorts.
     """
     if score not in SCORES:
-        raise ValueError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
+        raise InputError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
     if _concrete(probs):
         _check_probs(probs)
     return _all_scores(jnp.asarray(probs, jnp.float32), score)
@@ -270,16 +272,16 @@ def candidate_scores(probs: jax.Array, score: str = "aps") -> jax.Array:
 def _alpha_fraction(alpha) -> Fraction:
     """``alpha`` as the decimal it prints as (``0.3`` is 3/10, not the binary float just below it)."""
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating, np.integer, Fraction)):
-        raise ValueError(f"alpha must be a number in (0, 1), got {alpha!r}")
+        raise InputError(f"alpha must be a number in (0, 1), got {alpha!r}")
     if isinstance(alpha, Fraction):
         frac = alpha
     else:
         value = float(alpha)
         if math.isnan(value):
-            raise ValueError("alpha must be a number in (0, 1), got nan")
+            raise InputError("alpha must be a number in (0, 1), got nan")
         frac = Fraction(repr(value))
     if not 0 < frac < 1:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+        raise InputError(f"alpha must be in (0, 1), got {alpha!r}")
     return frac
 
 
@@ -289,7 +291,7 @@ def _alpha_list(alpha) -> tuple[list, bool]:
     A sequence keeps its items (``[0.1, True]`` reports ``True``, not ``1.0``); a string is refused whole.
     """
     if isinstance(alpha, (str, bytes)):
-        raise ValueError(f"alpha must be a number in (0, 1) or a sequence of them, got {alpha!r}")
+        raise InputError(f"alpha must be a number in (0, 1) or a sequence of them, got {alpha!r}")
     if isinstance(alpha, np.ndarray):
         scalar = alpha.ndim == 0
         alphas = [alpha.item()] if scalar else alpha.ravel().tolist()
@@ -298,7 +300,7 @@ def _alpha_list(alpha) -> tuple[list, bool]:
     else:
         scalar, alphas = True, [alpha]
     if not alphas:
-        raise ValueError("alpha must not be empty")
+        raise InputError("alpha must not be empty")
     for a in alphas:
         _alpha_fraction(a)
     return alphas, scalar
@@ -312,7 +314,7 @@ def conformal_rank(n: int, alpha) -> int:
       alpha: miscoverage level in (0, 1), read as the decimal it prints as.
     """
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"the calibration set must hold at least 1 score, got n = {n!r}")
+        raise InputError(f"the calibration set must hold at least 1 score, got n = {n!r}")
     k = (n + 1) * (1 - _alpha_fraction(alpha))
     return int(math.ceil(k))
 
@@ -389,11 +391,11 @@ def threshold(cal_scores: jax.Array, alpha: float | Sequence[float]) -> jax.Arra
     if concrete:
         s = np.asarray(cal_scores)
         if s.ndim != 1:
-            raise ValueError(f"cal_scores must have shape (n,), got shape {s.shape}")
+            raise InputError(f"cal_scores must have shape (n,), got shape {s.shape}")
         if s.size == 0:
-            raise ValueError("cal_scores is empty: the calibration set must hold at least 1 document")
+            raise InputError("cal_scores is empty: the calibration set must hold at least 1 document")
         if np.isnan(s).any():
-            raise ValueError(f"cal_scores must not be NaN (index {int(np.argmax(np.isnan(s)))})")
+            raise InputError(f"cal_scores must not be NaN (index {int(np.argmax(np.isnan(s)))})")
     n = int(np.shape(cal_scores)[0])
     ranks = tuple(conformal_rank(n, a) for a in alphas)
     if concrete and not _jax_keeps(dtype):
@@ -547,14 +549,14 @@ def prediction_sets(probs: jax.Array, qhat, score: str = "aps") -> jax.Array:
       up and admit a score above it); float32 thresholds are used as they are.
     """
     if score not in SCORES:
-        raise ValueError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
+        raise InputError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
     if _concrete(probs, qhat):
         _check_probs(probs)
         qh = np.asarray(qhat, np.float64)
         if qh.ndim not in (0, 1) or (qh.ndim == 1 and qh.shape[0] != np.shape(probs)[0]):
-            raise ValueError(f"qhat must be a scalar or have shape ({np.shape(probs)[0]},), got shape {qh.shape}")
+            raise InputError(f"qhat must be a scalar or have shape ({np.shape(probs)[0]},), got shape {qh.shape}")
         if np.isnan(qh).any():
-            raise ValueError("qhat must not be NaN")
+            raise InputError("qhat must not be NaN")
     return _sets(jnp.asarray(probs, jnp.float32), _float32_at_most(qhat), score)
 
 
@@ -659,9 +661,9 @@ def pvalues(cal_scores: jax.Array, test_scores: jax.Array) -> jax.Array:
     concrete = _concrete(cal_scores, test_scores)
     if concrete:
         if np.size(cal_scores) == 0:
-            raise ValueError("cal_scores is empty: the calibration set must hold at least 1 document")
+            raise InputError("cal_scores is empty: the calibration set must hold at least 1 document")
         if np.isnan(np.asarray(cal_scores)).any() or np.isnan(np.asarray(test_scores)).any():
-            raise ValueError("scores must not be NaN")
+            raise InputError("scores must not be NaN")
     if concrete and not _jax_keeps(dtype):
         ordered = np.sort(np.asarray(cal_scores, dtype))
         below = np.searchsorted(ordered, np.asarray(test_scores, dtype), side="left")  # #{S_i < T}
@@ -702,7 +704,7 @@ def sample_frequencies(key: jax.Array, probs: jax.Array, m: int, *, example_ids:
       example_ids: ``(n,)`` int ids that fix each document's stream.
     """
     if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
-        raise ValueError(f"m (samples per document) must be an integer >= 1, got {m!r}")
+        raise InputError(f"m (samples per document) must be an integer >= 1, got {m!r}")
     if _concrete(probs):
         _check_probs(probs)
     n = np.shape(probs)[0]
@@ -718,13 +720,13 @@ def frequencies_from_samples(samples: jax.Array, n_candidates: int) -> jax.Array
     if _concrete(samples):
         a = np.asarray(samples)
         if a.ndim != 2 or a.shape[1] == 0:
-            raise ValueError(f"samples must have shape (n, m) with m >= 1, got shape {a.shape}")
+            raise InputError(f"samples must have shape (n, m) with m >= 1, got shape {a.shape}")
         if not np.issubdtype(a.dtype, np.integer):
-            raise ValueError(f"samples must be integer candidate positions, got dtype {a.dtype}")
+            raise InputError(f"samples must be integer candidate positions, got dtype {a.dtype}")
         bad = (a < 0) | (a >= n_candidates)
         if bad.any():
             i, j = np.argwhere(bad)[0]
-            raise ValueError(f"samples[{i}, {j}] = {a[i, j]} is outside the candidate pool [0, {n_candidates})")
+            raise InputError(f"samples[{i}, {j}] = {a[i, j]} is outside the candidate pool [0, {n_candidates})")
     onehot = jax.nn.one_hot(s, n_candidates, dtype=jnp.float32)  # (n, m, C)
     return jnp.mean(onehot, axis=1)
 
@@ -755,11 +757,11 @@ def truncate_top_k(probs: jax.Array, k: int, labels: jax.Array | None = None):
       at least ``(1 - miss rate)(1 - alpha)`` (CPA Corollary 5.3).
     """
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"k (top-K pool size) must be an integer >= 1, got {k!r}")
+        raise InputError(f"k (top-K pool size) must be an integer >= 1, got {k!r}")
     if _concrete(probs):
         _check_probs(probs)
         if k > np.shape(probs)[1]:
-            raise ValueError(f"k = {k} exceeds the candidate pool size {np.shape(probs)[1]}")
+            raise InputError(f"k = {k} exceeds the candidate pool size {np.shape(probs)[1]}")
     n = np.shape(probs)[0]
     lab = jnp.full((n,), -1, jnp.int32) if labels is None else jnp.asarray(labels, jnp.int32)
     return _top_k(jnp.asarray(probs, jnp.float32), lab, int(k))

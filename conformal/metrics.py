@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from snapaudit_jax.utils.errors import InputError
+
 __all__ = ["set_metrics", "ranking_metrics", "true_ranks"]
 
 _PERCENTILES = (5, 10, 25, 75, 90, 95, 99)
@@ -45,9 +47,9 @@ def set_metrics(sets, labels) -> dict:
     sets = np.asarray(sets, bool)
     y = np.asarray(labels)
     if sets.ndim != 2 or y.shape != (sets.shape[0],):
-        raise ValueError(f"sets (n, m) and labels (n,) disagree: {sets.shape} vs {y.shape}")
+        raise InputError(f"sets (n, m) and labels (n,) disagree: {sets.shape} vs {y.shape}")
     if sets.shape[0] == 0:
-        raise ValueError("no documents to evaluate")
+        raise InputError("no documents to evaluate")
     included = y >= 0
     hit = np.zeros(y.shape[0], bool)
     hit[included] = sets[np.flatnonzero(included), y[included]]

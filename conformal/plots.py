@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from snapaudit_jax._io import atomic_write
 from snapaudit_jax.plotting import _pyplot
+from snapaudit_jax.utils.io import atomic_write
 
 __all__ = ["plot_alpha_dial", "plot_set_sizes"]
 

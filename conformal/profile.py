@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from conformal.kernels import SCORES, candidate_scores, sample_frequencies
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["ProfileAttacker", "identity_scores", "attribute_sets", "ATTRIBUTE_QUESTIONS", "example_id"]
 
@@ -61,14 +62,14 @@ class ProfileAttacker:
     def __init__(self, oracle, attributes: Mapping[str, Sequence[str]], *, samples: int, key: jax.Array,
                  questions: Mapping[str, str] | None = None):
         if not attributes:
-            raise ValueError("attributes must name at least one attribute with its values")
+            raise InputError("attributes must name at least one attribute with its values")
         for name, values in attributes.items():
             if len(values) < 2:
-                raise ValueError(f"attributes[{name!r}] must list at least 2 values, got {list(values)!r}")
+                raise InputError(f"attributes[{name!r}] must list at least 2 values, got {list(values)!r}")
             if len(set(values)) != len(values):
-                raise ValueError(f"attributes[{name!r}] lists a value twice")
+                raise InputError(f"attributes[{name!r}] lists a value twice")
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-            raise ValueError(f"samples must be an integer >= 1, got {samples!r}")
+            raise InputError(f"samples must be an integer >= 1, got {samples!r}")
         self.oracle = oracle
         self.attributes = {k: tuple(v) for k, v in attributes.items()}
         self.samples = samples
@@ -99,7 +100,7 @@ class ProfileAttacker:
         of the other documents and of how documents are split or batched.
         """
         if len(documents) != len(doc_ids):
-            raise ValueError(f"got {len(documents)} documents but {len(doc_ids)} doc_ids")
+            raise InputError(f"got {len(documents)} documents but {len(doc_ids)} doc_ids")
         ids = jnp.asarray([example_id(d) for d in doc_ids], jnp.uint32)
         dists = self.distributions(documents)
         return {name: np.asarray(sample_frequencies(jax.random.fold_in(self.key, j), dists[name], self.samples,
@@ -114,7 +115,7 @@ def _value_index(values: Sequence[str], column: Sequence[str | None], attribute:
         if v is None:
             continue
         if v not in lookup:
-            raise ValueError(f"candidate {c} has {attribute} = {v!r}, not in the vocabulary {list(values)!r}")
+            raise InputError(f"candidate {c} has {attribute} = {v!r}, not in the vocabulary {list(values)!r}")
         out[c] = lookup[v]
     return out
 
@@ -130,13 +131,13 @@ def identity_scores(frequencies: Mapping[str, np.ndarray], attributes: Mapping[s
       score: attribute score (one of :data:`~conformal.kernels.SCORES`).
     """
     if score not in SCORES:
-        raise ValueError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
+        raise InputError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
     if not frequencies:
-        raise ValueError("frequencies must hold at least one attribute")
+        raise InputError("frequencies must hold at least one attribute")
     out = None
     for name, freq in frequencies.items():
         if name not in attributes or name not in candidate_values:
-            raise ValueError(f"attribute {name!r} has no vocabulary or no candidate values")
+            raise InputError(f"attribute {name!r} has no vocabulary or no candidate values")
         per_value = np.asarray(candidate_scores(freq, score))  # (n, V_a)
         idx = _value_index(attributes[name], candidate_values[name], name)
         cand = np.where(idx[None, :] >= 0, per_value[:, np.maximum(idx, 0)], np.float32(0.0))

@@ -40,10 +40,11 @@ import numpy as np
 from conformal.calibration import Calibration, calibrate, coverage_check
 from conformal.kernels import SCORES, prediction_sets, scores, truncate_top_k
 from conformal.metrics import ranking_metrics, set_metrics
-from snapaudit_jax import _validate
-from snapaudit_jax._config import ConfigFileError, choice, pos_int, read_toml, reject_unknown, table, take
-from snapaudit_jax._io import atomic_write, write_json, write_text
-from snapaudit_jax._progress import RunLog
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.config import ConfigFileError, choice, pos_int, read_toml, reject_unknown, table, take
+from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.io import atomic_write, dumps, to_json, write_json, write_text
+from snapaudit_jax.utils.progress import RunLog
 
 __all__ = ["CPAConfig", "AttackerSettings", "load_cpa_config", "run_cpa", "build_suites"]
 
@@ -122,31 +123,31 @@ class CPAConfig:
 
 def _alphas(values):
     if isinstance(values, str) or not isinstance(values, list) or not values:
-        raise ValueError(f"must be a non-empty list of levels in (0, 1), got {values!r}")
-    out = tuple(_validate.open_unit("alpha", v) for v in values)
+        raise InputError(f"must be a non-empty list of levels in (0, 1), got {values!r}")
+    out = tuple(validate.open_unit("alpha", v) for v in values)
     if len(set(out)) != len(out):
-        raise ValueError(f"must not repeat a level, got {values!r}")
+        raise InputError(f"must not repeat a level, got {values!r}")
     return tuple(sorted(out))
 
 
 def _string(value):
     if not isinstance(value, str) or not value:
-        raise ValueError(f"must be a non-empty string, got {value!r}")
+        raise InputError(f"must be a non-empty string, got {value!r}")
     return value
 
 
 def _str_list(values):
     if isinstance(values, str) or not isinstance(values, list) or not values or \
             not all(isinstance(v, str) and v for v in values):
-        raise ValueError(f"must be a non-empty list of strings, got {values!r}")
+        raise InputError(f"must be a non-empty list of strings, got {values!r}")
     return tuple(values)
 
 
 def _int_list(name):
     def convert(values):
         if isinstance(values, str) or not isinstance(values, list) or not values:
-            raise ValueError(f"must be a non-empty list of integers >= 1, got {values!r}")
-        return tuple(_validate.positive_int(name, v) for v in values)
+            raise InputError(f"must be a non-empty list of integers >= 1, got {values!r}")
+        return tuple(validate.positive_int(name, v) for v in values)
 
     return convert
 
@@ -188,7 +189,7 @@ def _data_section(source: str, body: dict, where: str) -> dict:
         elif key == "W":
             take({key: value}, key, where, _int_list("W"), None)
         elif key == "pool" and value is not None:
-            take({key: value}, key, where, lambda v: _validate.positive_float("pool", v), None)
+            take({key: value}, key, where, lambda v: validate.positive_float("pool", v), None)
             if not 0 < float(value) <= 1:
                 raise ConfigFileError(f"{where}.pool: must be in (0, 1], got {value!r}")
         elif key == "path" and not isinstance(value, str):
@@ -210,7 +211,7 @@ def load_cpa_config(path: str | os.PathLike) -> CPAConfig:
     kw: dict[str, Any] = {}
     kw["seed"] = take(run, "seed", "run", pos_int("seed", 0), 0)
     kw["alphas"] = take(run, "alphas", "run", _alphas, (0.01, 0.05, 0.1, 0.2))
-    kw["report_alpha"] = take(run, "report_alpha", "run", lambda v: _validate.open_unit("report_alpha", v),
+    kw["report_alpha"] = take(run, "report_alpha", "run", lambda v: validate.open_unit("report_alpha", v),
                               0.05 if 0.05 in kw["alphas"] else kw["alphas"][0])
     if kw["report_alpha"] not in kw["alphas"]:
         raise ConfigFileError(f"run.report_alpha: must be one of run.alphas {list(kw['alphas'])}, "
@@ -219,7 +220,7 @@ def load_cpa_config(path: str | os.PathLike) -> CPAConfig:
     kw["n_test"] = take(run, "n_test", "run", pos_int("n_test"), 200)
     kw["splits"] = take(run, "splits", "run", pos_int("splits"), 1)
     kw["score"] = take(run, "score", "run", choice(SCORES), "aps")
-    kw["confidence"] = take(run, "confidence", "run", lambda v: _validate.open_unit("confidence", v), 0.95)
+    kw["confidence"] = take(run, "confidence", "run", lambda v: validate.open_unit("confidence", v), 0.95)
     kw["batch_size"] = take(run, "batch_size", "run", pos_int("batch_size"), 8)
     reject_unknown(run, "run")
     if not data:
@@ -246,7 +247,7 @@ def load_cpa_config(path: str | os.PathLike) -> CPAConfig:
             name=name,
             kind=take(body, "kind", where, choice(ATTACKER_KINDS), None),
             suites=take(body, "suites", where, _str_list, ("*",)),
-            temperature=take(body, "temperature", where, lambda v: _validate.positive_float("temperature", v), 0.5),
+            temperature=take(body, "temperature", where, lambda v: validate.positive_float("temperature", v), 0.5),
             top_k=take(body, "top_k", where, pos_int("top_k", 0), 0),
             model=take(body, "model", where, _string, "smollm2"),
             samples=take(body, "samples", where, pos_int("samples"), 10),
@@ -334,10 +335,10 @@ def build_suites(config: CPAConfig) -> dict[str, Any]:
 
             try:
                 loaded = loaders.load_source(source, p, seed=config.seed)
-            except ValueError as err:
-                raise ConfigFileError(f"data.{err}") from None
             except OSError as err:  # FileNotFoundError: a path, or a file it needs, does not exist
                 raise ConfigFileError(f"data.{source}.path: {err}") from None
+            except ValueError as err:
+                raise ConfigFileError(f"data.{err}") from None
             for s in loaded:
                 suites[s.name] = s
     return suites
@@ -429,7 +430,7 @@ def _attack(settings: AttackerSettings, suite, rows: np.ndarray, config: CPAConf
             return _Attack(probs, None, labels, pools, calls)
         return _Attack(probs, None, labels, None, calls)
     if not suite.attributes:
-        raise ValueError(f"attacker {settings.name!r} (profile) needs attribute vocabularies; suite {suite.name!r} "
+        raise InputError(f"attacker {settings.name!r} (profile) needs attribute vocabularies; suite {suite.name!r} "
                          "has none")
     attributes = dict(suite.attributes)
     if settings.attributes is not None:
@@ -498,9 +499,8 @@ def _evaluate(att_cal: _Attack, att_test: _Attack, cal: np.ndarray, test: np.nda
 
 
 def _qhat_json(q):
-    if np.ndim(q) == 0:
-        return None if not np.isfinite(q) else float(q)
-    return None
+    """A scalar threshold (``None`` if infinite: every set is full); ``None`` for Mondrian's per-group ones."""
+    return to_json(float(q)) if np.ndim(q) == 0 else None
 
 
 def _row(kind, attacker, suite_name, level, release, m: dict, ranking: dict, n_cal, n_test, extra=None) -> dict:
@@ -574,9 +574,8 @@ def _doc_lines(att: _Attack, suite, rows, positions, split_name: str, sets_by_al
 
 
 def _write_jsonl(path: str, records: list[dict]) -> None:
-    import json
 
-    data = "".join(json.dumps(r, allow_nan=False) + "\n" for r in records).encode()
+    data = "".join(dumps(r) + "\n" for r in records).encode()
     atomic_write(path, lambda fh: fh.write(data))
 
 

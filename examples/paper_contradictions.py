@@ -42,7 +42,7 @@ import numpy as np
 from scipy import optimize
 
 import snapaudit_jax as sa
-from snapaudit_jax._io import write_json, write_text
+from snapaudit_jax.utils.io import write_json, write_text
 from snapaudit_jax.profiles import discrete_epsilon, gaussian_epsilon
 from snapaudit_jax.runner import SimulateConfig, run_simulate
 

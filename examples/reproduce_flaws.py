@@ -49,7 +49,7 @@ import snapaudit_jax as sa
 
 sa.use_all_cpu_cores()
 
-from snapaudit_jax._io import write_json, write_text  # noqa: E402
+from snapaudit_jax.utils.io import write_json, write_text  # noqa: E402
 from snapaudit_jax.plotting import plot_epsilon  # noqa: E402
 from snapaudit_jax.runner import SimulateConfig, run_simulate  # noqa: E402
 

@@ -56,7 +56,7 @@ from snapaudit_jax.exact import (
     exact_score_probability,
     pv_argmax_probability,
 )
-from snapaudit_jax.jem import KeywordSpaceAggregation, joint_exponential_topk, jem_prepare, jem_select
+from snapaudit_jax.jem import KeywordSpaceAggregation, jem_prepare, jem_select, joint_exponential_topk
 from snapaudit_jax.mechanisms import (
     Attack,
     EmbeddingSpaceAggregation,
@@ -67,9 +67,9 @@ from snapaudit_jax.mechanisms import (
 )
 from snapaudit_jax.one_run import DeclaredGrid, HeldOut, OneRunResult, one_run_audit
 from snapaudit_jax.passive import passive_audit
-from snapaudit_jax.platform import use_all_cpu_cores
 from snapaudit_jax.simulate import SimulationCounts, simulate
 from snapaudit_jax.snapshots import Snapshots, load_snapshots, save_snapshots
+from snapaudit_jax.utils.platform import use_all_cpu_cores
 
 __version__ = "0.1.0"
 

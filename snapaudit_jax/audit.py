@@ -46,7 +46,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from snapaudit_jax import _validate
 from snapaudit_jax.bounds import (
     clopper_pearson_lower,
     clopper_pearson_upper,
@@ -81,6 +80,8 @@ from snapaudit_jax.jem import KeywordSpaceAggregation, bucket_num_values
 from snapaudit_jax.mechanisms import Attack, EmbeddingSpaceAggregation, Mechanism
 from snapaudit_jax.simulate import MAX_TRIALS, simulate
 from snapaudit_jax.snapshots import check_clean, dedupe
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["audit", "AuditResult", "RateBound", "THREATS", "METHODS", "CLEAN_MODELS", "CURVE_POINTS", "make_attack",
            "is_violation", "VIOLATION_RTOL"]
@@ -144,7 +145,7 @@ def make_attack(mechanism: Mechanism, reference_with, reference_without, target:
         target = type(mechanism).default_target(r1, r0, **context)
     num = type(mechanism).num_targets(r1.shape, **context)
     if not isinstance(target, (int, np.integer)) or not 0 <= int(target) < num:
-        raise ValueError(f"target must be an integer in [0, {num}), got {target!r}")
+        raise InputError(f"target must be an integer in [0, {num}), got {target!r}")
     return Attack(jnp.asarray(r1, jnp.float32), jnp.asarray(r0, jnp.float32), int(target))
 
 
@@ -227,10 +228,10 @@ def _check_snapshots(mechanism: Mechanism, with_canary, without_canary):
     x1 = check_clean("with_canary", with_canary, mechanism=mechanism.name, candidates=candidates)
     x0 = check_clean("without_canary", without_canary, mechanism=mechanism.name, candidates=candidates)
     if x1.shape[1:] != x0.shape[1:]:
-        raise ValueError(f"with_canary has shape {x1.shape[1:]} per snapshot but without_canary has {x0.shape[1:]}")
+        raise InputError(f"with_canary has shape {x1.shape[1:]} per snapshot but without_canary has {x0.shape[1:]}")
     if isinstance(mechanism, KeywordSpaceAggregation):
         if mechanism.top_k > x1.shape[1]:
-            raise ValueError(f"top_k must be <= the vocabulary size {x1.shape[1]}, got {mechanism.top_k}")
+            raise InputError(f"top_k must be <= the vocabulary size {x1.shape[1]}, got {mechanism.top_k}")
         needed = bucket_num_values(np.concatenate([x1, x0]))
         if mechanism.num_values is None or mechanism.num_values < needed:
             mechanism = mechanism.with_static(num_values=needed)
@@ -300,7 +301,7 @@ def _choose_threshold(run: _Run, selection, evaluation, eval_trials: int, select
         lo = min(p.score_min for p in pilots)
         hi = max(p.score_max for p in pilots)
         if not (math.isfinite(lo) and math.isfinite(hi)):
-            raise ValueError(f"white-box scores are not finite (range {lo}, {hi}): degenerate attack references")
+            raise InputError(f"white-box scores are not finite (range {lo}, {hi}): degenerate attack references")
         span = hi - lo if hi > lo else 1.0
         lo, hi = lo - 0.5 * span, hi + 0.5 * span
         hists = [
@@ -487,22 +488,22 @@ def audit(
     """
     start = time.perf_counter()
     if not isinstance(mechanism, Mechanism):
-        raise ValueError(f"mechanism must be a snapaudit_jax Mechanism, got {type(mechanism).__name__}")
-    epsilon_theory = _validate.positive_float("epsilon_theory", epsilon_theory)
-    delta = _validate.open_unit("delta", delta)
-    threat = _validate.choice("threat", threat, THREATS)
-    method = _validate.choice("method", method, METHODS)
-    clean = _validate.choice("clean", clean, CLEAN_MODELS)
-    confidence = _validate.open_unit("confidence", confidence)
-    trials = _validate.positive_int("trials", trials)
+        raise InputError(f"mechanism must be a snapaudit_jax Mechanism, got {type(mechanism).__name__}")
+    epsilon_theory = validate.positive_float("epsilon_theory", epsilon_theory)
+    delta = validate.open_unit("delta", delta)
+    threat = validate.choice("threat", threat, THREATS)
+    method = validate.choice("method", method, METHODS)
+    clean = validate.choice("clean", clean, CLEAN_MODELS)
+    confidence = validate.open_unit("confidence", confidence)
+    trials = validate.positive_int("trials", trials)
     if trials > MAX_TRIALS:
-        raise ValueError(f"trials must be <= {MAX_TRIALS} per hypothesis, got {trials}")
-    selection_fraction = _validate.open_unit("selection_fraction", selection_fraction)
-    bins = _validate.positive_int("bins", bins, minimum=2)
-    curve_points = _validate.positive_int("curve_points", curve_points, minimum=0)
+        raise InputError(f"trials must be <= {MAX_TRIALS} per hypothesis, got {trials}")
+    selection_fraction = validate.open_unit("selection_fraction", selection_fraction)
+    bins = validate.positive_int("bins", bins, minimum=2)
+    curve_points = validate.positive_int("curve_points", curve_points, minimum=0)
     estimator = check_estimator(estimator, mechanism.name, mechanism.gaussian)
     if method == "exact" and not supports_exact(mechanism, threat):
-        raise ValueError(
+        raise InputError(
             f"method='exact' has no closed form for {mechanism.name} with the {threat}-box attack"
             + (" (ESA needs exactly 2 candidates)" if isinstance(mechanism, EmbeddingSpaceAggregation) else "")
             + "; use method='simulate'"
@@ -515,11 +516,11 @@ def audit(
     if needs_selection:
         if selection_snapshots is None:
             selection_snapshots = 1 if threat == "black" else max(1, math.ceil(min(len(x1), len(x0)) / 10))
-        s = _validate.positive_int("selection_snapshots", selection_snapshots)
+        s = validate.positive_int("selection_snapshots", selection_snapshots)
     if clean == "sampled" or method == "paper":
         for name, n in (("with_canary", len(x1)), ("without_canary", len(x0))):
             if n - s < 2:
-                raise ValueError(
+                raise InputError(
                     f"{name} needs at least {s + 2} snapshots ({s} for attack selection + 2 for the Bernstein bound), "
                     f"got {n}"
                 )
@@ -539,7 +540,7 @@ def audit(
         if not supports_exact(mechanism, "white"):
             selection_trials = max(1, int(round(selection_fraction * trials)))
             if trials - selection_trials < 1:
-                raise ValueError(f"trials={trials} leaves no evaluation trials after selection")
+                raise InputError(f"trials={trials} leaves no evaluation trials after selection")
         threshold, grid = _choose_threshold(run, selection, evaluation, trials - selection_trials, selection_trials,
                                             bins, curve_points)
     tpr_b, fpr_b, eval_trials, curve = _evaluate(run, evaluation, trials - selection_trials, threshold, grid)

@@ -21,7 +21,8 @@ import math
 import numpy as np
 from scipy import optimize, special
 
-from snapaudit_jax import _validate
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = [
     "gdp_delta",
@@ -63,8 +64,8 @@ def gdp_delta(epsilon: float, mu: float) -> float:
       Dong, Roth & Su 2019, "Gaussian Differential Privacy", Cor. 2.13;
       Balle & Wang 2018, "Improving the Gaussian mechanism", Thm. 8.
     """
-    epsilon = _validate.nonnegative_float("epsilon", epsilon)
-    mu = _validate.nonnegative_float("mu", mu, allow_inf=True)
+    epsilon = validate.nonnegative_float("epsilon", epsilon)
+    mu = validate.nonnegative_float("mu", mu, allow_inf=True)
     return math.exp(_log_gdp_delta(epsilon, mu))
 
 
@@ -90,10 +91,10 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     Returns:
       ``eps`` as a float (``inf`` for ``mu = inf``).
     """
-    delta = _validate.open_unit("delta", delta)
+    delta = validate.open_unit("delta", delta)
     mu = float(mu)
     if math.isnan(mu):
-        raise ValueError(f"mu must be a number, got {mu}")
+        raise InputError(f"mu must be a number, got {mu}")
     if mu <= 0.0:
         return 0.0
     if math.isinf(mu):
@@ -122,8 +123,8 @@ def gdp_mu(epsilon: float, delta: float) -> float:
     References:
       Balle & Wang 2018, Alg. 1 (analytic Gaussian mechanism).
     """
-    epsilon = _validate.positive_float("epsilon", epsilon)
-    delta = _validate.open_unit("delta", delta)
+    epsilon = validate.positive_float("epsilon", epsilon)
+    delta = validate.open_unit("delta", delta)
     log_target = math.log(delta)
 
     def f(m: float) -> float:  # increasing in m
@@ -146,9 +147,9 @@ def classical_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) -
       For larger ``eps`` it can under-size the noise; this is one of the flaws
       the engine is built to detect, so it is offered, not refused.
     """
-    epsilon = _validate.positive_float("epsilon", epsilon)
-    delta = _validate.open_unit("delta", delta)
-    sensitivity = _validate.positive_float("sensitivity", sensitivity)
+    epsilon = validate.positive_float("epsilon", epsilon)
+    delta = validate.open_unit("delta", delta)
+    sensitivity = validate.positive_float("sensitivity", sensitivity)
     return sensitivity * math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
 
 
@@ -162,7 +163,7 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) ->
       and L2 sensitivity ``Delta`` is ``(eps, delta)``-DP and no smaller
       ``sigma`` is (Balle & Wang 2018, Thm. 8).
     """
-    sensitivity = _validate.positive_float("sensitivity", sensitivity)
+    sensitivity = validate.positive_float("sensitivity", sensitivity)
     return sensitivity / gdp_mu(epsilon, delta)
 
 
@@ -172,7 +173,7 @@ def gaussian_sigma(epsilon: float, delta: float, sensitivity: float, calibration
         return analytic_gaussian_sigma(epsilon, delta, sensitivity)
     if calibration == "classical":
         return classical_gaussian_sigma(epsilon, delta, sensitivity)
-    raise ValueError(f"calibration must be 'analytic' or 'classical', got {calibration!r}")
+    raise InputError(f"calibration must be 'analytic' or 'classical', got {calibration!r}")
 
 
 def exponential_mechanism_scale(epsilon: float, sensitivity: float) -> float:
@@ -184,6 +185,6 @@ def exponential_mechanism_scale(epsilon: float, sensitivity: float) -> float:
     JEM uses the sensitivity of its sequence utility (1 for add/remove
     neighbours, 2 for replace-one neighbours; Gillenwater et al. 2022).
     """
-    epsilon = _validate.positive_float("epsilon", epsilon)
-    sensitivity = _validate.positive_float("sensitivity", sensitivity)
+    epsilon = validate.positive_float("epsilon", epsilon)
+    sensitivity = validate.positive_float("sensitivity", sensitivity)
     return epsilon / (2.0 * sensitivity)

@@ -1,21 +1,28 @@
 """Command line: ``snapaudit`` / ``python -m snapaudit_jax``.
 
 Thin layer: flags -> :class:`~snapaudit_jax.runner.SimulateConfig` ->
-:func:`~snapaudit_jax.runner.run_simulate`. Bad input exits with status 2 and
-a message naming the flag; output files are written only after every audit
-succeeded, and atomically.
+:func:`~snapaudit_jax.runner.run_simulate`. Output files are written only after
+every audit succeeded, and atomically. Exit status (see
+:mod:`snapaudit_jax.utils.errors`): 0 done; 2 bad input (the message names the
+flag or ``section.key``), a missing dependency, or an operating-system error
+(disk, permissions); 3 a refuted claim under ``--fail-on-violation``; 1 an
+internal bug, printed with its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 
+from snapaudit_jax.utils.errors import InputError
+
 __all__ = ["main", "build_parser"]
 
-EXIT_OK, EXIT_USAGE, EXIT_VIOLATION = 0, 2, 3
+from snapaudit_jax.utils.io import dumps
+from snapaudit_jax.utils.errors import EXIT_BUG, EXIT_INPUT, EXIT_OK, EXIT_VIOLATION, SnapAuditError
+
+EXIT_USAGE = EXIT_INPUT  # argparse's own errors share the bad-input status
 
 
 class _Parser(argparse.ArgumentParser):
@@ -127,7 +134,7 @@ def _run_config(args, load, run, report: str):
     """Loads ``args.config``, runs it into ``--out`` (default ``runs/<config name>``), prints ``report``."""
     import os
 
-    from snapaudit_jax._io import check_output_dir
+    from snapaudit_jax.utils.io import check_output_dir
 
     config = load(args.config)
     out = args.out or os.path.join("runs", os.path.splitext(os.path.basename(args.config))[0])
@@ -246,10 +253,8 @@ def format_table(results) -> str:
 def _simulate(args) -> int:
     import warnings
 
-    from snapaudit_jax._io import write_json
     from snapaudit_jax.runner import run_simulate
-
-    from snapaudit_jax._io import PLOT_FORMATS, check_output_file
+    from snapaudit_jax.utils.io import PLOT_FORMATS, check_output_file, write_json
 
     config = _config_from_args(args)
     # Every output is checked before the audits run: a bad path costs nothing and writes nothing.
@@ -264,7 +269,7 @@ def _simulate(args) -> int:
         warnings.simplefilter("ignore")  # surfaced in the table / JSON instead
         results = run_simulate(config, progress=not args.quiet and not args.json)
     if args.json:
-        print(json.dumps([r.summary() for r in results], allow_nan=False))
+        print(dumps([r.summary() for r in results]))
     else:
         print(format_table(results))
     if args.out is not None:
@@ -311,18 +316,18 @@ def _generate(args) -> int:
     from snapaudit_jax.models import load_language_model
 
     if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+        raise InputError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.temperature is not None and args.seed is None:
-        raise ValueError("--seed is required with --temperature (sampling needs an explicit key)")
+        raise InputError("--seed is required with --temperature (sampling needs an explicit key)")
     if args.temperature is not None and not 0 < args.temperature < math.inf:
-        raise ValueError(f"--temperature must be a finite number > 0, got {args.temperature}")
+        raise InputError(f"--temperature must be a finite number > 0, got {args.temperature}")
     if not args.prompt.strip():
-        raise ValueError("--prompt must not be empty")
+        raise InputError("--prompt must not be empty")
     lm = _load_model(load_language_model, args)
     prompt = lm.chat_prompt(args.prompt) if args.chat else args.prompt
     n_prompt = len(lm.tokenizer.encode(prompt))
     if n_prompt + args.max_new_tokens > lm.max_length:
-        raise ValueError(f"--max-new-tokens: the prompt's {n_prompt} tokens plus {args.max_new_tokens} new tokens "
+        raise InputError(f"--max-new-tokens: the prompt's {n_prompt} tokens plus {args.max_new_tokens} new tokens "
                          f"exceed the model's {lm.max_length} positions (at most {lm.max_length - n_prompt} here), "
                          f"got {args.max_new_tokens}")
     start = time.perf_counter()
@@ -330,7 +335,7 @@ def _generate(args) -> int:
     gen = lm.generate([prompt], max_new_tokens=args.max_new_tokens, temperature=args.temperature, key=key)[0]
     seconds = time.perf_counter() - start
     if args.json:
-        print(json.dumps({"model": args.model, "text": gen.text, "token_ids": list(gen.token_ids),
+        print(dumps({"model": args.model, "text": gen.text, "token_ids": list(gen.token_ids),
                           "seconds": seconds}))
     else:
         print(gen.text)
@@ -340,11 +345,11 @@ def _generate(args) -> int:
 def _load_model(load, args):
     """``load(--model)``; a checkpoint that cannot be loaded names the flag."""
     if not args.model.strip():
-        raise ValueError(f"--model must name a model, a .gguf file or a checkpoint folder, got {args.model!r}")
+        raise InputError(f"--model must name a model, a .gguf file or a checkpoint folder, got {args.model!r}")
     try:
         return load(args.model, allow_pickle=args.allow_pickle)
     except (ValueError, OSError) as err:
-        raise ValueError(f"--model: {err}") from None
+        raise InputError(f"--model: {err}") from None
 
 
 def _embed(args) -> int:
@@ -352,11 +357,11 @@ def _embed(args) -> int:
 
     for i, text in enumerate(args.text):
         if not text.strip():
-            raise ValueError(f"--text must not be empty, got {text!r} (text {i + 1})")
+            raise InputError(f"--text must not be empty, got {text!r} (text {i + 1})")
     embedder = _load_model(load_embedder, args)
     vectors = embedder.embed(args.text)
     if args.json:
-        print(json.dumps({"model": args.model, "embeddings": vectors.astype(float).tolist()}))
+        print(dumps({"model": args.model, "embeddings": vectors.astype(float).tolist()}))
     else:
         for text, v in zip(args.text, vectors):
             print(f"{text[:40]!r}: dim {v.size}, first {v[:4].round(4).tolist()}")
@@ -368,15 +373,25 @@ _COMMANDS = {"simulate": _simulate, "audit": _audit, "cpa": _cpa, "pii": _pii, "
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from snapaudit_jax.platform import use_all_cpu_cores
+    from snapaudit_jax.utils.platform import use_all_cpu_cores
 
     use_all_cpu_cores()
     try:
         return _COMMANDS[args.command](args)
-    except (ValueError, RuntimeError, OSError) as err:
+    except SnapAuditError as err:
         message = _name_flag(str(err)) if args.command == "simulate" else str(err)  # its fields are its flags
         print(f"snapaudit {args.command}: error: {message}", file=sys.stderr)
-        return EXIT_USAGE
+        return err.exit_code
+    except OSError as err:  # the environment (a full disk, a permission), not the program
+        print(f"snapaudit {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_INPUT
+    except Exception:  # anything else is a bug: say so, with the traceback
+        import traceback
+
+        traceback.print_exc()
+        print(f"snapaudit {args.command}: internal error (a bug in snapaudit-jax; the traceback above locates it)",
+              file=sys.stderr)
+        return EXIT_BUG
 
 
 if __name__ == "__main__":  # pragma: no cover

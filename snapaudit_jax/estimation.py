@@ -37,7 +37,6 @@ Claims and their flags:
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -45,7 +44,6 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from snapaudit_jax import _validate
 from snapaudit_jax.bounds import (
     clopper_pearson_lower,
     clopper_pearson_upper,
@@ -54,6 +52,9 @@ from snapaudit_jax.bounds import (
 )
 from snapaudit_jax.estimators import epsilon_gdp, epsilon_std, mu_lower
 from snapaudit_jax.one_run import DeclaredGrid, HeldOut, OneRunResult, one_run_audit
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.io import dumps, to_json
 
 __all__ = [
     "AuditResult",
@@ -81,7 +82,6 @@ __all__ = [
     "exact_rate",
     "holm",
     "is_violation",
-    "jsonable",
     "objective",
     "paper_bound",
     "rebound",
@@ -167,7 +167,7 @@ def binomial_bound(hits: int, trials: int, side: str, alpha: float, *, snapshots
     """
     hits, trials = int(hits), int(trials)
     if trials < 1 or not 0 <= hits <= trials:
-        raise ValueError(f"hits must be in [0, trials] with trials >= 1, got hits={hits}, trials={trials}")
+        raise InputError(f"hits must be in [0, trials] with trials >= 1, got hits={hits}, trials={trials}")
     bound, complement = (float(x) for x in binomial_pair(hits, trials, side, alpha))
     est = hits / trials
     return RateBound(est, bound, complement, math.nan, 0.0, 0.0, abs(bound - est), trials,
@@ -215,7 +215,7 @@ def bernstein_bound(rates, rate_complements, side: str, alpha: float, *, trials:
     r = np.asarray(rates, np.float64)
     n = r.size
     if n < 2:
-        raise ValueError(f"the empirical Bernstein bound needs at least 2 snapshots, got {n}")
+        raise InputError(f"the empirical Bernstein bound needs at least 2 snapshots, got {n}")
     var = _sample_variance(r)
     var_term, range_term = _bernstein_parts(var, n, alpha)
     return _finish(float(r.mean()), float(np.mean(rate_complements)), (var_term, range_term, 0.0), side,
@@ -285,9 +285,9 @@ def check_estimator(estimator: str | None, mechanism: str, gaussian: bool) -> st
     Raises:
       ValueError: an unknown estimator, or ``"gdp"`` for a pure-epsilon mechanism (PoE, KSA).
     """
-    estimator = _validate.choice("estimator", DEFAULT_ESTIMATOR if estimator is None else estimator, ESTIMATORS)
+    estimator = validate.choice("estimator", DEFAULT_ESTIMATOR if estimator is None else estimator, ESTIMATORS)
     if estimator == "gdp" and not gaussian:
-        raise ValueError(f"estimator must be 'std' for {mechanism}: 'gdp' audits a mu-GDP claim, but {mechanism} is "
+        raise InputError(f"estimator must be 'std' for {mechanism}: 'gdp' audits a mu-GDP claim, but {mechanism} is "
                          "a pure-epsilon mechanism that claims no mu")
     return estimator
 
@@ -380,11 +380,11 @@ def _at_least(sorted_scores: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
 
 
 def _scores(name: str, value, minimum: int) -> np.ndarray:
-    arr = _validate.finite_array(name, value)
+    arr = validate.finite_array(name, value)
     if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-dimensional, got shape {arr.shape}")
+        raise InputError(f"{name} must be 1-dimensional, got shape {arr.shape}")
     if len(arr) < minimum:
-        raise ValueError(f"{name} must hold at least {minimum} scores, got {len(arr)}")
+        raise InputError(f"{name} must hold at least {minimum} scores, got {len(arr)}")
     return arr
 
 
@@ -409,15 +409,15 @@ def threshold_test(member_scores, nonmember_scores, rule, *, delta: float, alpha
       ``fpr.bound >= FPR`` of the chosen test hold jointly with probability ``>= 1 - alpha``: the
       split chooses on scores the bounds do not use; Bonferroni pays for every grid threshold.
     """
-    delta = _validate.open_unit("delta", delta)
-    alpha = _validate.open_unit("alpha", alpha)
-    estimator = _validate.choice("estimator", estimator, ESTIMATORS)
+    delta = validate.open_unit("delta", delta)
+    alpha = validate.open_unit("alpha", alpha)
+    estimator = validate.choice("estimator", estimator, ESTIMATORS)
     if isinstance(rule, Bonferroni):
         m = _scores("member_scores", member_scores, 1)
         n = _scores("nonmember_scores", nonmember_scores, 1)
-        grid = _validate.finite_array("thresholds", rule.thresholds)
+        grid = validate.finite_array("thresholds", rule.thresholds)
         if grid.ndim != 1 or grid.size == 0:
-            raise ValueError(f"thresholds must be a non-empty 1-D grid, got shape {grid.shape}")
+            raise InputError(f"thresholds must be a non-empty 1-D grid, got shape {grid.shape}")
         a = alpha / (2 * grid.size)
         k1, k0 = _at_least(np.sort(m), grid), _at_least(np.sort(n), grid)
         tl, tl_c = binomial_pair(k1, m.size, "lower", a)
@@ -428,20 +428,20 @@ def threshold_test(member_scores, nonmember_scores, rule, *, delta: float, alpha
     if isinstance(rule, Explicit):
         m = _scores("member_scores", member_scores, 1)
         n = _scores("nonmember_scores", nonmember_scores, 1)
-        t = _validate.finite_array("threshold", [rule.threshold])[0]
+        t = validate.finite_array("threshold", [rule.threshold])[0]
         k1, k0 = int(np.sum(m >= t)), int(np.sum(n >= t))
         return ThresholdTest("explicit", float(t), binomial_bound(k1, m.size, "lower", alpha / 2),
                              binomial_bound(k0, n.size, "upper", alpha / 2), alpha / 2, 1, (0, 0))
     if not isinstance(rule, Split):
-        raise ValueError(f"rule must be Split, Bonferroni or Explicit for scores, got {rule!r}")
+        raise InputError(f"rule must be Split, Bonferroni or Explicit for scores, got {rule!r}")
     m = _scores("member_scores", member_scores, 2)
     n = _scores("nonmember_scores", nonmember_scores, 2)
-    fraction = _validate.open_unit("selection_fraction", rule.fraction)
+    fraction = validate.open_unit("selection_fraction", rule.fraction)
     parts = []
     for i, (name, s) in enumerate((("member_scores", m), ("nonmember_scores", n))):
         cut = int(round(fraction * len(s))) if key is not None else int(math.floor(fraction * len(s)))
         if not 0 < cut < len(s):
-            raise ValueError(f"selection_fraction={fraction} leaves an empty selection or evaluation part of "
+            raise InputError(f"selection_fraction={fraction} leaves an empty selection or evaluation part of "
                              f"{name} ({len(s)} scores)")
         if key is not None:
             import jax
@@ -502,7 +502,7 @@ class TradeoffCurve:
     exact: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return jsonable(dataclasses.asdict(self))
+        return to_json(dataclasses.asdict(self))
 
 
 def certified_curve(thresholds, tpr_low, tpr_low_c, fpr_up, fpr_up_c, *, delta: float, alpha_per_rate: float,
@@ -565,9 +565,9 @@ def mu_violation_p_value(tpr: RateBound, fpr: RateBound, mu_claim: float) -> flo
 
 
 def _score_vector(name: str, value) -> np.ndarray:
-    arr = _validate.finite_array(name, value)
+    arr = validate.finite_array(name, value)
     if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-dimensional, got shape {arr.shape}")
+        raise InputError(f"{name} must be 1-dimensional, got shape {arr.shape}")
     return arr
 
 
@@ -600,7 +600,7 @@ def roc_auc(member_scores, nonmember_scores) -> float:
 def holm(p_values: Sequence[float], alpha: float) -> np.ndarray:
     """Holm's step-down rejections at family-wise error ``alpha`` (Holm 1979)."""
     p = np.asarray(p_values, np.float64)
-    alpha = _validate.open_unit("alpha", alpha)
+    alpha = validate.open_unit("alpha", alpha)
     order = np.argsort(p, kind="stable")
     reject = np.zeros(p.size, bool)
     for rank, i in enumerate(order):
@@ -614,26 +614,6 @@ def holm(p_values: Sequence[float], alpha: float) -> np.ndarray:
 # ---------------------------------------------------------------------------
 # The result
 # ---------------------------------------------------------------------------
-
-
-def jsonable(x):
-    """Strict-JSON form: numpy scalars to Python, ``nan`` to ``None``, infinities to ``"inf"`` / ``"-inf"``."""
-    if isinstance(x, dict):
-        return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [jsonable(v) for v in x]
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, (np.bool_, bool)):
-        return bool(x)
-    if isinstance(x, (float, np.floating)):
-        x = float(x)
-        if math.isnan(x):
-            return None
-        if math.isinf(x):
-            return "inf" if x > 0 else "-inf"
-        return x
-    return x
 
 
 @dataclasses.dataclass(frozen=True)
@@ -694,10 +674,12 @@ class AuditResult:
     stream: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return jsonable(dataclasses.asdict(self))
+        """Every field in strict-JSON form (:func:`~snapaudit_jax.utils.io.to_json`: non-finite numbers ``None``)."""
+        return to_json(dataclasses.asdict(self))
 
     def to_json(self, **kwargs) -> str:
-        return json.dumps(self.to_dict(), allow_nan=False, **kwargs)
+        """:meth:`to_dict` as a JSON string; ``kwargs`` go to :func:`json.dumps`."""
+        return dumps(self.to_dict(), **kwargs)
 
     def summary(self) -> dict[str, Any]:
         """The fields of the command-line JSON contract."""
@@ -739,7 +721,7 @@ def audit_result(*, mechanism: str, threat: str, method: str, estimator: str, cl
     Returns:
       :class:`AuditResult`.
     """
-    estimator = _validate.choice("estimator", estimator, ESTIMATORS)
+    estimator = validate.choice("estimator", estimator, ESTIMATORS)
     eps_std, mu, eps_gdp = estimate(tpr, fpr, delta)
     headline = eps_std
     parts = list(assumptions)

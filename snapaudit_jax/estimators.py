@@ -13,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 from scipy import special
 
-from snapaudit_jax import _validate
 from snapaudit_jax.calibration import gdp_epsilon
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["epsilon_std", "mu_lower", "epsilon_gdp", "ESTIMATORS"]
 
@@ -64,9 +65,9 @@ def epsilon_std(tpr_low, fpr_up, delta, *, tpr_low_complement=None, fpr_up_compl
     Guarantees:
       Assumption-free: if ``tpr_low``/``fpr_up`` hold, so does the bound.
     """
-    delta = _validate.nonnegative_float("delta", delta)  # 0 audits a pure-DP claim
+    delta = validate.nonnegative_float("delta", delta)  # 0 audits a pure-DP claim
     if delta >= 1.0:
-        raise ValueError(f"delta must be in [0, 1), got {delta}")
+        raise InputError(f"delta must be in [0, 1), got {delta}")
     tpr, tpr_c, fpr, fpr_c = _pairs(tpr_low, fpr_up, tpr_low_complement, fpr_up_complement)
     with np.errstate(divide="ignore", invalid="ignore"):
         num1 = tpr - delta
@@ -104,7 +105,7 @@ def epsilon_gdp(tpr_low, fpr_up, delta, *, tpr_low_complement=None, fpr_up_compl
       (argmax, nearest candidate) has a smaller ``eps(delta)`` than its
       envelope. :mod:`snapaudit_jax.estimation` applies it accordingly.
     """
-    delta = _validate.open_unit("delta", delta)
+    delta = validate.open_unit("delta", delta)
     mu = float(mu_lower(tpr_low, fpr_up, tpr_low_complement=tpr_low_complement, fpr_up_complement=fpr_up_complement))
     if not mu > 0.0:
         return 0.0

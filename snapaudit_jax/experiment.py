@@ -59,24 +59,25 @@ from typing import Any
 import jax
 import numpy as np
 
-from snapaudit_jax import _validate
-from snapaudit_jax._config import ConfigFileError, read_toml
-from snapaudit_jax._config import boolean as _boolean
-from snapaudit_jax._config import choice as _choice
-from snapaudit_jax._config import choices as _choices
-from snapaudit_jax._config import number_list as _number_list
-from snapaudit_jax._config import pos_int as _pos_int
-from snapaudit_jax._config import reject_unknown as _reject_unknown
-from snapaudit_jax._config import string as _string
-from snapaudit_jax._config import table as _table
-from snapaudit_jax._config import take as _take
-from snapaudit_jax._io import write_json, write_text
-from snapaudit_jax._progress import RunLog as _Log
 from snapaudit_jax.audit import CLEAN_MODELS, AuditResult, audit
 from snapaudit_jax.estimation import roc_auc
 from snapaudit_jax.mechanisms import Attack
 from snapaudit_jax.one_run_icl import OneRunSettings
 from snapaudit_jax.passive import passive_bounds
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.config import ConfigFileError, read_toml
+from snapaudit_jax.utils.config import boolean as _boolean
+from snapaudit_jax.utils.config import choice as _choice
+from snapaudit_jax.utils.config import choices as _choices
+from snapaudit_jax.utils.config import number_list as _number_list
+from snapaudit_jax.utils.config import pos_int as _pos_int
+from snapaudit_jax.utils.config import reject_unknown as _reject_unknown
+from snapaudit_jax.utils.config import string as _string
+from snapaudit_jax.utils.config import table as _table
+from snapaudit_jax.utils.config import take as _take
+from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.io import write_json, write_text
+from snapaudit_jax.utils.progress import RunLog as _Log
 
 __all__ = ["AuditConfig", "PipelineSettings", "MiaSettings", "load_config", "run_audit", "passive_plan",
            "ConfigFileError"]
@@ -208,9 +209,9 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
     if audit_s.get("epsilons") == []:
         raise ConfigFileError("audit.epsilons: must list at least one epsilon, got []")
     kw["epsilons"] = _take(audit_s, "epsilons", "audit",
-                           _number_list(lambda e: _validate.positive_float("epsilon", e)), (1.0, 2.0, 4.0, 8.0, 16.0))
-    kw["delta"] = _take(audit_s, "delta", "audit", lambda v: _validate.open_unit("delta", v), 1e-5)
-    kw["confidence"] = _take(audit_s, "confidence", "audit", lambda v: _validate.open_unit("confidence", v), 0.95)
+                           _number_list(lambda e: validate.positive_float("epsilon", e)), (1.0, 2.0, 4.0, 8.0, 16.0))
+    kw["delta"] = _take(audit_s, "delta", "audit", lambda v: validate.open_unit("delta", v), 1e-5)
+    kw["confidence"] = _take(audit_s, "confidence", "audit", lambda v: validate.open_unit("confidence", v), 0.95)
     kw["query"] = _take(audit_s, "query", "audit", _choice(QUERY_MODES), "copy")
     kw["defense"] = _take(audit_s, "defense", "audit", _choice(DEFENSES), "none")
     kw["threats"] = _take(audit_s, "threats", "audit", _choices(("black", "white")), ("black", "white"))
@@ -244,7 +245,7 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
             num_exemplars=_take(body, "num_exemplars", where, _pos_int("num_exemplars", 2),
                                 max(6, _DEFAULT_PARTITIONS.get(name) or 0)),  # KSA: one exemplar per partition
             partitions=_take(body, "partitions", where, _pos_int("partitions"), _DEFAULT_PARTITIONS.get(name)),
-            clip=_take(body, "clip", where, lambda v: _validate.positive_float("clip", v), 5.0),
+            clip=_take(body, "clip", where, lambda v: validate.positive_float("clip", v), 5.0),
             top_k=_take(body, "top_k", where, _pos_int("top_k"), 4),
             signals=_take(body, "signals", where, _signals, "msgs"),
             signal_vocabulary=_take(body, "signal_vocabulary", where, _pos_int("signal_vocabulary", 2), 120),
@@ -294,7 +295,7 @@ def _signals(value):
         return value
     if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) and v.strip() for v in value):
         return tuple(value)
-    raise ValueError(f'must be "msgs", "gs" or a list of two sentences, got {value!r}')
+    raise InputError(f'must be "msgs", "gs" or a list of two sentences, got {value!r}')
 
 
 # ---------------------------------------------------------------------------
@@ -340,7 +341,7 @@ def _esa_pool(config: AuditConfig, settings: PipelineSettings, pipeline, log):
     log(f"  candidate pool: {len(pool.texts)} candidates (draws: y1 {pool.counts()['y1']}, y2 {pool.counts()['y2']}, "
         f"other {pool.counts()['other']})")
     if config.method == "exact" and "black" in config.threats and len(pool.texts) != 2:
-        raise ValueError(
+        raise InputError(
             f"pipelines.esa.candidates: audit.method = \"exact\" needs exactly 2 ESA candidates for the black-box "
             f"release, but the sampled pool ({settings.candidate_calls} candidate calls) has {len(pool.texts)}: "
             f"{list(pool.texts)}; set pipelines.esa.candidates = \"fixed\" (the pool y1, y2) or audit.method = "
@@ -369,9 +370,9 @@ def passive_plan(runs: int, calls_per_pair: int, candidate_calls: int = 0) -> tu
     pool, ``calls_per_pair + 2 T_cand`` per pair, so that budget buys ``floor(budget / (calls_per_pair +
     2 T_cand))`` runs per context (at least 1).
     """
-    runs = _validate.positive_int("runs", runs)
-    calls_per_pair = _validate.positive_int("calls_per_pair", calls_per_pair)
-    candidate_calls = _validate.positive_int("candidate_calls", candidate_calls, minimum=0)
+    runs = validate.positive_int("runs", runs)
+    calls_per_pair = validate.positive_int("calls_per_pair", calls_per_pair)
+    candidate_calls = validate.positive_int("candidate_calls", candidate_calls, minimum=0)
     if not candidate_calls:
         return runs, runs * calls_per_pair
     per_pair = calls_per_pair + 2 * candidate_calls
@@ -393,7 +394,7 @@ def _clean_model(config: AuditConfig, check: dict, log) -> tuple[str, list[str],
     msg = (f"determinism check: {mismatches} of {check.get('checked')} answers changed when recomputed, so the "
            "snapshots are not the exact clean outputs of their assignments")
     if config.on_mismatch == "fail":
-        raise ValueError(f"audit.clean: {msg}; clean = \"fixed\" needs a deterministic clean stage (set "
+        raise InputError(f"audit.clean: {msg}; clean = \"fixed\" needs a deterministic clean stage (set "
                          "audit.clean = \"sampled\" or audit.on_mismatch = \"sampled\")")
     log(f"  WARNING: {msg}: falling back to clean = \"sampled\"")
     return "sampled", [f"clean = fixed was configured, but the {msg}: audited as clean = sampled (i.i.d. draws, "
@@ -523,16 +524,16 @@ def check_run_folder(out_dir: str | os.PathLike) -> None:
             with open(path) as fh:
                 manifest = json.load(fh)
         except (OSError, ValueError) as err:
-            raise ValueError(f"{path}: not a readable snapshot manifest ({err}); delete it and {npz} to recompute "
+            raise InputError(f"{path}: not a readable snapshot manifest ({err}); delete it and {npz} to recompute "
                              "the snapshots") from None
         if not isinstance(manifest, dict) or not isinstance(manifest.get("fingerprint"), str):
-            raise ValueError(f"{path}: a snapshot manifest must be a JSON object with a 'fingerprint' string, got "
+            raise InputError(f"{path}: a snapshot manifest must be a JSON object with a 'fingerprint' string, got "
                              f"{str(manifest)[:80]!r}; delete it and {npz} to recompute the snapshots")
         if os.path.exists(npz):
             try:
                 load_snapshots(npz)
             except ValueError as err:
-                raise ValueError(f"{err}; delete it and {path} to recompute the snapshots") from None
+                raise InputError(f"{err}; delete it and {path} to recompute the snapshots") from None
 
 
 def _load_datasets(config: AuditConfig) -> dict:
@@ -719,7 +720,7 @@ def _run_one_run(config: AuditConfig, oracle, log) -> dict:
                 f"{s.delta:g}; one-run lower bounds {bounds}")
     return {"settings": dataclasses.asdict(s), "interaction": one_run_icl.INTERACTION_NOTE,
             "guarantees": one_run_icl.GUARANTEES,
-            "rows": one_run_icl.jsonable_rows(rows)}
+            "rows": rows}
 
 
 def _plot(plot_epsilon, path, name, rows):

@@ -36,10 +36,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from snapaudit_jax import _validate
 from snapaudit_jax.calibration import exponential_mechanism_scale
-from snapaudit_jax.sampling import AliasTable, alias_draw, alias_table
 from snapaudit_jax.mechanisms import Mechanism, Release, _pytree_dataclass, _static
+from snapaudit_jax.sampling import AliasTable, alias_draw, alias_table
+from snapaudit_jax.utils import validate
 
 __all__ = [
     "JemTable",
@@ -242,7 +242,7 @@ class KeywordSpaceAggregation(Mechanism):
 
     @classmethod
     def calibrated(cls, epsilon: float, top_k: int, sensitivity: float = 2.0, num_values: int | None = None):
-        top_k = _validate.positive_int("top_k", top_k)
+        top_k = validate.positive_int("top_k", top_k)
         return cls(
             scale=jnp.float32(exponential_mechanism_scale(epsilon, sensitivity)),
             top_k=top_k,

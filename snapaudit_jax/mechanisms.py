@@ -54,8 +54,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from snapaudit_jax import _validate, sampling
+from snapaudit_jax import sampling
 from snapaudit_jax.calibration import exponential_mechanism_scale, gaussian_sigma
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = [
     "Attack",
@@ -315,19 +317,19 @@ class EmbeddingSpaceAggregation(Mechanism):
         sensitivity: float | None = None,
         calibration: str = "analytic",
     ):
-        partitions = _validate.positive_int("partitions", partitions)
+        partitions = validate.positive_int("partitions", partitions)
         if sensitivity is None:
             sensitivity = 2.0 / partitions
-        cand = _validate.finite_array("candidates", candidates, ndim_min=2)
+        cand = validate.finite_array("candidates", candidates, ndim_min=2)
         if cand.ndim != 2:
-            raise ValueError(f"candidates must have shape (c, d), got {cand.shape}")
+            raise InputError(f"candidates must have shape (c, d), got {cand.shape}")
         sigma = gaussian_sigma(epsilon, delta, sensitivity, calibration)
         return cls(sigma=jnp.float32(sigma), candidates=jnp.asarray(cand, jnp.float32))
 
     @classmethod
     def default_target(cls, reference_with, reference_without, *, candidates=None, **context):
         if candidates is None:
-            raise ValueError("ESA needs candidates to choose a default target")
+            raise InputError("ESA needs candidates to choose a default target")
         # The candidate whose squared distance to the mean shrinks most.
         w = np.asarray(reference_with) - np.asarray(reference_without)
         return int(np.argmax(np.asarray(candidates) @ w))

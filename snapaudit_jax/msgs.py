@@ -36,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from snapaudit_jax import _validate
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = [
     "SignalPair",
@@ -83,7 +84,7 @@ class _CheckedEmbed:
 
     def __init__(self, embed: Embed, dim: int | None = None):
         if not callable(embed):
-            raise ValueError(f"embed must be callable (texts -> (n, d) array), got {embed!r}")
+            raise InputError(f"embed must be callable (texts -> (n, d) array), got {embed!r}")
         self._embed = embed
         self.dim = dim
         self.evaluations = 0
@@ -93,21 +94,21 @@ class _CheckedEmbed:
         try:
             rows = np.asarray(raw, dtype=np.float64)
         except (TypeError, ValueError) as err:
-            raise ValueError(f"embed must return a numeric (n, d) array, got {type(raw).__name__}: {err}") from None
+            raise InputError(f"embed must return a numeric (n, d) array, got {type(raw).__name__}: {err}") from None
         expected = f"({len(texts)}, {self.dim if self.dim is not None else 'd'})"
         if rows.ndim != 2 or rows.shape[0] != len(texts) or (self.dim is not None and rows.shape[1] != self.dim):
-            raise ValueError(f"embed returned shape {rows.shape} for {len(texts)} text(s); expected {expected}")
+            raise InputError(f"embed returned shape {rows.shape} for {len(texts)} text(s); expected {expected}")
         if rows.shape[1] < 1:
-            raise ValueError(f"embed returned shape {rows.shape}; the embedding dimension d must be >= 1")
+            raise InputError(f"embed returned shape {rows.shape}; the embedding dimension d must be >= 1")
         finite = np.isfinite(rows).all(axis=1)
         if not finite.all():
             i = int(np.argmin(finite))
-            raise ValueError(f"embed returned non-finite values (nan/inf) in row {i} for text {texts[i]!r}")
+            raise InputError(f"embed returned non-finite values (nan/inf) in row {i} for text {texts[i]!r}")
         norms = np.linalg.norm(rows, axis=1)
         off = np.abs(norms - 1.0) > NORM_TOLERANCE
         if off.any():
             i = int(np.argmax(off))
-            raise ValueError(
+            raise InputError(
                 f"embed must return L2-normalised rows (| ||row|| - 1 | <= {NORM_TOLERANCE}), "
                 f"got norm {norms[i]:.6g} in row {i} for text {texts[i]!r}"
             )
@@ -118,22 +119,22 @@ class _CheckedEmbed:
 
 def _word(name: str, value: Any) -> str:
     if not isinstance(value, str):
-        raise ValueError(f"{name} must be a string, got {value!r}")
+        raise InputError(f"{name} must be a string, got {value!r}")
     if not value or value.split() != [value]:
-        raise ValueError(f"{name} must be one non-empty word without whitespace, got {value!r}")
+        raise InputError(f"{name} must be one non-empty word without whitespace, got {value!r}")
     return value
 
 
 def _vocabulary(vocabulary: Any) -> tuple[str, ...]:
     if isinstance(vocabulary, str) or not isinstance(vocabulary, Iterable):
-        raise ValueError(f"vocabulary must be a sequence of words, got {type(vocabulary).__name__} {vocabulary!r:.60}")
+        raise InputError(f"vocabulary must be a sequence of words, got {type(vocabulary).__name__} {vocabulary!r:.60}")
     words = tuple(_word(f"vocabulary[{i}]", w) for i, w in enumerate(vocabulary))
     if not words:
-        raise ValueError("vocabulary must contain at least one word, got an empty vocabulary")
+        raise InputError("vocabulary must contain at least one word, got an empty vocabulary")
     seen: dict[str, int] = {}
     for i, w in enumerate(words):
         if w in seen:
-            raise ValueError(f"vocabulary must not repeat words, got {w!r} at positions {seen[w]} and {i}")
+            raise InputError(f"vocabulary must not repeat words, got {w!r} at positions {seen[w]} and {i}")
         seen[w] = i
     return words
 
@@ -145,44 +146,44 @@ def _sentence(name: str, value: Any) -> list[str]:
     elif isinstance(value, Iterable):
         words = [_word(f"{name}[{i}]", w) for i, w in enumerate(value)]
     else:
-        raise ValueError(f"{name} must be a sentence (a string or a sequence of words), got {value!r}")
+        raise InputError(f"{name} must be a sentence (a string or a sequence of words), got {value!r}")
     if not words:
-        raise ValueError(f"{name} must contain at least one word, got {value!r}")
+        raise InputError(f"{name} must contain at least one word, got {value!r}")
     return words
 
 
 def _seeds(seeds: Any) -> list[list[str]]:
     if isinstance(seeds, str):
-        raise ValueError(
+        raise InputError(
             f"seeds must be a sequence of seed sentences, got a single string {seeds!r:.60}; wrap it in a list"
         )
     if not isinstance(seeds, Iterable):
-        raise ValueError(f"seeds must be a sequence of seed sentences, got {seeds!r}")
+        raise InputError(f"seeds must be a sequence of seed sentences, got {seeds!r}")
     out = []
     for i, seed in enumerate(seeds):
         if not isinstance(seed, str):
-            raise ValueError(f"seeds[{i}] must be a string (a sentence), got {seed!r}")
+            raise InputError(f"seeds[{i}] must be a string (a sentence), got {seed!r}")
         out.append(_sentence(f"seeds[{i}]", seed))
     if not out:
-        raise ValueError("seeds must contain at least one seed sentence, got none")
+        raise InputError("seeds must contain at least one seed sentence, got none")
     return out
 
 
 def _search_options(batch_size: Any, max_rounds: Any, min_gain: Any) -> tuple[int, int | None, float]:
-    batch_size = _validate.positive_int("batch_size", batch_size)
+    batch_size = validate.positive_int("batch_size", batch_size)
     if max_rounds is not None:
-        max_rounds = _validate.positive_int("max_rounds", max_rounds)
-    min_gain = _validate.nonnegative_float("min_gain", min_gain)
+        max_rounds = validate.positive_int("max_rounds", max_rounds)
+    min_gain = validate.nonnegative_float("min_gain", min_gain)
     return batch_size, max_rounds, min_gain
 
 
 def _anchor(value: Any) -> np.ndarray:
-    anchor = _validate.finite_array("anchor_embedding", value)
+    anchor = validate.finite_array("anchor_embedding", value)
     if anchor.ndim != 1:
-        raise ValueError(f"anchor_embedding must have shape (d,), got {anchor.shape}")
+        raise InputError(f"anchor_embedding must have shape (d,), got {anchor.shape}")
     norm = float(np.linalg.norm(anchor))
     if abs(norm - 1.0) > NORM_TOLERANCE:
-        raise ValueError(
+        raise InputError(
             f"anchor_embedding must be L2-normalised (| ||a|| - 1 | <= {NORM_TOLERANCE}), got norm {norm:.6g}"
         )
     return anchor
@@ -368,7 +369,7 @@ def multi_sweep_greedy_search(
     """
     seed_words = _seeds(seeds)
     vocabulary = _vocabulary(vocabulary)
-    sweeps = _validate.positive_int("sweeps", sweeps)
+    sweeps = validate.positive_int("sweeps", sweeps)
     batch_size, max_rounds, min_gain = _search_options(batch_size, max_rounds, min_gain)
     checked = _CheckedEmbed(embed)
 
@@ -432,7 +433,7 @@ def greedy_search(
       SnapAudit (Xia, Liu & Xiong), Sec. 4.2 ("GS refers to one GreedySearch"), Table 6.
     """
     if not isinstance(seed, str):
-        raise ValueError(f"seed must be a string (a sentence), got {seed!r}")
+        raise InputError(f"seed must be a string (a sentence), got {seed!r}")
     return multi_sweep_greedy_search(
         [seed], embed, vocabulary, sweeps=1, batch_size=batch_size, max_rounds=max_rounds, min_gain=min_gain
     )
@@ -474,21 +475,21 @@ def word_vocabulary(
         a negative or non-integer ``seed``, or no eligible word.
     """
     if isinstance(texts, str):
-        raise ValueError(f"texts must be a sequence of strings, got a single string {texts!r:.60}; wrap it in a list")
+        raise InputError(f"texts must be a sequence of strings, got a single string {texts!r:.60}; wrap it in a list")
     if not isinstance(texts, Iterable):
-        raise ValueError(f"texts must be a sequence of strings, got {texts!r}")
-    max_words = _validate.positive_int("max_words", max_words)
-    min_count = _validate.positive_int("min_count", min_count)
+        raise InputError(f"texts must be a sequence of strings, got {texts!r}")
+    max_words = validate.positive_int("max_words", max_words)
+    min_count = validate.positive_int("min_count", min_count)
     if seed is not None:
-        seed = _validate.positive_int("seed", seed, minimum=0)
+        seed = validate.positive_int("seed", seed, minimum=0)
     counts: collections.Counter[str] = collections.Counter()
     for i, text in enumerate(texts):
         if not isinstance(text, str):
-            raise ValueError(f"texts[{i}] must be a string, got {text!r}")
+            raise InputError(f"texts[{i}] must be a string, got {text!r}")
         counts.update(_LETTERS.findall(text.lower()))
     eligible = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
     if not eligible:
-        raise ValueError(f"texts contain no alphabetic word occurring at least min_count={min_count} time(s)")
+        raise InputError(f"texts contain no alphabetic word occurring at least min_count={min_count} time(s)")
     if seed is None or len(eligible) <= max_words:
         return tuple(eligible[:max_words])
     keep = np.sort(np.random.default_rng(seed).choice(len(eligible), size=max_words, replace=False))

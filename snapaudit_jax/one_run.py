@@ -77,7 +77,8 @@ import jax
 import numpy as np
 from scipy import stats
 
-from snapaudit_jax import _validate
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = [
     "DEFAULT_FRACTIONS",
@@ -174,7 +175,7 @@ class OneRunResult:
 
 
 def _probability(p) -> float:
-    return _validate.open_unit("insert_probability", p)
+    return validate.open_unit("insert_probability", p)
 
 
 def check_design(insert_probability, delta) -> tuple[float, float]:
@@ -182,9 +183,9 @@ def check_design(insert_probability, delta) -> tuple[float, float]:
 
     Call it before any scoring or model call, so a design the bound cannot use fails first.
     """
-    p, delta = _probability(insert_probability), _validate.unit_closed_open("delta", delta)
+    p, delta = _probability(insert_probability), validate.unit_closed_open("delta", delta)
     if delta > 0.0 and p != 0.5:
-        raise ValueError(
+        raise InputError(
             f"insert_probability must be 1/2 for an (eps, delta) claim with delta > 0 (the delta term of Steinke, "
             f"Nasr, Jagielski 2023 is proved for fair coins), got insert_probability={p} with delta={delta}; include "
             f"canaries with probability 0.5, or audit a pure eps claim (delta=0), which any probability allows")
@@ -192,25 +193,25 @@ def check_design(insert_probability, delta) -> tuple[float, float]:
 
 
 def _counts(name: str, value) -> int:
-    return _validate.positive_int(name, value, minimum=0)
+    return validate.positive_int(name, value, minimum=0)
 
 
 def _scores_and_mask(scores, inserted) -> tuple[np.ndarray, np.ndarray]:
-    s = _validate.finite_array("scores", scores)
+    s = validate.finite_array("scores", scores)
     if s.ndim != 1:
-        raise ValueError(f"scores must be 1-dimensional (one score per canary), got shape {s.shape}")
+        raise InputError(f"scores must be 1-dimensional (one score per canary), got shape {s.shape}")
     raw = np.asarray(inserted)
     if raw.ndim != 1:
-        raise ValueError(f"inserted must be 1-dimensional (one flag per canary), got shape {raw.shape}")
+        raise InputError(f"inserted must be 1-dimensional (one flag per canary), got shape {raw.shape}")
     if raw.shape[0] != s.shape[0]:
-        raise ValueError(f"inserted must have one entry per score: got {raw.shape[0]} flags for {s.shape[0]} scores")
+        raise InputError(f"inserted must have one entry per score: got {raw.shape[0]} flags for {s.shape[0]} scores")
     if raw.dtype != bool:
         if not np.issubdtype(raw.dtype, np.number):
-            raise ValueError(f"inserted must be binary (bool or 0/1), got dtype {raw.dtype}")
+            raise InputError(f"inserted must be binary (bool or 0/1), got dtype {raw.dtype}")
         bad = np.flatnonzero((raw != 0) & (raw != 1))
         if bad.size:
             i = int(bad[0])
-            raise ValueError(f"inserted must be binary (bool or 0/1), got {raw[i].item()!r} at index {i}")
+            raise InputError(f"inserted must be binary (bool or 0/1), got {raw[i].item()!r} at index {i}")
     return s, raw.astype(bool)
 
 
@@ -218,12 +219,12 @@ def _pair(name: str, pair, m: int) -> tuple[int, int]:
     try:
         kp, km = pair
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a pair (k_plus, k_minus), got {pair!r}") from None
+        raise InputError(f"{name} must be a pair (k_plus, k_minus), got {pair!r}") from None
     kp, km = _counts(f"{name}[0] (k_plus)", kp), _counts(f"{name}[1] (k_minus)", km)
     if kp + km > m:
-        raise ValueError(f"{name}: k_plus + k_minus must be <= the number of canaries ({m}), got {kp} + {km}")
+        raise InputError(f"{name}: k_plus + k_minus must be <= the number of canaries ({m}), got {kp} + {km}")
     if kp + km == 0:
-        raise ValueError(f"{name}: k_plus + k_minus must be >= 1 (at least one guess), got (0, 0)")
+        raise InputError(f"{name}: k_plus + k_minus must be >= 1 (at least one guess), got (0, 0)")
     return kp, km
 
 
@@ -279,14 +280,14 @@ def one_run_p_value(correct_plus: int, k_plus: int, correct_minus: int, k_minus:
       ValueError: counts out of range (``correct <= k``, ``k_plus + k_minus <= canaries``), ``epsilon < 0``,
         ``delta`` or ``insert_probability`` out of range, or ``delta > 0`` with ``insert_probability != 1/2``.
     """
-    m = _validate.positive_int("canaries", canaries)
+    m = validate.positive_int("canaries", canaries)
     kp, km = _pair("(k_plus, k_minus)", (k_plus, k_minus), m)
     vp, vm = _counts("correct_plus", correct_plus), _counts("correct_minus", correct_minus)
     if vp > kp:
-        raise ValueError(f"correct_plus must be <= k_plus ({kp}), got {vp}")
+        raise InputError(f"correct_plus must be <= k_plus ({kp}), got {vp}")
     if vm > km:
-        raise ValueError(f"correct_minus must be <= k_minus ({km}), got {vm}")
-    eps = _validate.nonnegative_float("epsilon", epsilon)
+        raise InputError(f"correct_minus must be <= k_minus ({km}), got {vm}")
+    eps = validate.nonnegative_float("epsilon", epsilon)
     p, d = check_design(insert_probability, delta)
     return _p_value(vp, kp, vm, km, m, eps, d, p)
 
@@ -324,7 +325,7 @@ def one_run_epsilon(correct_plus: int, k_plus: int, correct_minus: int, k_minus:
       For a pair fixed before the run, the returned value exceeds the true ``eps`` with probability at most
       ``alpha`` under the assumptions of the module docstring.
     """
-    a = _validate.open_unit("alpha", alpha)
+    a = validate.open_unit("alpha", alpha)
     one_run_p_value(correct_plus, k_plus, correct_minus, k_minus, canaries=canaries, epsilon=0.0, delta=delta,
                     insert_probability=insert_probability)  # validates everything
     return _epsilon(int(correct_plus), int(k_plus), int(correct_minus), int(k_minus), int(canaries), a,
@@ -363,7 +364,7 @@ def default_grid(canaries: int) -> tuple[tuple[int, int], ...]:
 
     It depends on ``m`` alone (known before any score), so it is a valid :class:`DeclaredGrid`.
     """
-    m = _validate.positive_int("canaries", canaries)
+    m = validate.positive_int("canaries", canaries)
     out = []
     for i, fractions in enumerate(DEFAULT_FRACTIONS):
         pair = _scaled(fractions, m, f"DEFAULT_FRACTIONS[{i}]")
@@ -389,9 +390,9 @@ def _scaled(fraction_pair, m: int, where: str) -> tuple[int, int] | None:
     try:
         fp, fm = (float(x) for x in fraction_pair)
     except (TypeError, ValueError):
-        raise ValueError(f"{where} must be a pair of fractions (f_plus, f_minus), got {fraction_pair!r}") from None
+        raise InputError(f"{where} must be a pair of fractions (f_plus, f_minus), got {fraction_pair!r}") from None
     if not (0.0 <= fp <= 1.0 and 0.0 <= fm <= 1.0 and 0.0 < fp + fm <= 1.0):
-        raise ValueError(f"{where} must be fractions in [0, 1] with 0 < f_plus + f_minus <= 1, got {fraction_pair!r}")
+        raise InputError(f"{where} must be fractions in [0, 1] with 0 < f_plus + f_minus <= 1, got {fraction_pair!r}")
     kp, km = round(fp * m), round(fm * m)
     if fp > 0:
         kp = max(1, kp)
@@ -431,24 +432,24 @@ def one_run_audit(scores, inserted, *, insert_probability: float, delta: float, 
     s, mask = _scores_and_mask(scores, inserted)
     m = s.shape[0]
     p, d = check_design(insert_probability, delta)
-    a = _validate.open_unit("alpha", alpha)
+    a = validate.open_unit("alpha", alpha)
     if rule is None:
         rule = DeclaredGrid(default_grid(m))
     if isinstance(rule, DeclaredGrid):
         if not rule.pairs:
-            raise ValueError("rule.pairs must be a non-empty grid of (k_plus, k_minus), got ()")
+            raise InputError("rule.pairs must be a non-empty grid of (k_plus, k_minus), got ()")
         pairs = tuple(_pair(f"rule.pairs[{i}]", pr, m) for i, pr in enumerate(rule.pairs))
         return _grid_result(s, mask, pairs, m=m, delta=d, alpha=a, p=p, rule="declared_grid", n_selection=0)
     if not isinstance(rule, HeldOut):
-        raise ValueError(f"rule must be a DeclaredGrid or HeldOut, got {type(rule).__name__}")
+        raise InputError(f"rule must be a DeclaredGrid or HeldOut, got {type(rule).__name__}")
     if key is None:
-        raise ValueError("key must be a PRNG key for rule=HeldOut (no hidden default key), got None")
-    frac = _validate.open_unit("rule.fraction", rule.fraction)
+        raise InputError("key must be a PRNG key for rule=HeldOut (no hidden default key), got None")
+    frac = validate.open_unit("rule.fraction", rule.fraction)
     if not rule.candidates:
-        raise ValueError("rule.candidates must be a non-empty tuple of fractions (f_plus, f_minus), got ()")
+        raise InputError("rule.candidates must be a non-empty tuple of fractions (f_plus, f_minus), got ()")
     n_sel = int(round(frac * m))
     if n_sel < 1 or m - n_sel < 1:
-        raise ValueError(f"rule.fraction={frac} leaves an empty part of {m} canaries (selection {n_sel}, "
+        raise InputError(f"rule.fraction={frac} leaves an empty part of {m} canaries (selection {n_sel}, "
                          f"evaluation {m - n_sel}); use more canaries or another fraction")
     perm = np.asarray(jax.random.permutation(key, m))
     sel, ev = perm[:n_sel], np.sort(perm[n_sel:])
@@ -463,7 +464,7 @@ def one_run_audit(scores, inserted, *, insert_probability: float, delta: float, 
         if eps > best_eps:
             best, best_eps = on_ev, eps
     if best is None:
-        raise ValueError(f"rule.candidates: no candidate gives a guess on the {n_sel} selection and {ev.size} "
+        raise InputError(f"rule.candidates: no candidate gives a guess on the {n_sel} selection and {ev.size} "
                          f"evaluation canaries; use more canaries or larger fractions")
     return _grid_result(s[ev], mask[ev], (best,), m=int(ev.size), delta=d, alpha=a, p=p, rule="held_out",
                         n_selection=n_sel)

@@ -65,20 +65,21 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import optimize, stats
 
-from snapaudit_jax import _validate
-from snapaudit_jax._config import ConfigFileError
-from snapaudit_jax._config import choice as _choice
-from snapaudit_jax._config import choices as _choices
-from snapaudit_jax._config import number_list as _number_list
-from snapaudit_jax._config import pos_int as _pos_int
-from snapaudit_jax._config import reject_unknown as _reject_unknown
-from snapaudit_jax._config import string as _string
-from snapaudit_jax._config import take as _take
 from snapaudit_jax.calibration import gdp_epsilon
 from snapaudit_jax.data import Example
 from snapaudit_jax.estimation import is_violation
 from snapaudit_jax.mechanisms import Attack
 from snapaudit_jax.one_run import DeclaredGrid, check_design, default_grid, one_run_audit, one_run_epsilon
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.config import ConfigFileError
+from snapaudit_jax.utils.config import choice as _choice
+from snapaudit_jax.utils.config import choices as _choices
+from snapaudit_jax.utils.config import number_list as _number_list
+from snapaudit_jax.utils.config import pos_int as _pos_int
+from snapaudit_jax.utils.config import reject_unknown as _reject_unknown
+from snapaudit_jax.utils.config import string as _string
+from snapaudit_jax.utils.config import take as _take
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["OneRunSettings", "CanarySlots", "parse_settings", "make_slots", "partition_groups",
            "gaussian_composition", "pure_composition", "composed_claim", "one_run_pipeline", "format_section",
@@ -156,15 +157,15 @@ def _pairs(value) -> tuple[tuple[int, int], ...] | str:
     if value == "all":
         return "all"
     if not isinstance(value, (list, tuple)) or not value:
-        raise ValueError(f"pairs must be \"all\" or a non-empty list of [k_plus, k_minus] pairs, got {value!r}")
+        raise InputError(f"pairs must be \"all\" or a non-empty list of [k_plus, k_minus] pairs, got {value!r}")
     out = []
     for i, pair in enumerate(value):
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-            raise ValueError(f"pairs[{i}] must be a pair [k_plus, k_minus], got {pair!r}")
-        kp = _validate.positive_int(f"pairs[{i}][0] (k_plus)", pair[0], minimum=0)
-        km = _validate.positive_int(f"pairs[{i}][1] (k_minus)", pair[1], minimum=0)
+            raise InputError(f"pairs[{i}] must be a pair [k_plus, k_minus], got {pair!r}")
+        kp = validate.positive_int(f"pairs[{i}][0] (k_plus)", pair[0], minimum=0)
+        km = validate.positive_int(f"pairs[{i}][1] (k_minus)", pair[1], minimum=0)
         if kp + km == 0:
-            raise ValueError(f"pairs[{i}] must make at least one guess (k_plus + k_minus >= 1), got {pair!r}")
+            raise InputError(f"pairs[{i}] must make at least one guess (k_plus + k_minus >= 1), got {pair!r}")
         out.append((kp, km))
     return tuple(out)
 
@@ -193,17 +194,17 @@ def parse_settings(section: dict, *, epsilons: tuple[float, ...], threats: tuple
     kw["canaries"] = _take(s, "canaries", w, _pos_int("canaries", 2), 32)
     kw["poe_canaries"] = _take(s, "poe_canaries", w, _pos_int("poe_canaries", 2), None)
     kw["insert_probability"] = _take(s, "insert_probability", w,
-                                     lambda v: _validate.open_unit("insert_probability", v), 0.5)
-    kw["delta"] = _take(s, "delta", w, lambda v: _validate.unit_closed_open("delta", v), 1e-6)
-    kw["alpha"] = _take(s, "alpha", w, lambda v: _validate.open_unit("alpha", v), 0.05)
+                                     lambda v: validate.open_unit("insert_probability", v), 0.5)
+    kw["delta"] = _take(s, "delta", w, lambda v: validate.unit_closed_open("delta", v), 1e-6)
+    kw["alpha"] = _take(s, "alpha", w, lambda v: validate.open_unit("alpha", v), 0.05)
     kw["pipelines"] = _take(s, "pipelines", w, _choices(ONE_RUN_PIPELINES), ONE_RUN_PIPELINES)
     if s.get("epsilons") == []:
         raise ConfigFileError(f"{w}.epsilons: must list at least one epsilon, got []")
-    kw["epsilons"] = _take(s, "epsilons", w, _number_list(lambda e: _validate.positive_float("epsilon", e)), epsilons)
+    kw["epsilons"] = _take(s, "epsilons", w, _number_list(lambda e: validate.positive_float("epsilon", e)), epsilons)
     kw["threats"] = _take(s, "threats", w, _choices(("black", "white")), threats)
     kw["partitions"] = _take(s, "partitions", w, _pos_int("partitions"), 4)
     kw["base_exemplars"] = _take(s, "base_exemplars", w, _pos_int("base_exemplars", 0), 0)
-    kw["clip"] = _take(s, "clip", w, lambda v: _validate.positive_float("clip", v), clip)
+    kw["clip"] = _take(s, "clip", w, lambda v: validate.positive_float("clip", v), clip)
     kw["dataset"] = _take(s, "dataset", w, _choice(tuple(DATASETS)), "agnews")
     kw["data_path"] = _take(s, "data_path", w, _string, None)
     kw["seed"] = _take(s, "seed", w, _pos_int("seed", 0), seed)
@@ -261,7 +262,7 @@ class CanarySlots:
         """The private set: slot ``j`` holds its canary or decoy by coin ``j``, then the base exemplars."""
         coins = self.coins if coins is None else tuple(bool(c) for c in coins)
         if len(coins) != self.size:
-            raise ValueError(f"coins must have one entry per slot ({self.size}), got {len(coins)}")
+            raise InputError(f"coins must have one entry per slot ({self.size}), got {len(coins)}")
         return tuple(c if s else d for c, d, s in zip(self.canaries, self.decoys, coins)) + self.base
 
 
@@ -286,14 +287,14 @@ def make_slots(examples: Sequence[Example], *, canaries: int, base_exemplars: in
     from snapaudit_jax.data import sample_audit_context
     from snapaudit_jax.pipelines import prompts as P
 
-    m = _validate.positive_int("canaries", canaries, minimum=2)
-    b = _validate.positive_int("base_exemplars", base_exemplars, minimum=0)
-    p = _validate.open_unit("insert_probability", insert_probability)
-    seed = _validate.positive_int("seed", seed, minimum=0)
+    m = validate.positive_int("canaries", canaries, minimum=2)
+    b = validate.positive_int("base_exemplars", base_exemplars, minimum=0)
+    p = validate.open_unit("insert_probability", insert_probability)
+    seed = validate.positive_int("seed", seed, minimum=0)
     try:
         ctx = sample_audit_context(examples, num_exemplars=m + b - 1, seed=seed)
     except ValueError as err:
-        raise ValueError(f"canaries + base_exemplars = {m + b} distinct examples are needed: {err}") from None
+        raise InputError(f"canaries + base_exemplars = {m + b} distinct examples are needed: {err}") from None
     pool = (ctx.canary, *ctx.without_canary)  # m + b distinct contents
     rng = np.random.default_rng([seed, 1])
     digits = rng.choice(9000, size=2 * m, replace=False) + 1000  # distinct numbers: distinct codes
@@ -329,10 +330,10 @@ def partition_groups(slots: CanarySlots, pipeline: str, partitions: int,
     if pipeline == "poe":
         return [(e,) for e in items]
     if pipeline != "pv":
-        raise ValueError(f"pipeline must be one of {', '.join(ONE_RUN_PIPELINES)}, got {pipeline!r}")
-    t = _validate.positive_int("partitions", partitions)
+        raise InputError(f"pipeline must be one of {', '.join(ONE_RUN_PIPELINES)}, got {pipeline!r}")
+    t = validate.positive_int("partitions", partitions)
     if t > len(items):
-        raise ValueError(f"partitions must be <= the number of exemplars ({len(items)}), got {t}")
+        raise InputError(f"partitions must be <= the number of exemplars ({len(items)}), got {t}")
     return [tuple(items[i] for i in range(t_, len(items), t)) for t_ in range(t)]
 
 
@@ -359,10 +360,10 @@ def gaussian_composition(sigma: float, sensitivity: float, queries: int, delta: 
     import dp_accounting
     from dp_accounting.pld import PLDAccountant
 
-    sigma = _validate.positive_float("sigma", sigma)
-    sens = _validate.positive_float("sensitivity", sensitivity)
-    m = _validate.positive_int("queries", queries)
-    d = _validate.unit_closed_open("delta", delta)
+    sigma = validate.positive_float("sigma", sigma)
+    sens = validate.positive_float("sensitivity", sensitivity)
+    m = validate.positive_int("queries", queries)
+    d = validate.unit_closed_open("delta", delta)
     mu = math.sqrt(m) * sens / sigma
     if d == 0.0:
         return {"mu": mu, "epsilon_gdp": math.inf, "epsilon_pld": math.inf}
@@ -400,9 +401,9 @@ def pure_composition(epsilon: float, queries: int, delta: float) -> dict:
     from dp_accounting.pld import common
     from dp_accounting.pld import privacy_loss_distribution as pld
 
-    e0 = _validate.positive_float("epsilon", epsilon)
-    m = _validate.positive_int("queries", queries)
-    d = _validate.unit_closed_open("delta", delta)
+    e0 = validate.positive_float("epsilon", epsilon)
+    m = validate.positive_int("queries", queries)
+    d = validate.unit_closed_open("delta", delta)
     if d == 0.0:
         return {"epsilon_kov": m * e0, "epsilon_pld": m * e0}
     if _kov_delta(0.0, e0, m) <= d:
@@ -502,9 +503,9 @@ def release_scores(mechanism, clean, key: jax.Array) -> tuple[np.ndarray, np.nda
     Raises:
       ValueError: ``clean`` not of shape ``(m, 2)`` or not finite.
     """
-    c = _validate.finite_array("clean", clean)
+    c = validate.finite_array("clean", clean)
     if c.ndim != 2 or c.shape[1] != 2:
-        raise ValueError(f"clean must have shape (m, 2) (one clean output per query), got {c.shape}")
+        raise InputError(f"clean must have shape (m, 2) (one clean output per query), got {c.shape}")
     hits, scores = _release(mechanism, jnp.asarray(c, jnp.float32), key)
     return np.asarray(hits), np.asarray(scores, np.float64)
 
@@ -600,20 +601,6 @@ def _num(x: float | None, spec: str = ".2f") -> str:
     if x is None or (isinstance(x, float) and math.isinf(x)):
         return "inf"
     return format(x, spec)
-
-
-def jsonable_rows(rows: list[dict]) -> list[dict]:
-    """Rows with infinite claims (``delta = 0`` for PV) written as ``None`` (strict JSON)."""
-    def fix(v):
-        if isinstance(v, float) and not math.isfinite(v):
-            return None
-        if isinstance(v, dict):
-            return {k: fix(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [fix(x) for x in v]
-        return v
-
-    return [fix(r) for r in rows]
 
 
 def format_section(rows: list[dict], snapshot_rows: list[dict]) -> str:

@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from snapaudit_jax import _validate
 from snapaudit_jax.estimation import (
     DEFAULT_ESTIMATOR,
     ESTIMATORS,
@@ -27,7 +26,9 @@ from snapaudit_jax.estimation import (
     threshold_test,
 )
 from snapaudit_jax.mechanisms import Attack, Mechanism
-from snapaudit_jax.simulate import _Progress
+from snapaudit_jax.utils.progress import Counter
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["passive_audit", "passive_bounds", "mechanism_pipeline"]
 
@@ -50,7 +51,7 @@ def _vectorized(pipeline: Callable, b: int):
     return jax.jit(jax.vmap(lambda stream, t: pipeline(jax.random.fold_in(stream, t), b), in_axes=(None, 0)))
 
 
-def _run(pipeline, key, b: int, n: int, vectorized: bool, batch: int, bar: _Progress, offset: int):
+def _run(pipeline, key, b: int, n: int, vectorized: bool, batch: int, bar: Counter, offset: int):
     stream = jax.random.fold_in(key, b)
     hits = np.empty(n, bool)
     scores = np.empty(n, np.float64)
@@ -119,8 +120,8 @@ def passive_audit(
       (``alpha/2`` each) hold jointly with probability ``>= confidence``.
     """
     start = time.perf_counter()
-    trials = _validate.positive_int("trials", trials)
-    bar = _Progress(f"passive {name}", 2 * trials, progress)
+    trials = validate.positive_int("trials", trials)
+    bar = Counter(f"passive {name}", 2 * trials, progress, unit="trials")
     h1, s1 = _run(pipeline, key, 1, trials, vectorized, batch, bar, 0)
     h0, s0 = _run(pipeline, key, 0, trials, vectorized, batch, bar, trials)
     return passive_bounds(
@@ -154,15 +155,15 @@ def passive_bounds(
       :class:`~snapaudit_jax.audit.AuditResult` with ``method="passive"``.
     """
     start = time.perf_counter() if start is None else start
-    epsilon_theory = _validate.positive_float("epsilon_theory", epsilon_theory)
-    delta = _validate.open_unit("delta", delta)
-    threat = _validate.choice("threat", threat, ("black", "white"))
-    estimator = _validate.choice("estimator", estimator, ESTIMATORS)
-    confidence = _validate.open_unit("confidence", confidence)
-    selection_fraction = _validate.open_unit("selection_fraction", selection_fraction)
+    epsilon_theory = validate.positive_float("epsilon_theory", epsilon_theory)
+    delta = validate.open_unit("delta", delta)
+    threat = validate.choice("threat", threat, ("black", "white"))
+    estimator = validate.choice("estimator", estimator, ESTIMATORS)
+    confidence = validate.open_unit("confidence", confidence)
+    selection_fraction = validate.open_unit("selection_fraction", selection_fraction)
     (h1, s1), (h0, s0) = ((np.asarray(h, bool), np.asarray(sc, np.float64)) for h, sc in (with_canary, without_canary))
     if not (h1.shape == s1.shape == h0.shape == s0.shape) or h1.ndim != 1 or h1.size == 0:
-        raise ValueError(f"hits and scores must be non-empty 1-D arrays of one length, got shapes "
+        raise InputError(f"hits and scores must be non-empty 1-D arrays of one length, got shapes "
                          f"{h1.shape}, {s1.shape}, {h0.shape}, {s0.shape}")
     trials = h1.size
     alpha = 1.0 - confidence

@@ -6,8 +6,9 @@ import io
 import os
 from collections.abc import Mapping, Sequence
 
-from snapaudit_jax._io import PLOT_FORMATS, atomic_write, check_output_file
 from snapaudit_jax.audit import AuditResult
+from snapaudit_jax.utils.errors import DependencyError
+from snapaudit_jax.utils.io import PLOT_FORMATS, atomic_write, check_output_file
 
 __all__ = ["plot_epsilon"]
 
@@ -19,7 +20,7 @@ def _pyplot():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as err:  # pragma: no cover - depends on the environment
-        raise RuntimeError("plotting needs matplotlib: pip install 'snapaudit-jax[plots]'") from err
+        raise DependencyError("plotting needs matplotlib: pip install 'snapaudit-jax[plots]'") from err
     return plt
 
 
@@ -76,7 +77,7 @@ def plot_epsilon(
     confidence). Results in ``curves`` that carry a certified trade-off curve
     (white-box audits) get a second panel with their curves against the
     claimed ``f_(eps, delta)``. The file is written atomically, in the format its suffix names (one of
-    :data:`~snapaudit_jax._io.PLOT_FORMATS`).
+    :data:`~snapaudit_jax.utils.io.PLOT_FORMATS`).
     """
     fmt = check_output_file("path", path, PLOT_FORMATS)
     plt = _pyplot()

@@ -35,18 +35,19 @@ import math
 import numpy as np
 from scipy import optimize, special
 
-from snapaudit_jax import _validate
 from snapaudit_jax.calibration import gdp_epsilon
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["discrete_delta", "discrete_epsilon", "gaussian_epsilon", "logistic_delta", "logistic_epsilon"]
 
 
 def _check_distribution(name: str, p) -> np.ndarray:
-    arr = _validate.finite_array(name, p)
+    arr = validate.finite_array(name, p)
     if arr.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D probability vector, got shape {arr.shape}")
+        raise InputError(f"{name} must be a 1-D probability vector, got shape {arr.shape}")
     if np.any(arr < 0) or abs(float(arr.sum()) - 1.0) > 1e-6:
-        raise ValueError(f"{name} must be non-negative and sum to 1 (within 1e-6), got sum {float(arr.sum())!r}")
+        raise InputError(f"{name} must be non-negative and sum to 1 (within 1e-6), got sum {float(arr.sum())!r}")
     return arr
 
 
@@ -54,7 +55,7 @@ def _log_pair(p1, p0) -> tuple[np.ndarray, np.ndarray]:
     """Validated ``(log p1, log p0)`` of two output distributions of one shape (``-inf`` for impossible outputs)."""
     a, b = _check_distribution("p1", p1), _check_distribution("p0", p0)
     if a.shape != b.shape:
-        raise ValueError(f"p1 and p0 must have one shape, got {a.shape} and {b.shape}")
+        raise InputError(f"p1 and p0 must have one shape, got {a.shape} and {b.shape}")
     with np.errstate(divide="ignore"):
         return np.log(a), np.log(b)
 
@@ -72,7 +73,7 @@ def _log_hockey(log_p: np.ndarray, log_q: np.ndarray, eps: float) -> float:
 def discrete_delta(p1, p0, epsilon: float) -> float:
     """``delta(eps)`` of the pair of finite output distributions ``p1``, ``p0`` (both directions)."""
     la, lb = _log_pair(p1, p0)
-    eps = _validate.nonnegative_float("epsilon", epsilon)
+    eps = validate.nonnegative_float("epsilon", epsilon)
     return float(math.exp(max(_log_hockey(la, lb, eps), _log_hockey(lb, la, eps))))
 
 
@@ -93,9 +94,9 @@ def discrete_epsilon(p1, p0, delta: float) -> float:
       ``(eps(delta), delta)``-DP and no smaller ``eps`` holds at that ``delta``.
     """
     la, lb = _log_pair(p1, p0)
-    delta = _validate.nonnegative_float("delta", delta)
+    delta = validate.nonnegative_float("delta", delta)
     if delta >= 1.0:
-        raise ValueError(f"delta must be in [0, 1), got {delta}")
+        raise InputError(f"delta must be in [0, 1), got {delta}")
     if delta == 0.0:  # pure DP: the largest log-ratio over outputs either side can produce
         with np.errstate(invalid="ignore"):
             ratios = [np.where(np.isneginf(lp), -np.inf, lp - lq) for lp, lq in ((la, lb), (lb, la))]
@@ -121,8 +122,8 @@ def discrete_epsilon(p1, p0, delta: float) -> float:
 
 def gaussian_epsilon(distance: float, sigma: float, delta: float) -> float:
     """Exact ``eps(delta)`` of ``N(m_1, sigma^2 I)`` vs ``N(m_0, sigma^2 I)`` with ``|m_1 - m_0| = distance``."""
-    distance = _validate.nonnegative_float("distance", distance)
-    sigma = _validate.positive_float("sigma", sigma)
+    distance = validate.nonnegative_float("distance", distance)
+    sigma = validate.positive_float("sigma", sigma)
     return gdp_epsilon(distance / sigma, delta) if distance > 0 else 0.0
 
 
@@ -132,8 +133,8 @@ def _log_sigmoid(x):
 
 def logistic_delta(shift: float, epsilon: float) -> float:
     """``delta(eps)`` of ``Logistic(shift, 1)`` vs ``Logistic(0, 1)`` (symmetric in the two directions)."""
-    d = abs(_validate.finite_array("shift", [shift])[0])
-    eps = _validate.nonnegative_float("epsilon", epsilon)
+    d = abs(validate.finite_array("shift", [shift])[0])
+    eps = validate.nonnegative_float("epsilon", epsilon)
     if eps >= d:  # the likelihood ratio lies in (e^-d, e^d)
         return 0.0
 
@@ -157,7 +158,7 @@ def logistic_epsilon(shift: float, delta: float) -> float:
       Exact up to numerical optimisation (about ``1e-9`` in ``eps``): threshold
       sets are optimal for a monotone likelihood ratio (Neyman-Pearson).
     """
-    delta = _validate.open_unit("delta", delta)
+    delta = validate.open_unit("delta", delta)
     d = abs(float(shift))
     if d == 0.0 or logistic_delta(d, 0.0) <= delta:
         return 0.0

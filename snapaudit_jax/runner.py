@@ -9,16 +9,16 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import numpy as np
-
-from snapaudit_jax import _validate
 import jax
+import numpy as np
 
 from snapaudit_jax.audit import CLEAN_MODELS, CURVE_POINTS, METHODS, THREATS, AuditResult, audit
 from snapaudit_jax.estimation import check_estimator, holm, mu_violation_p_value, violation_p_value
 from snapaudit_jax.jem import KeywordSpaceAggregation
 from snapaudit_jax.mechanisms import EmbeddingSpaceAggregation, Mechanism, PrivateVoting, ProductOfExperts
 from snapaudit_jax.snapshots import Snapshots, check_clean, load_snapshots
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["SimulateConfig", "familywise",
            "MECHANISMS", "DEFAULT_CLEAN", "build_snapshots", "build_mechanism", "run_simulate",
@@ -71,30 +71,30 @@ class SimulateConfig:
     curve_points: int = CURVE_POINTS
 
     def validate(self) -> "SimulateConfig":
-        _validate.choice("mechanism", self.mechanism, MECHANISMS)
+        validate.choice("mechanism", self.mechanism, MECHANISMS)
         if not self.epsilons:
-            raise ValueError("epsilon must list at least one value")
+            raise InputError("epsilon must list at least one value")
         for e in self.epsilons:
-            _validate.positive_float("epsilon", e)
-        _validate.open_unit("delta", self.delta)
-        _validate.choice("threat", self.threat, THREATS)
-        _validate.choice("calibration", self.calibration, CALIBRATIONS)
+            validate.positive_float("epsilon", e)
+        validate.open_unit("delta", self.delta)
+        validate.choice("threat", self.threat, THREATS)
+        validate.choice("calibration", self.calibration, CALIBRATIONS)
         if self.sensitivity is not None:
-            _validate.positive_float("sensitivity", self.sensitivity)
-        _validate.positive_int("trials", self.trials)
-        _validate.positive_int("snapshots", self.snapshots)
-        _validate.open_unit("confidence", self.confidence)
-        _validate.choice("method", self.method, METHODS)
+            validate.positive_float("sensitivity", self.sensitivity)
+        validate.positive_int("trials", self.trials)
+        validate.positive_int("snapshots", self.snapshots)
+        validate.open_unit("confidence", self.confidence)
+        validate.choice("method", self.method, METHODS)
         if self.estimator is not None:
             check_estimator(self.estimator, self.mechanism, MECHANISM_CLASSES[self.mechanism].gaussian)
-        _validate.choice("clean", self.clean, ("auto",) + CLEAN_MODELS)
-        _validate.positive_int("curve_points", self.curve_points, minimum=0)
+        validate.choice("clean", self.clean, ("auto",) + CLEAN_MODELS)
+        validate.positive_int("curve_points", self.curve_points, minimum=0)
         if self.clip is not None:
-            _validate.positive_float("clip", self.clip)
+            validate.positive_float("clip", self.clip)
         if self.top_k is not None:
-            _validate.positive_int("top_k", self.top_k)
+            validate.positive_int("top_k", self.top_k)
         if self.partitions is not None:
-            _validate.positive_int("partitions", self.partitions)
+            validate.positive_int("partitions", self.partitions)
         sources = [
             name
             for name, given in (
@@ -105,29 +105,29 @@ class SimulateConfig:
             if given
         ]
         if len(sources) > 1:
-            raise ValueError(f"{sources[0]} conflicts with {sources[1]}: give the clean outputs one way only")
+            raise InputError(f"{sources[0]} conflicts with {sources[1]}: give the clean outputs one way only")
         if (self.clean_with is None) != (self.clean_without is None):
-            raise ValueError("clean_with and clean_without must be given together")
+            raise InputError("clean_with and clean_without must be given together")
         if (self.distance is not None or self.dim is not None) and self.mechanism != "esa":
-            raise ValueError(f"distance and dim describe ESA embeddings, not mechanism {self.mechanism!r}")
+            raise InputError(f"distance and dim describe ESA embeddings, not mechanism {self.mechanism!r}")
         if self.mechanism == "esa" and self.clean_with is not None:
-            raise ValueError("clean_with cannot describe esa, which needs candidate embeddings: use distance/dim or "
+            raise InputError("clean_with cannot describe esa, which needs candidate embeddings: use distance/dim or "
                              "a snapshot file with 'candidates'")
         for name, value, owner in (("top_k", self.top_k, "ksa"), ("clip", self.clip, "poe"),
                                    ("partitions", self.partitions, "esa")):
             if value is not None and self.mechanism != owner:
-                raise ValueError(f"{name} applies to mechanism {owner!r} only, not {self.mechanism!r}, got {value!r}")
+                raise InputError(f"{name} applies to mechanism {owner!r} only, not {self.mechanism!r}, got {value!r}")
         if self.calibration == "classical" and self.mechanism in ("poe", "ksa"):
-            raise ValueError(f"calibration applies to the Gaussian mechanisms pv and esa, not {self.mechanism!r}")
+            raise InputError(f"calibration applies to the Gaussian mechanisms pv and esa, not {self.mechanism!r}")
         return self
 
 
 def esa_unit_pair(distance: float, dim: int) -> tuple[np.ndarray, np.ndarray]:
     """Two unit vectors of ``R^dim`` at Euclidean distance ``distance`` (in ``(0, 2]``)."""
-    distance = _validate.positive_float("distance", distance)
+    distance = validate.positive_float("distance", distance)
     if distance > 2.0:
-        raise ValueError(f"distance between unit vectors must be in (0, 2], got {distance}")
-    dim = _validate.positive_int("dim", dim, minimum=2)
+        raise InputError(f"distance between unit vectors must be in (0, 2], got {distance}")
+    dim = validate.positive_int("dim", dim, minimum=2)
     cos = 1.0 - distance * distance / 2.0
     u1 = np.zeros(dim)
     u2 = np.zeros(dim)
@@ -156,9 +156,9 @@ def build_snapshots(config: SimulateConfig) -> tuple[Snapshots, str]:
         try:
             snaps = load_snapshots(config.snapshot)
         except ValueError as err:  # every error of the file names the flag
-            raise ValueError(str(err) if str(err).startswith("snapshot ") else f"snapshot file: {err}") from None
+            raise InputError(str(err) if str(err).startswith("snapshot ") else f"snapshot file: {err}") from None
         if m == "esa" and snaps.candidates is None:
-            raise ValueError(f"snapshot file {config.snapshot!r} has no 'candidates' array, which esa needs")
+            raise InputError(f"snapshot file {config.snapshot!r} has no 'candidates' array, which esa needs")
         resolved = "sampled"
         names = tuple(f"snapshot file {config.snapshot!r}: array {k!r}" for k in names)
     elif m == "esa":
@@ -171,12 +171,12 @@ def build_snapshots(config: SimulateConfig) -> tuple[Snapshots, str]:
         resolved = "fixed"
     else:
         w, wo = (config.clean_with, config.clean_without) if config.clean_with is not None else DEFAULT_CLEAN[m]
-        w = _validate.finite_array("clean_with", w)
-        wo = _validate.finite_array("clean_without", wo)
+        w = validate.finite_array("clean_with", w)
+        wo = validate.finite_array("clean_without", wo)
         if w.ndim != 1 or wo.ndim != 1:
-            raise ValueError("clean_with and clean_without must be flat vectors")
+            raise InputError("clean_with and clean_without must be flat vectors")
         if w.shape != wo.shape:
-            raise ValueError(f"clean_with has {w.size} entries but clean_without has {wo.size}")
+            raise InputError(f"clean_with has {w.size} entries but clean_without has {wo.size}")
         snaps = Snapshots(np.tile(w, (n, 1)), np.tile(wo, (n, 1)))
         resolved = "fixed"
         names = ("clean_with", "clean_without")
@@ -291,15 +291,15 @@ def parse_vector(name: str, text: str) -> tuple[float, ...]:
     """``"1,2,3"`` -> ``(1.0, 2.0, 3.0)`` with an error naming ``name``."""
     parts = [p.strip() for p in str(text).split(",")]
     if not parts or any(p == "" for p in parts):
-        raise ValueError(f"{name} must be a comma-separated list of numbers, got {text!r}")
+        raise InputError(f"{name} must be a comma-separated list of numbers, got {text!r}")
     out = []
     for p in parts:
         try:
             v = float(p)
         except ValueError:
-            raise ValueError(f"{name}: could not parse {p!r} as a number (in {text!r})") from None
+            raise InputError(f"{name}: could not parse {p!r} as a number (in {text!r})") from None
         if not math.isfinite(v):
-            raise ValueError(f"{name} must be finite, got {p!r}")
+            raise InputError(f"{name} must be finite, got {p!r}")
         out.append(v)
     return tuple(out)
 

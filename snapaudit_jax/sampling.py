@@ -28,6 +28,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from snapaudit_jax.utils.errors import InputError
+
 __all__ = [
     "sign_and_half_uniform",
     "normal",
@@ -120,7 +122,7 @@ def alias_table(logits: jax.Array) -> AliasTable:
     """
     n = logits.shape[0]
     if n & (n - 1):
-        raise ValueError(f"alias tables need a power-of-two number of cells, got {n}")
+        raise InputError(f"alias tables need a power-of-two number of cells, got {n}")
     p = jax.nn.softmax(logits)
     scaled = p * n
 

@@ -32,8 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import sys
-import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,6 +41,8 @@ from jax.sharding import PartitionSpec
 
 from snapaudit_jax.mechanisms import Attack, Mechanism
 from snapaudit_jax.snapshots import dedupe
+from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.progress import Counter
 
 __all__ = ["SimulationCounts", "simulate", "BLOCK_TRIALS", "MAX_TRIALS"]
 
@@ -249,31 +250,6 @@ def _to_host(x) -> np.ndarray:
     return np.asarray(x)
 
 
-class _Progress:
-    """Minimal progress bar on stderr; rate-limited so logs stay short."""
-
-    def __init__(self, label: str, total: int, enabled: bool):
-        self.label, self.total, self.enabled = label, total, enabled
-        self.start = time.perf_counter()
-        self.last = -1.0
-
-    def update(self, done: int) -> None:
-        if not self.enabled:
-            return
-        now = time.perf_counter()
-        if done < self.total and now - self.last < 0.5:
-            return
-        self.last = now
-        frac = done / max(self.total, 1)
-        bar = "#" * int(30 * frac)
-        rate = done / max(now - self.start, 1e-9)
-        end = "\n" if done >= self.total else ""
-        sys.stderr.write(
-            f"\r{self.label} [{bar:<30}] {100 * frac:5.1f}% {done:,}/{self.total:,} trials {rate:,.0f}/s{end}"
-        )
-        sys.stderr.flush()
-
-
 def simulate(
     key: jax.Array,
     mechanism: Mechanism,
@@ -314,12 +290,12 @@ def simulate(
     snaps = np.asarray(snapshots, np.float32)
     n = snaps.shape[0]
     if trials < 1 or trials > MAX_TRIALS:
-        raise ValueError(f"trials must be in [1, {MAX_TRIALS}], got {trials}")
+        raise InputError(f"trials must be in [1, {MAX_TRIALS}], got {trials}")
     if scheme not in ("bootstrap", "stratified"):
-        raise ValueError(f"scheme must be 'bootstrap' or 'stratified', got {scheme!r}")
+        raise InputError(f"scheme must be 'bootstrap' or 'stratified', got {scheme!r}")
     thr_host = np.atleast_1d(np.asarray(0.0 if threshold is None else threshold, np.float64))
     if thr_host.ndim != 1 or thr_host.size < 1:
-        raise ValueError(f"threshold must be a number or a non-empty 1-D array, got shape {thr_host.shape}")
+        raise InputError(f"threshold must be a number or a non-empty 1-D array, got shape {thr_host.shape}")
     distinct, inverse, _ = dedupe(snaps)
     num_distinct = distinct.shape[0]
     padded = _bucket(num_distinct)
@@ -367,13 +343,13 @@ def simulate(
     lo, hi = (0.0, 1.0) if histogram is None else (float(histogram[0]), float(histogram[1]))
     width = (hi - lo) / plan.bins if plan.bins else 1.0
     if plan.bins and not width > 0:
-        raise ValueError(f"histogram range must satisfy lo < hi, got ({lo}, {hi})")
+        raise InputError(f"histogram range must satisfy lo < hi, got ({lo}, {hi})")
     unit_of_snapshot = jnp.asarray(inverse, jnp.int32)
     thr = jnp.asarray(thr_host, jnp.float32)
 
     acc = None
     blocks_per_call = per_device * num_devices
-    bar = _Progress(progress or "", total * (n if scheme == "stratified" else 1), progress is not None)
+    bar = Counter(progress or "", total * (n if scheme == "stratified" else 1), progress is not None, unit="trials")
     for call in range(-(-num_blocks // blocks_per_call)):
         base = call * blocks_per_call
         out = _run_chunk(

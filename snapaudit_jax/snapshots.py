@@ -19,8 +19,9 @@ import zipfile
 
 import numpy as np
 
-from snapaudit_jax import _validate
-from snapaudit_jax._io import atomic_write
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.io import atomic_write
 
 __all__ = ["Snapshots", "dedupe", "load_snapshots", "save_snapshots", "check_clean"]
 
@@ -53,20 +54,20 @@ def dedupe(snapshots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def check_clean(name: str, value, *, mechanism: str, candidates: np.ndarray | None = None) -> np.ndarray:
     """Validates one hypothesis' clean outputs for ``mechanism``; returns float64 ``(n, ...)``."""
-    arr = _validate.finite_array(name, value, ndim_min=2)
+    arr = validate.finite_array(name, value, ndim_min=2)
     if arr.ndim != 2:
-        raise ValueError(f"{name} must have shape (n_snapshots, length), got {arr.shape}")
+        raise InputError(f"{name} must have shape (n_snapshots, length), got {arr.shape}")
     if mechanism == "esa":
         if candidates is None:
-            raise ValueError("esa needs candidate embeddings (candidates of shape (c, d))")
+            raise InputError("esa needs candidate embeddings (candidates of shape (c, d))")
         if candidates.shape[1] != arr.shape[1]:
-            raise ValueError(
+            raise InputError(
                 f"{name} has embedding dimension {arr.shape[1]} but candidates have dimension {candidates.shape[1]}"
             )
     elif arr.shape[1] < 2:
-        raise ValueError(f"{name} must have at least 2 entries per snapshot (classes or keywords), got {arr.shape[1]}")
+        raise InputError(f"{name} must have at least 2 entries per snapshot (classes or keywords), got {arr.shape[1]}")
     if mechanism == "ksa" and np.any(arr < 0):
-        raise ValueError(f"{name} holds keyword counts and must be >= 0, found {arr.min()}")
+        raise InputError(f"{name} holds keyword counts and must be >= 0, found {arr.min()}")
     return arr
 
 
@@ -79,33 +80,33 @@ def load_snapshots(path: str | os.PathLike) -> Snapshots:
     """
     path = os.fspath(path)
     if os.path.isdir(path):
-        raise ValueError(f"snapshot file {path!r} is a folder, not an .npz file")
+        raise InputError(f"snapshot file {path!r} is a folder, not an .npz file")
     if not os.path.isfile(path):
-        raise ValueError(f"snapshot file {path!r} does not exist")
+        raise InputError(f"snapshot file {path!r} does not exist")
     try:
         with np.load(path, allow_pickle=False) as data:
             contents = {k: np.asarray(data[k]) for k in data.files}
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as err:
-        raise ValueError(f"snapshot file {path!r} is not a readable .npz archive: {err}") from None
+        raise InputError(f"snapshot file {path!r} is not a readable .npz archive: {err}") from None
     for key in ("with", "without"):
         if key not in contents:
-            raise ValueError(f"snapshot file {path!r} has no array {key!r} (found: {sorted(contents)})")
+            raise InputError(f"snapshot file {path!r} has no array {key!r} (found: {sorted(contents)})")
     out = {}
     for key in ("with", "without"):
-        out[key] = _validate.finite_array(f"{path}:{key}", contents[key], ndim_min=2)
+        out[key] = validate.finite_array(f"{path}:{key}", contents[key], ndim_min=2)
     candidates = None
     if "candidates" in contents:
-        candidates = _validate.finite_array(f"{path}:candidates", contents["candidates"], ndim_min=2)
+        candidates = validate.finite_array(f"{path}:candidates", contents["candidates"], ndim_min=2)
         if candidates.ndim != 2:
-            raise ValueError(f"{path}:candidates must have shape (c, d), got {candidates.shape}")
+            raise InputError(f"{path}:candidates must have shape (c, d), got {candidates.shape}")
     target = None
     if "target" in contents:
         t = contents["target"]
         if t.shape != () or not np.issubdtype(t.dtype, np.integer):
-            raise ValueError(f"{path}:target must be a scalar integer, got {t!r}")
+            raise InputError(f"{path}:target must be a scalar integer, got {t!r}")
         target = int(t)
     if out["with"].shape[1:] != out["without"].shape[1:]:
-        raise ValueError(
+        raise InputError(
             f"{path}: 'with' snapshots have shape {out['with'].shape[1:]} per snapshot but "
             f"'without' have {out['without'].shape[1:]}"
         )

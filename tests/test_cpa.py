@@ -23,7 +23,7 @@ from conformal.attackers import RetrievalAttacker
 from conformal.data import synthetic_ladder
 from conformal.profile import attribute_sets, identity_scores
 from conformal.runner import load_cpa_config, run_cpa
-from snapaudit_jax._config import ConfigFileError
+from snapaudit_jax.utils.config import ConfigFileError
 
 REQUIRED_KEYS = {"suite", "knowledge_level", "alpha", "n_cal", "n_test", "coverage", "coverage_conditional",
                  "candidate_miss_rate", "median_set_size", "mean_set_size", "leakage_proxy", "qhat", "top1"}

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from attacks.experiment import RESULT_KEYS, load_pii_config, run_pii
-from snapaudit_jax._config import ConfigFileError
+from snapaudit_jax.utils.config import ConfigFileError
 
 TINY = """
 [run]
@@ -217,7 +217,7 @@ def test_scrubbed_variants_are_evaluated_on_scrubbed_text(tiny_run):
     from attacks.corpus import insert_canaries
     from attacks.experiment import _perplexity, _prepare, _train
     from attacks.ner import MASK
-    from snapaudit_jax._progress import RunLog
+    from snapaudit_jax.utils.progress import RunLog
 
     cfg, out, result = tiny_run
     quiet = RunLog(False)

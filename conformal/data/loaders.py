@@ -39,6 +39,7 @@ import numpy as np
 
 from conformal.data.suite import LinkageSuite
 from conformal.data.synthetic import _blog_level, _blog_suite_from
+from snapaudit_jax.utils.errors import InputError, MissingFileError
 
 __all__ = [
     "SOURCES",
@@ -63,18 +64,18 @@ PathLike = str | os.PathLike
 
 def _require_path(path: PathLike, what: str) -> str:
     if not isinstance(path, (str, os.PathLike)):
-        raise ValueError(f"path must be a string or os.PathLike naming the {what} data, got {path!r}")
+        raise InputError(f"path must be a string or os.PathLike naming the {what} data, got {path!r}")
     path = os.fspath(path)
     if not path:
-        raise ValueError(f"path must name the {what} data, got ''")
+        raise InputError(f"path must name the {what} data, got ''")
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{what} path {path!r} does not exist")
+        raise MissingFileError(f"{what} path {path!r} does not exist")
     return path
 
 
 def _check_seed(seed) -> int:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        raise InputError(f"seed must be a non-negative integer, got {seed!r}")
     return int(seed)
 
 
@@ -82,7 +83,7 @@ def _check_optional_count(field: str, value) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{field} must be None or an integer >= 1, got {value!r}")
+        raise InputError(f"{field} must be None or an integer >= 1, got {value!r}")
     return int(value)
 
 
@@ -110,7 +111,7 @@ def _read_utf8(path: str) -> str:
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: must be UTF-8 text ({e})") from None
+        raise InputError(f"{path}: must be UTF-8 text ({e})") from None
 
 
 def _vocab_of(table: Mapping[str, Sequence[str | None]]) -> dict[str, tuple[str, ...]]:
@@ -143,60 +144,60 @@ def _tab_files(paths) -> list[str]:
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     elif not isinstance(paths, Sequence):
-        raise ValueError(f"paths must be a path or a sequence of paths to TAB JSON files, got {paths!r}")
+        raise InputError(f"paths must be a path or a sequence of paths to TAB JSON files, got {paths!r}")
     files: list[str] = []
     for p in paths:
         p = _require_path(p, "TAB")
         if os.path.isdir(p):
             found = sorted(glob.glob(os.path.join(p, "*.json")))
             if not found:
-                raise FileNotFoundError(f"TAB directory {p!r} has no *.json file")
+                raise MissingFileError(f"TAB directory {p!r} has no *.json file")
             files += found
         else:
             files.append(p)
     if not files:
-        raise ValueError("paths must name at least one TAB JSON file, got none")
+        raise InputError("paths must name at least one TAB JSON file, got none")
     return files
 
 
 def _tab_record(path: str, i: int, rec: Any) -> dict:
     where = f"{path}: record {i}"
     if not isinstance(rec, Mapping):
-        raise ValueError(f"{where} must be a JSON object, got {type(rec).__name__}")
+        raise InputError(f"{where} must be a JSON object, got {type(rec).__name__}")
     doc_id = rec.get("doc_id")
     if not isinstance(doc_id, str) or not doc_id:
-        raise ValueError(f"{where}: field 'doc_id' must be a non-empty string, got {doc_id!r}")
+        raise InputError(f"{where}: field 'doc_id' must be a non-empty string, got {doc_id!r}")
     where = f"{path}: record {i} (doc_id {doc_id!r})"
     text = rec.get("text")
     if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"{where}: field 'text' must be a non-empty string, got {type(text).__name__}")
+        raise InputError(f"{where}: field 'text' must be a non-empty string, got {type(text).__name__}")
     meta = rec.get("meta")
     if not isinstance(meta, Mapping):
-        raise ValueError(f"{where}: field 'meta' must be an object, got {type(meta).__name__}")
+        raise InputError(f"{where}: field 'meta' must be an object, got {type(meta).__name__}")
     annotations = rec.get("annotations")
     if not isinstance(annotations, Mapping) or not annotations:
-        raise ValueError(f"{where}: field 'annotations' must be a non-empty object of annotators, "
+        raise InputError(f"{where}: field 'annotations' must be a non-empty object of annotators, "
                          f"got {annotations!r:.80}")
     mentions: dict[str, list[tuple[int, int, str, str]]] = {}
     for annotator, ann in annotations.items():
         ems = ann.get("entity_mentions") if isinstance(ann, Mapping) else None
         if not isinstance(ems, list):
-            raise ValueError(f"{where}: annotations[{annotator!r}] must have a list 'entity_mentions'")
+            raise InputError(f"{where}: annotations[{annotator!r}] must have a list 'entity_mentions'")
         out = []
         for j, em in enumerate(ems):
             w = f"{where}: annotations[{annotator!r}].entity_mentions[{j}]"
             if not isinstance(em, Mapping):
-                raise ValueError(f"{w} must be an object, got {type(em).__name__}")
+                raise InputError(f"{w} must be an object, got {type(em).__name__}")
             for f in ("start_offset", "end_offset", "identifier_type", "entity_type"):
                 if f not in em:
-                    raise ValueError(f"{w}: missing field {f!r}")
+                    raise InputError(f"{w}: missing field {f!r}")
             s, e = em["start_offset"], em["end_offset"]
             ok = all(isinstance(x, int) and not isinstance(x, bool) for x in (s, e))
             if not (ok and 0 <= s < e <= len(text)):
-                raise ValueError(f"{w}: offsets must satisfy 0 <= start_offset < end_offset <= len(text) = "
+                raise InputError(f"{w}: offsets must satisfy 0 <= start_offset < end_offset <= len(text) = "
                                  f"{len(text)}, got ({s!r}, {e!r})")
             if em["identifier_type"] not in _TAB_IDENTIFIER_TYPES:
-                raise ValueError(f"{w}: identifier_type must be one of {_TAB_IDENTIFIER_TYPES}, "
+                raise InputError(f"{w}: identifier_type must be one of {_TAB_IDENTIFIER_TYPES}, "
                                  f"got {em['identifier_type']!r}")
             out.append((s, e, str(em["identifier_type"]), str(em["entity_type"])))
         mentions[str(annotator)] = out
@@ -252,17 +253,17 @@ def _tab_cases(files: Sequence[str]) -> list[dict]:
         try:
             data = json.loads(_read_utf8(path))
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
+            raise InputError(f"{path}: not valid JSON ({e})") from None
         if not isinstance(data, list):
-            raise ValueError(f"{path}: a TAB file must hold a JSON list of cases, got {type(data).__name__}")
+            raise InputError(f"{path}: a TAB file must hold a JSON list of cases, got {type(data).__name__}")
         for i, rec in enumerate(data):
             case = _tab_record(path, i, rec)
             if case["doc_id"] in seen:
-                raise ValueError(f"{case['where']}: doc_id must be unique, already in {seen[case['doc_id']]}")
+                raise InputError(f"{case['where']}: doc_id must be unique, already in {seen[case['doc_id']]}")
             seen[case["doc_id"]] = path
             cases.append(case)
     if not cases:
-        raise ValueError(f"{list(files)}: no TAB case found (every file holds an empty list)")
+        raise InputError(f"{list(files)}: no TAB case found (every file holds an empty list)")
     return cases
 
 
@@ -274,7 +275,7 @@ def _tab_keywords(rest: Sequence[str], n_keywords: int) -> list[str]:
     try:
         X = vec.fit_transform(rest)
     except ValueError as e:  # every word a stop word
-        raise ValueError(f"TAB keywords: the held-out case texts have no keyword left after stop words ({e})") from None
+        raise InputError(f"TAB keywords: the held-out case texts have no keyword left after stop words ({e})") from None
     terms = vec.get_feature_names_out()
     keywords = []
     for r in range(X.shape[0]):
@@ -298,17 +299,17 @@ def _tab_suites(
     """Every (level, release) TAB suite over one read of the files (see :func:`load_tab`)."""
     for lv in levels:
         if lv not in TAB_LEVELS:
-            raise ValueError(f"knowledge_level must be one of {TAB_LEVELS}, got {lv!r}")
+            raise InputError(f"knowledge_level must be one of {TAB_LEVELS}, got {lv!r}")
     for r in releases:
         if r not in TAB_RELEASES:
-            raise ValueError(f"release must be one of {TAB_RELEASES}, got {r!r}")
+            raise InputError(f"release must be one of {TAB_RELEASES}, got {r!r}")
     if isinstance(split_fraction, bool) or not isinstance(split_fraction, (int, float)) or \
             not 0.0 < float(split_fraction) < 1.0:
-        raise ValueError(f"split_fraction must be in (0, 1), got {split_fraction!r}")
+        raise InputError(f"split_fraction must be in (0, 1), got {split_fraction!r}")
     if isinstance(n_keywords, bool) or not isinstance(n_keywords, (int, np.integer)) or n_keywords < 1:
-        raise ValueError(f"n_keywords must be an integer >= 1, got {n_keywords!r}")
+        raise InputError(f"n_keywords must be an integer >= 1, got {n_keywords!r}")
     if annotator is not None and (not isinstance(annotator, str) or not annotator):
-        raise ValueError(f"annotator must be None or a non-empty string, got {annotator!r}")
+        raise InputError(f"annotator must be None or a non-empty string, got {annotator!r}")
     n_documents = _check_optional_count("n_documents", n_documents)
     seed = _check_seed(seed)
     files = _tab_files(paths)
@@ -319,13 +320,13 @@ def _tab_suites(
         text = case["text"]
         cut = _tab_split_point(text, float(split_fraction))
         if cut is None:
-            raise ValueError(f"{case['where']}: field 'text' cannot be split in two non-empty parts")
+            raise InputError(f"{case['where']}: field 'text' cannot be split in two non-empty parts")
         if annotator is None:
             ms = [m for ann in case["mentions"].values() for m in ann]
         elif annotator in case["mentions"]:
             ms = case["mentions"][annotator]
         else:
-            raise ValueError(f"{case['where']}: annotations has no annotator {annotator!r} "
+            raise InputError(f"{case['where']}: annotations has no annotator {annotator!r} "
                              f"(has {sorted(case['mentions'])})")
         firsts.append((text, cut))
         rest.append(text[cut:].strip())
@@ -497,24 +498,24 @@ def _textwash_rows_from_tree(root: str) -> list[dict]:
         if os.path.isdir(orig_dir) and os.path.isdir(anon_dir):
             break
     else:
-        raise ValueError(f"{root}: a TextWash tree must contain 'orig/' and 'anon/' folders of .txt files "
+        raise InputError(f"{root}: a TextWash tree must contain 'orig/' and 'anon/' folders of .txt files "
                          "(or person_descriptions/orig and person_descriptions/anon)")
     orig = {os.path.basename(p): p for p in glob.glob(os.path.join(orig_dir, "*.txt"))}
     anon = {os.path.basename(p): p for p in glob.glob(os.path.join(anon_dir, "*.txt"))}
     if not orig:
-        raise ValueError(f"{orig_dir}: no .txt file")
+        raise InputError(f"{orig_dir}: no .txt file")
     for only, there, missing in ((set(orig) - set(anon), orig_dir, anon_dir), (set(anon) - set(orig), anon_dir,
                                                                                  orig_dir)):
         if only:
             name = sorted(only)[0]
-            raise ValueError(f"{os.path.join(there, name)}: has no counterpart in {missing} "
+            raise InputError(f"{os.path.join(there, name)}: has no counterpart in {missing} "
                              f"({len(only)} unpaired file(s))")
     rows = []
     for fname in sorted(orig):
         stem = fname[:-4]
         m = _TEXTWASH_FILE.match(stem)
         if not m:
-            raise ValueError(f"{orig[fname]}: file name must be '<category>_<number>[_<subject>].txt', got {fname!r}")
+            raise InputError(f"{orig[fname]}: file name must be '<category>_<number>[_<subject>].txt', got {fname!r}")
         rows.append({"id": stem, "category": _textwash_category(m["category"]), "subject": m["subject"],
                      "orig": _read_text(orig[fname]).strip(), "anon": _read_text(anon[fname]).strip(), "name": None,
                      "where": orig[fname]})
@@ -530,26 +531,26 @@ def _textwash_rows_from_csv(path: str) -> list[dict]:
         for key, aliases in TEXTWASH_COLUMNS.items():
             col[key] = next((lower[a] for a in aliases if a in lower), None)
             if col[key] is None and key != "name":
-                raise ValueError(f"{path}: TextWash CSV needs a {key!r} column (one of {aliases}), got header {header}")
+                raise InputError(f"{path}: TextWash CSV needs a {key!r} column (one of {aliases}), got header {header}")
         rows = []
         for rec in reader:
             where = f"{path}: record ending on line {reader.line_num}"
             if None in rec:
-                raise ValueError(f"{where}: has {len(header) + len(rec[None])} fields, more than the "
+                raise InputError(f"{where}: has {len(header) + len(rec[None])} fields, more than the "
                                  f"{len(header)} columns of the header")
             row = {k: (rec.get(c) if c else None) for k, c in col.items()}
             for k in ("id", "category", "orig", "anon"):
                 if row[k] is None or not row[k].strip():
-                    raise ValueError(f"{where}: column {col[k]!r} must be non-empty, got {row[k]!r}")
+                    raise InputError(f"{where}: column {col[k]!r} must be non-empty, got {row[k]!r}")
             m = _TEXTWASH_FILE.match(row["id"].strip())
             rows.append({"id": row["id"].strip(), "category": _textwash_category(row["category"]),
                          "subject": m["subject"] if m else None, "orig": row["orig"].strip(),
                          "anon": row["anon"].strip(), "name": (row["name"] or "").strip() or None,
                          "where": where})
     except csv.Error as e:
-        raise ValueError(f"{path}: malformed CSV near line {reader.line_num} ({e})") from None
+        raise InputError(f"{path}: malformed CSV near line {reader.line_num} ({e})") from None
     if not rows:
-        raise ValueError(f"{path}: TextWash CSV has no data row")
+        raise InputError(f"{path}: TextWash CSV has no data row")
     return rows
 
 
@@ -598,27 +599,27 @@ def load_textwash(
     seed = _check_seed(seed)
     if categories is not None and (isinstance(categories, str) or not isinstance(categories, Sequence)
                                    or not categories or not all(isinstance(c, str) and c for c in categories)):
-        raise ValueError(f"categories must be None or a non-empty list of category names, got {categories!r}")
+        raise InputError(f"categories must be None or a non-empty list of category names, got {categories!r}")
     if os.path.isdir(path):
         rows, fmt = _textwash_rows_from_tree(path), "tree"
     elif path.lower().endswith(".csv"):
         rows, fmt = _textwash_rows_from_csv(path), "csv"
     else:
-        raise ValueError(f"{path}: TextWash input must be a folder with orig/ and anon/ or a .csv file")
+        raise InputError(f"{path}: TextWash input must be a folder with orig/ and anon/ or a .csv file")
     seen: dict[str, str] = {}
     for r in rows:
         if not r["orig"] or not r["anon"]:
-            raise ValueError(f"{r['where']}: orig and anon texts must be non-empty")
+            raise InputError(f"{r['where']}: orig and anon texts must be non-empty")
         if r["id"] in seen:
-            raise ValueError(f"{r['where']}: id {r['id']!r} must be unique, already at {seen[r['id']]}")
+            raise InputError(f"{r['where']}: id {r['id']!r} must be unique, already at {seen[r['id']]}")
         seen[r["id"]] = r["where"]
     found = sorted({r["category"] for r in rows})
     wanted = found if categories is None else [_textwash_category(c) for c in categories]
     for c in wanted:
         if c not in found:
-            raise ValueError(f"categories must name categories of the data {found}, got {c!r}")
+            raise InputError(f"categories must name categories of the data {found}, got {c!r}")
     if len(set(wanted)) != len(wanted):
-        raise ValueError(f"categories must not repeat a category (aliases included), got {list(categories)}")
+        raise InputError(f"categories must not repeat a category (aliases included), got {list(categories)}")
 
     suites = {}
     for k, cat in enumerate(wanted):
@@ -688,17 +689,17 @@ def parse_wikibio_box(line: str) -> dict[str, str]:
         if not tok.strip():
             continue
         if ":" not in tok:
-            raise ValueError(f"box token must be 'field_position:word', got {tok!r}")
+            raise InputError(f"box token must be 'field_position:word', got {tok!r}")
         key, word = tok.split(":", 1)
         m = _BOX_KEY.match(key)
         if m is None:
-            raise ValueError(f"box token must have a field name before ':', got {tok!r}")
+            raise InputError(f"box token must have a field name before ':', got {tok!r}")
         field, pos = m["field"], int(m["pos"] or 0)
         if word == "<none>" or not word.strip():
             fields.setdefault(field, [])
             continue
         if any(p == pos for p, _ in fields.get(field, ())):
-            raise ValueError(f"box token position must not repeat within field {field!r}, got {tok!r}")
+            raise InputError(f"box token position must not repeat within field {field!r}, got {tok!r}")
         fields.setdefault(field, []).append((pos, word))
     return {f: " ".join(w for _, w in sorted(v)) for f, v in fields.items() if v}
 
@@ -707,44 +708,44 @@ def _wikibio_raw(path: str) -> tuple[list[dict], str]:
     if os.path.isdir(path):
         boxes = sorted(glob.glob(os.path.join(path, "*.box")))
         if len(boxes) != 1:
-            raise ValueError(f"{path}: a WikiBio split folder must hold exactly one *.box file, found {len(boxes)}")
+            raise InputError(f"{path}: a WikiBio split folder must hold exactly one *.box file, found {len(boxes)}")
         box = boxes[0]
     else:
         box = path
     prefix = box[:-4]
     for ext in (".nb", ".sent"):
         if not os.path.isfile(prefix + ext):
-            raise FileNotFoundError(f"WikiBio file {prefix + ext!r} (next to {box!r}) does not exist")
+            raise MissingFileError(f"WikiBio file {prefix + ext!r} (next to {box!r}) does not exist")
     box_lines = _read_utf8(box).splitlines()
     nb_lines = _read_utf8(prefix + ".nb").splitlines()
     while nb_lines and not nb_lines[-1].strip():
         nb_lines.pop()
     sents = _read_utf8(prefix + ".sent").splitlines()
     if not box_lines:
-        raise ValueError(f"{box}: no WikiBio article (the file is empty)")
+        raise InputError(f"{box}: no WikiBio article (the file is empty)")
     if len(nb_lines) != len(box_lines):
-        raise ValueError(f"{prefix}.nb: must have one line per article of {box} ({len(box_lines)}), "
+        raise InputError(f"{prefix}.nb: must have one line per article of {box} ({len(box_lines)}), "
                          f"got {len(nb_lines)}")
     extra = {}
     for ext in (".id", ".title"):
         if os.path.isfile(prefix + ext):
             lines = _read_utf8(prefix + ext).splitlines()
             if len(lines) != len(box_lines):
-                raise ValueError(f"{prefix}{ext}: must have one line per article ({len(box_lines)}), got {len(lines)}")
+                raise InputError(f"{prefix}{ext}: must have one line per article ({len(box_lines)}), got {len(lines)}")
             extra[ext] = lines
     records, pos = [], 0
     for i, (bl, nb) in enumerate(zip(box_lines, nb_lines)):
         try:
             k = int(nb)
         except ValueError:
-            raise ValueError(f"{prefix}.nb: line {i + 1} must be a sentence count, got {nb!r}") from None
+            raise InputError(f"{prefix}.nb: line {i + 1} must be a sentence count, got {nb!r}") from None
         if k < 1 or pos + k > len(sents):
-            raise ValueError(f"{prefix}.nb: line {i + 1}: count must be in [1, {len(sents) - pos}] (the sentences "
+            raise InputError(f"{prefix}.nb: line {i + 1}: count must be in [1, {len(sents) - pos}] (the sentences "
                              f"left in {prefix}.sent), got {k}")
         try:
             box_fields = parse_wikibio_box(bl)
         except ValueError as e:
-            raise ValueError(f"{box}: line {i + 1}: {e}") from None
+            raise InputError(f"{box}: line {i + 1}: {e}") from None
         rid = extra[".id"][i].strip() if ".id" in extra else ""
         records.append({"id": rid or f"{os.path.basename(prefix)}-{i}",
                         "title": extra[".title"][i].strip() or None if ".title" in extra else None,
@@ -753,7 +754,7 @@ def _wikibio_raw(path: str) -> tuple[list[dict], str]:
                         "where": f"{box}: line {i + 1}"})
         pos += k
     if pos != len(sents):
-        raise ValueError(f"{prefix}.sent: must have the {pos} lines that {prefix}.nb counts, got {len(sents)}")
+        raise InputError(f"{prefix}.sent: must have the {pos} lines that {prefix}.nb counts, got {len(sents)}")
     return records, "raw"
 
 
@@ -771,16 +772,16 @@ def _wikibio_json(path: str) -> tuple[list[dict], str]:
                 recs.append(json.loads(line))
             except json.JSONDecodeError as e:
                 if i == 0:
-                    raise ValueError(f"{path}: not valid JSON nor JSON lines ({whole})") from None
-                raise ValueError(f"{path}: line {i + 1} is not valid JSON ({e})") from None
+                    raise InputError(f"{path}: not valid JSON nor JSON lines ({whole})") from None
+                raise InputError(f"{path}: line {i + 1} is not valid JSON ({e})") from None
     records = []
     for i, rec in enumerate(recs):
         where = f"{path}: record {i}"
         if not isinstance(rec, Mapping):
-            raise ValueError(f"{where} must be a JSON object, got {type(rec).__name__}")
+            raise InputError(f"{where} must be a JSON object, got {type(rec).__name__}")
         inp = rec.get("input_text")
         if not isinstance(inp, Mapping):
-            raise ValueError(f"{where}: field 'input_text' must be an object with 'table' and 'context', "
+            raise InputError(f"{where}: field 'input_text' must be an object with 'table' and 'context', "
                              f"got {type(inp).__name__}")
         table = inp.get("table")
         if isinstance(table, Mapping):
@@ -789,20 +790,20 @@ def _wikibio_json(path: str) -> tuple[list[dict], str]:
             headers = [c.get("column_header") if isinstance(c, Mapping) else None for c in table]
             contents = [c.get("content") if isinstance(c, Mapping) else None for c in table]
         else:
-            raise ValueError(f"{where}: field 'input_text.table' must be an object of lists or a list of objects, "
+            raise InputError(f"{where}: field 'input_text.table' must be an object of lists or a list of objects, "
                              f"got {type(table).__name__}")
         if not isinstance(headers, list) or not isinstance(contents, list) or len(headers) != len(contents):
-            raise ValueError(f"{where}: 'input_text.table' must have equally long 'column_header' and 'content' lists")
+            raise InputError(f"{where}: 'input_text.table' must have equally long 'column_header' and 'content' lists")
         box: dict[str, str] = {}
         for h, c in zip(headers, contents):
             if not isinstance(h, str) or not isinstance(c, str):
-                raise ValueError(f"{where}: table entries must be strings, got ({h!r}, {c!r})")
+                raise InputError(f"{where}: table entries must be strings, got ({h!r}, {c!r})")
             if c.strip() and c.strip() != "<none>":
                 c = _detok(c)
                 box[h] = (box[h] + " " + c) if h in box else c
         target = rec.get("target_text")
         if not isinstance(target, str) or not target.strip():
-            raise ValueError(f"{where}: field 'target_text' must be a non-empty string, got {target!r:.80}")
+            raise InputError(f"{where}: field 'target_text' must be a non-empty string, got {target!r:.80}")
         context = inp.get("context")
         rid = rec.get("id")
         records.append({"id": str(rid) if rid is not None else f"wb{i:06d}",
@@ -818,16 +819,16 @@ def _wikibio_records(path: PathLike) -> tuple[str, list[dict], str]:
     elif path.endswith((".json", ".jsonl")):
         records, fmt = _wikibio_json(path)
     else:
-        raise ValueError(f"path must be a .box file, a folder with one, or a .json/.jsonl file, got {path!r}")
+        raise InputError(f"path must be a .box file, a folder with one, or a .json/.jsonl file, got {path!r}")
     if not records:
-        raise ValueError(f"{path}: no WikiBio article found")
+        raise InputError(f"{path}: no WikiBio article found")
     seen: dict[str, str] = {}
     for r in records:
         if r["id"] in seen:
-            raise ValueError(f"{r['where']}: id must be unique, got {r['id']!r} already at {seen[r['id']]}")
+            raise InputError(f"{r['where']}: id must be unique, got {r['id']!r} already at {seen[r['id']]}")
         seen[r["id"]] = r["where"]
         if not r["text"].strip():
-            raise ValueError(f"{r['where']}: the biography text must be non-empty")
+            raise InputError(f"{r['where']}: the biography text must be non-empty")
     return path, records, fmt
 
 
@@ -844,13 +845,13 @@ def _wikibio_suites(
     """Every (level, release) WikiBio suite over one read of the files (see :func:`load_wikibio`)."""
     for lv in levels:
         if lv not in WIKIBIO_LEVELS:
-            raise ValueError(f"knowledge_level must be one of {WIKIBIO_LEVELS}, got {lv!r}")
+            raise InputError(f"knowledge_level must be one of {WIKIBIO_LEVELS}, got {lv!r}")
     for r in releases:
         if r not in WIKIBIO_RELEASES:
-            raise ValueError(f"release must be one of {WIKIBIO_RELEASES}, got {r!r}")
+            raise InputError(f"release must be one of {WIKIBIO_RELEASES}, got {r!r}")
     if isinstance(k1_fields, str) or not isinstance(k1_fields, Sequence) or not k1_fields or \
             not all(isinstance(f, str) and f for f in k1_fields):
-        raise ValueError(f"k1_fields must be a non-empty sequence of field names, got {k1_fields!r}")
+        raise InputError(f"k1_fields must be a non-empty sequence of field names, got {k1_fields!r}")
     max_candidates = _check_optional_count("max_candidates", max_candidates)
     n_documents = _check_optional_count("n_documents", n_documents)
     seed = _check_seed(seed)
@@ -975,11 +976,11 @@ def parse_blog_xml(path: PathLike) -> tuple[dict[str, Any], list[str]]:
     name = os.path.basename(path)
     m = _BLOG_FILE.match(name)
     if not m:
-        raise ValueError(f"{path}: file name must be '{{id}}.{{gender}}.{{age}}.{{industry}}.{{sign}}.xml' "
+        raise InputError(f"{path}: file name must be '{{id}}.{{gender}}.{{age}}.{{industry}}.{{sign}}.xml' "
                          f"with gender male/female, got {name!r}")
     text = _read_text(path)
     if not re.search(r"<blog\b", text, re.IGNORECASE):
-        raise ValueError(f"{path}: not a Blog Authorship file: no <Blog> root element")
+        raise InputError(f"{path}: not a Blog Authorship file: no <Blog> root element")
     posts = [re.sub(r"\s+", " ", html.unescape(p)).strip() for p in _BLOG_POST.findall(text)]
     fields = {"id": m["id"], "gender": m["gender"].lower(), "age": int(m["age"]), "industry": m["industry"],
               "sign": m["sign"]}
@@ -990,19 +991,19 @@ def _blog_files(path: PathLike) -> tuple[str, list[tuple[str, str]]]:
     """The folder and its ``(author id, file)`` pairs; every ``.xml`` name is checked, ids must be unique."""
     path = _require_path(path, "Blog Authorship")
     if not os.path.isdir(path):
-        raise ValueError(f"path must be a folder of Blog Authorship .xml files, got the file {path!r}")
+        raise InputError(f"path must be a folder of Blog Authorship .xml files, got the file {path!r}")
     files = sorted(glob.glob(os.path.join(path, "*.xml")))
     if not files:
-        raise FileNotFoundError(f"Blog Authorship folder {path!r} has no .xml file")
+        raise MissingFileError(f"Blog Authorship folder {path!r} has no .xml file")
     out, seen = [], {}
     for f in files:
         m = _BLOG_FILE.match(os.path.basename(f))
         if not m:
-            raise ValueError(f"{f}: file name must be '{{id}}.{{gender}}.{{age}}.{{industry}}.{{sign}}.xml' "
+            raise InputError(f"{f}: file name must be '{{id}}.{{gender}}.{{age}}.{{industry}}.{{sign}}.xml' "
                              f"with gender male/female, got {os.path.basename(f)!r}")
         aid = str(int(m["id"]))
         if aid in seen:
-            raise ValueError(f"{f}: author id must be unique, got {m['id']!r} also in {seen[aid]}")
+            raise InputError(f"{f}: author id must be unique, got {m['id']!r} also in {seen[aid]}")
         seen[aid] = f
         out.append((aid, f))
     return path, out
@@ -1037,28 +1038,28 @@ def _blog_suites(
 ) -> list[LinkageSuite]:
     """One suite per ``W`` in ``levels`` over the same authors and released posts (see :func:`load_blog_authorship`)."""
     if isinstance(levels, (str, int)) or not isinstance(levels, Sequence) or not levels:
-        raise ValueError(f"W must be a non-empty list of post counts (or 'demo'), got {levels!r}")
+        raise InputError(f"W must be a non-empty list of post counts (or 'demo'), got {levels!r}")
     parsed = [_blog_level(W) for W in levels]
     names = [lv for lv, _ in parsed]
     if len(set(names)) != len(names):
-        raise ValueError(f"W must not repeat a level, got {list(levels)}")
+        raise InputError(f"W must not repeat a level, got {list(levels)}")
     max_authors = _check_optional_count("max_authors", max_authors)
     if isinstance(n_released_per_author, bool) or not isinstance(n_released_per_author, (int, np.integer)) or \
             n_released_per_author < 1:
-        raise ValueError(f"n_released_per_author must be an integer >= 1, got {n_released_per_author!r}")
+        raise InputError(f"n_released_per_author must be an integer >= 1, got {n_released_per_author!r}")
     n_released = int(n_released_per_author)
     largest = max([w for _, w in parsed if w is not None], default=1)
     if min_profile_posts is None:
         min_profile_posts = max(10, largest)
     min_profile_posts = _check_optional_count("min_profile_posts", min_profile_posts)
     if largest > min_profile_posts:
-        raise ValueError(f"W must be <= min_profile_posts = {min_profile_posts}, got {largest}")
+        raise InputError(f"W must be <= min_profile_posts = {min_profile_posts}, got {largest}")
     seed = _check_seed(seed)
     path, files = _blog_files(path)
     need = n_released + min_profile_posts
     rows, n_parsed = _blog_rows(files, max_authors=max_authors, need=need, seed=seed)
     if not rows:
-        raise ValueError(f"{path}: no author has >= n_released_per_author + min_profile_posts = {need} posts "
+        raise InputError(f"{path}: no author has >= n_released_per_author + min_profile_posts = {need} posts "
                          f"({n_parsed} files parsed)")
     return [
         _blog_suite_from(
@@ -1116,7 +1117,7 @@ def load_blog_authorship(
         bad arguments; if no author is eligible.
     """
     if min_profile_posts is None:
-        raise ValueError("min_profile_posts must be an integer >= 1, got None")
+        raise InputError("min_profile_posts must be an integer >= 1, got None")
     return _blog_suites(path, levels=(W,), max_authors=max_authors, n_released_per_author=n_released_per_author,
                         min_profile_posts=min_profile_posts, seed=seed)[0]
 
@@ -1142,12 +1143,12 @@ _SOURCE_PARAMS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
 
 def _names(source: str, key: str, value, allowed: Sequence[str]) -> list[str]:
     if isinstance(value, str) or not isinstance(value, Sequence) or not value:
-        raise ValueError(f"{source}.{key} must be a non-empty list of values from {list(allowed)}, got {value!r}")
+        raise InputError(f"{source}.{key} must be a non-empty list of values from {list(allowed)}, got {value!r}")
     for v in value:
         if v not in allowed:
-            raise ValueError(f"{source}.{key} must only hold values from {list(allowed)}, got {v!r}")
+            raise InputError(f"{source}.{key} must only hold values from {list(allowed)}, got {v!r}")
     if len(set(value)) != len(value):
-        raise ValueError(f"{source}.{key} must not repeat a value, got {list(value)}")
+        raise InputError(f"{source}.{key} must not repeat a value, got {list(value)}")
     return list(value)
 
 
@@ -1187,22 +1188,22 @@ def load_source(source: str, params: Mapping[str, Any], *, seed: int) -> list[Li
         missing ``path`` or a bad value; and the loaders' format errors (naming file and record).
     """
     if source not in _SOURCE_PARAMS:
-        raise ValueError(f"source must be one of {list(SOURCES)}, got {source!r}")
+        raise InputError(f"source must be one of {list(SOURCES)}, got {source!r}")
     if not isinstance(params, Mapping):
-        raise ValueError(f"{source} parameters must be a mapping, got {type(params).__name__}")
+        raise InputError(f"{source} parameters must be a mapping, got {type(params).__name__}")
     required, optional = _SOURCE_PARAMS[source]
     unknown = sorted(str(k) for k in params if k not in required and k not in optional)
     if unknown:
-        raise ValueError(f"{source}.{unknown[0]} is not a parameter of source {source!r} "
+        raise InputError(f"{source}.{unknown[0]} is not a parameter of source {source!r} "
                          f"(allowed: {', '.join(list(required) + list(optional))}), got {params[unknown[0]]!r}")
     p = {**optional, **params}
     for k in required:
         if p.get(k) is None:
-            raise ValueError(f"{source}.{k} is required (a local file or folder of the {source} data), got None")
+            raise InputError(f"{source}.{k} is required (a local file or folder of the {source} data), got None")
     path = p["path"]
     paths = path if source == "tab" and isinstance(path, (list, tuple)) and path else [path]
     if not all(isinstance(x, (str, os.PathLike)) and os.fspath(x) for x in paths):
-        raise ValueError(f"{source}.path must be a non-empty path string, got {path!r}")
+        raise InputError(f"{source}.path must be a non-empty path string, got {path!r}")
     seed = _check_seed(seed)
     try:
         if source == "tab":
@@ -1226,5 +1227,5 @@ def load_source(source: str, params: Mapping[str, Any], *, seed: int) -> list[Li
         # Argument errors of the loaders name the bare argument: qualify them with the source.
         key = {"knowledge_level": "levels", "release": "releases"}.get(msg.split(" ", 1)[0], msg.split(" ", 1)[0])
         if (key in required or key in optional) and msg.split(" ", 2)[1:2] == ["must"]:
-            raise ValueError(f"{source}.{key} {msg.split(' ', 1)[1]}") from None
+            raise InputError(f"{source}.{key} {msg.split(' ', 1)[1]}") from None
         raise

@@ -25,19 +25,21 @@ from typing import Any
 
 import numpy as np
 
+from snapaudit_jax.utils.errors import InputError, MissingFileError
+
 __all__ = ["LinkageSuite", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 
 def _as_str_tuple(field: str, values: Any, *, allow_none: bool = False) -> tuple:
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
-        raise ValueError(f"{field} must be a sequence of strings, got {type(values).__name__}")
+        raise InputError(f"{field} must be a sequence of strings, got {type(values).__name__}")
     out = tuple(values)
     for i, v in enumerate(out):
         if v is None and allow_none:
             continue
         if not isinstance(v, str):
-            raise ValueError(f"{field}[{i}] must be a string{' or None' if allow_none else ''}, got {v!r}")
+            raise InputError(f"{field}[{i}] must be a string{' or None' if allow_none else ''}, got {v!r}")
     return out
 
 
@@ -45,7 +47,7 @@ def _check_json(field: str, value: Any) -> None:
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{field} must be JSON-serialisable, got {value!r} ({e})") from None
+        raise InputError(f"{field} must be JSON-serialisable, got {value!r} ({e})") from None
 
 
 def _freeze_json(value: Any) -> Any:
@@ -117,38 +119,38 @@ class LinkageSuite:
         for field in ("name", "knowledge_level", "release"):
             v = getattr(self, field)
             if not isinstance(v, str) or not v:
-                raise ValueError(f"{field} must be a non-empty string, got {v!r}")
+                raise InputError(f"{field} must be a non-empty string, got {v!r}")
         for field in ("documents", "doc_ids", "identities", "candidates", "profiles"):
             put(field, _as_str_tuple(field, getattr(self, field)))
         n, m = len(self.documents), len(self.candidates)
         if n == 0:
-            raise ValueError("documents must be non-empty, got 0 documents")
+            raise InputError("documents must be non-empty, got 0 documents")
         if m == 0:
-            raise ValueError("candidates must be non-empty, got 0 candidates")
+            raise InputError("candidates must be non-empty, got 0 candidates")
         for field, want, what in (("doc_ids", n, "document"), ("identities", n, "document"),
                                   ("profiles", m, "candidate")):
             got = len(getattr(self, field))
             if got != want:
-                raise ValueError(f"{field} must have one entry per {what} ({want}), got {got}")
+                raise InputError(f"{field} must have one entry per {what} ({want}), got {got}")
         for field in ("doc_ids", "candidates"):
             seen: dict[str, int] = {}
             for i, v in enumerate(getattr(self, field)):
                 if v in seen:
-                    raise ValueError(f"{field} must be unique, got {v!r} at positions {seen[v]} and {i}")
+                    raise InputError(f"{field} must be unique, got {v!r} at positions {seen[v]} and {i}")
                 seen[v] = i
 
         if not isinstance(self.attributes, Mapping):
-            raise ValueError(f"attributes must be a mapping, got {type(self.attributes).__name__}")
+            raise InputError(f"attributes must be a mapping, got {type(self.attributes).__name__}")
         vocab: dict[str, tuple[str, ...]] = {}
         for attr, values in self.attributes.items():
             if not isinstance(attr, str) or not attr:
-                raise ValueError(f"attributes keys must be non-empty strings, got {attr!r}")
+                raise InputError(f"attributes keys must be non-empty strings, got {attr!r}")
             vals = _as_str_tuple(f"attributes[{attr!r}]", values)
             if not vals:
-                raise ValueError(f"attributes[{attr!r}] must be a non-empty vocabulary, got ()")
+                raise InputError(f"attributes[{attr!r}] must be a non-empty vocabulary, got ()")
             if len(set(vals)) != len(vals):
                 dup = next(v for v in vals if vals.count(v) > 1)
-                raise ValueError(f"attributes[{attr!r}] must have unique values, got {dup!r} twice")
+                raise InputError(f"attributes[{attr!r}] must have unique values, got {dup!r} twice")
             vocab[attr] = vals
         put("attributes", MappingProxyType(vocab))
 
@@ -158,25 +160,25 @@ class LinkageSuite:
         ):
             table = getattr(self, field)
             if not isinstance(table, Mapping):
-                raise ValueError(f"{field} must be a mapping, got {type(table).__name__}")
+                raise InputError(f"{field} must be a mapping, got {type(table).__name__}")
             frozen = {}
             for attr, values in table.items():
                 if attr not in vocab:
-                    raise ValueError(f"{field} key {attr!r} must be declared in attributes {sorted(vocab)}")
+                    raise InputError(f"{field} key {attr!r} must be declared in attributes {sorted(vocab)}")
                 vals = _as_str_tuple(f"{field}[{attr!r}]", values, allow_none=True)
                 if len(vals) != length:
-                    raise ValueError(f"{field}[{attr!r}] must have one value per {what} ({length}), got {len(vals)}")
+                    raise InputError(f"{field}[{attr!r}] must have one value per {what} ({length}), got {len(vals)}")
                 allowed = set(vocab[attr])
                 for i, v in enumerate(vals):
                     if v is not None and v not in allowed:
-                        raise ValueError(
+                        raise InputError(
                             f"{field}[{attr!r}][{i}] must be in the vocabulary attributes[{attr!r}], got {v!r}"
                         )
                 frozen[attr] = vals
             put(field, MappingProxyType(frozen))
 
         if not isinstance(self.meta, Mapping):
-            raise ValueError(f"meta must be a mapping, got {type(self.meta).__name__}")
+            raise InputError(f"meta must be a mapping, got {type(self.meta).__name__}")
         _check_json("meta", _thaw_json(dict(self.meta)))
         put("meta", _freeze_json(dict(self.meta)))
 
@@ -216,7 +218,7 @@ class LinkageSuite:
         missing = np.flatnonzero(labels < 0)
         if missing.size:
             i = int(missing[0])
-            raise ValueError(
+            raise InputError(
                 f"identities[{i}] = {self.identities[i]!r} (doc_id {self.doc_ids[i]!r}) must be in candidates "
                 f"(closed world) in suite {self.name!r}, got {missing.size} of {self.n_documents} documents outside "
                 f"the pool (miss rate {missing.size / self.n_documents:.4g})"
@@ -271,18 +273,18 @@ class LinkageSuite:
         arr = np.asarray(indices)
         if arr.dtype == bool:
             if arr.shape != (size,):
-                raise ValueError(f"{field} as a mask must have shape ({size},), got {arr.shape}")
+                raise InputError(f"{field} as a mask must have shape ({size},), got {arr.shape}")
             arr = np.flatnonzero(arr)
         if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-            raise ValueError(f"{field} must be a 1-D sequence of integers, got {indices!r}")
+            raise InputError(f"{field} must be a 1-D sequence of integers, got {indices!r}")
         out = [int(i) for i in arr]
         if not out:
-            raise ValueError(f"{field} must select at least one entry, got none")
+            raise InputError(f"{field} must select at least one entry, got none")
         bad = [i for i in out if not 0 <= i < size]
         if bad:
-            raise ValueError(f"{field} must lie in [0, {size}), got {bad[0]}")
+            raise InputError(f"{field} must lie in [0, {size}), got {bad[0]}")
         if len(set(out)) != len(out):
-            raise ValueError(f"{field} must not repeat, got {next(i for i in out if out.count(i) > 1)} twice")
+            raise InputError(f"{field} must not repeat, got {next(i for i in out if out.count(i) > 1)} twice")
         return out
 
     # -- reporting -------------------------------------------------------------------------------
@@ -332,15 +334,15 @@ class LinkageSuite:
             required field, or fails the constructor's validation.
         """
         if not isinstance(data, Mapping):
-            raise ValueError(f"a LinkageSuite record must be a JSON object, got {type(data).__name__}")
+            raise InputError(f"a LinkageSuite record must be a JSON object, got {type(data).__name__}")
         version = data.get("format_version")
         if version != FORMAT_VERSION:
-            raise ValueError(f"format_version must be {FORMAT_VERSION}, got {version!r}")
+            raise InputError(f"format_version must be {FORMAT_VERSION}, got {version!r}")
         required = ("name", "knowledge_level", "release", "documents", "doc_ids", "identities", "candidates",
                     "profiles")
         missing = [f for f in required if f not in data]
         if missing:
-            raise ValueError(f"a LinkageSuite record must have field {missing[0]!r}; missing {missing}")
+            raise InputError(f"a LinkageSuite record must have field {missing[0]!r}; missing {missing}")
         kwargs = {f: data[f] for f in required}
         for f in ("attributes", "candidate_attributes", "document_attributes", "meta"):
             kwargs[f] = data.get(f, {})
@@ -354,12 +356,12 @@ class LinkageSuite:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
-            raise ValueError(f"a LinkageSuite must be valid JSON: {e}") from None
+            raise InputError(f"a LinkageSuite must be valid JSON: {e}") from None
         return cls.from_dict(data)
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes the suite as JSON atomically (temporary file in the same folder + ``os.replace``)."""
-        from snapaudit_jax._io import atomic_write
+        from snapaudit_jax.utils.io import atomic_write
 
         data = self.to_json().encode("utf-8")
         atomic_write(path, lambda fh: fh.write(data))
@@ -374,16 +376,16 @@ class LinkageSuite:
         """
         path = os.fspath(path)
         if not os.path.exists(path):
-            raise FileNotFoundError(f"LinkageSuite file {path!r} does not exist")
+            raise MissingFileError(f"LinkageSuite file {path!r} does not exist")
         if not os.path.isfile(path):
-            raise ValueError(f"LinkageSuite path {path!r} must be a file, got a directory or special file")
+            raise InputError(f"LinkageSuite path {path!r} must be a file, got a directory or special file")
         with open(path, "rb") as fh:
             raw = fh.read()
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise ValueError(f"{path}: a LinkageSuite file must be UTF-8 JSON ({e})") from None
+            raise InputError(f"{path}: a LinkageSuite file must be UTF-8 JSON ({e})") from None
         try:
             return cls.from_json(text)
         except ValueError as e:
-            raise ValueError(f"{path}: {e}") from None
+            raise InputError(f"{path}: {e}") from None

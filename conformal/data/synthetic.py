@@ -51,6 +51,7 @@ from faker import Faker
 
 from conformal.data import _vocab as V
 from conformal.data.suite import LinkageSuite
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = [
     "Person",
@@ -99,13 +100,13 @@ P_DROP, P_OCC_SYNONYM = 0.35, 0.6
 
 def _check_seed(seed) -> int:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        raise InputError(f"seed must be a non-negative integer, got {seed!r}")
     return int(seed)
 
 
 def _check_count(field: str, value, lo: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
-        raise ValueError(f"{field} must be an integer >= {lo}, got {value!r}")
+        raise InputError(f"{field} must be an integer >= {lo}, got {value!r}")
     return int(value)
 
 
@@ -327,7 +328,7 @@ def profile_text(person: Person, knowledge_level: str) -> str:
       ValueError: for an unknown knowledge level.
     """
     if knowledge_level not in KNOWLEDGE_LEVELS:
-        raise ValueError(f"knowledge_level must be one of {KNOWLEDGE_LEVELS}, got {knowledge_level!r}")
+        raise InputError(f"knowledge_level must be one of {KNOWLEDGE_LEVELS}, got {knowledge_level!r}")
     decade = V.DECADE_WORD[person.age // 10]
     parts = [
         f"gender: {person.gender} ({V.GENDER_WORD[person.gender]}).",
@@ -549,9 +550,9 @@ def render_document(draft: DocumentDraft, person: Person, *, release: str, seed=
       ValueError: for an unknown release, a draft of another person, or a rewrite without a seed.
     """
     if release not in RELEASES:
-        raise ValueError(f"release must be one of {RELEASES}, got {release!r}")
+        raise InputError(f"release must be one of {RELEASES}, got {release!r}")
     if draft.pid != person.pid:
-        raise ValueError(f"draft.pid must be the person's pid {person.pid!r}, got {draft.pid!r}")
+        raise InputError(f"draft.pid must be the person's pid {person.pid!r}, got {draft.pid!r}")
     if release == "direct":
         return " ".join("".join(t for t, _ in s) for s in draft.sentences)
     if release == "quasi_id_redaction":
@@ -559,7 +560,7 @@ def render_document(draft: DocumentDraft, person: Person, *, release: str, seed=
                         for s in draft.sentences)
         return _mask_subject_values(text, person)
     if seed is None:
-        raise ValueError("seed is required for release 'rewrite', got None")
+        raise InputError("seed is required for release 'rewrite', got None")
     rng = np.random.default_rng(seed)
     droppable = {"filler", "keyword", "relative", "employer", "gender"}
     keep = [i for i, k in enumerate(draft.kinds) if k not in droppable or rng.random() >= P_DROP]
@@ -603,7 +604,7 @@ def _released_and_pool(n_people: int, n_documents: int, seed: int, pool) -> tupl
     if pool is None:
         return released, n_documents
     if isinstance(pool, bool) or not isinstance(pool, (float, int, np.floating)) or not 0.0 < float(pool) <= 1.0:
-        raise ValueError(f"pool must be None or a fraction in (0, 1], got {pool!r}")
+        raise InputError(f"pool must be None or a fraction in (0, 1], got {pool!r}")
     return released, int(round(float(pool) * n_documents))
 
 
@@ -644,15 +645,15 @@ def synthetic_suite(
         a bad seed or a pool fraction outside (0, 1].
     """
     if knowledge_level not in KNOWLEDGE_LEVELS:
-        raise ValueError(f"knowledge_level must be one of {KNOWLEDGE_LEVELS}, got {knowledge_level!r}")
+        raise InputError(f"knowledge_level must be one of {KNOWLEDGE_LEVELS}, got {knowledge_level!r}")
     if release not in RELEASES:
-        raise ValueError(f"release must be one of {RELEASES}, got {release!r}")
+        raise InputError(f"release must be one of {RELEASES}, got {release!r}")
     people = tuple(people)
     if not people or not all(isinstance(p, Person) for p in people):
-        raise ValueError("people must be a non-empty sequence of Person (from make_people)")
+        raise InputError("people must be a non-empty sequence of Person (from make_people)")
     n_documents = _check_count("n_documents", n_documents)
     if n_documents > len(people):
-        raise ValueError(f"n_documents must be <= len(people) = {len(people)}, got {n_documents}")
+        raise InputError(f"n_documents must be <= len(people) = {len(people)}, got {n_documents}")
     seed = _check_seed(seed)
     released, n_keep = _released_and_pool(len(people), n_documents, seed, pool)
     missing = {int(i) for i in released[n_keep:]}
@@ -826,9 +827,9 @@ def _blog_level(W) -> tuple[str, int | None]:
         if m:
             W = int(m.group(1))
         else:
-            raise ValueError(f"W must be a positive integer, 'W<k>' or 'demo', got {W!r}")
+            raise InputError(f"W must be a positive integer, 'W<k>' or 'demo', got {W!r}")
     if isinstance(W, bool) or not isinstance(W, (int, np.integer)) or W < 1:
-        raise ValueError(f"W must be a positive integer, 'W<k>' or 'demo', got {W!r}")
+        raise InputError(f"W must be a positive integer, 'W<k>' or 'demo', got {W!r}")
     return f"W{int(W)}", int(W)
 
 
@@ -890,13 +891,13 @@ def blog_ladder(
     """
     parsed = [_blog_level(W) for W in levels]
     if not parsed:
-        raise ValueError("levels must name at least one W, got ()")
+        raise InputError("levels must name at least one W, got ()")
     n_released_per_author = _check_count("n_released_per_author", n_released_per_author)
     posts_per_author = _check_count("posts_per_author", posts_per_author)
     for level, w in parsed:
         need = n_released_per_author + (w or 0)
         if posts_per_author < need:
-            raise ValueError(f"posts_per_author must be >= n_released_per_author + W = {need} for level {level}, "
+            raise InputError(f"posts_per_author must be >= n_released_per_author + W = {need} for level {level}, "
                              f"got {posts_per_author}")
     authors = make_blog_authors(n_authors, posts_per_author=posts_per_author, seed=seed)
     rows = [(a.aid, a.gender, a.age, a.industry, a.sign, a.posts) for a in authors]

@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from snapaudit_jax import _validate
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = [
     "DATASETS",
@@ -77,11 +78,11 @@ class DatasetSpec:
 
     def __post_init__(self):
         if self.task not in _TASKS:
-            raise ValueError(f"DatasetSpec.task must be one of {_TASKS}, got {self.task!r}")
+            raise InputError(f"DatasetSpec.task must be one of {_TASKS}, got {self.task!r}")
         if not self.text_fields:
-            raise ValueError(f"DatasetSpec.text_fields must name at least one column, got {self.text_fields!r}")
+            raise InputError(f"DatasetSpec.text_fields must name at least one column, got {self.text_fields!r}")
         if (self.task == "classification") != bool(self.label_names):
-            raise ValueError(
+            raise InputError(
                 f"DatasetSpec.label_names must be non-empty exactly for classification, got task={self.task!r} "
                 f"and label_names={self.label_names!r}"
             )
@@ -155,20 +156,20 @@ class Example:
 
     def __post_init__(self):
         if not isinstance(self.text, str) or not self.text.strip():
-            raise ValueError(f"Example.text must be a non-empty string, got {self.text!r}")
+            raise InputError(f"Example.text must be a non-empty string, got {self.text!r}")
         if (self.label is None) == (self.target is None):
-            raise ValueError(
+            raise InputError(
                 f"Example must have exactly one of label (classification) and target (summarization), got "
                 f"label={self.label!r} and target={self.target!r}"
             )
         if self.label is not None and (
             isinstance(self.label, bool) or not isinstance(self.label, int) or self.label < 0
         ):
-            raise ValueError(f"Example.label must be an integer >= 0, got {self.label!r}")
+            raise InputError(f"Example.label must be an integer >= 0, got {self.label!r}")
         if self.target is not None and (not isinstance(self.target, str) or not self.target.strip()):
-            raise ValueError(f"Example.target must be a non-empty string, got {self.target!r}")
+            raise InputError(f"Example.target must be a non-empty string, got {self.target!r}")
         if not isinstance(self.id, str) or not self.id:
-            raise ValueError(f"Example.id must be a non-empty string, got {self.id!r}")
+            raise InputError(f"Example.id must be a non-empty string, got {self.id!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,19 +197,19 @@ class AuditContext:
 
     def __post_init__(self):
         if not isinstance(self.exemplars, tuple) or not all(isinstance(e, Example) for e in self.exemplars):
-            raise ValueError(f"AuditContext.exemplars must be a tuple of Example, got {type(self.exemplars).__name__}")
+            raise InputError(f"AuditContext.exemplars must be a tuple of Example, got {type(self.exemplars).__name__}")
         for field in ("canary", "replacement"):
             if not isinstance(getattr(self, field), Example):
-                raise ValueError(f"AuditContext.{field} must be an Example, got {type(getattr(self, field)).__name__}")
+                raise InputError(f"AuditContext.{field} must be an Example, got {type(getattr(self, field)).__name__}")
         if isinstance(self.position, bool) or not isinstance(self.position, int):
-            raise ValueError(f"AuditContext.position must be an integer, got {self.position!r}")
+            raise InputError(f"AuditContext.position must be an integer, got {self.position!r}")
         if not 0 <= self.position <= len(self.exemplars):
-            raise ValueError(
+            raise InputError(
                 f"AuditContext.position must be in [0, {len(self.exemplars)}] (k - 1 = {len(self.exemplars)} "
                 f"shared exemplars), got {self.position}"
             )
         if _content(self.canary) == _content(self.replacement):
-            raise ValueError(
+            raise InputError(
                 f"AuditContext.canary and replacement must differ in content, both are {_content(self.canary)!r}"
             )
 
@@ -235,7 +236,7 @@ def get_spec(name: str) -> DatasetSpec:
       ValueError: ``name`` is not one of :data:`DATASETS`.
     """
     if not isinstance(name, str) or name not in DATASETS:
-        raise ValueError(f"dataset name must be one of {', '.join(map(repr, DATASETS))}, got {name!r}")
+        raise InputError(f"dataset name must be one of {', '.join(map(repr, DATASETS))}, got {name!r}")
     return DATASETS[name]
 
 
@@ -285,11 +286,11 @@ def load_examples(
     """
     spec = get_spec(name)
     if not isinstance(split, str) or not _SPLIT_RE.fullmatch(split):
-        raise ValueError(f"split must be a name of word characters and dots (e.g. 'train'), got {split!r}")
+        raise InputError(f"split must be a name of word characters and dots (e.g. 'train'), got {split!r}")
     if limit is not None:
-        limit = _validate.positive_int("limit", limit)
+        limit = validate.positive_int("limit", limit)
     if seed is not None:
-        seed = _validate.positive_int("seed", seed, minimum=0)
+        seed = validate.positive_int("seed", seed, minimum=0)
 
     if path is None:
         source, table = _read_demo(spec, split)
@@ -304,9 +305,9 @@ def load_examples(
 
     n = table.num_rows
     if n == 0:
-        raise ValueError(f"{source}: split {split!r} of dataset {spec.name!r} has no rows")
+        raise InputError(f"{source}: split {split!r} of dataset {spec.name!r} has no rows")
     if limit is not None and limit > n:
-        raise ValueError(f"limit must be <= the {n} rows of {source} (split {split!r}), got {limit}")
+        raise InputError(f"limit must be <= the {n} rows of {source} (split {split!r}), got {limit}")
     if seed is None:
         rows = np.arange(n if limit is None else limit)
     else:
@@ -328,7 +329,7 @@ def load_examples(
         else:
             example_id = _identifier(source, row, id_column, ids[j])
         if example_id in seen_ids:
-            raise ValueError(
+            raise InputError(
                 f"{source}: column {id_column!r} must hold unique ids, row {row} repeats {example_id!r} "
                 f"of row {seen_ids[example_id]}"
             )
@@ -367,18 +368,18 @@ def sample_audit_context(examples: Sequence[Example], *, num_exemplars: int, see
     References:
       SnapAudit, DP-ICL audit setup: C1 = {e_1, ..., e_{k-1}, e_canary}, C0 = {e_1, ..., e_k}.
     """
-    k = _validate.positive_int("num_exemplars", num_exemplars)
-    seed = _validate.positive_int("seed", seed, minimum=0)
+    k = validate.positive_int("num_exemplars", num_exemplars)
+    seed = validate.positive_int("seed", seed, minimum=0)
     if isinstance(examples, (str, bytes)) or not isinstance(examples, Sequence):
-        raise ValueError(f"examples must be a sequence of Example, got {type(examples).__name__}")
+        raise InputError(f"examples must be a sequence of Example, got {type(examples).__name__}")
     first: dict[tuple, int] = {}
     for i, example in enumerate(examples):
         if not isinstance(example, Example):
-            raise ValueError(f"examples must be a sequence of Example, item {i} is {type(example).__name__}")
+            raise InputError(f"examples must be a sequence of Example, item {i} is {type(example).__name__}")
         first.setdefault(_content(example), i)
     pool = list(first.values())
     if len(pool) < k + 1:
-        raise ValueError(
+        raise InputError(
             f"examples must hold at least num_exemplars + 1 = {k + 1} distinct examples (a canary and "
             f"{k} exemplars), got {len(pool)} distinct out of {len(examples)}"
         )
@@ -427,11 +428,11 @@ def _dataset_table(dataset) -> _Table:
 
 def _read_demo(spec: DatasetSpec, split: str) -> tuple[str, _Table]:
     if split != "train":
-        raise ValueError(f"split of the demo data (path=None) must be 'train', got {split!r}")
+        raise InputError(f"split of the demo data (path=None) must be 'train', got {split!r}")
     resource = importlib.resources.files(__package__).joinpath("demo", spec.demo_file)
     source = f"demo file {spec.demo_file!r}"
     if not resource.is_file():
-        raise ValueError(f"{source} is missing from the installed package (package data not installed?)")
+        raise InputError(f"{source} is missing from the installed package (package data not installed?)")
     lines = resource.read_text(encoding="utf-8").splitlines()
     records = []
     for lineno, line in enumerate(lines, start=1):
@@ -440,9 +441,9 @@ def _read_demo(spec: DatasetSpec, split: str) -> tuple[str, _Table]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{source}: line {lineno} is not valid JSON: {err}") from None
+            raise InputError(f"{source}: line {lineno} is not valid JSON: {err}") from None
         if not isinstance(record, dict):
-            raise ValueError(f"{source}: line {lineno} must be a JSON object, got {type(record).__name__}")
+            raise InputError(f"{source}: line {lineno} must be a JSON object, got {type(record).__name__}")
         records.append(record)
     keys = dict.fromkeys(key for record in records for key in record)
     return source, _dict_table({key: [record.get(key) for record in records] for key in keys})
@@ -456,28 +457,28 @@ def _read_hub(spec: DatasetSpec, split: str, cache_dir) -> tuple[str, _Table]:
 
 def _read_local(spec: DatasetSpec, path: str, split: str, cache_dir) -> tuple[str, _Table]:
     if not os.path.exists(path):
-        raise ValueError(f"path must be an existing file or directory (or None, or 'hub'), got {path!r}")
+        raise InputError(f"path must be an existing file or directory (or None, or 'hub'), got {path!r}")
     if os.path.isdir(path):
         candidates = [os.path.join(path, split + ext) for ext in _BUILDERS]
         found = [c for c in candidates if os.path.isfile(c)]
         if not found:
             present = sorted(os.listdir(path))
-            raise ValueError(
+            raise InputError(
                 f"directory {path!r} must hold a file for split {split!r} named one of "
                 f"{', '.join(os.path.basename(c) for c in candidates)}; found {present}"
             )
         if len(found) > 1:
-            raise ValueError(
+            raise InputError(
                 f"directory {path!r} must hold exactly one file for split {split!r}, found "
                 f"{[os.path.basename(f) for f in found]}"
             )
         path = found[0]
     ext = _extension(path)
     if ext not in _BUILDERS:
-        raise ValueError(f"file extension must be one of {', '.join(_BUILDERS)}, got {ext or '(none)'!r} for {path!r}")
+        raise InputError(f"file extension must be one of {', '.join(_BUILDERS)}, got {ext or '(none)'!r} for {path!r}")
     source = f"file {path!r}"
     if os.path.getsize(path) == 0:
-        raise ValueError(f"{source} is empty: split {split!r} of dataset {spec.name!r} has no rows")
+        raise InputError(f"{source} is empty: split {split!r} of dataset {spec.name!r} has no rows")
     datasets = _import_datasets(f"reading {path!r}")
     try:
         dataset = datasets.load_dataset(
@@ -485,8 +486,8 @@ def _read_local(spec: DatasetSpec, path: str, split: str, cache_dir) -> tuple[st
         )
     except Exception as err:  # `datasets` raises many types (even StopIteration on an empty JSON file).
         if "corresponds to no data" in str(err):  # `datasets` cannot build a split with zero rows.
-            raise ValueError(f"{source}: split {split!r} of dataset {spec.name!r} has no rows") from err
-        raise ValueError(f"{source} could not be read as {_BUILDERS[ext]}: {type(err).__name__}: {err}") from err
+            raise InputError(f"{source}: split {split!r} of dataset {spec.name!r} has no rows") from err
+        raise InputError(f"{source} could not be read as {_BUILDERS[ext]}: {type(err).__name__}: {err}") from err
     return source, _dataset_table(dataset)
 
 
@@ -499,14 +500,14 @@ def _require_column(table: _Table, field: str, aliases: tuple[str, ...], source:
         if column in table.columns:
             return column
     accepted = " or ".join(repr(c) for c in (field, *aliases))
-    raise ValueError(
+    raise InputError(
         f"{source}: dataset {spec.name!r} requires column {accepted}, which is missing; columns found: {table.columns}"
     )
 
 
 def _text(source: str, row: int, column: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{source}: row {row}: column {column!r} must be a non-empty string, got {value!r}")
+        raise InputError(f"{source}: row {row}: column {column!r} must be a non-empty string, got {value!r}")
     return value
 
 
@@ -515,11 +516,11 @@ def _label(source: str, row: int, column: str, value: Any, spec: DatasetSpec) ->
     if isinstance(value, (float, np.floating)) and math.isfinite(value) and float(value).is_integer():
         value = int(value)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ValueError(
+        raise InputError(
             f"{source}: row {row}: column {column!r} must be an integer label in [0, {spec.num_classes}), got {value!r}"
         )
     if not 0 <= value < spec.num_classes:
-        raise ValueError(
+        raise InputError(
             f"{source}: row {row}: column {column!r} must be an integer label in [0, {spec.num_classes}) "
             f"({', '.join(spec.label_names)}), got {value}"
         )
@@ -528,7 +529,7 @@ def _label(source: str, row: int, column: str, value: Any, spec: DatasetSpec) ->
 
 def _identifier(source: str, row: int, column: str, value: Any) -> str:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (str, int, np.integer)) or not str(value).strip():
-        raise ValueError(
+        raise InputError(
             f"{source}: row {row}: column {column!r} must be a non-empty string or integer id, got {value!r}"
         )
     return str(value)

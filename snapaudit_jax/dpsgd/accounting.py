@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.metadata
-import json
 import logging
 import math
 from typing import Any
@@ -23,8 +22,10 @@ from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
 from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS as _ORDERS
 
-from snapaudit_jax import _validate
 from snapaudit_jax.dpsgd.config import ACCOUNTANTS
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.io import dumps, to_json
 
 __all__ = [
     "DPReport",
@@ -94,14 +95,14 @@ def dpsgd_event(noise_multiplier: float, sampling_rate: float, steps: int) -> dp
 
 
 def _check(noise_multiplier, sampling_rate, steps, delta, accountant, pld_discretization):
-    sigma = _validate.nonnegative_float("noise_multiplier", noise_multiplier)
-    q = _validate._as_float("sampling_rate", sampling_rate)
+    sigma = validate.nonnegative_float("noise_multiplier", noise_multiplier)
+    q = validate._as_float("sampling_rate", sampling_rate)
     if not 0.0 < q <= 1.0:
-        raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate!r}")
-    steps = _validate.positive_int("steps", steps)
-    delta = _validate.open_unit("delta", delta)
-    accountant = _validate.choice("accountant", accountant, ACCOUNTANTS)
-    pld_discretization = _validate.positive_float("pld_discretization", pld_discretization)
+        raise InputError(f"sampling_rate must be in (0, 1], got {sampling_rate!r}")
+    steps = validate.positive_int("steps", steps)
+    delta = validate.open_unit("delta", delta)
+    accountant = validate.choice("accountant", accountant, ACCOUNTANTS)
+    pld_discretization = validate.positive_float("pld_discretization", pld_discretization)
     return sigma, q, steps, delta, accountant, pld_discretization
 
 
@@ -185,9 +186,9 @@ def calibrate_noise_multiplier(
       ValueError: invalid arguments, or ``target_epsilon`` unreachable: even ``sigma = 1e4`` gives a
         larger ``epsilon`` (the accountant's resolution floor for this ``delta``).
     """
-    target = _validate.positive_float("target_epsilon", target_epsilon)
+    target = validate.positive_float("target_epsilon", target_epsilon)
     _, q, steps, delta, accountant, disc = _check(1.0, sampling_rate, steps, delta, accountant, pld_discretization)
-    tol = _validate.positive_float("tol", tol)
+    tol = validate.positive_float("tol", tol)
 
     def eps(sigma: float) -> float:
         return compute_epsilon(
@@ -207,7 +208,7 @@ def calibrate_noise_multiplier(
             if at_hi <= target:
                 break
             if hi >= _SIGMA_MAX:
-                raise ValueError(
+                raise InputError(
                     f"target_epsilon={target!r} is unreachable with the {accountant} accountant: epsilon is "
                     f"{at_hi:.6g} even at noise_multiplier={_SIGMA_MAX:g} (delta={delta!r}, sampling_rate={q!r}, "
                     f"steps={steps})"
@@ -235,12 +236,6 @@ def calibrate_noise_multiplier(
     if eps(sigma) > target:  # calibrate_dp_mechanism guarantees this; keep the claim checked
         raise ArithmeticError(f"calibration returned noise_multiplier={sigma} with epsilon above {target}")
     return sigma
-
-
-def _json_float(value: float | None) -> float | None:
-    if value is None or not math.isfinite(value):
-        return None
-    return float(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,14 +308,11 @@ class DPReport:
         whether the epsilons are finite)."""
         out = dataclasses.asdict(self)
         out["epsilon"] = self.epsilon
-        for name in ("epsilon", "epsilon_rdp", "epsilon_pld", "clip_norm", "delta", "target_epsilon"):
-            out[name] = _json_float(out[name])
-        out["not_covered"] = list(self.not_covered)
-        return out
+        return to_json(out)
 
     def to_json(self, **kwargs) -> str:
-        """``json.dumps`` of :meth:`to_dict` (no NaN/Infinity)."""
-        return json.dumps(self.to_dict(), allow_nan=False, **kwargs)
+        """``json.dumps`` of :meth:`to_dict` (strict JSON)."""
+        return dumps(self.to_dict(), **kwargs)
 
     def summary(self) -> str:
         """One human-readable line."""

@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from snapaudit_jax.utils.errors import InputError
+
 __all__ = ["save_checkpoint", "latest_checkpoint", "load_checkpoint", "CHECKPOINT_FORMAT"]
 
 CHECKPOINT_FORMAT = 1
@@ -118,16 +120,16 @@ def _restore(prefix: str, template, arrays: dict[str, np.ndarray], typed: dict[s
     for path, like in paths:
         name = prefix + jax.tree_util.keystr(path)
         if name not in arrays:
-            raise ValueError(f"checkpoint {source}: array {name!r} is missing (model or optimizer differs)")
+            raise InputError(f"checkpoint {source}: array {name!r} is missing (model or optimizer differs)")
         value = arrays[name]
         if _is_typed_key(like):
             if name not in typed:
-                raise ValueError(f"checkpoint {source}: {name!r} is not stored as a PRNG key")
+                raise InputError(f"checkpoint {source}: {name!r} is not stored as a PRNG key")
             leaves.append(jax.random.wrap_key_data(jnp.asarray(value), impl=typed[name]))
             continue
         like_shape, like_dtype = tuple(np.shape(like)), np.dtype(like.dtype)
         if value.shape != like_shape or value.dtype != like_dtype:
-            raise ValueError(
+            raise InputError(
                 f"checkpoint {source}: array {name!r} has shape {value.shape} dtype {value.dtype}, "
                 f"expected {like_shape} {like_dtype}"
             )
@@ -149,11 +151,11 @@ def load_checkpoint(path: str | os.PathLike, params_template, opt_state_template
             meta = json.load(fh)
         arrays = load_file(os.path.join(path, "state.safetensors"))
     except (OSError, ValueError) as err:
-        raise ValueError(f"checkpoint {path}: not readable ({err})") from None
+        raise InputError(f"checkpoint {path}: not readable ({err})") from None
     except Exception as err:  # safetensors raises its own error types for corrupt headers
-        raise ValueError(f"checkpoint {path}: not readable ({err})") from None
+        raise InputError(f"checkpoint {path}: not readable ({err})") from None
     if meta.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"checkpoint {path}: format must be {CHECKPOINT_FORMAT}, got {meta.get('format')!r}")
+        raise InputError(f"checkpoint {path}: format must be {CHECKPOINT_FORMAT}, got {meta.get('format')!r}")
     typed = meta.get("typed_keys", {})
     params = _restore("params", params_template, arrays, typed, path)
     opt_state = _restore("opt_state", opt_state_template, arrays, typed, path)

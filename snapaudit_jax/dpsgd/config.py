@@ -9,7 +9,8 @@ import dataclasses
 import math
 from typing import Any
 
-from snapaudit_jax import _validate
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["DPSGDConfig", "OPTIMIZERS", "ACCOUNTANTS"]
 
@@ -18,9 +19,9 @@ ACCOUNTANTS = ("rdp", "pld")
 
 
 def _unit_interval_open_right(name: str, value: Any) -> float:
-    out = _validate._as_float(name, value)
+    out = validate._as_float(name, value)
     if not 0.0 <= out < 1.0:
-        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+        raise InputError(f"{name} must be in [0, 1), got {value!r}")
     return out
 
 
@@ -86,59 +87,59 @@ class DPSGDConfig:
 
     def __post_init__(self):
         fix = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
-        fix("steps", _validate.positive_int("steps", self.steps))
-        fix("learning_rate", _validate.positive_float("learning_rate", self.learning_rate))
+        fix("steps", validate.positive_int("steps", self.steps))
+        fix("learning_rate", validate.positive_float("learning_rate", self.learning_rate))
         if not isinstance(self.non_private, bool):
-            raise ValueError(f"non_private must be a bool, got {self.non_private!r}")
+            raise InputError(f"non_private must be a bool, got {self.non_private!r}")
         if self.non_private:
             for name in ("noise_multiplier", "target_epsilon"):
                 if getattr(self, name) is not None:
-                    raise ValueError(
+                    raise InputError(
                         f"{name} must be None when non_private=True (clipping and noise are off), "
                         f"got {getattr(self, name)!r}"
                     )
             if self.delta is not None:
-                fix("delta", _validate.open_unit("delta", self.delta))
+                fix("delta", validate.open_unit("delta", self.delta))
         else:
-            fix("clip_norm", _validate.positive_float("clip_norm", self.clip_norm))
+            fix("clip_norm", validate.positive_float("clip_norm", self.clip_norm))
             if (self.noise_multiplier is None) == (self.target_epsilon is None):
-                raise ValueError(
+                raise InputError(
                     "exactly one of noise_multiplier and target_epsilon must be set, got "
                     f"noise_multiplier={self.noise_multiplier!r}, target_epsilon={self.target_epsilon!r}"
                 )
             if self.noise_multiplier is not None:
-                fix("noise_multiplier", _validate.nonnegative_float("noise_multiplier", self.noise_multiplier))
+                fix("noise_multiplier", validate.nonnegative_float("noise_multiplier", self.noise_multiplier))
             else:
-                fix("target_epsilon", _validate.positive_float("target_epsilon", self.target_epsilon))
+                fix("target_epsilon", validate.positive_float("target_epsilon", self.target_epsilon))
             if self.delta is None:
-                raise ValueError("delta must be in (0, 1), got None (required unless non_private=True)")
-            fix("delta", _validate.open_unit("delta", self.delta))
+                raise InputError("delta must be in (0, 1), got None (required unless non_private=True)")
+            fix("delta", validate.open_unit("delta", self.delta))
         if (self.sampling_rate is None) == (self.batch_size is None):
-            raise ValueError(
+            raise InputError(
                 "exactly one of sampling_rate and batch_size must be set, got "
                 f"sampling_rate={self.sampling_rate!r}, batch_size={self.batch_size!r}"
             )
         if self.sampling_rate is not None:
-            q = _validate._as_float("sampling_rate", self.sampling_rate)
+            q = validate._as_float("sampling_rate", self.sampling_rate)
             if not 0.0 < q <= 1.0:
-                raise ValueError(f"sampling_rate must be in (0, 1], got {self.sampling_rate!r}")
+                raise InputError(f"sampling_rate must be in (0, 1], got {self.sampling_rate!r}")
             if q < 2.0**-32:
-                raise ValueError(f"sampling_rate must be >= 2**-32 (sampler resolution), got {self.sampling_rate!r}")
+                raise InputError(f"sampling_rate must be >= 2**-32 (sampler resolution), got {self.sampling_rate!r}")
             fix("sampling_rate", q)
         else:
-            fix("batch_size", _validate.positive_int("batch_size", self.batch_size))
-        fix("optimizer", _validate.choice("optimizer", self.optimizer, OPTIMIZERS))
+            fix("batch_size", validate.positive_int("batch_size", self.batch_size))
+        fix("optimizer", validate.choice("optimizer", self.optimizer, OPTIMIZERS))
         fix("momentum", _unit_interval_open_right("momentum", self.momentum))
         fix("b1", _unit_interval_open_right("b1", self.b1))
         fix("b2", _unit_interval_open_right("b2", self.b2))
-        fix("eps", _validate.positive_float("eps", self.eps))
-        fix("weight_decay", _validate.nonnegative_float("weight_decay", self.weight_decay))
+        fix("eps", validate.positive_float("eps", self.eps))
+        fix("weight_decay", validate.nonnegative_float("weight_decay", self.weight_decay))
         if self.microbatch_size is not None:
-            fix("microbatch_size", _validate.positive_int("microbatch_size", self.microbatch_size))
-        fix("accountant", _validate.choice("accountant", self.accountant, ACCOUNTANTS))
-        fix("calibration_tol", _validate.positive_float("calibration_tol", self.calibration_tol))
-        fix("pld_discretization", _validate.positive_float("pld_discretization", self.pld_discretization))
-        fix("seed", _validate.positive_int("seed", self.seed, minimum=0))
+            fix("microbatch_size", validate.positive_int("microbatch_size", self.microbatch_size))
+        fix("accountant", validate.choice("accountant", self.accountant, ACCOUNTANTS))
+        fix("calibration_tol", validate.positive_float("calibration_tol", self.calibration_tol))
+        fix("pld_discretization", validate.positive_float("pld_discretization", self.pld_discretization))
+        fix("seed", validate.positive_int("seed", self.seed, minimum=0))
 
     @property
     def private(self) -> bool:
@@ -151,11 +152,11 @@ class DPSGDConfig:
         Raises:
           ValueError: ``batch_size`` larger than ``num_records``.
         """
-        num_records = _validate.positive_int("num_records", num_records)
+        num_records = validate.positive_int("num_records", num_records)
         if self.sampling_rate is not None:
             return self.sampling_rate
         if self.batch_size > num_records:
-            raise ValueError(f"batch_size must be <= the number of records N={num_records}, got {self.batch_size}")
+            raise InputError(f"batch_size must be <= the number of records N={num_records}, got {self.batch_size}")
         return self.batch_size / num_records
 
     def microbatch_for(self, num_records: int, backend: str | None = None) -> int:

@@ -24,8 +24,9 @@ import numpy as np
 from flax import nnx
 from jax_privacy import clipping
 
-from snapaudit_jax import _validate
 from snapaudit_jax.models.inference import sequence_nll
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["ClippedGrads", "LossSummary", "sequence_losses", "clipped_grad_sum", "record_losses", "loss_summary"]
 
@@ -107,14 +108,14 @@ def clipped_grad_sum(model, tokens, mask, *, clip_norm: float, padding=None) -> 
       NaN/inf gradients are zeroed first), so adding or removing one record changes it by at most
       ``C`` in L2 norm, whatever the record and the rest of the batch.
     """
-    clip_norm = _validate.positive_float("clip_norm", clip_norm, allow_inf=True)
+    clip_norm = validate.positive_float("clip_norm", clip_norm, allow_inf=True)
     tokens = jnp.asarray(tokens, jnp.int32)
     mask = jnp.asarray(mask, bool)
     if tokens.ndim != 2 or mask.shape != tokens.shape:
-        raise ValueError(f"tokens and mask must both be (B, L), got {tokens.shape} and {mask.shape}")
+        raise InputError(f"tokens and mask must both be (B, L), got {tokens.shape} and {mask.shape}")
     padding = jnp.zeros(tokens.shape[0], bool) if padding is None else jnp.asarray(padding, bool)
     if padding.shape != tokens.shape[:1]:
-        raise ValueError(f"padding must be ({tokens.shape[0]},), got shape {padding.shape}")
+        raise InputError(f"padding must be ({tokens.shape[0]},), got shape {padding.shape}")
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     return _clipped_sum_jit(graphdef, rest, params, tokens, mask, padding, np.float32(clip_norm))
 
@@ -131,32 +132,32 @@ def _check_dataset(dataset, model) -> tuple[np.ndarray, np.ndarray]:
     try:
         tokens, mask = dataset
     except (TypeError, ValueError):
-        raise ValueError("dataset must be a pair (tokens, mask) of (N, L) arrays") from None
+        raise InputError("dataset must be a pair (tokens, mask) of (N, L) arrays") from None
     tokens, mask = np.asarray(tokens), np.asarray(mask)
     if tokens.ndim != 2 or tokens.shape[0] < 1 or tokens.shape[1] < 2:
-        raise ValueError(f"dataset tokens must be (N, L) with N >= 1 and L >= 2, got shape {tokens.shape}")
+        raise InputError(f"dataset tokens must be (N, L) with N >= 1 and L >= 2, got shape {tokens.shape}")
     if not np.issubdtype(tokens.dtype, np.integer):
-        raise ValueError(f"dataset tokens must be integer token ids, got dtype {tokens.dtype}")
+        raise InputError(f"dataset tokens must be integer token ids, got dtype {tokens.dtype}")
     if mask.shape != tokens.shape:
-        raise ValueError(f"dataset mask must have the tokens' shape {tokens.shape}, got {mask.shape}")
+        raise InputError(f"dataset mask must have the tokens' shape {tokens.shape}, got {mask.shape}")
     if mask.dtype != np.bool_:
         if not np.isin(mask, (0, 1)).all():
-            raise ValueError("dataset mask must be boolean (or 0/1)")
+            raise InputError("dataset mask must be boolean (or 0/1)")
         mask = mask.astype(bool)
     vocab, positions = _model_limits(model)
     real = tokens[mask]
     if real.size and (real.min() < 0 or (vocab is not None and real.max() >= vocab)):
         bad = real.min() if real.min() < 0 else real.max()
-        raise ValueError(f"dataset tokens must be in [0, vocab_size={vocab}), got token id {bad}")
+        raise InputError(f"dataset tokens must be in [0, vocab_size={vocab}), got token id {bad}")
     targets = np.sum(mask[:, 1:] & mask[:, :-1], axis=1)
     if np.any(targets == 0):
         row = int(np.argmax(targets == 0))
-        raise ValueError(
+        raise InputError(
             f"dataset mask row {row} has no next-token target (needs two consecutive real tokens); "
             "drop such records before training"
         )
     if positions is not None and int(mask.sum(axis=1).max()) > positions:
-        raise ValueError(
+        raise InputError(
             f"dataset records must hold at most n_positions={positions} real tokens, got {int(mask.sum(axis=1).max())}"
         )
     tokens = np.where(mask, tokens, 0).astype(np.int32)  # padding ids are never read; keep them in range
@@ -185,7 +186,7 @@ def record_losses(model, dataset, *, batch_size: int = 64) -> np.ndarray:
       ValueError: invalid dataset or ``batch_size``.
     """
     tokens, mask = _check_dataset(dataset, model)
-    batch_size = _validate.positive_int("batch_size", batch_size)
+    batch_size = validate.positive_int("batch_size", batch_size)
     n = tokens.shape[0]
     b = min(batch_size, n)
     padded = -(-n // b) * b

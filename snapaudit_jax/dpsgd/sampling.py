@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from snapaudit_jax import _validate
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["poisson_batch", "inclusion_threshold", "sampling_probability"]
 
@@ -28,9 +29,9 @@ def inclusion_threshold(sampling_rate: float) -> np.uint32:
     Raises:
       ValueError: ``sampling_rate`` outside ``[2^-32, 1]``.
     """
-    q = _validate._as_float("sampling_rate", sampling_rate)
+    q = validate._as_float("sampling_rate", sampling_rate)
     if not 2.0**-32 <= q <= 1.0:
-        raise ValueError(f"sampling_rate must be in [2**-32, 1], got {sampling_rate!r}")
+        raise InputError(f"sampling_rate must be in [2**-32, 1], got {sampling_rate!r}")
     return np.uint32(math.floor(q * 2.0**32) - 1)
 
 
@@ -66,8 +67,8 @@ def poisson_batch(key: jax.Array, step: int, num_records: int, sampling_rate: fl
       (epsilon is non-decreasing in ``q``, so accounting at ``q`` is conservative). Different steps
       use ``fold_in(key, step)``, independent streams for a random key (threefry).
     """
-    num_records = _validate.positive_int("num_records", num_records)
-    step = _validate.positive_int("step", step, minimum=0)
+    num_records = validate.positive_int("num_records", num_records)
+    step = validate.positive_int("step", step, minimum=0)
     return _poisson_mask(key, step, num_records, inclusion_threshold(sampling_rate))
 
 

@@ -35,12 +35,13 @@ import optax
 from flax import nnx
 from jax_privacy import noise_addition
 
-from snapaudit_jax import _validate
 from snapaudit_jax.dpsgd.accounting import DPReport, calibrate_noise_multiplier, compute_epsilon, make_report
 from snapaudit_jax.dpsgd.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from snapaudit_jax.dpsgd.config import DPSGDConfig
 from snapaudit_jax.dpsgd.gradients import _check_dataset, _clipped_sum
 from snapaudit_jax.dpsgd.sampling import _poisson_mask, compact_indices, inclusion_threshold, sampling_probability
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["train", "ResolvedPrivacy", "resolve_privacy", "HISTORY_KEYS"]
 
@@ -179,10 +180,10 @@ def _as_key(key, seed: int) -> jax.Array:
     key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
     if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
         if key.shape != ():
-            raise ValueError(f"key must be a single PRNG key, got shape {key.shape}")
+            raise InputError(f"key must be a single PRNG key, got shape {key.shape}")
         return key
     if key.dtype != jnp.uint32 or key.ndim != 1:
-        raise ValueError(f"key must be a PRNG key (jax.random.key) or raw uint32 key data, got {key.dtype} {key.shape}")
+        raise InputError(f"key must be a PRNG key (jax.random.key) or raw uint32 key data, got {key.dtype} {key.shape}")
     return jax.random.wrap_key_data(key)
 
 
@@ -342,14 +343,14 @@ def train(
       Abadi et al. 2016, "Deep learning with differential privacy", Alg. 1; Mironov, Talwar & Zhang 2019.
     """
     if not isinstance(config, DPSGDConfig):
-        raise ValueError(f"config must be a DPSGDConfig, got {type(config).__name__}")
-    stop = config.steps if stop_after is None else _validate.positive_int("stop_after", stop_after)
+        raise InputError(f"config must be a DPSGDConfig, got {type(config).__name__}")
+    stop = config.steps if stop_after is None else validate.positive_int("stop_after", stop_after)
     if stop > config.steps:
-        raise ValueError(f"stop_after must be <= config.steps={config.steps}, got {stop_after}")
+        raise InputError(f"stop_after must be <= config.steps={config.steps}, got {stop_after}")
     if checkpoint_every is not None:
-        checkpoint_every = _validate.positive_int("checkpoint_every", checkpoint_every)
+        checkpoint_every = validate.positive_int("checkpoint_every", checkpoint_every)
     if not (isinstance(progress, bool) or callable(progress)):
-        raise ValueError(f"progress must be a bool or a callable, got {progress!r}")
+        raise InputError(f"progress must be a bool or a callable, got {progress!r}")
     run = _prepare(model, dataset, config, key)
     privacy, params, opt_state = run.privacy, run.params, run.opt_state
 
@@ -361,14 +362,14 @@ def train(
             params, opt_state, meta = load_checkpoint(found, params, opt_state)
             for name, value in run.identity.items():
                 if meta.get("run", {}).get(name) != value:
-                    raise ValueError(
+                    raise InputError(
                         f"checkpoint {found}: {name} differs from this run (checkpoint "
                         f"{meta.get('run', {}).get(name)!r}, run {value!r}); use another checkpoint_dir"
                     )
             start = int(meta["step"])
             raw = {name: list(meta["history"][name]) for name in _RAW_KEYS}
             if start > stop:
-                raise ValueError(f"stop_after must be >= the checkpoint's step {start}, got {stop_after}")
+                raise InputError(f"stop_after must be >= the checkpoint's step {start}, got {stop_after}")
 
     def save(done: int) -> None:
         _drain(pending, raw)

@@ -24,13 +24,14 @@ from flax import nnx
 from snapaudit_jax.models.bert import Bert
 from snapaudit_jax.models.config import BertConfig, ConfigError, GPT2Config, LlamaConfig, RopeScaling, config_from_hf
 from snapaudit_jax.models.decoders import GPT2, Llama
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["CheckpointError", "load_hf_folder", "load_gguf", "build_model", "PICKLE_SUFFIXES"]
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A checkpoint that cannot be loaded: missing, truncated, corrupted or mismatched."""
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from snapaudit_jax.utils.errors import InputError
+
 __all__ = ["GPT2Config", "LlamaConfig", "BertConfig", "RopeScaling", "config_from_hf"]
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A checkpoint configuration this package cannot run."""
 
 

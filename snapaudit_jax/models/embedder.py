@@ -14,6 +14,7 @@ from flax import nnx
 from snapaudit_jax.models.bert import mean_pool_normalize
 from snapaudit_jax.models.lm import batch_bucket, length_bucket
 from snapaudit_jax.models.parallel import DataParallel
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["SentenceEmbedder"]
 
@@ -56,7 +57,7 @@ class SentenceEmbedder:
 
         path = os.path.join(folder, "tokenizer.json")
         if not os.path.isfile(path):
-            raise ValueError(f"{folder}: no tokenizer.json")
+            raise InputError(f"{folder}: no tokenizer.json")
         backend = Backend.from_file(path)
         limit = config.max_position_embeddings
         st_config = os.path.join(folder, "sentence_bert_config.json")
@@ -70,10 +71,10 @@ class SentenceEmbedder:
         """``(n, d)`` float32 unit-norm embeddings of ``texts``."""
         texts = list(texts)
         if not texts:
-            raise ValueError("texts must not be empty")
+            raise InputError("texts must not be empty")
         for i, t in enumerate(texts):
             if not isinstance(t, str):
-                raise ValueError(f"texts[{i}] must be a string, got {type(t).__name__}")
+                raise InputError(f"texts[{i}] must be a string, got {type(t).__name__}")
         rows = [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=True)]
         out = np.empty((len(rows), self.dim), np.float32)
         order = np.argsort([len(r) for r in rows])  # similar lengths share a bucket

@@ -25,6 +25,7 @@ from flax import nnx
 
 from snapaudit_jax.models.decoders import empty_cache
 from snapaudit_jax.models.layers import positions_from_mask
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = [
     "Greedy",
@@ -211,28 +212,28 @@ def decode(
     tokens = jnp.asarray(tokens, jnp.int32)
     mask = jnp.asarray(mask, bool)
     if tokens.ndim != 2 or mask.shape != tokens.shape:
-        raise ValueError(f"tokens and mask must both be (B, L), got {tokens.shape} and {mask.shape}")
+        raise InputError(f"tokens and mask must both be (B, L), got {tokens.shape} and {mask.shape}")
     real = np.asarray(mask).sum(axis=1)
     if real.min() < 1:
-        raise ValueError(f"mask must mark at least one real token in every row, row {int(real.argmin())} has none")
+        raise InputError(f"mask must mark at least one real token in every row, row {int(real.argmin())} has none")
     if int(max_new_tokens) < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     max_new = int(max_new_tokens) if max_new is None else int(max_new)
     if max_new < max_new_tokens:
-        raise ValueError(f"max_new must be >= max_new_tokens={max_new_tokens}, got {max_new}")
+        raise InputError(f"max_new must be >= max_new_tokens={max_new_tokens}, got {max_new}")
     cfg = model.cfg
     positions = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
     if positions is not None and int(real.max()) + int(max_new_tokens) > positions:
-        raise ValueError(f"a prompt of {int(real.max())} tokens plus max_new_tokens={max_new_tokens} exceeds the "
+        raise InputError(f"a prompt of {int(real.max())} tokens plus max_new_tokens={max_new_tokens} exceeds the "
                          f"model's {positions} positions")
     choose = Greedy() if choose is None else choose
     if isinstance(choose, Sample) and jnp.shape(choose.key) != tokens.shape[:1]:
-        raise ValueError(f"Sample.key must hold one key per row, shape ({tokens.shape[0]},), got "
+        raise InputError(f"Sample.key must hold one key per row, shape ({tokens.shape[0]},), got "
                          f"{jnp.shape(choose.key)}")
     if live is not None:
         live = jnp.asarray(live, bool)
         if live.shape != tokens.shape[:1]:
-            raise ValueError(f"live must be ({tokens.shape[0]},), got shape {live.shape}")
+            raise InputError(f"live must be ({tokens.shape[0]},), got shape {live.shape}")
     graphdef, state = nnx.split(model)
     return _decode(graphdef, state, tokens, mask, choose, jnp.int32(max_new_tokens), live, max_new=max_new,
                    eos_ids=tuple(int(e) for e in eos_ids), pad_id=int(pad_id))

@@ -21,6 +21,7 @@ from snapaudit_jax.models.inference import BatchSample, Greedy, decode_tokens
 from snapaudit_jax.models.layers import positions_from_mask
 from snapaudit_jax.models.parallel import DataParallel
 from snapaudit_jax.models.tokenizer import Tokenizer
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["LanguageModel", "Generation", "length_bucket", "batch_bucket"]
 
@@ -184,16 +185,16 @@ class LanguageModel:
 
     def _ids(self, prompts) -> list[list[int]]:
         if not prompts:
-            raise ValueError("prompts must not be empty")
+            raise InputError("prompts must not be empty")
         if all(isinstance(p, str) for p in prompts):
             rows = self.tokenizer.encode_batch(prompts)
         else:
             rows = [list(map(int, p)) for p in prompts]
         for i, ids in enumerate(rows):
             if not ids:
-                raise ValueError(f"prompts[{i}] is empty after tokenisation")
+                raise InputError(f"prompts[{i}] is empty after tokenisation")
             if len(ids) > self.max_length:
-                raise ValueError(f"prompts[{i}] has {len(ids)} tokens, more than the model's {self.max_length}")
+                raise InputError(f"prompts[{i}] has {len(ids)} tokens, more than the model's {self.max_length}")
         return rows
 
     # --- generation ----------------------------------------------------------
@@ -213,18 +214,18 @@ class LanguageModel:
         ``max_new_tokens`` tokens.
         """
         if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+            raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         greedy = temperature is None
         if not greedy:
             if not 0 < temperature < float("inf"):
-                raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+                raise InputError(f"temperature must be a finite number > 0, got {temperature}")
             if key is None:
-                raise ValueError("temperature sampling needs an explicit PRNG key")
+                raise InputError("temperature sampling needs an explicit PRNG key")
         key = jax.random.key(0) if key is None else key
         rows = self._ids(prompts)
         longest = max(map(len, rows))
         if longest + max_new_tokens > self.max_length:
-            raise ValueError(
+            raise InputError(
                 f"a prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds the model's "
                 f"{self.max_length} positions"
             )
@@ -267,15 +268,15 @@ class LanguageModel:
         ``normalize=True`` renormalises over the labels (log-softmax).
         """
         if not labels:
-            raise ValueError("labels must not be empty")
+            raise InputError("labels must not be empty")
         label_ids = [self.tokenizer.encode_continuation(lab) for lab in labels]
         for lab, ids in zip(labels, label_ids):
             if not ids:
-                raise ValueError(f"label {lab!r} is empty after tokenisation")
+                raise InputError(f"label {lab!r} is empty after tokenisation")
         rows = self._ids(list(prompts))
         longest = max(map(len, rows)) + max(map(len, label_ids))
         if longest > self.max_length:
-            raise ValueError(f"a prompt plus its longest label has {longest} tokens, more than the model's "
+            raise InputError(f"a prompt plus its longest label has {longest} tokens, more than the model's "
                              f"{self.max_length} positions")
         out = np.empty((len(rows), len(labels)), np.float64)
         single = all(len(ids) == 1 for ids in label_ids)
@@ -314,12 +315,12 @@ class LanguageModel:
         (ties aside), so one forward pass replaces step-by-step decoding.
         """
         if len(prompts) != len(continuations):
-            raise ValueError(f"got {len(prompts)} prompts but {len(continuations)} continuations")
+            raise InputError(f"got {len(prompts)} prompts but {len(continuations)} continuations")
         rows = self._ids(list(prompts))
         conts = [self.tokenizer.encode_continuation(c) for c in continuations]
         for c, ids in zip(continuations, conts):
             if not ids:
-                raise ValueError(f"continuation {c!r} is empty after tokenisation")
+                raise InputError(f"continuation {c!r} is empty after tokenisation")
         out = np.empty(len(rows), bool)
         for start in range(0, len(rows), batch_size):
             chunk = list(zip(rows[start:start + batch_size], conts[start:start + batch_size]))

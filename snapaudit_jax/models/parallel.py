@@ -17,6 +17,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from snapaudit_jax.utils.errors import InputError
+
 __all__ = ["DataParallel", "CPU_REPLICA_BYTES"]
 
 CPU_REPLICA_BYTES = 2 << 30  # all CPU replicas of a model's weights together
@@ -32,7 +34,7 @@ class DataParallel:
     def __init__(self, devices=None):
         devices = list(jax.local_devices() if devices is None else devices)
         if not devices:
-            raise ValueError("devices must not be empty")
+            raise InputError("devices must not be empty")
         self.size = len(devices)
         self._rows = self._replicated = None
         if self.size > 1:

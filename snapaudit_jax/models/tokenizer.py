@@ -17,10 +17,12 @@ import json
 import os
 from collections.abc import Sequence
 
+from snapaudit_jax.utils.errors import InputError
+
 __all__ = ["Tokenizer", "TokenizerError"]
 
 
-class TokenizerError(ValueError):
+class TokenizerError(InputError):
     """A tokenizer that cannot be built or used."""
 
 

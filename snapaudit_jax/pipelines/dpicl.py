@@ -28,12 +28,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from snapaudit_jax import _validate
 from snapaudit_jax.data import AuditContext, DatasetSpec, Example, sample_audit_context
 from snapaudit_jax.jem import KeywordSpaceAggregation
 from snapaudit_jax.mechanisms import EmbeddingSpaceAggregation, Mechanism, PrivateVoting, ProductOfExperts
 from snapaudit_jax.pipelines import prompts as P
 from snapaudit_jax.pipelines.oracle import LLMOracle
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["AuditCase", "make_case", "Pipeline", "PrivateVotingPipeline", "ProductOfExpertsPipeline",
            "EmbeddingPipeline", "CandidatePool", "candidate_text", "KeywordPipeline", "PIPELINES", "keywords_of"]
@@ -95,7 +96,7 @@ def make_case(
     ``semantic`` mode paraphrases the canary with the model (greedy, once).
     """
     if mode not in P.QUERY_MODES:
-        raise ValueError(f"query mode must be one of {', '.join(P.QUERY_MODES)}, got {mode!r}")
+        raise InputError(f"query mode must be one of {', '.join(P.QUERY_MODES)}, got {mode!r}")
     ctx = sample_audit_context(examples, num_exemplars=num_exemplars, seed=seed)
     if mode == "copy":
         secret, decoy = signals if signals is not None else _secret_pair(np.random.default_rng([seed, 7]))
@@ -108,7 +109,7 @@ def make_case(
         return AuditCase(spec, mode, ctx, f"{base.text} {P.SECRET_LEAD}", secret, decoy)
     if mode == "semantic":
         if oracle is None:
-            raise ValueError("semantic mode needs a model to paraphrase the canary")
+            raise InputError("semantic mode needs a model to paraphrase the canary")
         text = oracle.generate([oracle.lm.chat_prompt(P.paraphrase_instruction(ctx.canary.text))], 64)[0].strip()
         return AuditCase(spec, mode, ctx, text.splitlines()[0] if text else ctx.canary.text)
     return AuditCase(spec, mode, ctx, ctx.canary.text)
@@ -139,10 +140,10 @@ class Pipeline(abc.ABC):
 
     def __init__(self, oracle: LLMOracle, case: AuditCase, *, partitions: int, defense: str = "none"):
         if defense not in P.DEFENSES:
-            raise ValueError(f"defense must be one of {', '.join(P.DEFENSES)}, got {defense!r}")
+            raise InputError(f"defense must be one of {', '.join(P.DEFENSES)}, got {defense!r}")
         k = case.context.num_exemplars
         if not 1 <= partitions <= k:
-            raise ValueError(f"partitions must be in [1, {k}] (the number of exemplars), got {partitions}")
+            raise InputError(f"partitions must be in [1, {k}] (the number of exemplars), got {partitions}")
         self.oracle, self.case, self.partitions, self.defense = oracle, case, partitions, defense
 
     # --- prompts ---------------------------------------------------------------------------
@@ -288,7 +289,7 @@ class ProductOfExpertsPipeline(Pipeline):
     def __init__(self, oracle, case, *, clip: float = 5.0, defense: str = "none"):
         super().__init__(oracle, case, partitions=case.context.num_exemplars, defense=defense)
         if not clip > 0:
-            raise ValueError(f"clip must be > 0, got {clip}")
+            raise InputError(f"clip must be > 0, got {clip}")
         self.clip = float(clip)
 
     def assign(self, exemplars, rng):
@@ -381,7 +382,7 @@ class CandidatePool:
         """The pool of a candidate stage's answers (already :func:`candidate_text`)."""
         draws = tuple(draws)
         if not draws:
-            raise ValueError("a sampled candidate pool needs at least one draw, got 0")
+            raise InputError("a sampled candidate pool needs at least one draw, got 0")
         signals = tuple(signals)
         others = list(dict.fromkeys(d for d in draws if d not in signals))
         texts = tuple(y for y in signals if y in draws) + tuple(others)
@@ -517,7 +518,7 @@ class EmbeddingPipeline(Pipeline):
         pseudo-seeds are ``numpy.random.default_rng([*seed, 11]).integers(0,
         10**6, calls)`` (``seed``: an int or a sequence of ints).
         """
-        calls = _validate.positive_int("calls", calls)
+        calls = validate.positive_int("calls", calls)
         y1, y2 = self.signals
         rng = np.random.default_rng([*(int(s) for s in np.atleast_1d(seed)), 11])
         return [self.oracle.lm.chat_prompt(P.esa_candidate_instruction(y1, y2, int(s)))
@@ -562,10 +563,10 @@ class KeywordPipeline(Pipeline):
                  neighbouring: str = "replace_one"):
         super().__init__(oracle, case, partitions=partitions, defense=defense)
         if neighbouring not in self.NEIGHBOURING:
-            raise ValueError(f"neighbouring must be one of {', '.join(self.NEIGHBOURING)}, got {neighbouring!r}")
+            raise InputError(f"neighbouring must be one of {', '.join(self.NEIGHBOURING)}, got {neighbouring!r}")
         k = case.context.num_exemplars
         if neighbouring == "add_remove" and partitions != k:
-            raise ValueError(f"neighbouring='add_remove' needs one exemplar per partition (partitions = "
+            raise InputError(f"neighbouring='add_remove' needs one exemplar per partition (partitions = "
                              f"num_exemplars = {k}): only then does adding an exemplar add one whole keyword set "
                              f"(every count moves by 0 or +1, Delta_u = 1); got partitions={partitions}")
         self.top_k = int(top_k)
@@ -597,7 +598,7 @@ class KeywordPipeline(Pipeline):
     @property
     def target(self) -> int:
         if self.vocabulary is None:
-            raise ValueError("the keyword vocabulary is fixed by histograms(); call it first")
+            raise InputError("the keyword vocabulary is fixed by histograms(); call it first")
         return self.vocabulary.index(self.target_keyword)
 
     def _prompt(self, group):
@@ -627,7 +628,7 @@ class KeywordPipeline(Pipeline):
     def count(self, calls: Sequence) -> np.ndarray:
         """Keyword counts ``(n, V)`` of calls over the fixed vocabulary (words outside it are not counted)."""
         if self.vocabulary is None:
-            raise ValueError("the keyword vocabulary is fixed by histograms(); call it first")
+            raise InputError("the keyword vocabulary is fixed by histograms(); call it first")
         index = {w: i for i, w in enumerate(self.vocabulary)}
         out = np.zeros((len(calls), len(index)))
         for r, call in enumerate(calls):

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from snapaudit_jax.models import LanguageModel, SentenceEmbedder
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["LLMOracle", "CallStats", "read_cache"]
 
@@ -67,7 +68,7 @@ def read_cache(path: str | os.PathLike) -> tuple[dict[str, object], int | None]:
         with open(path, "rb") as fh:
             data = fh.read()
     except OSError as err:
-        raise ValueError(f"{path}: cannot read the answer cache ({err.strerror or err})") from None
+        raise InputError(f"{path}: cannot read the answer cache ({err.strerror or err})") from None
     *lines, rest = data.split(b"\n")
     cache: dict[str, object] = {}
     for lineno, line in enumerate(lines, 1):
@@ -76,11 +77,11 @@ def read_cache(path: str | os.PathLike) -> tuple[dict[str, object], int | None]:
         try:
             row = json.loads(line)
         except ValueError as err:
-            raise ValueError(f"{path}: line {lineno} of the answer cache is not JSON ({err}); the file is corrupted: "
+            raise InputError(f"{path}: line {lineno} of the answer cache is not JSON ({err}); the file is corrupted: "
                              "delete it to recompute the answers") from None
         if not _valid_row(row):
             shown = line[:80].decode(errors="replace")
-            raise ValueError(f"{path}: line {lineno} of the answer cache must be an object "
+            raise InputError(f"{path}: line {lineno} of the answer cache must be an object "
                              f'{{"k": <64 hex digits>, "v": <answer>}}, got {shown!r}; delete the file to recompute '
                              "the answers")
         cache[row["k"]] = row["v"]
@@ -184,7 +185,7 @@ class LLMOracle:
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Unit-norm sentence embeddings ``(n, d)``."""
         if self.embedder is None:
-            raise ValueError("this pipeline needs a sentence embedder")
+            raise InputError("this pipeline needs a sentence embedder")
         keys = [_key("embed", self.embedder.name, t) for t in texts]
         out = self._run("embed", keys, list(texts),
                         lambda ts: self.embedder.embed(ts, batch_size=max(self.batch_size, 16)).tolist(),

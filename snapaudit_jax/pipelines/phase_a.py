@@ -18,10 +18,11 @@ import time
 
 import numpy as np
 
-from snapaudit_jax._io import write_json
 from snapaudit_jax.pipelines.dpicl import EmbeddingPipeline, KeywordPipeline, Pipeline
 from snapaudit_jax.pipelines.oracle import LLMOracle
 from snapaudit_jax.snapshots import Snapshots, dedupe, load_snapshots, save_snapshots
+from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.io import write_json
 
 __all__ = ["SnapshotRun", "generate_snapshots", "case_fingerprint"]
 
@@ -105,7 +106,7 @@ def generate_snapshots(
       :class:`SnapshotRun`.
     """
     if snapshots < 2:
-        raise ValueError(f"snapshots must be >= 2, got {snapshots}")
+        raise InputError(f"snapshots must be >= 2, got {snapshots}")
     fingerprint = case_fingerprint(pipeline, snapshots, seed)
     npz = manifest_path = None
     if run_dir is not None:
@@ -117,7 +118,7 @@ def generate_snapshots(
                 with open(manifest_path) as fh:
                     manifest = json.load(fh)
             except ValueError as err:
-                raise ValueError(f"{manifest_path}: not a readable snapshot manifest ({err}); delete it and {npz} to "
+                raise InputError(f"{manifest_path}: not a readable snapshot manifest ({err}); delete it and {npz} to "
                                  "recompute the snapshots") from None
             if isinstance(manifest, dict) and manifest.get("fingerprint") == fingerprint:
                 if isinstance(pipeline, KeywordPipeline):

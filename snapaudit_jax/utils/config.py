@@ -1,18 +1,21 @@
-"""Reading TOML run configurations: every error names ``section.key``, the rule and the value."""
+"""Reading TOML run configurations: every error names ``section.key``, the rule and the value.
+
+A section is read by popping its keys with :func:`take` and a converter
+(:func:`choice`, :func:`choices`, :func:`boolean`, :func:`string`,
+:func:`number_list`, :func:`pos_int` or any callable that raises
+:class:`ValueError`), then :func:`reject_unknown` refuses what is left.
+"""
 
 from __future__ import annotations
 
 import os
 import tomllib
 
-from snapaudit_jax import _validate
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.errors import ConfigFileError, InputError
 
 __all__ = ["ConfigFileError", "read_toml", "table", "take", "choice", "choices", "pos_int", "boolean", "string",
            "number_list", "reject_unknown"]
-
-
-class ConfigFileError(ValueError):
-    """An invalid run configuration (the message names the key)."""
 
 
 def read_toml(path: str | os.PathLike) -> dict:
@@ -51,7 +54,7 @@ def take(section: dict, key: str, where: str, convert, default):
 def choice(options):
     def convert(value):
         if value not in options:
-            raise ValueError(f"must be one of {', '.join(map(repr, options))}, got {value!r}")
+            raise InputError(f"must be one of {', '.join(map(repr, options))}, got {value!r}")
         return value
 
     return convert
@@ -60,7 +63,7 @@ def choice(options):
 def choices(options):
     def convert(values):
         if isinstance(values, str) or not isinstance(values, list) or not values:
-            raise ValueError(f"must be a non-empty list of {', '.join(map(repr, options))}, got {values!r}")
+            raise InputError(f"must be a non-empty list of {', '.join(map(repr, options))}, got {values!r}")
         return tuple(choice(options)(v) for v in values)
 
     return convert
@@ -69,14 +72,14 @@ def choices(options):
 def boolean(value):
     """TOML ``true``/``false`` only (``bool("no")`` would be ``True``)."""
     if not isinstance(value, bool):
-        raise ValueError(f"must be true or false, got {value!r}")
+        raise InputError(f"must be true or false, got {value!r}")
     return value
 
 
 def string(value):
     """A non-empty string (``str(5)`` would silently be ``"5"``)."""
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"must be a non-empty string, got {value!r}")
+        raise InputError(f"must be a non-empty string, got {value!r}")
     return value
 
 
@@ -84,14 +87,14 @@ def number_list(convert):
     """A non-empty list, each entry passed through ``convert``."""
     def check(values):
         if isinstance(values, (str, bool)) or not isinstance(values, list) or not values:
-            raise ValueError(f"must be a non-empty list of numbers, got {values!r}")
+            raise InputError(f"must be a non-empty list of numbers, got {values!r}")
         return tuple(convert(v) for v in values)
 
     return check
 
 
 def pos_int(name, minimum=1):
-    return lambda v: _validate.positive_int(name, v, minimum=minimum)
+    return lambda v: validate.positive_int(name, v, minimum=minimum)
 
 
 def reject_unknown(section: dict, where: str):

@@ -1,6 +1,8 @@
 """Validation of user input at the Python boundary.
 
-Every error names the field, the rule and the value.
+Every check returns the converted value or raises
+:class:`~snapaudit_jax.utils.errors.InputError` naming the field, the rule and
+the value.
 """
 
 from __future__ import annotations
@@ -11,37 +13,42 @@ from typing import Any
 
 import numpy as np
 
+from snapaudit_jax.utils.errors import InputError
+
+__all__ = ["choice", "finite_array", "nonnegative_float", "open_unit", "positive_float", "positive_int",
+           "unit_closed_open"]
+
 
 def _as_float(name: str, value: Any) -> float:
     if isinstance(value, bool):
-        raise ValueError(f"{name} must be a number, got {value!r}")
+        raise InputError(f"{name} must be a number, got {value!r}")
     try:
         out = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
+        raise InputError(f"{name} must be a number, got {value!r}") from None
     if math.isnan(out):
-        raise ValueError(f"{name} must be a number, got nan")
+        raise InputError(f"{name} must be a number, got nan")
     return out
 
 
 def positive_float(name: str, value: Any, *, allow_inf: bool = False) -> float:
     out = _as_float(name, value)
     if not out > 0.0 or (math.isinf(out) and not allow_inf):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        raise InputError(f"{name} must be a finite number > 0, got {value!r}")
     return out
 
 
 def nonnegative_float(name: str, value: Any, *, allow_inf: bool = False) -> float:
     out = _as_float(name, value)
     if out < 0.0 or (math.isinf(out) and not allow_inf):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        raise InputError(f"{name} must be a finite number >= 0, got {value!r}")
     return out
 
 
 def open_unit(name: str, value: Any) -> float:
     out = _as_float(name, value)
     if not 0.0 < out < 1.0:
-        raise ValueError(f"{name} must be in (0, 1), got {value!r}")
+        raise InputError(f"{name} must be in (0, 1), got {value!r}")
     return out
 
 
@@ -49,25 +56,25 @@ def unit_closed_open(name: str, value: Any) -> float:
     """A number in ``[0, 1)`` (e.g. a ``delta`` where 0, a pure claim, is allowed)."""
     out = nonnegative_float(name, value)
     if not out < 1.0:
-        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+        raise InputError(f"{name} must be in [0, 1), got {value!r}")
     return out
 
 
 def positive_int(name: str, value: Any, *, minimum: int = 1) -> int:
     if isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        raise InputError(f"{name} must be an integer >= {minimum}, got {value!r}")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        raise InputError(f"{name} must be an integer >= {minimum}, got {value!r}")
     if value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        raise InputError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
 
 
 def choice(name: str, value: Any, options: Sequence[str]) -> str:
     if value not in options:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, options))}, got {value!r}")
+        raise InputError(f"{name} must be one of {', '.join(map(repr, options))}, got {value!r}")
     return value
 
 
@@ -76,13 +83,13 @@ def finite_array(name: str, value: Any, *, ndim_min: int = 1, dtype=np.float64) 
     try:
         arr = np.asarray(value, dtype=dtype)
     except (TypeError, ValueError) as err:
-        raise ValueError(f"{name} must be a rectangular numeric array (ragged or non-numeric input): {err}") from None
+        raise InputError(f"{name} must be a rectangular numeric array (ragged or non-numeric input): {err}") from None
     if arr.ndim < ndim_min:
-        raise ValueError(f"{name} must have at least {ndim_min} dimension(s), got shape {arr.shape}")
+        raise InputError(f"{name} must have at least {ndim_min} dimension(s), got shape {arr.shape}")
     if arr.size == 0:
-        raise ValueError(f"{name} must not be empty, got shape {arr.shape}")
+        raise InputError(f"{name} must not be empty, got shape {arr.shape}")
     if not np.all(np.isfinite(arr)):
         bad = np.argwhere(~np.isfinite(arr))[0]
         index = tuple(int(i) for i in bad)
-        raise ValueError(f"{name} must be finite (no nan/inf), found {arr[index]} at index {index}")
+        raise InputError(f"{name} must be finite (no nan/inf), found {arr[index]} at index {index}")
     return arr

@@ -1,12 +1,28 @@
-"""Atomic file output: a result file is either complete or absent."""
+"""Atomic file output and the one JSON rule.
+
+A result file is either complete or absent: :func:`atomic_write` writes a
+temporary file next to the target and renames it into place. Every JSON file
+and every ``--json`` line goes through :func:`to_json`: numpy scalars become
+Python numbers, tuples and sets lists, and non-finite floats (``nan``, ``inf``,
+``-inf``) ``null``, so the output is strict JSON (RFC 8259) that any reader
+accepts. A field that may be infinite documents what its ``null`` means.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable
 from typing import IO, Any
+
+import numpy as np
+
+from snapaudit_jax.utils.errors import InputError
+
+__all__ = ["PLOT_FORMATS", "atomic_write", "check_output_dir", "check_output_file", "dumps", "to_json", "write_json",
+           "write_text"]
 
 
 def _umask() -> int:
@@ -35,13 +51,53 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> 
         raise
 
 
+def to_json(obj: Any) -> Any:
+    """The strict-JSON form of ``obj`` (the project's one rule for numbers).
+
+    Args:
+      obj: nested dicts, lists, tuples and sets of numbers, strings, booleans, ``None`` and numpy scalars or
+        0-d arrays.
+
+    Returns:
+      A copy made of JSON types: dict keys as strings, numpy scalars as Python numbers, tuples and sets as lists,
+      non-finite floats as ``None``.
+
+    Raises:
+      TypeError: a value JSON has no form for (an object, a non-scalar array).
+    """
+    if isinstance(obj, dict):
+        return {str(k): to_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_json(v) for v in obj]
+    if isinstance(obj, (set, frozenset)):
+        return [to_json(v) for v in sorted(obj, key=repr)]
+    if isinstance(obj, np.ndarray) and obj.ndim == 0:
+        obj = obj.item()
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        x = float(obj)
+        return x if math.isfinite(x) else None
+    if obj is None or isinstance(obj, str):
+        return obj
+    raise TypeError(f"to_json: no JSON form for {type(obj).__name__} {obj!r:.80}")
+
+
+def dumps(obj: Any, **kwargs) -> str:
+    """``json.dumps(to_json(obj))``, strict (``allow_nan=False``); ``kwargs`` go to :func:`json.dumps`."""
+    return json.dumps(to_json(obj), allow_nan=False, **kwargs)
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> None:
-    """Writes ``obj`` as strict JSON (no NaN/Infinity), atomically."""
-    data = (json.dumps(obj, indent=2, allow_nan=False) + "\n").encode()
+    """Writes :func:`to_json` of ``obj`` (indented strict JSON) to ``path``, atomically."""
+    data = (dumps(obj, indent=2) + "\n").encode()
     atomic_write(path, lambda fh: fh.write(data))
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
+    """Writes ``text`` (UTF-8) to ``path``, atomically."""
     atomic_write(path, lambda fh: fh.write(text.encode()))
 
 
@@ -59,11 +115,11 @@ def _nearest_existing(path: str) -> str:
 def _probe_writable(name: str, directory: str, what: str) -> None:
     """Creates and removes a temporary file in ``directory``: the only test that also holds on /proc or as root."""
     if not os.path.isdir(directory):
-        raise ValueError(f"{name}: {what} must be in a folder, but {directory!r} is not a folder")
+        raise InputError(f"{name}: {what} must be in a folder, but {directory!r} is not a folder")
     try:
         fd, tmp = tempfile.mkstemp(prefix=".probe-", dir=directory)
     except OSError as err:
-        raise ValueError(f"{name}: {what} must be writable, but {directory!r} refuses new files "
+        raise InputError(f"{name}: {what} must be writable, but {directory!r} refuses new files "
                          f"({err.strerror or err})") from None
     os.close(fd)
     os.unlink(tmp)
@@ -81,14 +137,14 @@ def check_output_file(name: str, path: str | os.PathLike, suffixes: tuple[str, .
       The suffix in lower case (the format to write).
 
     Raises:
-      ValueError: a folder path, a wrong suffix, or a location that refuses new files.
+      InputError: a folder path, a wrong suffix, or a location that refuses new files.
     """
     path = os.fspath(path)
     suffix = os.path.splitext(path)[1].lower().lstrip(".")
     if not path or path.endswith(os.sep) or os.path.isdir(path):
-        raise ValueError(f"{name}: must be a file path, got the folder {path!r}")
+        raise InputError(f"{name}: must be a file path, got the folder {path!r}")
     if suffix not in suffixes:
-        raise ValueError(f"{name}: must end in {', '.join('.' + s for s in suffixes)}, got {path!r}")
+        raise InputError(f"{name}: must end in {', '.join('.' + s for s in suffixes)}, got {path!r}")
     _probe_writable(name, _nearest_existing(path), "the output file's folder")
     return suffix
 
@@ -97,12 +153,12 @@ def check_output_dir(name: str, path: str | os.PathLike) -> None:
     """Refuses an output folder that could not be created or written, before any work (nothing is created).
 
     Raises:
-      ValueError: ``path`` is an existing file, or its nearest existing ancestor refuses new files.
+      InputError: ``path`` is an existing file, or its nearest existing ancestor refuses new files.
     """
     path = os.fspath(path)
     if not path:
-        raise ValueError(f"{name}: must be a folder path, got ''")
+        raise InputError(f"{name}: must be a folder path, got ''")
     if os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(f"{name}: must be a folder, but {path!r} is a file")
+        raise InputError(f"{name}: must be a folder, but {path!r} is a file")
     target = path if os.path.isdir(path) else _nearest_existing(os.path.join(path, "x"))
     _probe_writable(name, target, "the output folder")

@@ -1,0 +1,48 @@
+"""Shared utilities of every snapaudit-jax command and of the ``conformal`` and ``attacks`` packages.
+
+* :mod:`~snapaudit_jax.utils.errors` -- the error hierarchy and its exit statuses;
+* :mod:`~snapaudit_jax.utils.validate` -- checks of Python arguments (each error names the field);
+* :mod:`~snapaudit_jax.utils.config` -- reading TOML run configurations (each error names ``section.key``);
+* :mod:`~snapaudit_jax.utils.io` -- atomic writes, the one JSON rule, output-path checks;
+* :mod:`~snapaudit_jax.utils.progress` -- the progress protocol and its stderr printer;
+* :mod:`~snapaudit_jax.utils.platform` -- host setup (one XLA device per CPU core).
+
+These modules import neither JAX nor any other part of snapaudit-jax.
+"""
+
+from snapaudit_jax.utils import config, errors, io, platform, progress, validate
+from snapaudit_jax.utils.errors import (
+    ClaimViolation,
+    ConfigFileError,
+    DependencyError,
+    InputError,
+    MissingFileError,
+    SnapAuditError,
+)
+from snapaudit_jax.utils.io import atomic_write, dumps, to_json, write_json, write_text
+from snapaudit_jax.utils.platform import use_all_cpu_cores
+from snapaudit_jax.utils.progress import Counter, Progress, RunLog
+
+__all__ = [
+    "ClaimViolation",
+    "ConfigFileError",
+    "Counter",
+    "DependencyError",
+    "InputError",
+    "MissingFileError",
+    "Progress",
+    "RunLog",
+    "SnapAuditError",
+    "atomic_write",
+    "config",
+    "dumps",
+    "errors",
+    "io",
+    "platform",
+    "progress",
+    "to_json",
+    "use_all_cpu_cores",
+    "validate",
+    "write_json",
+    "write_text",
+]
