@@ -5,8 +5,8 @@ training data independently with probability ``p``. Its score is ``log P(secret 
 trained model (minus the same under a reference model, optionally): members should score higher.
 
 :func:`epsilon_lower_bound` turns member / non-member scores into ``(eps, delta)`` lower bounds with this
-package's estimation layer (:mod:`snapaudit_jax.estimation`: the decision rules ``Split`` / ``Bonferroni``,
-:func:`~snapaudit_jax.estimation.threshold_test` and the estimators) for the test "member iff score >= threshold",
+package's estimation layer (:mod:`snapaudit_jax.estimation.layer`: the decision rules ``Split`` / ``Bonferroni``,
+:func:`~snapaudit_jax.estimation.layer.threshold_test` and the estimators) for the test "member iff score >= threshold",
 with exact Clopper-Pearson bounds ``TPR >= tpr_low`` and ``FPR <= fpr_up`` (``alpha / 2`` each). The threshold
 never comes from the scores that the bound uses:
 
@@ -16,7 +16,7 @@ never comes from the scores that the bound uses:
   at ``alpha / (2 G)`` per rate, the best reported (a union bound over the ``2 G`` events).
 
 :func:`canary_audit` bounds each repetition group's canaries as *one run* with this package's one-run auditor
-(:func:`snapaudit_jax.one_run.one_run_audit`, Steinke, Nasr, Jagielski 2023): the canaries of one repetition
+(:func:`snapaudit_jax.estimation.one_run.one_run_audit`, Steinke, Nasr, Jagielski 2023): the canaries of one repetition
 count (assigned by index, before the coins) with their coins, a declared grid of ``(k_+, k_-)`` guesses fixed by
 the group's size, the union bound over it. This is the bound valid for one training run, and the one the PII
 experiment reports as ``epsilon_audited``.
@@ -24,7 +24,7 @@ experiment reports as ``epsilon_audited``.
 :func:`jax_privacy_bounds` runs jax_privacy's ``CanaryScoreAuditor`` on the same scores as a labelled
 cross-reference (Clopper-Pearson with its split and Bonferroni strategies, and its one-run auditor, whose
 threshold family is chosen with the labels: 6.1% false ``eps > 0`` at a nominal 5%, see
-:mod:`snapaudit_jax.one_run`).
+:mod:`snapaudit_jax.estimation.one_run`).
 Its ``epsilon_from_gdp`` is not used: it takes ``abs(mu)``, which turns a worse-than-chance test into
 evidence.
 
@@ -65,8 +65,8 @@ import numpy as np
 from attacks.blackbox import continuation_logprobs
 from attacks.corpus import Canary, CanarySet
 from attacks.mia import roc_auc
-from snapaudit_jax.estimation import Bonferroni, Split, ThresholdTest, estimate, threshold_test
-from snapaudit_jax.one_run import DeclaredGrid, check_design, default_grid, one_run_audit
+from snapaudit_jax.estimation.layer import Bonferroni, Split, ThresholdTest, estimate, threshold_test
+from snapaudit_jax.estimation.one_run import DeclaredGrid, check_design, default_grid, one_run_audit
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 
@@ -103,10 +103,10 @@ class CanaryAuditConfig:
       jax_privacy: also run :func:`jax_privacy_bounds` (a cross-reference); its one-run bound requires canaries
         inserted with probability 1/2 (:func:`canary_audit` refuses any other ``insert_probability`` while this
         is on).
-      one_run: bound each repetition group with :func:`snapaudit_jax.one_run.one_run_audit` (``delta > 0``
+      one_run: bound each repetition group with :func:`snapaudit_jax.estimation.one_run.one_run_audit` (``delta > 0``
         requires ``insert_probability = 1/2``, refused before scoring otherwise).
       one_run_pairs: the declared ``(k_plus, k_minus)`` grid, the same for every group (default: each group's
-        :func:`snapaudit_jax.one_run.default_grid`, fixed by its size).
+        :func:`snapaudit_jax.estimation.one_run.default_grid`, fixed by its size).
     """
 
     delta: float = 1e-5
@@ -173,8 +173,8 @@ def epsilon_lower_bound(
 ) -> dict:
     """``(eps, delta)`` lower bounds from canary scores (see the module docstring).
 
-    The decision rule is a value of :mod:`snapaudit_jax.estimation` (``Split`` or ``Bonferroni``) and
-    :func:`snapaudit_jax.estimation.threshold_test` chooses and bounds it, as in every other audit.
+    The decision rule is a value of :mod:`snapaudit_jax.estimation.layer` (``Split`` or ``Bonferroni``) and
+    :func:`snapaudit_jax.estimation.layer.threshold_test` chooses and bounds it, as in every other audit.
 
     Args:
       member_scores: ``(n1,)`` scores of inserted canaries (higher = member).
@@ -318,7 +318,7 @@ def canary_audit(
       ``bounds`` as :func:`epsilon_lower_bound` (any ``insert_probability``). ``one_run["epsilon"]`` is a
       lower bound on the training run's ``eps`` at ``delta`` with probability ``>= 1 - alpha`` (group ``r``:
       the ``eps`` of group privacy for ``r`` records), given the stated independent insertion
-      (:mod:`snapaudit_jax.one_run`). ``jax_privacy["one_run"]`` is a cross-reference only. A group's
+      (:mod:`snapaudit_jax.estimation.one_run`). ``jax_privacy["one_run"]`` is a cross-reference only. A group's
       Clopper-Pearson non-members include the held-out canaries of other repetition counts.
     """
     config.validate()

@@ -24,7 +24,7 @@ Each variant gets, measured as seed 003 measures it (where the CPU-sized setting
 * a canary audit: canaries
 inserted with probability 1/2 into the training records (after scrubbing: the audit measures the training
 algorithm, not the tagger), scored by loss, turned into an epsilon lower bound by our one-run auditor
-(:mod:`snapaudit_jax.one_run`, Steinke et al. 2023: a declared grid of guesses, valid for one training run)
+(:mod:`snapaudit_jax.estimation.one_run`, Steinke et al. 2023: a declared grid of guesses, valid for one training run)
 -- ``epsilon_audited`` -- with jax_privacy's one-run value beside it as a labelled cross-reference (its
 threshold family is chosen with the labels), and our Clopper-Pearson / GDP estimators on a separate
 threshold-selection split (which treat canaries as independent trials: a heuristic within one run).
@@ -61,7 +61,7 @@ from attacks.inference import InferenceConfig, inference_attack
 from attacks.mia import mia_attack
 from attacks.ner import default_tagger, evaluate_tagger, scrub_text
 from attacks.reconstruction import ReconstructionConfig, reconstruction_attack
-from snapaudit_jax.one_run import check_design
+from snapaudit_jax.estimation.one_run import check_design
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.config import ConfigFileError, read_toml, reject_unknown, table, take
 from snapaudit_jax.utils.errors import InputError
@@ -742,15 +742,14 @@ def format_table(results: Mapping[str, dict], full: Mapping[str, dict], config: 
 
 
 def _plot(path: str, results: Mapping[str, dict], log) -> None:
-    try:
-        import matplotlib
+    from snapaudit_jax.report import pyplot, save_figure
+    from snapaudit_jax.utils.errors import DependencyError
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    try:
+        plt = pyplot()
+    except DependencyError:
         log("matplotlib not installed: no plot")
         return
-    from snapaudit_jax.utils.io import atomic_write
 
     keys = ("extraction_precision", "extraction_recall", "reconstruction_accuracy", "inference_accuracy", "mia_auc")
     names = list(results)
@@ -764,5 +763,4 @@ def _plot(path: str, results: Mapping[str, dict], log) -> None:
     ax.legend(fontsize=8)
     ax.set_title("PII leakage by training variant")
     fig.tight_layout()
-    atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=120))
-    plt.close(fig)
+    save_figure(fig, path, fmt="png", dpi=120)

@@ -45,12 +45,12 @@ epsilon lower bound, on the real pipeline: Private Voting in ``copy`` mode on
 SmolLM2 (AG News demo, 6 exemplars, ``T = 3`` partitions), ``eps_theory = 8``,
 ``delta = 1e-5``, black-box, 95% confidence.
 
-* active (:func:`snapaudit_jax.pipelines.phase_a.generate_snapshots` with its
-  default 4-answer determinism check, then :func:`snapaudit_jax.audit.audit`
+* active (:func:`snapaudit_jax.dpicl.pipelines.phase_a.generate_snapshots` with its
+  default 4-answer determinism check, then :func:`snapaudit_jax.audits.active.audit`
   with ``clean="fixed"`` and 200,000 simulated trials per hypothesis), for
   ``n_llm`` = 2, 4, 8, ... snapshots per context;
 * passive (``n`` end-to-end runs per context: fresh partition assignments,
-  one private release each, :func:`snapaudit_jax.passive.passive_bounds`
+  one private release each, :func:`snapaudit_jax.audits.passive.passive_bounds`
   with the assumption-free standard estimator, like the active audit), for ``n`` = 50, 100, 200, ... (at most
   ``--max-passive-runs``).
 
@@ -87,15 +87,15 @@ import numpy as np  # noqa: E402
 
 from _common import CompileCounter, alternate, int_at_least, timed  # noqa: E402
 from snapaudit_jax.utils.io import write_json  # noqa: E402
-from snapaudit_jax.audit import audit  # noqa: E402
-from snapaudit_jax.data import get_spec, load_examples  # noqa: E402
+from snapaudit_jax.audits.active import audit  # noqa: E402
+from snapaudit_jax.dpicl.data import get_spec, load_examples  # noqa: E402
 from snapaudit_jax.mechanisms import Attack  # noqa: E402
 from snapaudit_jax.models import default_model_path, load_language_model  # noqa: E402
 from snapaudit_jax.models.lm import length_bucket  # noqa: E402
-from snapaudit_jax.passive import passive_bounds  # noqa: E402
-from snapaudit_jax.pipelines import LLMOracle, PrivateVotingPipeline, make_case  # noqa: E402
-from snapaudit_jax.pipelines import prompts as P  # noqa: E402
-from snapaudit_jax.pipelines.phase_a import generate_snapshots  # noqa: E402
+from snapaudit_jax.audits.passive import passive_bounds  # noqa: E402
+from snapaudit_jax.dpicl.pipelines import LLMOracle, PrivateVotingPipeline, make_case  # noqa: E402
+from snapaudit_jax.dpicl.pipelines import prompts as P  # noqa: E402
+from snapaudit_jax.dpicl.pipelines.phase_a import generate_snapshots  # noqa: E402
 
 LABELS = ("Yes", "No")
 LOGPROB_TOL = 1e-3

@@ -1,4 +1,4 @@
-"""One-run auditors side by side: ours (snapaudit_jax.one_run) and jax_privacy 2.0.0's, on the same scores.
+"""One-run auditors side by side: ours (snapaudit_jax.estimation.one_run) and jax_privacy 2.0.0's, on the same scores.
 
 Usage::
 
@@ -10,7 +10,7 @@ What is measured
 * ``null``: ``N`` runs (default 5,000) of 1,000 canaries, each included by a fair coin, with N(0, 1) scores
   for included and excluded canaries alike (no leakage). For each auditor the share of runs reporting
   ``eps > 0`` (a false alarm: the run leaks nothing), with its exact 95% Clopper-Pearson interval. Ours:
-  :func:`snapaudit_jax.one_run.one_run_audit` with the default declared grid (12 pairs fixed by ``m``);
+  :func:`snapaudit_jax.estimation.one_run.one_run_audit` with the default declared grid (12 pairs fixed by ``m``);
   jax_privacy: ``CanaryScoreAuditor(in, out).epsilon_one_run(alpha, delta)`` (its default ``Bonferroni``).
 * ``power``: scores ``N(mu S_i, 1)`` -- each canary's score is a Gaussian mechanism of its own coin, so the
   run is ``mu``-GDP in each coin and its exact ``eps(delta)`` is that of ``G_mu`` (``exact_epsilon``).
@@ -20,7 +20,7 @@ What is measured
   fixed ``delta`` the bound stops growing once ``m delta`` is no longer small.
 
 Each script run draws the same scores for both auditors. The JSON (``--out``, written atomically) holds
-every number printed. The differences are explained in the docstring of :mod:`snapaudit_jax.one_run`.
+every number printed. The differences are explained in the docstring of :mod:`snapaudit_jax.estimation.one_run`.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from _common import int_at_least
 import jax
 
 from snapaudit_jax.utils.io import write_json
-from snapaudit_jax.bounds import clopper_pearson_lower, clopper_pearson_upper
-from snapaudit_jax.calibration import gdp_epsilon
-from snapaudit_jax.one_run import HeldOut, default_grid, one_run_audit
+from snapaudit_jax.estimation.bounds import clopper_pearson_lower, clopper_pearson_upper
+from snapaudit_jax.mechanisms.noise import gdp_epsilon
+from snapaudit_jax.estimation.one_run import HeldOut, default_grid, one_run_audit
 
 
 def _jax_privacy(scores, inserted, alpha, delta):

@@ -8,14 +8,14 @@ Usage::
 What is measured
 ----------------
 One mechanism at ``eps = 4`` (``delta = 1e-5`` for the Gaussian ones) on the
-command line's default clean outputs (:data:`snapaudit_jax.runner.DEFAULT_CLEAN`;
+command line's default clean outputs (:data:`snapaudit_jax.audits.command.DEFAULT_CLEAN`;
 ESA: two unit embeddings of ``R^384`` at distance 1.419, one partition) with
-the default black-box attack (:func:`snapaudit_jax.audit.make_attack`). Each
+the default black-box attack (:func:`snapaudit_jax.audits.active.make_attack`). Each
 implementation runs ``N`` trials for *each* of the two hypotheses (clean
 output with and without the canary; ``"hypotheses": 2``), so the rates are
 ``2 N / wall seconds``:
 
-* ``jax``: :func:`snapaudit_jax.simulate.simulate` (bootstrap scheme over
+* ``jax``: :func:`snapaudit_jax.simulation.trials.simulate` (bootstrap scheme over
   2000 identical snapshots, one total count), sharded over
   ``--xla_force_host_platform_device_count=<cores>`` host devices like the
   CLI. It is warmed up first with ``min(N, chunk)`` trials, which compiles the
@@ -26,12 +26,12 @@ output with and without the canary; ``"hypotheses": 2``), so the rates are
   ``k`` normals and takes the arg-max, PoE adds ``k`` Gumbels, ESA adds
   ``d``-dimensional noise to the mean and finds the nearest candidate, KSA
   samples the JEM pair by Gumbel-max over the engine's pair table
-  (:func:`snapaudit_jax.jem.jem_prepare`), then the ``K`` positions. It runs
+  (:func:`snapaudit_jax.mechanisms.ksa.jem_prepare`), then the ``K`` positions. It runs
   in chunks of 2**20 trials (2**14 for ESA), after a one-chunk warm-up, on
   ``min(N, numpy_trials)`` trials per hypothesis (ESA: at most 10**6).
 * ``numpy_same_noise`` (extra key, ``ratio_same_noise``): NumPy drawing only
   the *sufficient noise* the engine draws (see
-  :mod:`snapaudit_jax.mechanisms`): PV ``k - 1`` normals in the contrast
+  :mod:`snapaudit_jax.mechanisms.base`): PV ``k - 1`` normals in the contrast
   space, PoE one logistic (the noisy margin), ESA ``c`` normals in the span of
   the candidate differences and the attack direction, KSA the engine's alias
   table for the pair. This isolates the JAX execution from the algorithm.
@@ -76,10 +76,10 @@ import numpy as np  # noqa: E402
 import snapaudit_jax as sa  # noqa: E402
 from _common import CompileCounter, int_at_least, timed  # noqa: E402
 from snapaudit_jax.utils.io import write_json  # noqa: E402
-from snapaudit_jax.audit import make_attack  # noqa: E402
-from snapaudit_jax.jem import bucket_num_values  # noqa: E402
-from snapaudit_jax.runner import DEFAULT_CLEAN, esa_unit_pair  # noqa: E402
-from snapaudit_jax.simulate import CHUNK_TRIALS, simulate  # noqa: E402
+from snapaudit_jax.audits.active import make_attack  # noqa: E402
+from snapaudit_jax.mechanisms.ksa import bucket_num_values  # noqa: E402
+from snapaudit_jax.audits.command import DEFAULT_CLEAN, esa_unit_pair  # noqa: E402
+from snapaudit_jax.simulation.trials import CHUNK_TRIALS, simulate  # noqa: E402
 
 EPSILON, DELTA = 4.0, 1e-5
 SNAPSHOTS = 2000

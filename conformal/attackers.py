@@ -154,7 +154,7 @@ class ClueAttacker:
 
     Args:
       retrieval: the retrieval attacker over the candidate profiles.
-      oracle: an :class:`~snapaudit_jax.pipelines.oracle.LLMOracle` (cached,
+      oracle: an :class:`~snapaudit_jax.models.oracle.LLMOracle` (cached,
         counted model calls; greedy decoding, so each document's clues are
         fixed: a deterministic attacker).
       max_new_tokens: length of the clue list.

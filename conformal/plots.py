@@ -2,27 +2,23 @@
 
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from snapaudit_jax.plotting import _pyplot
-from snapaudit_jax.utils.io import atomic_write
+from snapaudit_jax.report import pyplot, save_figure
 
 __all__ = ["plot_alpha_dial", "plot_set_sizes"]
 
 
 def _save(fig, path) -> None:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
-    atomic_write(path, lambda fh: fh.write(buf.getvalue()))
+    save_figure(fig, path, fmt="png", bbox_inches="tight")
 
 
 def plot_alpha_dial(path: str | os.PathLike, rows: Sequence[Mapping], *, title: str | None = None) -> None:
     """Coverage (with the 1 - alpha target), median set size and E[1/|C|] against alpha, one line per suite."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), dpi=110)
     suites = sorted({r["suite"] for r in rows})
     for suite in suites:
@@ -49,7 +45,7 @@ def plot_alpha_dial(path: str | os.PathLike, rows: Sequence[Mapping], *, title: 
 
 def plot_set_sizes(path: str | os.PathLike, sizes: Mapping[str, np.ndarray], *, title: str | None = None) -> None:
     """Box plots of test-document set sizes per suite (log scale; empty sets drawn at 0.5)."""
-    plt = _pyplot()
+    plt = pyplot()
     names = sorted(sizes)
     fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(names)), 4.2), dpi=110)
     ax.boxplot([np.maximum(np.asarray(sizes[n], float), 0.5) for n in names], showfliers=True)

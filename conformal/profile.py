@@ -51,7 +51,7 @@ class ProfileAttacker:
     """An LLM that predicts attributes of a document's subject by ``m`` forced-choice samples each.
 
     Args:
-      oracle: an :class:`~snapaudit_jax.pipelines.oracle.LLMOracle` (cached, counted calls).
+      oracle: an :class:`~snapaudit_jax.models.oracle.LLMOracle` (cached, counted calls).
       attributes: attribute name -> its value vocabulary.
       samples: ``m``, forced-choice samples per document and attribute (the attacker's budget).
       key: PRNG key of the sampling randomness.

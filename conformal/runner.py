@@ -396,7 +396,7 @@ class _Models:
         """The cached oracle of ``model``; a checkpoint that cannot be loaded names ``key`` (a config key)."""
         if model not in self._oracles:
             from snapaudit_jax.models import load_language_model
-            from snapaudit_jax.pipelines.oracle import LLMOracle
+            from snapaudit_jax.models.oracle import LLMOracle
 
             self.log(f"loading language model {model}")
             try:
@@ -632,7 +632,7 @@ def run_cpa(config: CPAConfig, out_dir: str, *, progress: bool = True) -> dict:
     check_references(config, suites)  # every error a config can cause is raised before anything is written
     cache = os.path.join(out_dir, "llm_cache.jsonl")
     if os.path.exists(cache):
-        from snapaudit_jax.pipelines.oracle import read_cache
+        from snapaudit_jax.models.oracle import read_cache
 
         read_cache(cache)  # a corrupted answer cache of an earlier run: refused before any model is loaded
     models = _Models(out_dir, config.batch_size, log)

@@ -1,7 +1,7 @@
 """Recompute, from first principles, where the SnapAudit paper contradicts itself.
 
 Every "ours" number comes from the engine's exact functions (calibration, exact
-privacy profiles, the bounds of ``snapaudit_jax.bounds``); every "paper" number
+privacy profiles, the bounds of ``snapaudit_jax.estimation.bounds``); every "paper" number
 is quoted in :data:`PAPER` with the line of the paper's flattened text it comes
 from. Five inconsistencies:
 
@@ -43,8 +43,8 @@ from scipy import optimize
 
 import snapaudit_jax as sa
 from snapaudit_jax.utils.io import write_json, write_text
-from snapaudit_jax.profiles import discrete_epsilon, gaussian_epsilon
-from snapaudit_jax.runner import SimulateConfig, run_simulate
+from snapaudit_jax.simulation.profiles import discrete_epsilon, gaussian_epsilon
+from snapaudit_jax.audits.command import SimulateConfig, run_simulate
 
 EPSILONS = (1.0, 2.0, 4.0, 8.0, 16.0)
 ITEMS = (1, 2, 3, 4, 5)

@@ -50,8 +50,8 @@ import snapaudit_jax as sa
 sa.use_all_cpu_cores()
 
 from snapaudit_jax.utils.io import write_json, write_text  # noqa: E402
-from snapaudit_jax.plotting import plot_epsilon  # noqa: E402
-from snapaudit_jax.runner import SimulateConfig, run_simulate  # noqa: E402
+from snapaudit_jax.report.plots import plot_epsilon  # noqa: E402
+from snapaudit_jax.audits.command import SimulateConfig, run_simulate  # noqa: E402
 
 EPSILONS = (1.0, 2.0, 4.0, 8.0, 16.0)
 

@@ -1,33 +1,56 @@
 """snapaudit-jax: JAX-accelerated auditing of the privacy of LLM pipelines.
 
-Stages, one module each:
+The data's way, one subpackage per stage (``docs/architecture.md``)::
 
-* :mod:`~snapaudit_jax.calibration` -- Gaussian/GDP calibration, exponential-mechanism scales;
-* :mod:`~snapaudit_jax.mechanisms` and :mod:`~snapaudit_jax.jem` -- PV, PoE, ESA, KSA kernels;
-* :mod:`~snapaudit_jax.simulate` -- Phase B bootstrap simulation (sharded, chunked);
-* :mod:`~snapaudit_jax.exact` and :mod:`~snapaudit_jax.profiles` -- exact success probabilities and exact
-  privacy profiles of releases;
-* :mod:`~snapaudit_jax.estimation` -- the one estimation layer: rate bounds, decision rules as values,
-  estimators, certified trade-off curves, Holm, and the :class:`AuditResult` factory (its formulas live in
-  :mod:`~snapaudit_jax.bounds` and :mod:`~snapaudit_jax.estimators`);
-* :mod:`~snapaudit_jax.one_run` -- the one-run auditor (many canaries, one run; Steinke, Nasr, Jagielski 2023),
-  part of the estimation layer;
-* :mod:`~snapaudit_jax.audit` -- Phase C, the active (snapshot) audit;
-* :mod:`~snapaudit_jax.passive` -- the passive black-box baseline;
-* :mod:`~snapaudit_jax.one_run_icl` -- one-run audits of DP-ICL pipelines (many canaries in one private set,
-  the ``[one_run]`` section of ``snapaudit audit``);
-* :mod:`~snapaudit_jax.snapshots` -- snapshot files.
+    config -> models -> dpicl (Phase A: clean outputs) -> simulation (Phase B: noise trials)
+           -> estimation (bounds) -> audits (active, passive) -> report
+
+* :mod:`~snapaudit_jax.utils` -- errors and exit statuses, validation, TOML config, atomic I/O, progress;
+* :mod:`~snapaudit_jax.mechanisms` -- PV, PoE, ESA, KSA kernels, their calibration and the name registry;
+* :mod:`~snapaudit_jax.simulation` -- snapshots, the bootstrap simulation, exact probabilities and profiles;
+* :mod:`~snapaudit_jax.estimation` -- rate bounds, decision rules, estimators, trade-off curves, Holm, the
+  one-run auditor and :class:`AuditResult`;
+* :mod:`~snapaudit_jax.audits` -- the active (snapshot) audit, the passive baseline, ``snapaudit simulate``;
+* :mod:`~snapaudit_jax.models` -- Flax GPT-2, Llama and BERT, checkpoints, the inference kernel, the answer cache;
+* :mod:`~snapaudit_jax.dpicl` -- the DP-ICL application (datasets, pipelines, MSGS, ``snapaudit audit``);
+* :mod:`~snapaudit_jax.dpsgd` -- DP-SGD training and accounting;
+* :mod:`~snapaudit_jax.report` -- tables and plots shared by the commands.
 """
 
-from snapaudit_jax import estimation, one_run, profiles
-from snapaudit_jax.audit import audit, make_attack
-from snapaudit_jax.bounds import (
+from snapaudit_jax import audits, estimation, mechanisms, report, simulation, utils
+from snapaudit_jax.audits import audit, make_attack, passive_audit
+from snapaudit_jax.estimation import (
+    AuditResult,
+    Bonferroni,
+    DeclaredGrid,
+    Explicit,
+    HeldOut,
+    OneRunResult,
+    RateBound,
+    Split,
+    ThresholdTest,
+    TradeoffCurve,
+    audit_result,
     clopper_pearson_lower,
     clopper_pearson_upper,
     empirical_bernstein_radius,
+    epsilon_gdp,
+    epsilon_std,
     hoeffding_radius,
+    holm,
+    mu_lower,
+    one_run,
+    one_run_audit,
+    threshold_test,
 )
-from snapaudit_jax.calibration import (
+from snapaudit_jax.mechanisms import (
+    Attack,
+    EmbeddingSpaceAggregation,
+    KeywordSpaceAggregation,
+    Mechanism,
+    PrivateVoting,
+    ProductOfExperts,
+    Release,
     analytic_gaussian_sigma,
     classical_gaussian_sigma,
     exponential_mechanism_scale,
@@ -35,45 +58,33 @@ from snapaudit_jax.calibration import (
     gdp_delta,
     gdp_epsilon,
     gdp_mu,
+    jem_prepare,
+    jem_select,
+    joint_exponential_topk,
 )
-from snapaudit_jax.estimation import (
-    AuditResult,
-    Bonferroni,
-    Explicit,
-    RateBound,
-    Split,
-    ThresholdTest,
-    TradeoffCurve,
-    audit_result,
-    holm,
-    threshold_test,
-)
-from snapaudit_jax.estimators import epsilon_gdp, epsilon_std, mu_lower
-from snapaudit_jax.exact import (
+from snapaudit_jax.simulation import (
+    SimulationCounts,
+    Snapshots,
     exact_hit_probability,
     exact_output_distribution,
     exact_release_epsilon,
     exact_score_probability,
+    load_snapshots,
+    profiles,
     pv_argmax_probability,
+    save_snapshots,
+    simulate,
 )
-from snapaudit_jax.jem import KeywordSpaceAggregation, jem_prepare, jem_select, joint_exponential_topk
-from snapaudit_jax.mechanisms import (
-    Attack,
-    EmbeddingSpaceAggregation,
-    Mechanism,
-    PrivateVoting,
-    ProductOfExperts,
-    Release,
-)
-from snapaudit_jax.one_run import DeclaredGrid, HeldOut, OneRunResult, one_run_audit
-from snapaudit_jax.passive import passive_audit
-from snapaudit_jax.simulate import SimulationCounts, simulate
-from snapaudit_jax.snapshots import Snapshots, load_snapshots, save_snapshots
-from snapaudit_jax.utils.platform import use_all_cpu_cores
+from snapaudit_jax.utils import use_all_cpu_cores
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "audits",
+    "mechanisms",
+    "report",
+    "simulation",
+    "utils",
     "AuditResult",
     "Attack",
     "Bonferroni",

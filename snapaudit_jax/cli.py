@@ -1,7 +1,7 @@
 """Command line: ``snapaudit`` / ``python -m snapaudit_jax``.
 
-Thin layer: flags -> :class:`~snapaudit_jax.runner.SimulateConfig` ->
-:func:`~snapaudit_jax.runner.run_simulate`. Output files are written only after
+Thin layer: flags -> :class:`~snapaudit_jax.audits.command.SimulateConfig` ->
+:func:`~snapaudit_jax.audits.command.run_simulate`. Output files are written only after
 every audit succeeded, and atomically. Exit status (see
 :mod:`snapaudit_jax.utils.errors`): 0 done; 2 bad input (the message names the
 flag or ``section.key``), a missing dependency, or an operating-system error
@@ -22,6 +22,9 @@ __all__ = ["main", "build_parser"]
 from snapaudit_jax.utils.io import dumps
 from snapaudit_jax.utils.errors import EXIT_BUG, EXIT_INPUT, EXIT_OK, EXIT_VIOLATION, SnapAuditError
 
+# The registry's built-in names, spelled here so that `snapaudit --help` needs no JAX import; a test checks
+# they equal snapaudit_jax.mechanisms.names().
+BUILT_IN_MECHANISMS = ("pv", "poe", "esa", "ksa")
 EXIT_USAGE = EXIT_INPUT  # argparse's own errors share the bad-input status
 
 
@@ -43,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--snapshot .npz file of LLM draws. Prints a table, or with --json a list with one object per epsilon."
         ),
     )
-    s.add_argument("--mechanism", required=True, choices=("pv", "poe", "esa", "ksa"))
+    s.add_argument("--mechanism", required=True, choices=BUILT_IN_MECHANISMS)
     s.add_argument("--epsilon", default="1,2,4,8,16", help="claimed epsilons, comma-separated (default 1,2,4,8,16)")
     s.add_argument("--delta", type=float, default=1e-5, help="claimed delta (default 1e-5)")
     s.add_argument("--threat", choices=("black", "white"), default="black")
@@ -84,25 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"exit with status {EXIT_VIOLATION} if a claim is violated, family-wise over the epsilons "
                         "(Holm at 1 - confidence); with --estimator gdp the mu-GDP claims count too")
 
-    _config_command(
-        sub, "audit", "quickstart.toml",
-        help="run real DP-ICL audits from a TOML config (phase A on the LLM, active and passive audits)",
-        description="Audit DP-ICL pipelines on a language model as configured in CONFIG.toml (see "
-                    "examples/quickstart.toml); writes results.json, results_full.json, table.md and PNG plots.",
-    )
-    _config_command(
-        sub, "cpa", "cpa_synthetic.toml",
-        help="conformal privacy audit of re-identification attackers (certified ambiguity sets)",
-        description="Calibrates the declared attackers of CONFIG.toml on each linkage suite and writes "
-                    "summary.json, report.md, per-document JSONL and plots to the output folder.",
-    )
-    _config_command(
-        sub, "pii", "pii_small.toml",
-        help="PII leakage of a small GPT-2 trained undefended, with DP-SGD, scrubbed and both",
-        description="Trains the four variants of CONFIG.toml on a synthetic PII corpus, runs the extraction, "
-                    "reconstruction, inference, membership and canary attacks, and writes results.json, "
-                    "results_full.json, table.md and leakage.png to the output folder (a rerun resumes).",
-    )
+    for command in _config_commands().values():
+        p = sub.add_parser(command.name, help=command.help, description=command.description)
+        p.add_argument("config", help=f"TOML configuration (see examples/{command.example})")
+        p.add_argument("--out", default=None, help="output folder (default: runs/<config name>)")
+        p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
     g = sub.add_parser("generate", help="generate text with a Flax language model")
     g.add_argument("--model", default="smollm2", help="smollm2, a .gguf file or a Hugging Face folder")
@@ -122,31 +111,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config_command(sub, name: str, example: str, **kwargs) -> None:
-    """A ``snapaudit NAME CONFIG.toml [--out DIR] [--quiet]`` sub-command."""
-    p = sub.add_parser(name, **kwargs)
-    p.add_argument("config", help=f"TOML configuration (see examples/{example})")
-    p.add_argument("--out", default=None, help="output folder (default: runs/<config name>)")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+def _config_commands() -> dict:
+    """``audit`` (built in), then the commands of the ``snapaudit.commands`` entry points (``cpa``, ``pii``)."""
+    from snapaudit_jax.dpicl.command import COMMAND as AUDIT
+    from snapaudit_jax.utils.commands import discover
+
+    return {AUDIT.name: AUDIT, **{name: c for name, c in discover().items() if name != AUDIT.name}}
 
 
-def _run_config(args, load, run, report: str):
-    """Loads ``args.config``, runs it into ``--out`` (default ``runs/<config name>``), prints ``report``."""
-    import os
+def _run_config(args) -> int:
+    """``snapaudit NAME CONFIG.toml``: load, run into ``--out``, print the report (and the command's summary)."""
+    from snapaudit_jax.utils.commands import run_command
 
-    from snapaudit_jax.utils.io import check_output_dir
-
-    config = load(args.config)
-    out = args.out or os.path.join("runs", os.path.splitext(os.path.basename(args.config))[0])
-    check_output_dir("--out", out)  # before any work: nothing is created if it could not be written
-    result = run(config, out, progress=not args.quiet)
-    with open(os.path.join(out, report)) as fh:
-        print(fh.read())
-    return result
+    command = _config_commands()[args.command]
+    result, report = run_command(command, args.config, args.out, progress=not args.quiet)
+    print(report)
+    line = command.summary(result) if command.summary else None
+    if line:
+        print(line)
+    return EXIT_OK
 
 
 def _config_from_args(args):
-    from snapaudit_jax.runner import SimulateConfig, parse_vector
+    from snapaudit_jax.audits.command import SimulateConfig, parse_vector
 
     return SimulateConfig(
         mechanism=args.mechanism,
@@ -179,7 +166,7 @@ def _name_flag(message: str) -> str:
     """Prefixes a library message that starts with a config field by its flag."""
     import dataclasses
 
-    from snapaudit_jax.runner import SimulateConfig
+    from snapaudit_jax.audits.command import SimulateConfig
 
     fields = {f.name for f in dataclasses.fields(SimulateConfig)} | {"epsilon"}
     head = message.split(" ", 1)[0].rstrip(":")
@@ -188,72 +175,10 @@ def _name_flag(message: str) -> str:
     return message
 
 
-def _fmt(x, spec):
-    return f"{x:{spec}}" if isinstance(x, (int, float)) and math.isfinite(x) else str(x)
-
-
-def format_table(results) -> str:
-    """The ``snapaudit simulate`` table: one row per claimed epsilon, then labels, warnings and assumptions."""
-    r0 = results[0]
-    gdp = r0.estimator == "gdp" and any(r.mu_claim is not None for r in results)
-    curve = any(r.epsilon_curve is not None for r in results)
-    several = len(results) > 1
-    head = (
-        f"mechanism={r0.mechanism} threat={r0.threat} method={r0.method} estimator={r0.estimator} "
-        f"clean={r0.clean} delta={r0.delta:g} confidence={r0.confidence:g} trials/hyp={r0.trials:,} "
-        f"snapshots={r0.snapshots:,}"
-    )
-    cols = f"{'eps_theory':>10} {'eps_emp':>9} {'mu_emp':>8} {'TPR_hat':>10} {'FPR_hat':>10} {'TPR_low':>10} " \
-           f"{'FPR_up':>10} {'violation':>9}"
-    if several:
-        cols += f" {'holm':>5}"
-    if gdp:
-        cols += f" {'mu_claim':>8} {'mu_viol':>7} {'eps_env':>8}"
-    if curve:
-        cols += f" {'eps_curve':>9}"
-    cols += f" {'seconds':>8}"
-    lines = [head, cols]
-    for r in results:
-        line = (
-            f"{_fmt(r.epsilon_theory, '10.3g')} {_fmt(r.epsilon_emp, '9.3f')} {_fmt(r.mu_emp, '8.3f')} "
-            f"{_fmt(r.tpr_hat, '10.4g')} {_fmt(r.fpr_hat, '10.4g')} {_fmt(r.tpr_low, '10.4g')} "
-            f"{_fmt(r.fpr_up, '10.4g')} {('YES' if r.violation else 'no'):>9}"
-        )
-        if several:
-            line += f" {('YES' if r.familywise_violation else 'no'):>5}"
-        if gdp:
-            line += (f" {_fmt(r.mu_claim, '8.3f')} {('YES' if r.mu_violation else 'no'):>7} "
-                     f"{_fmt(r.epsilon_gdp, '8.3f')}")
-        if curve:
-            line += f" {_fmt(r.epsilon_curve, '9.3f')}"
-        lines.append(line + f" {_fmt(r.seconds, '8.2f')}")
-    if r0.heuristic:
-        lines.append("note: method=paper is SnapAudit's heuristic radius: eps_emp is not certified and no violation "
-                     "is flagged")
-    elif any(r.epsilon_profile is not None for r in results):
-        lines.append("eps_emp: the exact privacy profile eps(delta) of the release for the audited pair")
-    else:
-        lines.append("eps_emp: (eps, delta) lower bound at the stated confidence"
-                     + (" (GDP conversion: the release is Gaussian by construction)"
-                        if any(r.gaussian_by_construction for r in results) else " (assumption-free)"))
-    if several:
-        lines.append("holm: violation family-wise over the rows (Holm at 1 - confidence); each row uses its own "
-                     "key stream")
-    if gdp:
-        lines.append(f"mu_viol: mu_emp > mu_claim (the mu-GDP claim); eps_env: {r0.epsilon_gdp_label}")
-    if curve:
-        lines.append("eps_curve: max over the certified trade-off curve's grid (Bonferroni over the grid; "
-                     "full curve in --out, drawn by --plot)")
-    for w in sorted({w for r in results for w in r.warnings}):
-        lines.append(f"warning: {w}")
-    lines.append(f"assumptions: {r0.assumptions}")
-    return "\n".join(lines)
-
-
 def _simulate(args) -> int:
     import warnings
 
-    from snapaudit_jax.runner import run_simulate
+    from snapaudit_jax.audits.command import run_simulate
     from snapaudit_jax.utils.io import PLOT_FORMATS, check_output_file, write_json
 
     config = _config_from_args(args)
@@ -262,49 +187,28 @@ def _simulate(args) -> int:
         check_output_file("--out", args.out, ("json",))
     if args.plot is not None:
         check_output_file("--plot", args.plot, PLOT_FORMATS)
-        from snapaudit_jax.plotting import _pyplot
+        from snapaudit_jax.report import pyplot
 
-        _pyplot()  # fail before the audits if matplotlib is missing
+        pyplot()  # fail before the audits if matplotlib is missing
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # surfaced in the table / JSON instead
         results = run_simulate(config, progress=not args.quiet and not args.json)
     if args.json:
         print(dumps([r.summary() for r in results]))
     else:
+        from snapaudit_jax.report import format_table
+
         print(format_table(results))
     if args.out is not None:
         write_json(args.out, [r.to_dict() for r in results])
     if args.plot is not None:
-        from snapaudit_jax.plotting import plot_epsilon
+        from snapaudit_jax.report.plots import plot_epsilon
 
         label = f"{config.mechanism} {config.threat}-box, {config.method}"
         plot_epsilon(args.plot, {label: results}, title=f"{config.mechanism}: calibration={config.calibration}",
                      curves=results)
     if args.fail_on_violation and any(r.familywise_violation or r.mu_familywise_violation for r in results):
         return EXIT_VIOLATION
-    return EXIT_OK
-
-
-def _audit(args) -> int:
-    from snapaudit_jax.experiment import load_config, run_audit
-
-    result = _run_config(args, load_config, run_audit, "table.md")
-    if result["mia"]:
-        print(f"MIA AUC rows: {len(result['mia']['rows'])} (mia.json)")
-    return EXIT_OK
-
-
-def _cpa(args) -> int:
-    from conformal.runner import load_cpa_config, run_cpa
-
-    _run_config(args, load_cpa_config, run_cpa, "report.md")
-    return EXIT_OK
-
-
-def _pii(args) -> int:
-    from attacks.experiment import load_pii_config, run_pii
-
-    _run_config(args, load_pii_config, run_pii, "table.md")
     return EXIT_OK
 
 
@@ -368,7 +272,7 @@ def _embed(args) -> int:
     return EXIT_OK
 
 
-_COMMANDS = {"simulate": _simulate, "audit": _audit, "cpa": _cpa, "pii": _pii, "generate": _generate, "embed": _embed}
+_COMMANDS = {"simulate": _simulate, "generate": _generate, "embed": _embed}
 
 
 def main(argv=None) -> int:
@@ -377,7 +281,7 @@ def main(argv=None) -> int:
 
     use_all_cpu_cores()
     try:
-        return _COMMANDS[args.command](args)
+        return _COMMANDS.get(args.command, _run_config)(args)
     except SnapAuditError as err:
         message = _name_flag(str(err)) if args.command == "simulate" else str(err)  # its fields are its flags
         print(f"snapaudit {args.command}: error: {message}", file=sys.stderr)

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from snapaudit_jax.pipelines import prompts as P
+from snapaudit_jax.dpicl.pipelines import prompts as P
 
 
 class Generation(NamedTuple):

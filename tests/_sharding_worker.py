@@ -22,9 +22,9 @@ if len(sys.argv) > 2:
 import numpy as np  # noqa: E402
 
 import snapaudit_jax as sa  # noqa: E402
-from snapaudit_jax.audit import make_attack  # noqa: E402
-from snapaudit_jax.jem import bucket_num_values  # noqa: E402
-from snapaudit_jax.simulate import simulate  # noqa: E402
+from snapaudit_jax.audits.active import make_attack  # noqa: E402
+from snapaudit_jax.mechanisms.ksa import bucket_num_values  # noqa: E402
+from snapaudit_jax.simulation.trials import simulate  # noqa: E402
 
 pv = sa.PrivateVoting.calibrated(4.0, 1e-5)
 rng = np.random.default_rng(0)

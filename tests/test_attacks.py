@@ -24,7 +24,7 @@ import pytest
 from flax import nnx
 from scipy import stats
 
-from snapaudit_jax.one_run import one_run_audit
+from snapaudit_jax.estimation.one_run import one_run_audit
 
 tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("faker")
@@ -78,7 +78,7 @@ from attacks import (  # noqa: E402
     zipf_counts,
 )
 from attacks import blackbox  # noqa: E402
-from snapaudit_jax.calibration import gdp_epsilon  # noqa: E402
+from snapaudit_jax.mechanisms.noise import gdp_epsilon  # noqa: E402
 from snapaudit_jax.dpsgd import sequence_losses  # noqa: E402
 from snapaudit_jax.models import LanguageModel, Tokenizer  # noqa: E402
 from snapaudit_jax.models.config import GPT2Config  # noqa: E402

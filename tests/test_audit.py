@@ -11,11 +11,11 @@ import pytest
 from scipy import special, stats
 
 import snapaudit_jax as sa
-from snapaudit_jax.audit import make_attack
-from snapaudit_jax.calibration import gdp_mu
-from snapaudit_jax.exact import exact_hit_probability
-from snapaudit_jax.passive import mechanism_pipeline
-from snapaudit_jax.runner import esa_unit_pair
+from snapaudit_jax.audits.active import make_attack
+from snapaudit_jax.mechanisms.noise import gdp_mu
+from snapaudit_jax.simulation.exact import exact_hit_probability
+from snapaudit_jax.audits.passive import mechanism_pipeline
+from snapaudit_jax.audits.command import esa_unit_pair
 
 W, WO = np.array([[1.0, 2.0]] * 50), np.array([[0.0, 3.0]] * 50)
 

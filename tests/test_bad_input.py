@@ -553,7 +553,7 @@ def test_a_torn_last_cache_line_is_accepted_and_cut_off_before_the_next_answer(t
     and removed before the next answer is appended, so the file stays valid for every later run."""
     from types import SimpleNamespace
 
-    from snapaudit_jax.pipelines.oracle import LLMOracle, read_cache
+    from snapaudit_jax.models.oracle import LLMOracle, read_cache
 
     class EchoLM:
         name = "echo"

@@ -1,4 +1,4 @@
-"""Tests for snapaudit_jax.bounds: exactness against mpmath and coverage by Monte Carlo.
+"""Tests for snapaudit_jax.estimation.bounds: exactness against mpmath and coverage by Monte Carlo.
 
 Coverage tests draw ``R`` independent repetitions with a fixed seed and count the
 misses ``F`` of a one-sided bound at level ``alpha``. For a valid bound the miss
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from snapaudit_jax import bounds as b
+from snapaudit_jax.estimation import bounds as b
 
 
 @pytest.fixture(autouse=True)

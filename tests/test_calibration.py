@@ -1,4 +1,4 @@
-"""Tests for snapaudit_jax.calibration against independent oracles.
+"""Tests for snapaudit_jax.mechanisms.noise against independent oracles.
 
 Oracles: mpmath at 50 significant digits for the Gaussian-DP privacy profile,
 and Google's dp_accounting (PLD library) for the analytic Gaussian sigma.
@@ -14,7 +14,7 @@ import pytest
 from dp_accounting.pld import privacy_loss_mechanism as plm
 from dp_accounting.pld.common import DifferentialPrivacyParameters
 
-from snapaudit_jax import calibration as cal
+from snapaudit_jax.mechanisms import noise as cal
 
 
 @pytest.fixture(autouse=True)

@@ -26,7 +26,7 @@ from flax import nnx  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from snapaudit_jax.models import CheckpointError, TokenizerError, load_embedder, load_language_model  # noqa: E402
-from snapaudit_jax.models.checkpoint import load_gguf, load_hf_folder  # noqa: E402
+from snapaudit_jax.models.weights import load_gguf, load_hf_folder  # noqa: E402
 from snapaudit_jax.models.layers import positions_from_mask  # noqa: E402
 
 VOCAB = 97

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from snapaudit_jax.cli import main
-from snapaudit_jax.snapshots import Snapshots, save_snapshots
+from snapaudit_jax.simulation.snapshots import Snapshots, save_snapshots
 
 KEYS = {
     "mechanism", "threat", "method", "estimator", "epsilon_theory", "delta", "epsilon_emp", "mu_emp", "tpr_hat",

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from snapaudit_jax import data
-from snapaudit_jax.data import AuditContext, Example, load_examples, sample_audit_context
+from snapaudit_jax.dpicl import data
+from snapaudit_jax.dpicl.data import AuditContext, Example, load_examples, sample_audit_context
 
 DEMO = Path(data.__file__).parent / "demo"
 needs_datasets = pytest.mark.skipif(importlib.util.find_spec("datasets") is None, reason="needs `datasets`")

@@ -17,11 +17,11 @@ from scipy import special, stats
 
 import snapaudit_jax as sa
 from snapaudit_jax import estimation as est
-from snapaudit_jax import profiles
-from snapaudit_jax.audit import CURVE_POINTS
-from snapaudit_jax.calibration import classical_gaussian_sigma, gaussian_sigma
-from snapaudit_jax.exact import exact_output_distribution
-from snapaudit_jax.runner import SimulateConfig, esa_unit_pair, run_simulate
+from snapaudit_jax.simulation import profiles
+from snapaudit_jax.audits.active import CURVE_POINTS
+from snapaudit_jax.mechanisms.noise import classical_gaussian_sigma, gaussian_sigma
+from snapaudit_jax.simulation.exact import exact_output_distribution
+from snapaudit_jax.audits.command import SimulateConfig, esa_unit_pair, run_simulate
 
 DELTA = 1e-5
 FAILURE = 1e-6  # false-failure probability of each Monte Carlo check below

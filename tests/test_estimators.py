@@ -1,4 +1,4 @@
-"""Tests for snapaudit_jax.estimators: closed forms, precision near 1, and validity.
+"""Tests for snapaudit_jax.estimation.estimators: closed forms, precision near 1, and validity.
 
 The central property: for the Gaussian mechanism, which is exactly mu-GDP, the
 rates of every threshold test (and any valid bounds on them) must not give an
@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import special
 
-from snapaudit_jax import estimators as est
-from snapaudit_jax.calibration import gdp_epsilon
+from snapaudit_jax.estimation import estimators as est
+from snapaudit_jax.mechanisms.noise import gdp_epsilon
 
 
 @pytest.fixture(autouse=True)

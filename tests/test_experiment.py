@@ -14,8 +14,8 @@ pytest.importorskip("torch")
 from _tiny_llm import make_tiny_llm_folder  # noqa: E402
 
 from snapaudit_jax.cli import main  # noqa: E402
-from snapaudit_jax.data import load_examples  # noqa: E402
-from snapaudit_jax.experiment import ConfigFileError, load_config, run_audit  # noqa: E402
+from snapaudit_jax.dpicl.data import load_examples  # noqa: E402
+from snapaudit_jax.dpicl.run import ConfigFileError, load_config, run_audit  # noqa: E402
 
 ROW_KEYS = {"pipeline", "mode", "threat", "epsilon_theory", "epsilon_emp", "llm_calls", "seconds"}
 
@@ -102,7 +102,7 @@ def test_bad_configs_name_the_key(tmp_path, capsys, text, needle):
 
 def test_fixed_clean_outputs_and_the_determinism_check():
     """clean = fixed states the mixture assumption; a mismatch falls back to sampled (warned) or stops."""
-    from snapaudit_jax.experiment import AuditConfig, _clean_model
+    from snapaudit_jax.dpicl.run import AuditConfig, _clean_model
 
     def quiet(message):
         return None

@@ -9,8 +9,8 @@ import pytest
 from scipy import special, stats
 
 import snapaudit_jax as sa
-from snapaudit_jax.audit import make_attack
-from snapaudit_jax.jem import bucket_num_values, jem_noise, jem_prepare, jem_select, sequence_utility
+from snapaudit_jax.audits.active import make_attack
+from snapaudit_jax.mechanisms.ksa import bucket_num_values, jem_noise, jem_prepare, jem_select, sequence_utility
 
 # Chi-square tests reject at p < 1e-6: the false-failure probability of each check.
 P_REJECT = 1e-6

@@ -11,10 +11,10 @@ import pytest
 from scipy import special, stats
 
 import snapaudit_jax as sa
-from snapaudit_jax.audit import make_attack
-from snapaudit_jax.exact import exact_hit_probability, exact_score_probability, pv_argmax_probability
-from snapaudit_jax.runner import esa_unit_pair
-from snapaudit_jax.simulate import simulate
+from snapaudit_jax.audits.active import make_attack
+from snapaudit_jax.simulation.exact import exact_hit_probability, exact_score_probability, pv_argmax_probability
+from snapaudit_jax.audits.command import esa_unit_pair
+from snapaudit_jax.simulation.trials import simulate
 
 # Two-sided z threshold for a false-failure probability of 1e-7 per check.
 Z_1E7 = float(stats.norm.isf(0.5e-7))

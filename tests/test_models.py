@@ -41,7 +41,7 @@ from snapaudit_jax.models import (  # noqa: E402
     load_embedder,
     load_language_model,
 )
-from snapaudit_jax.models.checkpoint import load_hf_folder  # noqa: E402
+from snapaudit_jax.models.weights import load_hf_folder  # noqa: E402
 from snapaudit_jax.models.decoders import empty_cache  # noqa: E402
 from snapaudit_jax.models.layers import positions_from_mask  # noqa: E402
 from snapaudit_jax.models.lm import _generate, _left_pad, batch_bucket, length_bucket  # noqa: E402

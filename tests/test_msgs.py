@@ -7,7 +7,7 @@ import zlib
 import numpy as np
 import pytest
 
-from snapaudit_jax.msgs import (
+from snapaudit_jax.dpicl.msgs import (
     SignalPair,
     greedy_replace,
     greedy_search,

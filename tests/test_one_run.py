@@ -17,8 +17,8 @@ import pytest
 from scipy import stats
 
 import snapaudit_jax as sa
-from snapaudit_jax import one_run as orun
-from snapaudit_jax.calibration import gdp_epsilon
+from snapaudit_jax.estimation import one_run as orun
+from snapaudit_jax.mechanisms.noise import gdp_epsilon
 
 FAILURE = 1e-6  # false-failure probability of each Monte Carlo check below
 

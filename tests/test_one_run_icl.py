@@ -1,4 +1,4 @@
-"""One-run audits of DP-ICL pipelines (snapaudit_jax.one_run_icl and the [one_run] config section)."""
+"""One-run audits of DP-ICL pipelines (snapaudit_jax.dpicl.one_run and the [one_run] config section)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 from scipy import stats
 
 from snapaudit_jax import one_run_icl as O
-from snapaudit_jax.data import get_spec, load_examples
-from snapaudit_jax.experiment import ConfigFileError, load_config
+from snapaudit_jax.dpicl.data import get_spec, load_examples
+from snapaudit_jax.dpicl.run import ConfigFileError, load_config
 from snapaudit_jax.mechanisms import PrivateVoting, ProductOfExperts
-from snapaudit_jax.one_run import one_run_audit
+from snapaudit_jax.estimation.one_run import one_run_audit
 
 SQRT2 = math.sqrt(2.0)
 
@@ -316,7 +316,7 @@ def test_run_audit_writes_the_one_run_table_and_json(tmp_path):
     pytest.importorskip("torch")
     from _tiny_llm import make_tiny_llm_folder
 
-    from snapaudit_jax.experiment import run_audit
+    from snapaudit_jax.dpicl.run import run_audit
 
     tiny = make_tiny_llm_folder(str(tmp_path / "tiny"), [e.text for e in load_examples("agnews")])
     path = tmp_path / "audit.toml"

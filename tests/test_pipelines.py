@@ -12,9 +12,9 @@ pytest.importorskip("torch")
 
 from _tiny_llm import make_tiny_llm_folder  # noqa: E402
 
-from snapaudit_jax.data import get_spec, load_examples  # noqa: E402
+from snapaudit_jax.dpicl.data import get_spec, load_examples  # noqa: E402
 from snapaudit_jax.models import load_embedder, load_language_model  # noqa: E402
-from snapaudit_jax.pipelines import (  # noqa: E402
+from snapaudit_jax.dpicl.pipelines import (  # noqa: E402
     EmbeddingPipeline,
     KeywordPipeline,
     LLMOracle,
@@ -23,8 +23,8 @@ from snapaudit_jax.pipelines import (  # noqa: E402
     keywords_of,
     make_case,
 )
-from snapaudit_jax.pipelines import prompts as P  # noqa: E402
-from snapaudit_jax.pipelines.phase_a import generate_snapshots  # noqa: E402
+from snapaudit_jax.dpicl.pipelines import prompts as P  # noqa: E402
+from snapaudit_jax.dpicl.pipelines.phase_a import generate_snapshots  # noqa: E402
 
 AGNEWS = load_examples("agnews")
 SPEC = get_spec("agnews")
@@ -257,7 +257,7 @@ def _esa_with(candidate, *, partitions=1, num_exemplars=3):
 
 
 def test_candidate_text_reads_answers_like_the_generator_and_drops_option_numbers():
-    from snapaudit_jax.pipelines import candidate_text
+    from snapaudit_jax.dpicl.pipelines import candidate_text
 
     assert candidate_text("1. The cat sleeps on the warm mat.\n2. quarterly revenue", (Y1, Y2)) == Y1  # as given
     assert candidate_text("  quarterly revenue exceeded all forecasts.\n\nmore text", (Y1, Y2)) == Y2
@@ -293,7 +293,7 @@ def test_esa_sampled_candidate_stage_is_t_cand_calls_without_the_private_example
 
 
 def test_esa_pool_order_puts_the_signals_first_and_a_signal_only_pool_is_the_fixed_pool():
-    from snapaudit_jax.pipelines import CandidatePool
+    from snapaudit_jax.dpicl.pipelines import CandidatePool
 
     esa, _, _ = _esa_with(lambda n, i: [Y2, OFF, Y2, Y1][i % 4])
     assert esa.pool == CandidatePool.fixed((Y1, Y2)) and esa.pool.calls == 0 and esa.target == 0
@@ -305,7 +305,7 @@ def test_esa_pool_order_puts_the_signals_first_and_a_signal_only_pool_is_the_fix
 def test_esa_pool_without_y1_is_audited_with_the_default_target_and_says_so():
     """No y1 in the pool: target None, the audit's default rule picks the candidate the canary's mean moves
     towards; a single-candidate pool releases one text whatever the context: black-box epsilon 0."""
-    from snapaudit_jax.audit import audit
+    from snapaudit_jax.audits.active import audit
 
     esa, _, _ = _esa_with(lambda n, i: [Y2, OFF][i % 2])
     esa.pool = esa.draw_pool(6, 0)
@@ -337,7 +337,7 @@ def test_esa_snapshots_resume_only_with_the_same_pool(tmp_path):
     again = generate_snapshots(esa, snapshots=4, seed=0, run_dir=str(tmp_path), verify=0)
     assert again.manifest["resumed"] is True
     np.testing.assert_array_equal(again.snapshots.candidates, sampled.snapshots.candidates)
-    from snapaudit_jax.pipelines import CandidatePool
+    from snapaudit_jax.dpicl.pipelines import CandidatePool
 
     esa.pool = CandidatePool.from_draws((Y1, Y2), (Y1, Y2), 0)  # the fixed pool's texts, drawn
     assert "resumed" not in generate_snapshots(esa, snapshots=4, seed=0, run_dir=str(tmp_path), verify=0).manifest

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
-from snapaudit_jax import sampling
+from snapaudit_jax.mechanisms import variates as sampling
 
 
 def _words(hi, lo):

@@ -13,8 +13,8 @@ import pytest
 from scipy import stats
 
 import snapaudit_jax as sa
-from snapaudit_jax.audit import make_attack
-from snapaudit_jax.simulate import _run_chunk, simulate
+from snapaudit_jax.audits.active import make_attack
+from snapaudit_jax.simulation.trials import _run_chunk, simulate
 
 WORKER = str(Path(__file__).with_name("_sharding_worker.py"))
 

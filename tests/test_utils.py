@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from snapaudit_jax import cli
-from snapaudit_jax.models.checkpoint import CheckpointError
+from snapaudit_jax.models.weights import CheckpointError
 from snapaudit_jax.models.config import ConfigError
 from snapaudit_jax.models.tokenizer import TokenizerError
 from snapaudit_jax.utils import (

@@ -19,8 +19,9 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from snapaudit_jax.models.checkpoint import CheckpointError, load_gguf, load_hf_folder, read_config
-from snapaudit_jax.models.config import BertConfig, GPT2Config, LlamaConfig
+from snapaudit_jax.models.bert import Bert
+from snapaudit_jax.models.config import BertConfig, ConfigError, GPT2Config, LlamaConfig
+from snapaudit_jax.models.decoders import GPT2, Llama
 from snapaudit_jax.models.embedder import SentenceEmbedder
 from snapaudit_jax.models.inference import (
     BatchSample,
@@ -33,9 +34,17 @@ from snapaudit_jax.models.inference import (
 )
 from snapaudit_jax.models.lm import Generation, LanguageModel
 from snapaudit_jax.models.tokenizer import Tokenizer, TokenizerError
+from snapaudit_jax.models.weights import CheckpointError, load_gguf, load_hf_folder, read_config
 
 __all__ = [
+    "Bert",
+    "CallStats",
     "CheckpointError",
+    "ConfigError",
+    "GPT2",
+    "LLMOracle",
+    "Llama",
+    "read_cache",
     "EMBEDDED_MODELS_INSTALL",
     "Generation",
     "LanguageModel",
@@ -136,3 +145,7 @@ def load_embedder(
     if not isinstance(cfg, BertConfig):
         raise CheckpointError(f"{path}: the embedder must be a BERT checkpoint, got {type(cfg).__name__}")
     return SentenceEmbedder.from_folder(name_or_path, path, cfg, module, data_parallel=data_parallel)
+
+
+# The answer cache over a model (after LanguageModel and SentenceEmbedder, which it wraps).
+from snapaudit_jax.models.oracle import CallStats, LLMOracle, read_cache  # noqa: E402

@@ -148,7 +148,7 @@ class Tokenizer:
         from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
         from tokenizers import Tokenizer as Backend
 
-        from snapaudit_jax.models.checkpoint import gguf_field
+        from snapaudit_jax.models.weights import gguf_field
 
         kind = gguf_field(reader, "tokenizer.ggml.model")
         if kind != "gpt2":

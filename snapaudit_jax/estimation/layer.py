@@ -1,6 +1,6 @@
 """The estimation layer: rate bounds -> decision rules -> estimators -> one :class:`AuditResult`.
 
-Every audit of the engine -- the active snapshot audit (:func:`snapaudit_jax.audit`), the passive
+Every audit of the engine -- the active snapshot audit (:func:`snapaudit_jax.audits.active`), the passive
 end-to-end baseline (:func:`snapaudit_jax.passive_audit`) and the DP-SGD canary audit
 (:mod:`attacks.canary`) -- goes through this module, in four steps:
 
@@ -22,7 +22,7 @@ end-to-end baseline (:func:`snapaudit_jax.passive_audit`) and the DP-SGD canary 
    assumptions the result states.
 
 One-run audits (many canaries with their own coins, one run of the mechanism; Steinke, Nasr, Jagielski 2023)
-are the same layer's :mod:`snapaudit_jax.one_run`, re-exported here: :func:`one_run_audit` with the rule
+are the same layer's :mod:`snapaudit_jax.estimation.one_run`, re-exported here: :func:`one_run_audit` with the rule
 values :class:`DeclaredGrid` and :class:`HeldOut`.
 
 Claims and their flags:
@@ -44,14 +44,14 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from snapaudit_jax.bounds import (
+from snapaudit_jax.estimation.bounds import (
     clopper_pearson_lower,
     clopper_pearson_upper,
     empirical_bernstein_radius,
     hoeffding_radius,
 )
-from snapaudit_jax.estimators import epsilon_gdp, epsilon_std, mu_lower
-from snapaudit_jax.one_run import DeclaredGrid, HeldOut, OneRunResult, one_run_audit
+from snapaudit_jax.estimation.estimators import epsilon_gdp, epsilon_std, mu_lower
+from snapaudit_jax.estimation.one_run import DeclaredGrid, HeldOut, OneRunResult, one_run_audit
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.io import dumps, to_json

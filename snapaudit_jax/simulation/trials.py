@@ -24,7 +24,7 @@ Schemes:
 * ``"stratified"``: every snapshot receives the same number ``q`` of trials.
   The per-snapshot success rates are then i.i.d. across snapshots with mean
   equal to the true attack success rate, which is what the empirical
-  Bernstein bound of :mod:`snapaudit_jax.audit` needs.
+  Bernstein bound of :mod:`snapaudit_jax.audits.active` needs.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from jax import lax
 from jax.sharding import PartitionSpec
 
 from snapaudit_jax.mechanisms import Attack, Mechanism
-from snapaudit_jax.snapshots import dedupe
+from snapaudit_jax.simulation.snapshots import dedupe
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.progress import Counter
 
@@ -270,8 +270,8 @@ def simulate(
 
     Args:
       key: PRNG key of this stream (hypothesis and pass already folded in).
-      mechanism: a :class:`~snapaudit_jax.mechanisms.Mechanism`.
-      attack: the :class:`~snapaudit_jax.mechanisms.Attack`.
+      mechanism: a :class:`~snapaudit_jax.mechanisms.base.Mechanism`.
+      attack: the :class:`~snapaudit_jax.mechanisms.base.Attack`.
       snapshots: clean outputs ``(n, ...)``.
       trials: number of trials (``"stratified"`` rounds it up to a multiple of ``n``).
       scheme: ``"bootstrap"`` or ``"stratified"``.

@@ -8,7 +8,7 @@
 2. estimates TPR and FPR on the evaluation data (simulation or exact ``h_b``);
 3. turns them into one-sided bounds ``TPR_low``, ``FPR_up`` that hold
    simultaneously with probability at least ``confidence``;
-4. hands them to the estimation layer (:func:`snapaudit_jax.estimation.audit_result`), which turns the
+4. hands them to the estimation layer (:func:`snapaudit_jax.estimation.layer.audit_result`), which turns the
    pair into ``eps_emp`` with the assumption-free standard estimator (or, with ``method="exact"`` and
    fixed clean outputs, the release's exact privacy profile), tests the ``mu``-GDP claim under
    ``estimator="gdp"``, and decides ``violation`` from valid estimates only.
@@ -46,13 +46,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from snapaudit_jax.bounds import (
+from snapaudit_jax.estimation.bounds import (
     clopper_pearson_lower,
     clopper_pearson_upper,
     empirical_bernstein_radius,
     hoeffding_radius,
 )
-from snapaudit_jax.estimation import (
+from snapaudit_jax.estimation.layer import (
     VIOLATION_RTOL,
     AuditResult,
     RateBound,
@@ -69,17 +69,17 @@ from snapaudit_jax.estimation import (
     paper_bound,
     select_index,
 )
-from snapaudit_jax.exact import (
+from snapaudit_jax.simulation.exact import (
     exact_hit_probability,
     exact_release_epsilon,
     exact_score_grid,
     exact_score_probability,
     supports_exact,
 )
-from snapaudit_jax.jem import KeywordSpaceAggregation, bucket_num_values
+from snapaudit_jax.mechanisms.ksa import KeywordSpaceAggregation, bucket_num_values
 from snapaudit_jax.mechanisms import Attack, EmbeddingSpaceAggregation, Mechanism
-from snapaudit_jax.simulate import MAX_TRIALS, simulate
-from snapaudit_jax.snapshots import check_clean, dedupe
+from snapaudit_jax.simulation.trials import MAX_TRIALS, simulate
+from snapaudit_jax.simulation.snapshots import check_clean, dedupe
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 

@@ -5,7 +5,7 @@ with the audit's confidence), these turn the pair into lower bounds on the
 mechanism's privacy parameters: ``epsilon_std`` on ``eps`` (assumption-free),
 ``mu_lower`` on the ``mu`` of a ``mu``-GDP claim; ``epsilon_gdp`` is the
 Gaussian envelope's ``eps`` (see its docstring). Audits use them through
-:mod:`snapaudit_jax.estimation`.
+:mod:`snapaudit_jax.estimation.layer`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import special
 
-from snapaudit_jax.calibration import gdp_epsilon
+from snapaudit_jax.mechanisms.noise import gdp_epsilon
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 
@@ -103,7 +103,7 @@ def epsilon_gdp(tpr_low, fpr_up, delta, *, tpr_low_complement=None, fpr_up_compl
       whole Gaussian-noised vector with fixed clean outputs). Being
       ``mu``-GDP (``f >= G_mu``) is not enough: a post-processed release
       (argmax, nearest candidate) has a smaller ``eps(delta)`` than its
-      envelope. :mod:`snapaudit_jax.estimation` applies it accordingly.
+      envelope. :mod:`snapaudit_jax.estimation.layer` applies it accordingly.
     """
     delta = validate.open_unit("delta", delta)
     mu = float(mu_lower(tpr_low, fpr_up, tpr_low_complement=tpr_low_complement, fpr_up_complement=fpr_up_complement))

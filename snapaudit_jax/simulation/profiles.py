@@ -18,7 +18,7 @@ Three shapes of release cover the audited mechanisms:
   by ``S = {o : P_1(o) > e^eps P_0(o)}``;
 * a Gaussian vector ``N(m_1, s^2 I)`` vs ``N(m_0, s^2 I)`` (PV's noisy votes,
   ESA's noisy mean, white-box): exactly ``mu``-GDP with ``mu = |m_1 - m_0|/s``,
-  :func:`~snapaudit_jax.calibration.gdp_epsilon`;
+  :func:`~snapaudit_jax.mechanisms.noise.gdp_epsilon`;
 * a location pair of standard logistic laws (PoE's white-box margin, a
   difference of Gumbel noises): :func:`logistic_epsilon` -- the likelihood
   ratio is monotone, so threshold sets attain the supremum.
@@ -35,7 +35,7 @@ import math
 import numpy as np
 from scipy import optimize, special
 
-from snapaudit_jax.calibration import gdp_epsilon
+from snapaudit_jax.mechanisms.noise import gdp_epsilon
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 

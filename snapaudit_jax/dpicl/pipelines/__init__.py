@@ -1,6 +1,6 @@
 """DP-ICL pipelines on real language models: prompts, cached model calls, the four pipelines."""
 
-from snapaudit_jax.pipelines.dpicl import (
+from snapaudit_jax.dpicl.pipelines.dpicl import (
     PIPELINES,
     AuditCase,
     CandidatePool,
@@ -13,7 +13,7 @@ from snapaudit_jax.pipelines.dpicl import (
     keywords_of,
     make_case,
 )
-from snapaudit_jax.pipelines.oracle import CallStats, LLMOracle
+from snapaudit_jax.models.oracle import CallStats, LLMOracle
 
 __all__ = [
     "PIPELINES",

@@ -19,7 +19,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from snapaudit_jax.models import LanguageModel, SentenceEmbedder
+from snapaudit_jax.models.embedder import SentenceEmbedder
+from snapaudit_jax.models.lm import LanguageModel
 from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["LLMOracle", "CallStats", "read_cache"]

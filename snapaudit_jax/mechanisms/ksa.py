@@ -36,9 +36,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from snapaudit_jax.calibration import exponential_mechanism_scale
-from snapaudit_jax.mechanisms import Mechanism, Release, _pytree_dataclass, _static
-from snapaudit_jax.sampling import AliasTable, alias_draw, alias_table
+from snapaudit_jax.mechanisms.noise import exponential_mechanism_scale
+from snapaudit_jax.mechanisms.base import Mechanism, Release, pytree_dataclass, static_field
+from snapaudit_jax.mechanisms.variates import AliasTable, alias_draw, alias_table
 from snapaudit_jax.utils import validate
 
 __all__ = [
@@ -214,7 +214,7 @@ class _KsaPrepared(NamedTuple):
     top_without: jax.Array
 
 
-@_pytree_dataclass
+@pytree_dataclass
 class KeywordSpaceAggregation(Mechanism):
     """Keyword Space Aggregation (Wu et al. 2023; SnapAudit Alg. 6).
 
@@ -235,10 +235,16 @@ class KeywordSpaceAggregation(Mechanism):
     """
 
     scale: jax.Array
-    top_k: int = _static(4)
-    num_values: int | None = _static(None)
+    top_k: int = static_field(4)
+    num_values: int | None = static_field(None)
     name: ClassVar[str] = "ksa"
     gaussian: ClassVar[bool] = False
+
+    @classmethod
+    def from_claim(cls, epsilon: float, delta: float, sensitivity: float, *, top_k: int,
+                   num_values: int | None = None):
+        """The registry's constructor; ``delta`` is unused (pure DP)."""
+        return cls.calibrated(epsilon, top_k, sensitivity, num_values)
 
     @classmethod
     def calibrated(cls, epsilon: float, top_k: int, sensitivity: float = 2.0, num_values: int | None = None):

@@ -28,7 +28,7 @@ count in both budgets: the active audit pays them once; every passive
 end-to-end run draws its own pool, as the deployed mechanism does, so the
 passive budget (the active audit's, at ``passive_runs = snapshots``) buys
 fewer runs (:func:`passive_plan`). Pseudo-seeds
-(:meth:`~snapaudit_jax.pipelines.EmbeddingPipeline.candidate_prompts`): the
+(:meth:`~snapaudit_jax.dpicl.pipelines.EmbeddingPipeline.candidate_prompts`): the
 active pool's from ``seed = [audit.seed]``, passive run ``r``'s from
 ``[audit.seed + 1, r]`` (shared by run ``r`` of both contexts, like its
 partition assignment).
@@ -41,7 +41,7 @@ per pipeline, mode, threat and epsilon), ``results_full.json``, ``table.md``,
 PNG plots, the snapshots with their manifests, the model-answer cache and,
 if configured, ``mia.json`` (clean-output membership-inference AUC) and
 ``one_run.json`` (``[one_run]``: one-run audits of PV/PoE with many canaries in
-one private set, :mod:`snapaudit_jax.one_run_icl`; also a section of
+one private set, :mod:`snapaudit_jax.dpicl.one_run`; also a section of
 ``table.md`` and the ``one_run`` entry of ``results_full.json``).
 
 The configuration file is TOML; every section and key is documented in
@@ -59,11 +59,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from snapaudit_jax.audit import CLEAN_MODELS, AuditResult, audit
-from snapaudit_jax.estimation import roc_auc
+from snapaudit_jax.audits.active import CLEAN_MODELS, AuditResult, audit
+from snapaudit_jax.estimation.layer import roc_auc
 from snapaudit_jax.mechanisms import Attack
-from snapaudit_jax.one_run_icl import OneRunSettings
-from snapaudit_jax.passive import passive_bounds
+from snapaudit_jax.dpicl.one_run import OneRunSettings
+from snapaudit_jax.audits.passive import passive_bounds
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.config import ConfigFileError, read_toml
 from snapaudit_jax.utils.config import boolean as _boolean
@@ -78,11 +78,12 @@ from snapaudit_jax.utils.config import take as _take
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.io import write_json, write_text
 from snapaudit_jax.utils.progress import RunLog as _Log
+from snapaudit_jax.dpicl.pipelines import PIPELINES
 
 __all__ = ["AuditConfig", "PipelineSettings", "MiaSettings", "load_config", "run_audit", "passive_plan",
            "ConfigFileError"]
 
-PIPELINE_NAMES = ("pv", "poe", "esa", "ksa")
+PIPELINE_NAMES = tuple(PIPELINES)  # one pipeline per registered mechanism name
 ON_MISMATCH = ("sampled", "fail")
 _FIXED_MIXTURE = ("clean = fixed: the bound is for the release with its partition assignment drawn from the recorded "
                   "ones (a mixture); a violation is evidence that some assignment's release violates the claim.")
@@ -190,8 +191,8 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
       ConfigFileError: unreadable file, invalid TOML, unknown or invalid keys
         (the message names ``section.key``, the rule and the value).
     """
-    from snapaudit_jax.data import DATASETS
-    from snapaudit_jax.pipelines.prompts import DEFENSES, QUERY_MODES
+    from snapaudit_jax.dpicl.data import DATASETS
+    from snapaudit_jax.dpicl.pipelines.prompts import DEFENSES, QUERY_MODES
 
     path = os.fspath(path)
     raw = read_toml(path)
@@ -282,7 +283,7 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
         )
         _reject_unknown(mia, "mia")
     if one_run is not None:
-        from snapaudit_jax.one_run_icl import parse_settings
+        from snapaudit_jax.dpicl.one_run import parse_settings
 
         poe = next((p for p in settings if p.name == "poe"), None)
         kw["one_run"] = parse_settings(one_run, epsilons=kw["epsilons"], threats=kw["threats"],
@@ -304,7 +305,7 @@ def _signals(value):
 
 
 def _signal_pair(settings: PipelineSettings, examples, oracle, log) -> tuple[tuple[str, str], dict]:
-    from snapaudit_jax.msgs import greedy_search, multi_sweep_greedy_search, word_vocabulary
+    from snapaudit_jax.dpicl.msgs import greedy_search, multi_sweep_greedy_search, word_vocabulary
 
     if isinstance(settings.signals, tuple):
         y1, y2 = settings.signals
@@ -332,7 +333,7 @@ def _esa_pool(config: AuditConfig, settings: PipelineSettings, pipeline, log):
       ValueError: ``audit.method = "exact"`` with the black-box threat and a sampled pool of other than 2
         candidates (raised before any snapshot is computed).
     """
-    from snapaudit_jax.pipelines import CandidatePool
+    from snapaudit_jax.dpicl.pipelines import CandidatePool
 
     if settings.candidates == "fixed":
         return CandidatePool.fixed(pipeline.signals)
@@ -405,7 +406,7 @@ def _apriori_attack(pipeline) -> Attack:
     """An attack fixed before seeing any output (the passive auditor's)."""
     import jax.numpy as jnp
 
-    from snapaudit_jax.pipelines import EmbeddingPipeline, KeywordPipeline, PrivateVotingPipeline
+    from snapaudit_jax.dpicl.pipelines import EmbeddingPipeline, KeywordPipeline, PrivateVotingPipeline
 
     if isinstance(pipeline, PrivateVotingPipeline):
         r1, r0 = np.array([1.0, 0.0]), np.array([0.0, 1.0])
@@ -463,7 +464,7 @@ def _ksa_reconstructed_hits(pipeline, mechanism, clean, key) -> np.ndarray:
     """KSA end to end: JEM release -> reconstruction prompt -> model -> target keyword in the answer?"""
     import jax.numpy as jnp
 
-    from snapaudit_jax.pipelines import keywords_of
+    from snapaudit_jax.dpicl.pipelines import keywords_of
 
     keys = jax.random.split(key, clean.shape[0])
     seqs = np.asarray(jax.jit(jax.vmap(lambda k, c: mechanism(k, c).output))(keys, jnp.asarray(clean, jnp.float32)))
@@ -485,7 +486,7 @@ def _row(pipeline: str, mode: str, result: AuditResult, llm_calls: int, seconds:
 
 def _clean_signal(pipeline, clean) -> float:
     """A scalar membership signal of one clean output (larger: canary more likely present)."""
-    from snapaudit_jax.pipelines import KeywordPipeline, ProductOfExpertsPipeline
+    from snapaudit_jax.dpicl.pipelines import KeywordPipeline, ProductOfExpertsPipeline
 
     if isinstance(pipeline, ProductOfExpertsPipeline):
         return float(clean[0] - clean[1])
@@ -503,8 +504,8 @@ def check_run_folder(out_dir: str | os.PathLike) -> None:
     Raises:
       ValueError: a corrupted file (the message names it, the line or the array, and says to delete it).
     """
-    from snapaudit_jax.pipelines.oracle import read_cache
-    from snapaudit_jax.snapshots import load_snapshots
+    from snapaudit_jax.models.oracle import read_cache
+    from snapaudit_jax.simulation.snapshots import load_snapshots
 
     out_dir = os.fspath(out_dir)
     if not os.path.isdir(out_dir):
@@ -538,7 +539,7 @@ def check_run_folder(out_dir: str | os.PathLike) -> None:
 
 def _load_datasets(config: AuditConfig) -> dict:
     """``{(dataset, data_path): examples}`` of every pipeline; a bad ``data_path`` names its key."""
-    from snapaudit_jax.data import load_examples
+    from snapaudit_jax.dpicl.data import load_examples
 
     out = {}
     for p in config.pipelines:
@@ -566,11 +567,11 @@ def _load_model(key: str, load, name: str, allow_pickle: bool):
 
 def run_audit(config: AuditConfig, out_dir: str, *, progress: bool = True) -> dict:
     """Runs the configured audits and writes the run folder; returns the summary dict."""
-    from snapaudit_jax.data import get_spec
+    from snapaudit_jax.dpicl.data import get_spec
     from snapaudit_jax.models import load_embedder, load_language_model
-    from snapaudit_jax.pipelines import PIPELINES, KeywordPipeline, LLMOracle, make_case
-    from snapaudit_jax.pipelines.phase_a import generate_snapshots
-    from snapaudit_jax.plotting import plot_epsilon
+    from snapaudit_jax.dpicl.pipelines import KeywordPipeline, LLMOracle, make_case
+    from snapaudit_jax.dpicl.pipelines.phase_a import generate_snapshots
+    from snapaudit_jax.report.plots import plot_epsilon
 
     log = _Log(progress)
     # Everything that can be refused is refused before the folder is created or anything in it changes: the
@@ -700,9 +701,9 @@ def run_audit(config: AuditConfig, out_dir: str, *, progress: bool = True) -> di
 
 
 def _run_one_run(config: AuditConfig, oracle, log) -> dict:
-    """``[one_run]``: one-run audits of PV/PoE (:mod:`snapaudit_jax.one_run_icl`); the ``one_run.json`` object."""
-    from snapaudit_jax import one_run_icl
-    from snapaudit_jax.data import get_spec, load_examples
+    """``[one_run]``: one-run audits of PV/PoE (:mod:`snapaudit_jax.dpicl.one_run`); the ``one_run.json`` object."""
+    from snapaudit_jax.dpicl import one_run as one_run_icl
+    from snapaudit_jax.dpicl.data import get_spec, load_examples
 
     s = config.one_run
     spec, examples = get_spec(s.dataset), load_examples(s.dataset, s.data_path)
@@ -732,8 +733,8 @@ def _plot(plot_epsilon, path, name, rows):
 
 def _run_mia(config: AuditConfig, lm, oracle, log) -> dict:
     """Clean-output MIA AUC per pipeline, query and defense over ``canaries`` audit cases."""
-    from snapaudit_jax.data import get_spec, load_examples
-    from snapaudit_jax.pipelines import PIPELINES, KeywordPipeline, make_case
+    from snapaudit_jax.dpicl.data import get_spec, load_examples
+    from snapaudit_jax.dpicl.pipelines import PIPELINES, KeywordPipeline, make_case
 
     mia = config.mia
     out = []
@@ -829,7 +830,7 @@ def format_report(rows: list[dict], summaries: dict, mia: dict | None, one_run: 
             lines.append(f"| {r['pipeline']} | {r['query']} | {r['defense']} | {r['auc']:.2f} |")
         lines.append("")
     if one_run:
-        from snapaudit_jax.one_run_icl import format_section
+        from snapaudit_jax.dpicl.one_run import format_section
 
         lines.append(format_section(one_run["rows"], rows))
     lines.append("Entries are 95%-confidence lower bounds on epsilon (see results_full.json for assumptions). "

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from snapaudit_jax.estimation import (
+from snapaudit_jax.estimation.layer import (
     DEFAULT_ESTIMATOR,
     ESTIMATORS,
     AuditResult,
@@ -113,7 +113,7 @@ def passive_audit(
       progress: progress bar on stderr.
 
     Returns:
-      :class:`~snapaudit_jax.audit.AuditResult` with ``method="passive"``.
+      :class:`~snapaudit_jax.audits.active.AuditResult` with ``method="passive"``.
 
     Guarantees:
       Runs are i.i.d. per hypothesis, so the one-sided Clopper-Pearson bounds
@@ -152,7 +152,7 @@ def passive_bounds(
       Other arguments: as :func:`passive_audit`.
 
     Returns:
-      :class:`~snapaudit_jax.audit.AuditResult` with ``method="passive"``.
+      :class:`~snapaudit_jax.audits.active.AuditResult` with ``method="passive"``.
     """
     start = time.perf_counter() if start is None else start
     epsilon_theory = validate.positive_float("epsilon_theory", epsilon_theory)

@@ -2,10 +2,10 @@
 
 The design (Steinke, Nasr, Jagielski 2023, applied to DP-ICL):
 
-* ``m`` canary **slots**, each built like the copy-mode canary of :func:`~snapaudit_jax.pipelines.make_case`:
+* ``m`` canary **slots**, each built like the copy-mode canary of :func:`~snapaudit_jax.dpicl.pipelines.make_case`:
   an example text followed by ``"Reference code: <code>."``. Slot ``j`` holds canary ``j``'s *secret* if its
   coin ``S_j = 1`` (probability ``p``) and its *decoy* otherwise -- the replace-one neighbouring relation that
-  the pipelines' calibration (:attr:`~snapaudit_jax.pipelines.Pipeline.sensitivity`) assumes. Codes are unique
+  the pipelines' calibration (:attr:`~snapaudit_jax.dpicl.pipelines.Pipeline.sensitivity`) assumes. Codes are unique
   per slot. Examples, codes and coins are drawn from the config seed before any model call
   (:func:`make_slots`).
 * A **fixed partition assignment** that does not depend on the coins (:func:`partition_groups`): item ``i``
@@ -17,7 +17,7 @@ The design (Steinke, Nasr, Jagielski 2023, applied to DP-ICL):
   ``fold_in(key, j)``). Score ``j``: white-box, the release's noisy margin for "reproduced canary ``j``'s
   secret" (PV: ``noisy_0 - noisy_1``; PoE: the logistic margin, which PoE's guarantee covers); black-box,
   1 if the released label is "secret", else 0. Both depend on the releases alone.
-* The auditor is :func:`snapaudit_jax.one_run.one_run_audit` (declared default grid) on the ``m`` scores.
+* The auditor is :func:`snapaudit_jax.estimation.one_run.one_run_audit` (declared default grid) on the ``m`` scores.
 
 The claim it tests is the guarantee of the **whole transcript of m answers** with respect to one exemplar,
 i.e. the composition over the ``m`` queries (:func:`composed_claim`), never the per-query ``eps``:
@@ -65,11 +65,11 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import optimize, stats
 
-from snapaudit_jax.calibration import gdp_epsilon
-from snapaudit_jax.data import Example
-from snapaudit_jax.estimation import is_violation
+from snapaudit_jax.mechanisms.noise import gdp_epsilon
+from snapaudit_jax.dpicl.data import Example
+from snapaudit_jax.estimation.layer import is_violation
 from snapaudit_jax.mechanisms import Attack
-from snapaudit_jax.one_run import DeclaredGrid, check_design, default_grid, one_run_audit, one_run_epsilon
+from snapaudit_jax.estimation.one_run import DeclaredGrid, check_design, default_grid, one_run_audit, one_run_epsilon
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.config import ConfigFileError
 from snapaudit_jax.utils.config import choice as _choice
@@ -120,8 +120,9 @@ class OneRunSettings:
       dataset, data_path: where the slot texts come from (default: AG News demo data).
       seed: seed of the slots, codes, coins and DP noise (default: ``audit.seed``).
       pairs: the declared ``(k_plus, k_minus)`` guesses, fixed before the run (default: the library's
-        :func:`~snapaudit_jax.one_run.default_grid` of each pipeline's ``m``); the union bound covers them all,
-        so one pair reaches further with few canaries. ``"all"``: the one pair ``(m // 2, m - m // 2)`` of each
+        :func:`~snapaudit_jax.estimation.one_run.default_grid` of each pipeline's ``m``); the union bound covers
+        them all, so one pair reaches further with few canaries. ``"all"``: the one pair
+        ``(m // 2, m - m // 2)`` of each
         pipeline's ``m`` (every canary guessed).
     """
 
@@ -186,7 +187,7 @@ def parse_settings(section: dict, *, epsilons: tuple[float, ...], threats: tuple
         and the value. ``delta > 0`` with ``insert_probability != 1/2`` is refused here, before any model
         call, by the one-run library's own rule.
     """
-    from snapaudit_jax.data import DATASETS
+    from snapaudit_jax.dpicl.data import DATASETS
 
     w = "one_run"
     s = dict(section)
@@ -271,7 +272,7 @@ def make_slots(examples: Sequence[Example], *, canaries: int, base_exemplars: in
     """Draws ``canaries`` slots, ``base_exemplars`` base exemplars, the codes and the coins (no model call).
 
     Args:
-      examples: the pool (e.g. :func:`~snapaudit_jax.data.load_examples`).
+      examples: the pool (e.g. :func:`~snapaudit_jax.dpicl.data.load_examples`).
       canaries: ``m >= 2``.
       base_exemplars: ``>= 0``.
       insert_probability: ``p`` in ``(0, 1)``.
@@ -284,8 +285,8 @@ def make_slots(examples: Sequence[Example], *, canaries: int, base_exemplars: in
     Raises:
       ValueError: an argument out of range, or fewer than ``m + base_exemplars`` distinct examples.
     """
-    from snapaudit_jax.data import sample_audit_context
-    from snapaudit_jax.pipelines import prompts as P
+    from snapaudit_jax.dpicl.data import sample_audit_context
+    from snapaudit_jax.dpicl.pipelines import prompts as P
 
     m = validate.positive_int("canaries", canaries, minimum=2)
     b = validate.positive_int("base_exemplars", base_exemplars, minimum=0)
@@ -442,8 +443,8 @@ def composed_claim(pipeline: str, mechanism, *, epsilon: float, delta0: float, s
 
 
 def _cases(slots: CanarySlots, spec):
-    from snapaudit_jax.data import AuditContext
-    from snapaudit_jax.pipelines import AuditCase
+    from snapaudit_jax.dpicl.data import AuditContext
+    from snapaudit_jax.dpicl.pipelines import AuditCase
 
     items = slots.realized()
     for j in range(slots.size):
@@ -459,7 +460,7 @@ def clean_answers(pipeline: str, slots: CanarySlots, settings: OneRunSettings, o
     PV: votes ``(reproduced secret j, not)`` over the ``T`` fixed partitions; PoE: clipped log-prob sums of
     ``(secret j, decoy j)`` over one expert per exemplar. Greedy decoding: each is the exact clean output.
     """
-    from snapaudit_jax.pipelines import PrivateVotingPipeline, ProductOfExpertsPipeline
+    from snapaudit_jax.dpicl.pipelines import PrivateVotingPipeline, ProductOfExpertsPipeline
 
     groups = partition_groups(slots, pipeline, settings.partitions)
     out, pipe = [], None
@@ -490,15 +491,15 @@ def release_scores(mechanism, clean, key: jax.Array) -> tuple[np.ndarray, np.nda
     """``(hits, margins)`` of one release per query, query ``j`` with key ``fold_in(key, j)``.
 
     Args:
-      mechanism: a calibrated :class:`~snapaudit_jax.mechanisms.PrivateVoting` or
-        :class:`~snapaudit_jax.mechanisms.ProductOfExperts`.
+      mechanism: a calibrated :class:`~snapaudit_jax.mechanisms.base.PrivateVoting` or
+        :class:`~snapaudit_jax.mechanisms.base.ProductOfExperts`.
       clean: ``(m, 2)`` clean outputs (label 0 = "secret j").
       key: the run's PRNG key.
 
     Returns:
       ``hits`` ``(m,)`` bool: the released label is "secret j" (black-box); ``margins`` ``(m,)``: the white-box
       statistic the mechanism's guarantee covers (PV ``noisy_0 - noisy_1``; PoE the logistic margin). Each
-      has exactly the distribution of the release (the simulator protocol of :mod:`snapaudit_jax.mechanisms`).
+      has exactly the distribution of the release (the simulator protocol of :mod:`snapaudit_jax.mechanisms.base`).
 
     Raises:
       ValueError: ``clean`` not of shape ``(m, 2)`` or not finite.
@@ -517,7 +518,7 @@ def one_run_pipeline(pipeline: str, settings: OneRunSettings, oracle, examples, 
     Args:
       pipeline: ``pv`` or ``poe``.
       settings: the ``[one_run]`` settings.
-      oracle: the :class:`~snapaudit_jax.pipelines.LLMOracle` (cached: reruns compute nothing).
+      oracle: the :class:`~snapaudit_jax.dpicl.pipelines.LLMOracle` (cached: reruns compute nothing).
       examples, spec: the dataset.
       delta0: the per-query ``delta`` the PV noise is calibrated for (``audit.delta``).
       calibration: PV's Gaussian calibration (``analytic`` or ``classical``).
@@ -526,7 +527,7 @@ def one_run_pipeline(pipeline: str, settings: OneRunSettings, oracle, examples, 
 
     Returns:
       One dict per ``eps`` with the slots' coins, the composed claim, and per threat the
-      :class:`~snapaudit_jax.one_run.OneRunResult` fields and ``violation``.
+      :class:`~snapaudit_jax.estimation.one_run.OneRunResult` fields and ``violation``.
 
     Guarantees:
       See the module docstring; the coins and the DP keys are fixed before any model call.
@@ -577,7 +578,7 @@ def ceiling(canaries: int, *, delta: float, alpha: float, insert_probability: fl
             pairs: Sequence[tuple[int, int]] | None = None) -> float:
     """The largest bound the declared grid can give for ``canaries`` (every guess right): the design's reach.
 
-    ``pairs`` is the declared grid (default: :func:`~snapaudit_jax.one_run.default_grid` of ``canaries``).
+    ``pairs`` is the declared grid (default: :func:`~snapaudit_jax.estimation.one_run.default_grid` of ``canaries``).
 
     With few canaries it is 0 (e.g. ``m = 4``, ``alpha = 0.05``; ``m = 12`` reaches 0.71): no outcome of the
     run can then show

@@ -12,11 +12,10 @@ import math
 import jax
 import numpy as np
 
-from snapaudit_jax.audit import CLEAN_MODELS, CURVE_POINTS, METHODS, THREATS, AuditResult, audit
-from snapaudit_jax.estimation import check_estimator, holm, mu_violation_p_value, violation_p_value
-from snapaudit_jax.jem import KeywordSpaceAggregation
-from snapaudit_jax.mechanisms import EmbeddingSpaceAggregation, Mechanism, PrivateVoting, ProductOfExperts
-from snapaudit_jax.snapshots import Snapshots, check_clean, load_snapshots
+from snapaudit_jax.audits.active import CLEAN_MODELS, CURVE_POINTS, METHODS, THREATS, AuditResult, audit
+from snapaudit_jax.estimation.layer import check_estimator, holm, mu_violation_p_value, violation_p_value
+from snapaudit_jax.mechanisms import Mechanism, registry
+from snapaudit_jax.simulation.snapshots import Snapshots, check_clean, load_snapshots
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 
@@ -24,9 +23,7 @@ __all__ = ["SimulateConfig", "familywise",
            "MECHANISMS", "DEFAULT_CLEAN", "build_snapshots", "build_mechanism", "run_simulate",
            "esa_unit_pair"]
 
-MECHANISMS = ("pv", "poe", "esa", "ksa")
-MECHANISM_CLASSES = {"pv": PrivateVoting, "poe": ProductOfExperts, "esa": EmbeddingSpaceAggregation,
-                     "ksa": KeywordSpaceAggregation}
+MECHANISMS = registry.names()  # the built-in four: "pv", "poe", "esa", "ksa"
 CALIBRATIONS = ("analytic", "classical")
 
 # Clean outputs used when none are given: PV and PoE from SnapAudit Table 11
@@ -86,7 +83,7 @@ class SimulateConfig:
         validate.open_unit("confidence", self.confidence)
         validate.choice("method", self.method, METHODS)
         if self.estimator is not None:
-            check_estimator(self.estimator, self.mechanism, MECHANISM_CLASSES[self.mechanism].gaussian)
+            check_estimator(self.estimator, self.mechanism, registry.mechanism_class(self.mechanism).gaussian)
         validate.choice("clean", self.clean, ("auto",) + CLEAN_MODELS)
         validate.positive_int("curve_points", self.curve_points, minimum=0)
         if self.clip is not None:
@@ -200,17 +197,15 @@ def default_sensitivity(config: SimulateConfig) -> float:
 
 def build_mechanism(config: SimulateConfig, epsilon: float, snapshots: Snapshots) -> Mechanism:
     """The calibrated mechanism of the run at one ``epsilon``."""
-    sens = default_sensitivity(config)
-    if config.mechanism == "pv":
-        return PrivateVoting.calibrated(epsilon, config.delta, sens, config.calibration)
-    if config.mechanism == "esa":
-        return EmbeddingSpaceAggregation.calibrated(
-            epsilon, config.delta, snapshots.candidates, partitions=config.partitions or 1, sensitivity=sens,
-            calibration=config.calibration,
-        )
-    if config.mechanism == "poe":
-        return ProductOfExperts.calibrated(epsilon, sens)
-    return KeywordSpaceAggregation.calibrated(epsilon, config.top_k or DEFAULT_TOP_K, sens)
+    options = {
+        "pv": {"calibration": config.calibration},
+        "esa": {"candidates": snapshots.candidates, "partitions": config.partitions or 1,
+                "calibration": config.calibration},
+        "poe": {},
+        "ksa": {"top_k": config.top_k or DEFAULT_TOP_K},
+    }[config.mechanism]
+    return registry.build(config.mechanism, epsilon, config.delta, default_sensitivity(config), field="--mechanism",
+                          **options)
 
 
 def run_simulate(config: SimulateConfig, *, progress: bool = False, devices=None) -> list[AuditResult]:

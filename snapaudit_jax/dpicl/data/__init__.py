@@ -5,7 +5,7 @@
 * :func:`sample_audit_context` -- a canary and neighbouring exemplar contexts (:class:`AuditContext`).
 """
 
-from snapaudit_jax.data.datasets import (
+from snapaudit_jax.dpicl.data.datasets import (
     DATASETS,
     AuditContext,
     DatasetSpec,

@@ -15,7 +15,7 @@ KSA        generated response, split into keywords      keyword histogram ``(V,)
 
 The release goes through the core engine's mechanisms, so the same pipeline
 serves Phase A (clean snapshots for the active audit) and the passive
-end-to-end audit. Answers come from an :class:`~snapaudit_jax.pipelines.oracle.LLMOracle`,
+end-to-end audit. Answers come from an :class:`~snapaudit_jax.models.oracle.LLMOracle`,
 which deduplicates prompts and counts every logical model call.
 """
 
@@ -28,11 +28,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from snapaudit_jax.data import AuditContext, DatasetSpec, Example, sample_audit_context
-from snapaudit_jax.jem import KeywordSpaceAggregation
+from snapaudit_jax.dpicl.data import AuditContext, DatasetSpec, Example, sample_audit_context
+from snapaudit_jax.mechanisms.ksa import KeywordSpaceAggregation
 from snapaudit_jax.mechanisms import EmbeddingSpaceAggregation, Mechanism, PrivateVoting, ProductOfExperts
-from snapaudit_jax.pipelines import prompts as P
-from snapaudit_jax.pipelines.oracle import LLMOracle
+from snapaudit_jax.dpicl.pipelines import prompts as P
+from snapaudit_jax.models.oracle import LLMOracle
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 
@@ -334,7 +334,7 @@ def candidate_text(output: str, signals: tuple[str, str]) -> str:
 
     The answer is read as the generator's answers are (stripped, first line,
     trailing '.' dropped); the option number ``"1. "`` / ``"2. "`` under which
-    :func:`~snapaudit_jax.pipelines.prompts.esa_candidate_instruction` lists
+    :func:`~snapaudit_jax.dpicl.pipelines.prompts.esa_candidate_instruction` lists
     the signals is dropped too. An answer that then equals a signal is that
     signal, as given (so its embedding is the fixed pool's); any other answer
     is kept as its own text (an off-signal candidate).

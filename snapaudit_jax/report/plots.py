@@ -1,4 +1,10 @@
-"""Plots of empirical against theoretical epsilon (needs the ``plots`` extra)."""
+"""Plots (needs the ``plots`` extra): the shared figure writer and the epsilon plots of the audits.
+
+:func:`pyplot` loads matplotlib's non-interactive backend or says how to
+install it; :func:`save_figure` writes a figure atomically in the format its
+suffix names. The ``cpa`` and ``pii`` commands draw their own figures with
+both.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +12,22 @@ import io
 import os
 from collections.abc import Mapping, Sequence
 
-from snapaudit_jax.audit import AuditResult
+from snapaudit_jax.audits.active import AuditResult
 from snapaudit_jax.utils.errors import DependencyError
 from snapaudit_jax.utils.io import PLOT_FORMATS, atomic_write, check_output_file
 
-__all__ = ["plot_epsilon"]
+__all__ = ["plot_epsilon", "pyplot", "save_figure"]
 
 
-def _pyplot():
+def pyplot():
+    """``matplotlib.pyplot`` on the Agg backend.
+
+    Returns:
+      The ``matplotlib.pyplot`` module.
+
+    Raises:
+      DependencyError: matplotlib is not installed (the message gives the install command).
+    """
     try:
         import matplotlib
 
@@ -22,6 +36,28 @@ def _pyplot():
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise DependencyError("plotting needs matplotlib: pip install 'snapaudit-jax[plots]'") from err
     return plt
+
+
+def save_figure(fig, path: str | os.PathLike, *, fmt: str | None = None, **savefig) -> None:
+    """Writes ``fig`` to ``path`` atomically and closes it.
+
+    Args:
+      fig: a matplotlib figure.
+      path: the output file; its suffix names the format unless ``fmt`` is given.
+      fmt: a format of :data:`~snapaudit_jax.utils.io.PLOT_FORMATS`, default the suffix's.
+      **savefig: further arguments of ``Figure.savefig`` (``dpi``, ``bbox_inches``).
+
+    Raises:
+      InputError: ``path`` is a folder, has an unknown suffix or cannot be written.
+    """
+    if fmt is None:
+        fmt = check_output_file("path", path, PLOT_FORMATS)
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format=fmt, **savefig)
+    finally:
+        pyplot().close(fig)
+    atomic_write(path, lambda fh: fh.write(buf.getvalue()))
 
 
 def _tradeoff_panel(ax, results: Sequence[AuditResult]) -> None:
@@ -33,7 +69,7 @@ def _tradeoff_panel(ax, results: Sequence[AuditResult]) -> None:
     """
     import numpy as np
 
-    from snapaudit_jax.estimation import claimed_tradeoff
+    from snapaudit_jax.estimation.layer import claimed_tradeoff
 
     x = np.geomspace(1e-16, 1.0, 400)
     lowest = 1.0
@@ -80,7 +116,7 @@ def plot_epsilon(
     :data:`~snapaudit_jax.utils.io.PLOT_FORMATS`).
     """
     fmt = check_output_file("path", path, PLOT_FORMATS)
-    plt = _pyplot()
+    plt = pyplot()
     with_curves = [r for r in curves if isinstance(r, AuditResult) and r.curve]
     if with_curves:
         fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10.5, 4.5), dpi=120)
@@ -102,7 +138,4 @@ def plot_epsilon(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format=fmt)
-    plt.close(fig)
-    atomic_write(path, lambda fh: fh.write(buf.getvalue()))
+    save_figure(fig, path, fmt=fmt)

@@ -149,15 +149,15 @@ def exact_release_epsilon(mechanism: Mechanism, with_canary, without_canary, att
 
     Black-box (PV, PoE, two-candidate ESA): the released label's distribution, averaged over the given
     clean outputs (a mixture over recorded assignments), through the hockey-stick profile
-    (:func:`snapaudit_jax.profiles.discrete_epsilon`). White-box with one distinct clean output per
+    (:func:`snapaudit_jax.simulation.profiles.discrete_epsilon`). White-box with one distinct clean output per
     hypothesis: PV and ESA release the whole Gaussian-noised vector (``mu = |m_1 - m_0| / sigma``
     exactly); PoE releases the noisy margin (a logistic location pair). White-box mixtures: ``None``.
 
     Guarantees:
       Exact for the stated release: the ``eps`` any attack on it can certify at most.
     """
-    from snapaudit_jax.profiles import discrete_epsilon, gaussian_epsilon, logistic_epsilon
-    from snapaudit_jax.snapshots import dedupe
+    from snapaudit_jax.simulation.profiles import discrete_epsilon, gaussian_epsilon, logistic_epsilon
+    from snapaudit_jax.simulation.snapshots import dedupe
 
     x1, x0 = np.asarray(with_canary, np.float64), np.asarray(without_canary, np.float64)
     if threat == "black":

@@ -1,0 +1,91 @@
+"""The config-file commands of the ``snapaudit`` command line, and how packages contribute them.
+
+A :class:`ConfigCommand` is ``snapaudit NAME CONFIG.toml [--out DIR] [--quiet]``:
+load and check the TOML file, check the output folder, run into it, print its
+report. ``snapaudit_jax`` defines ``audit``; other installed packages add theirs
+through the ``snapaudit.commands`` entry-point group (``conformal`` adds
+``cpa``, ``attacks`` adds ``pii``), so the command line never imports them by
+name and the packages depend on ``snapaudit_jax`` one way only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from importlib import metadata
+from typing import Any
+
+from snapaudit_jax.utils.io import check_output_dir
+
+__all__ = ["ENTRY_POINT_GROUP", "ConfigCommand", "discover", "run_command"]
+
+ENTRY_POINT_GROUP = "snapaudit.commands"
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigCommand:
+    """One ``snapaudit NAME CONFIG.toml`` command.
+
+    Attributes:
+      name: the sub-command (``"cpa"``).
+      help: one line for ``snapaudit --help``.
+      description: the paragraph of ``snapaudit NAME --help``.
+      example: the example configuration's file name under ``examples/``.
+      load: ``load(path) -> config``; raises :class:`~snapaudit_jax.utils.errors.ConfigFileError` naming the key.
+      run: ``run(config, out_dir, *, progress) -> dict``; writes the results into ``out_dir``.
+      report: the file of ``out_dir`` printed when the run is done (``"report.md"``).
+      summary: optional ``summary(result) -> str | None``, one more line printed after the report.
+    """
+
+    name: str
+    help: str
+    description: str
+    example: str
+    load: Callable[[str], Any]
+    run: Callable[..., Mapping[str, Any]]
+    report: str
+    summary: Callable[[Mapping[str, Any]], str | None] | None = None
+
+
+def discover() -> dict[str, ConfigCommand]:
+    """The commands of the installed packages' ``snapaudit.commands`` entry points, by name.
+
+    Returns:
+      ``{name: ConfigCommand}`` sorted by name.
+
+    Raises:
+      TypeError: an entry point does not name a :class:`ConfigCommand` or its name differs from the entry's.
+    """
+    found = {}
+    for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        command = entry.load()
+        if not isinstance(command, ConfigCommand) or command.name != entry.name:
+            raise TypeError(f"entry point {entry.name} = {entry.value} of group {ENTRY_POINT_GROUP} must be a "
+                            f"ConfigCommand named {entry.name!r}, got {command!r:.80}")
+        found[entry.name] = command
+    return dict(sorted(found.items()))
+
+
+def run_command(command: ConfigCommand, config_path: str, out: str | None = None, *,
+                progress: bool = True) -> tuple[Mapping[str, Any], str]:
+    """Loads ``config_path``, runs it into ``out`` and returns the result and the report's text.
+
+    Args:
+      command: the command.
+      config_path: its TOML configuration.
+      out: the output folder (default ``runs/<config file name without suffix>``).
+      progress: progress lines on stderr.
+
+    Returns:
+      ``(result, report)``: what ``command.run`` returned and the text of its report file.
+
+    Raises:
+      InputError: a bad configuration or an output folder that cannot be written (before any work).
+    """
+    config = command.load(config_path)
+    out = out or os.path.join("runs", os.path.splitext(os.path.basename(config_path))[0])
+    check_output_dir("--out", out)  # before any work: nothing is created if it could not be written
+    result = command.run(config, out, progress=progress)
+    with open(os.path.join(out, command.report)) as fh:
+        return result, fh.read()
