@@ -4,7 +4,7 @@ Oracles: scikit-learn TF-IDF + NumPy cosine/softmax for the retrieval attacker;
 a per-attribute loop for the profile attacker's identity scores; the exact
 split-conformal identities (coverage = conditional coverage x inclusion with
 one split) for the report rows. The LLM attackers run on a tiny random Llama
-folder (tests/_tiny_llm.py): their mechanics (calls, caching, determinism,
+folder (tests/helpers/tiny_llm.py): their mechanics (calls, caching, determinism,
 validity of the sets) are under test, not their accuracy.
 """
 
@@ -292,7 +292,7 @@ def test_cli_error_exit_code_and_no_output(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     sys.path.insert(0, os.path.dirname(__file__))
-    from _tiny_llm import make_tiny_llm_folder
+    from tests.helpers.tiny_llm import make_tiny_llm_folder
 
     ladder = synthetic_ladder(60, 40, seed=1, releases=("direct",), levels=("K2",))
     texts = [t for s in ladder.values() for t in list(s.documents) + list(s.profiles)]

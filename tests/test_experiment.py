@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("flax")
 pytest.importorskip("torch")
 
-from _tiny_llm import make_tiny_llm_folder  # noqa: E402
+from tests.helpers.tiny_llm import make_tiny_llm_folder  # noqa: E402
 
 from snapaudit_jax.cli import main  # noqa: E402
 from snapaudit_jax.dpicl.data import load_examples  # noqa: E402
@@ -196,7 +196,7 @@ def scripted(monkeypatch):
     """Patches the model loaders: a ScriptedLM (candidate answers from ``holder["candidate"]``) and a hashing
     embedder; ``holder["lm"]`` is the model of the last run."""
     import snapaudit_jax.models as models
-    from _fake_esa import HashEmbedder, ScriptedLM
+    from tests.helpers.fake_esa import HashEmbedder, ScriptedLM
 
     holder = {"candidate": _esa_answers}
 

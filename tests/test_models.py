@@ -16,6 +16,8 @@ untruncated long text, exceeds the tolerance by orders of magnitude).
 
 from __future__ import annotations
 
+from tests.helpers.parallel_inputs import PARALLEL_LABELS, PARALLEL_PROMPTS, PARALLEL_TEXTS
+
 import contextlib
 import functools
 import json
@@ -447,9 +449,6 @@ def test_many_multi_token_labels_in_several_packed_groups(tiny, monkeypatch):
 # 5b. Data parallelism over several devices gives the single-device outputs
 # ---------------------------------------------------------------------------
 
-PARALLEL_PROMPTS = ["t5 t6 t7", "t9", "t10 t11 t12 t13 t14"]  # 3 rows: padded to 4, split over 2 devices
-PARALLEL_LABELS = ["t4", "t50", "t96"]
-PARALLEL_TEXTS = ["t5 t6", "t7 t8 t9 t10", "t11"]
 
 
 def test_data_parallel_matches_single_device(tiny):
@@ -461,7 +460,7 @@ def test_data_parallel_matches_single_device(tiny):
     assert lm.parallel.size == len(jax.local_devices())
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     run = subprocess.run(
-        [sys.executable, "-m", "tests._parallel_worker", str(tiny["llama"][1]), str(tiny["bert"][1]), "2"],
+        [sys.executable, "-m", "tests.helpers.parallel_worker", str(tiny["llama"][1]), str(tiny["bert"][1]), "2"],
         cwd=root, capture_output=True, text=True, timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from snapaudit_jax import one_run_icl as O
+from snapaudit_jax.dpicl import one_run as O
 from snapaudit_jax.dpicl.data import get_spec, load_examples
 from snapaudit_jax.dpicl.run import ConfigFileError, load_config
 from snapaudit_jax.mechanisms import PrivateVoting, ProductOfExperts
@@ -314,7 +314,7 @@ def test_one_run_config_defaults_and_pure_claims(tmp_path):
 def test_run_audit_writes_the_one_run_table_and_json(tmp_path):
     pytest.importorskip("flax")
     pytest.importorskip("torch")
-    from _tiny_llm import make_tiny_llm_folder
+    from tests.helpers.tiny_llm import make_tiny_llm_folder
 
     from snapaudit_jax.dpicl.run import run_audit
 

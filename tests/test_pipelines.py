@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("flax")
 pytest.importorskip("torch")
 
-from _tiny_llm import make_tiny_llm_folder  # noqa: E402
+from tests.helpers.tiny_llm import make_tiny_llm_folder  # noqa: E402
 
 from snapaudit_jax.dpicl.data import get_spec, load_examples  # noqa: E402
 from snapaudit_jax.models import load_embedder, load_language_model  # noqa: E402
@@ -247,7 +247,7 @@ OFF = "Here is one of the two sentences"
 
 
 def _esa_with(candidate, *, partitions=1, num_exemplars=3):
-    from _fake_esa import HashEmbedder, ScriptedLM
+    from tests.helpers.fake_esa import HashEmbedder, ScriptedLM
 
     lm = ScriptedLM((Y1, Y2), candidate)
     oracle = LLMOracle(lm, HashEmbedder())

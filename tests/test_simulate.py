@@ -16,7 +16,7 @@ import snapaudit_jax as sa
 from snapaudit_jax.audits.active import make_attack
 from snapaudit_jax.simulation.trials import _run_chunk, simulate
 
-WORKER = str(Path(__file__).with_name("_sharding_worker.py"))
+WORKER = str(Path(__file__).resolve().parents[0] / "helpers" / "sharding_worker.py")
 
 PV = sa.PrivateVoting.calibrated(2.0, 1e-5)
 VOTES = np.array([[1.0, 2.0], [1.0, 2.0], [2.0, 1.0], [1.0, 2.0], [0.0, 3.0]])

@@ -1,4 +1,7 @@
-"""Runs the tiny models on several XLA host devices and prints their outputs as JSON (see test_models.py)."""
+"""Runs the tiny models on several XLA host devices and prints their outputs as JSON (see test_models.py).
+
+Usage: python -m tests.helpers.parallel_worker LLM_FOLDER BERT_FOLDER DEVICES
+"""
 
 import json
 import os
@@ -13,7 +16,7 @@ import numpy as np  # noqa: E402
 from snapaudit_jax.models import load_embedder, load_language_model  # noqa: E402
 from snapaudit_jax.models.parallel import CPU_REPLICA_BYTES, DataParallel  # noqa: E402
 
-from tests.test_models import PARALLEL_LABELS, PARALLEL_PROMPTS, PARALLEL_TEXTS  # noqa: E402
+from tests.helpers.parallel_inputs import PARALLEL_LABELS, PARALLEL_PROMPTS, PARALLEL_TEXTS  # noqa: E402
 
 lm = load_language_model(sys.argv[1])
 emb = load_embedder(sys.argv[2])

@@ -1,0 +1,1 @@
+"""Test helpers: tiny model folders, scripted models, subprocess workers, shared configurations."""
