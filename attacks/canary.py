@@ -5,8 +5,8 @@ training data independently with probability ``p``. Its score is ``log P(secret 
 trained model (minus the same under a reference model, optionally): members should score higher.
 
 :func:`epsilon_lower_bound` turns member / non-member scores into ``(eps, delta)`` lower bounds with this
-package's estimation layer (:mod:`snapaudit_jax.estimation.layer`: the decision rules ``Split`` / ``Bonferroni``,
-:func:`~snapaudit_jax.estimation.layer.threshold_test` and the estimators) for the test "member iff score >= threshold",
+package's estimation layer (:mod:`snapaudit_jax.estimation`: the decision rules ``Split`` / ``Bonferroni``,
+:func:`~snapaudit_jax.estimation.threshold_test` and the estimators) for the test "member iff score >= threshold",
 with exact Clopper-Pearson bounds ``TPR >= tpr_low`` and ``FPR <= fpr_up`` (``alpha / 2`` each). The threshold
 never comes from the scores that the bound uses:
 
@@ -65,7 +65,7 @@ import numpy as np
 from attacks.blackbox import continuation_logprobs
 from attacks.corpus import Canary, CanarySet
 from attacks.mia import roc_auc
-from snapaudit_jax.estimation.layer import Bonferroni, Split, ThresholdTest, estimate, threshold_test
+from snapaudit_jax.estimation import Bonferroni, Split, ThresholdTest, estimate, threshold_test
 from snapaudit_jax.estimation.one_run import DeclaredGrid, check_design, default_grid, one_run_audit
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
@@ -173,8 +173,8 @@ def epsilon_lower_bound(
 ) -> dict:
     """``(eps, delta)`` lower bounds from canary scores (see the module docstring).
 
-    The decision rule is a value of :mod:`snapaudit_jax.estimation.layer` (``Split`` or ``Bonferroni``) and
-    :func:`snapaudit_jax.estimation.layer.threshold_test` chooses and bounds it, as in every other audit.
+    The decision rule is a value of :mod:`snapaudit_jax.estimation` (``Split`` or ``Bonferroni``) and
+    :func:`snapaudit_jax.estimation.threshold_test` chooses and bounds it, as in every other audit.
 
     Args:
       member_scores: ``(n1,)`` scores of inserted canaries (higher = member).

@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from attacks.blackbox import score_texts
-from snapaudit_jax.estimation.layer import roc_auc
+from snapaudit_jax.estimation import roc_auc
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 import ast
 import importlib
 import pkgutil
-from pathlib import Path
 
 import pytest
 
 import snapaudit_jax
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers.paths import ROOT
 
 
 def _imports(package: str):
@@ -95,7 +94,7 @@ def test_one_mechanism_registry_feeds_every_caller():
     from snapaudit_jax import cli, mechanisms
     from snapaudit_jax.audits.command import MECHANISMS
     from snapaudit_jax.dpicl.pipelines import PIPELINES
-    from snapaudit_jax.dpicl.run import PIPELINE_NAMES
+    from snapaudit_jax.dpicl.config import PIPELINE_NAMES
 
     assert mechanisms.names() == cli.BUILT_IN_MECHANISMS == MECHANISMS == tuple(PIPELINES) == PIPELINE_NAMES
     for name in mechanisms.names():

@@ -1,8 +1,7 @@
 """The README Quickstart and CI stay in step."""
 
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers.paths import ROOT
 
 
 def _quickstart_lines():

@@ -8,7 +8,7 @@
 2. estimates TPR and FPR on the evaluation data (simulation or exact ``h_b``);
 3. turns them into one-sided bounds ``TPR_low``, ``FPR_up`` that hold
    simultaneously with probability at least ``confidence``;
-4. hands them to the estimation layer (:func:`snapaudit_jax.estimation.layer.audit_result`), which turns the
+4. hands them to the estimation layer (:func:`snapaudit_jax.estimation.audit_result`), which turns the
    pair into ``eps_emp`` with the assumption-free standard estimator (or, with ``method="exact"`` and
    fixed clean outputs, the release's exact privacy profile), tests the ``mu``-GDP claim under
    ``estimator="gdp"``, and decides ``violation`` from valid estimates only.
@@ -52,7 +52,7 @@ from snapaudit_jax.estimation.bounds import (
     empirical_bernstein_radius,
     hoeffding_radius,
 )
-from snapaudit_jax.estimation.layer import (
+from snapaudit_jax.estimation import (
     VIOLATION_RTOL,
     AuditResult,
     RateBound,

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from snapaudit_jax.audits.active import CLEAN_MODELS, CURVE_POINTS, METHODS, THREATS, AuditResult, audit
-from snapaudit_jax.estimation.layer import check_estimator, holm, mu_violation_p_value, violation_p_value
+from snapaudit_jax.estimation import check_estimator, holm, mu_violation_p_value, violation_p_value
 from snapaudit_jax.mechanisms import Mechanism, registry
 from snapaudit_jax.simulation.snapshots import Snapshots, check_clean, load_snapshots
 from snapaudit_jax.utils import validate

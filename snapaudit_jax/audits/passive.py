@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from snapaudit_jax.estimation.layer import (
+from snapaudit_jax.estimation import (
     DEFAULT_ESTIMATOR,
     ESTIMATORS,
     AuditResult,

@@ -8,7 +8,7 @@ __all__ = ["COMMAND"]
 
 
 def _load(path):
-    from snapaudit_jax.dpicl.run import load_config
+    from snapaudit_jax.dpicl.config import load_config
 
     return load_config(path)
 

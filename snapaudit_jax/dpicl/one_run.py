@@ -67,7 +67,7 @@ from scipy import optimize, stats
 
 from snapaudit_jax.mechanisms.noise import gdp_epsilon
 from snapaudit_jax.dpicl.data import Example
-from snapaudit_jax.estimation.layer import is_violation
+from snapaudit_jax.estimation import is_violation
 from snapaudit_jax.mechanisms import Attack
 from snapaudit_jax.estimation.one_run import DeclaredGrid, check_design, default_grid, one_run_audit, one_run_epsilon
 from snapaudit_jax.utils import validate

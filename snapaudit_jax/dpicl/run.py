@@ -54,250 +54,25 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any
 
 import jax
 import numpy as np
 
-from snapaudit_jax.audits.active import CLEAN_MODELS, AuditResult, audit
-from snapaudit_jax.estimation.layer import roc_auc
+from snapaudit_jax.audits.active import AuditResult, audit
+from snapaudit_jax.estimation import roc_auc
 from snapaudit_jax.mechanisms import Attack
-from snapaudit_jax.dpicl.one_run import OneRunSettings
 from snapaudit_jax.audits.passive import passive_bounds
 from snapaudit_jax.utils import validate
-from snapaudit_jax.utils.config import ConfigFileError, read_toml
-from snapaudit_jax.utils.config import boolean as _boolean
-from snapaudit_jax.utils.config import choice as _choice
-from snapaudit_jax.utils.config import choices as _choices
-from snapaudit_jax.utils.config import number_list as _number_list
-from snapaudit_jax.utils.config import pos_int as _pos_int
-from snapaudit_jax.utils.config import reject_unknown as _reject_unknown
-from snapaudit_jax.utils.config import string as _string
-from snapaudit_jax.utils.config import table as _table
-from snapaudit_jax.utils.config import take as _take
+from snapaudit_jax.utils.config import ConfigFileError
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.io import write_json, write_text
 from snapaudit_jax.utils.progress import RunLog as _Log
+from snapaudit_jax.dpicl.config import DEFAULT_DATASET, FIXED_MIXTURE_NOTE, AuditConfig, PipelineSettings
 from snapaudit_jax.dpicl.pipelines import PIPELINES
-
-__all__ = ["AuditConfig", "PipelineSettings", "MiaSettings", "load_config", "run_audit", "passive_plan",
-           "ConfigFileError"]
-
-PIPELINE_NAMES = tuple(PIPELINES)  # one pipeline per registered mechanism name
-ON_MISMATCH = ("sampled", "fail")
-_FIXED_MIXTURE = ("clean = fixed: the bound is for the release with its partition assignment drawn from the recorded "
-                  "ones (a mixture); a violation is evidence that some assignment's release violates the claim.")
-_DEFAULT_DATASET = {"pv": "agnews", "poe": "agnews", "esa": "samsum", "ksa": "samsum"}
-_DEFAULT_PARTITIONS = {"pv": 3, "esa": 1, "ksa": 8}
-ESA_CANDIDATES = ("sampled", "fixed")
-METHODS = ("simulate", "exact")
-# T_cand: the paper leaves it open. With the constrained stage close to a fair coin over {y1, y2}, 8 draws miss
-# y1 with probability 2**-8 (either signal: 2**-7), for 8 calls -- little next to Phase A's 2 * snapshots * T.
-DEFAULT_CANDIDATE_CALLS = 8
+from snapaudit_jax.dpicl.report import format_report, plot_pipeline
 
 
-@dataclasses.dataclass(frozen=True)
-class PipelineSettings:
-    """``[pipelines.<name>]``: one DP-ICL pipeline.
-
-    Attributes:
-      name: ``pv``, ``poe``, ``esa`` or ``ksa``.
-      dataset: dataset name (``agnews``, ``trec``, ``samsum``, ``xsum``).
-      data_path: local file/folder of the dataset (default: the shipped demo data).
-      num_exemplars: context size ``k``.
-      partitions: ``T`` (PV 3, ESA 1, KSA 8; PoE uses one expert per exemplar).
-      clip: PoE's ``Gamma``.
-      top_k: KSA's ``K``.
-      signals: ESA's signal sentences: ``"msgs"``, ``"gs"`` or a list of two sentences.
-      signal_vocabulary: ESA: words for the signal search.
-      signal_seeds: ESA: seed sentences for the signal search.
-      signal_sweeps: ESA: MSGS sweeps.
-      neighbouring: KSA: ``replace_one`` (default; Delta_u = 2) or ``add_remove`` (the canary's context
-        without it drops it; needs one exemplar per partition, Delta_u = 1).
-      reconstruct: KSA: run the reconstruction prompt in the passive audit
-        (the black-box decision is then "target keyword in the final answer").
-      candidates: ESA's candidate pool: ``"sampled"`` (default; the paper's constrained 0-shot stage, run
-        ``candidate_calls`` times once per audit before Phase A, its distinct answers the pool, off-signal
-        answers included) or ``"fixed"`` (the two signal sentences, no model call).
-      candidate_calls: ESA's ``T_cand`` (default 8: ``DEFAULT_CANDIDATE_CALLS``); with ``"fixed"`` the number
-        of calls of the candidate-stage diagnostic (``candidate_coverage``, not counted in the budgets).
-    """
-
-    name: str
-    dataset: str
-    data_path: str | None = None
-    num_exemplars: int = 6
-    partitions: int | None = None
-    clip: float = 5.0
-    top_k: int = 4
-    signals: Any = "msgs"
-    signal_vocabulary: int = 120
-    signal_seeds: int = 2
-    signal_sweeps: int = 2
-    reconstruct: bool = False
-    neighbouring: str = "replace_one"
-    candidates: str = "sampled"
-    candidate_calls: int = DEFAULT_CANDIDATE_CALLS
-
-
-@dataclasses.dataclass(frozen=True)
-class MiaSettings:
-    """``[mia]``: clean-output membership inference (SnapAudit Table 12)."""
-
-    canaries: int = 6
-    pipelines: tuple[str, ...] = ("pv", "poe")
-    queries: tuple[str, ...] = ("direct", "copy")
-    defenses: tuple[str, ...] = ("none", "strict")
-
-
-@dataclasses.dataclass(frozen=True)
-class AuditConfig:
-    """A full audit run (see ``examples/quickstart.toml``).
-
-    ``method`` (``[audit] method``): ``"simulate"`` (default) or ``"exact"`` (closed-form rates of PV, PoE and
-    two-candidate ESA; refused for KSA, and for an ESA pool of other than 2 candidates under the black-box
-    threat).
-    """
-
-    llm: str = "smollm2"
-    embedder: str = "minilm"
-    allow_pickle: bool = False
-    epsilons: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0)
-    delta: float = 1e-5
-    confidence: float = 0.95
-    query: str = "copy"
-    defense: str = "none"
-    threats: tuple[str, ...] = ("black", "white")
-    snapshots: int = 200
-    trials: int = 200_000
-    passive_runs: int | None = None
-    clean: str = "fixed"
-    on_mismatch: str = "sampled"
-    calibration: str = "analytic"
-    method: str = "simulate"
-    seed: int = 0
-    case_seed: int = 0
-    batch_size: int = 8
-    verify: int = 4
-    pipelines: tuple[PipelineSettings, ...] = ()
-    mia: MiaSettings | None = None
-    one_run: OneRunSettings | None = None
-
-
-def load_config(path: str | os.PathLike) -> AuditConfig:
-    """Reads and validates a TOML audit configuration.
-
-    Raises:
-      ConfigFileError: unreadable file, invalid TOML, unknown or invalid keys
-        (the message names ``section.key``, the rule and the value).
-    """
-    from snapaudit_jax.dpicl.data import DATASETS
-    from snapaudit_jax.dpicl.pipelines.prompts import DEFENSES, QUERY_MODES
-
-    path = os.fspath(path)
-    raw = read_toml(path)
-    model = _table(raw, "model", "model", {})
-    audit_s = _table(raw, "audit", "audit", {})
-    pipes = _table(raw, "pipelines", "pipelines", {})
-    mia = _table(raw, "mia", "mia")
-    one_run = _table(raw, "one_run", "one_run")
-    _reject_unknown(raw, path)
-    kw: dict[str, Any] = {}
-    kw["llm"] = _take(model, "llm", "model", _string, "smollm2")
-    kw["embedder"] = _take(model, "embedder", "model", _string, "minilm")
-    kw["allow_pickle"] = _take(model, "allow_pickle", "model", _boolean, False)
-    _reject_unknown(model, "model")
-    if audit_s.get("epsilons") == []:
-        raise ConfigFileError("audit.epsilons: must list at least one epsilon, got []")
-    kw["epsilons"] = _take(audit_s, "epsilons", "audit",
-                           _number_list(lambda e: validate.positive_float("epsilon", e)), (1.0, 2.0, 4.0, 8.0, 16.0))
-    kw["delta"] = _take(audit_s, "delta", "audit", lambda v: validate.open_unit("delta", v), 1e-5)
-    kw["confidence"] = _take(audit_s, "confidence", "audit", lambda v: validate.open_unit("confidence", v), 0.95)
-    kw["query"] = _take(audit_s, "query", "audit", _choice(QUERY_MODES), "copy")
-    kw["defense"] = _take(audit_s, "defense", "audit", _choice(DEFENSES), "none")
-    kw["threats"] = _take(audit_s, "threats", "audit", _choices(("black", "white")), ("black", "white"))
-    kw["snapshots"] = _take(audit_s, "snapshots", "audit", _pos_int("snapshots", 2), 200)
-    kw["trials"] = _take(audit_s, "trials", "audit", _pos_int("trials"), 200_000)
-    kw["passive_runs"] = _take(audit_s, "passive_runs", "audit", _pos_int("passive_runs", 2), None)
-    kw["clean"] = _take(audit_s, "clean", "audit", _choice(CLEAN_MODELS), "fixed")
-    kw["on_mismatch"] = _take(audit_s, "on_mismatch", "audit", _choice(ON_MISMATCH), "sampled")
-    kw["calibration"] = _take(audit_s, "calibration", "audit", _choice(("analytic", "classical")), "analytic")
-    kw["method"] = _take(audit_s, "method", "audit", _choice(METHODS), "simulate")
-    kw["seed"] = _take(audit_s, "seed", "audit", _pos_int("seed", 0), 0)
-    kw["case_seed"] = _take(audit_s, "case_seed", "audit", _pos_int("case_seed", 0), 0)
-    kw["batch_size"] = _take(audit_s, "batch_size", "audit", _pos_int("batch_size"), 8)
-    kw["verify"] = _take(audit_s, "verify", "audit", _pos_int("verify", 0), 4)
-    _reject_unknown(audit_s, "audit")
-    if not pipes:
-        raise ConfigFileError(f"{path}: no [pipelines.<name>] section (choose from {', '.join(PIPELINE_NAMES)})")
-    settings = []
-    for name, body in pipes.items():
-        where = f"pipelines.{name}"
-        if name not in PIPELINE_NAMES:
-            raise ConfigFileError(f"{where}: unknown pipeline (choose from {', '.join(PIPELINE_NAMES)})")
-        body = _table({name: body}, name, where)
-        for key in ("candidates", "candidate_calls"):
-            if key in body and name != "esa":
-                raise ConfigFileError(f"{where}.{key}: only ESA has a candidate stage, got {body[key]!r}")
-        s = dict(
-            name=name,
-            dataset=_take(body, "dataset", where, _choice(tuple(DATASETS)), _DEFAULT_DATASET[name]),
-            data_path=_take(body, "data_path", where, _string, None),
-            num_exemplars=_take(body, "num_exemplars", where, _pos_int("num_exemplars", 2),
-                                max(6, _DEFAULT_PARTITIONS.get(name) or 0)),  # KSA: one exemplar per partition
-            partitions=_take(body, "partitions", where, _pos_int("partitions"), _DEFAULT_PARTITIONS.get(name)),
-            clip=_take(body, "clip", where, lambda v: validate.positive_float("clip", v), 5.0),
-            top_k=_take(body, "top_k", where, _pos_int("top_k"), 4),
-            signals=_take(body, "signals", where, _signals, "msgs"),
-            signal_vocabulary=_take(body, "signal_vocabulary", where, _pos_int("signal_vocabulary", 2), 120),
-            signal_seeds=_take(body, "signal_seeds", where, _pos_int("signal_seeds"), 2),
-            signal_sweeps=_take(body, "signal_sweeps", where, _pos_int("signal_sweeps"), 2),
-            reconstruct=_take(body, "reconstruct", where, _boolean, False),
-            neighbouring=_take(body, "neighbouring", where, _choice(("replace_one", "add_remove")), "replace_one"),
-            candidates=_take(body, "candidates", where, _choice(ESA_CANDIDATES), "sampled"),
-            candidate_calls=_take(body, "candidate_calls", where, _pos_int("candidate_calls"),
-                                  DEFAULT_CANDIDATE_CALLS),
-        )
-        _reject_unknown(body, where)
-        if s["neighbouring"] != "replace_one" and name != "ksa":
-            raise ConfigFileError(f"{where}.neighbouring: only KSA takes 'add_remove' (the other pipelines are "
-                                  f"calibrated for replace-one), got {s['neighbouring']!r}")
-        if s["neighbouring"] == "add_remove" and s["partitions"] != s["num_exemplars"]:
-            raise ConfigFileError(f"{where}.neighbouring: 'add_remove' needs one exemplar per partition "
-                                  f"(partitions = num_exemplars = {s['num_exemplars']}), got partitions="
-                                  f"{s['partitions']}")
-        if s["partitions"] is not None and s["partitions"] > s["num_exemplars"]:
-            raise ConfigFileError(f"{where}.partitions: must be <= num_exemplars={s['num_exemplars']}, "
-                                  f"got {s['partitions']}")
-        settings.append(PipelineSettings(**s))
-    kw["pipelines"] = tuple(settings)
-    if kw["method"] == "exact" and any(p.name == "ksa" for p in settings):
-        raise ConfigFileError("audit.method: 'exact' has no closed form for KSA's top-K release ([pipelines.ksa]); "
-                              "use \"simulate\" or drop the pipeline, got 'exact'")
-    if mia is not None:
-        kw["mia"] = MiaSettings(
-            canaries=_take(mia, "canaries", "mia", _pos_int("canaries", 2), 6),
-            pipelines=_take(mia, "pipelines", "mia", _choices(("pv", "poe", "ksa")), ("pv", "poe")),
-            queries=_take(mia, "queries", "mia", _choices(QUERY_MODES), ("direct", "copy")),
-            defenses=_take(mia, "defenses", "mia", _choices(DEFENSES), ("none", "strict")),
-        )
-        _reject_unknown(mia, "mia")
-    if one_run is not None:
-        from snapaudit_jax.dpicl.one_run import parse_settings
-
-        poe = next((p for p in settings if p.name == "poe"), None)
-        kw["one_run"] = parse_settings(one_run, epsilons=kw["epsilons"], threats=kw["threats"],
-                                       clip=poe.clip if poe else 5.0, seed=kw["seed"])
-    return AuditConfig(**kw)
-
-
-def _signals(value):
-    if value in ("msgs", "gs"):
-        return value
-    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) and v.strip() for v in value):
-        return tuple(value)
-    raise InputError(f'must be "msgs", "gs" or a list of two sentences, got {value!r}')
-
+__all__ = ["check_run_folder", "passive_plan", "run_audit"]
 
 # ---------------------------------------------------------------------------
 # Running
@@ -391,7 +166,7 @@ def _clean_model(config: AuditConfig, check: dict, log) -> tuple[str, list[str],
         return config.clean, [], ()
     mismatches = int(check.get("mismatches") or 0)
     if not mismatches:
-        return "fixed", [_FIXED_MIXTURE], ()
+        return "fixed", [FIXED_MIXTURE_NOTE], ()
     msg = (f"determinism check: {mismatches} of {check.get('checked')} answers changed when recomputed, so the "
            "snapshots are not the exact clean outputs of their assignments")
     if config.on_mismatch == "fail":
@@ -566,12 +341,26 @@ def _load_model(key: str, load, name: str, allow_pickle: bool):
 
 
 def run_audit(config: AuditConfig, out_dir: str, *, progress: bool = True) -> dict:
-    """Runs the configured audits and writes the run folder; returns the summary dict."""
+    """Runs the configured audits and writes the run folder.
+
+    Args:
+      config: a checked configuration (:func:`~snapaudit_jax.dpicl.config.load_config`).
+      out_dir: the run folder; files of an earlier run with the same configuration are resumed from (the
+        model-answer cache, snapshots), those of a different one are refused.
+      progress: progress lines on stderr.
+
+    Returns:
+      The summary written to ``results.json``: ``rows`` (one per pipeline, mode, threat and epsilon),
+      ``pipelines`` (manifests), ``mia`` and ``one_run`` (``None`` unless configured).
+
+    Raises:
+      ConfigFileError: a data file, model or resume file the configuration names cannot be used (before the
+        folder changes).
+    """
     from snapaudit_jax.dpicl.data import get_spec
-    from snapaudit_jax.models import load_embedder, load_language_model
     from snapaudit_jax.dpicl.pipelines import KeywordPipeline, LLMOracle, make_case
     from snapaudit_jax.dpicl.pipelines.phase_a import generate_snapshots
-    from snapaudit_jax.report.plots import plot_epsilon
+    from snapaudit_jax.models import load_embedder, load_language_model
 
     log = _Log(progress)
     # Everything that can be refused is refused before the folder is created or anything in it changes: the
@@ -684,7 +473,7 @@ def run_audit(config: AuditConfig, out_dir: str, *, progress: bool = True) -> di
                                     "passive_runs": runs, "passive_llm_calls": passive_calls,
                                     "target": None if snaps.target is None else int(snaps.target)}
         plot_rows = [r for r in rows if r["pipeline"] == settings.name]
-        _plot(plot_epsilon, os.path.join(out_dir, f"{settings.name}.png"), settings.name, plot_rows)
+        plot_pipeline(os.path.join(out_dir, f"{settings.name}.png"), settings.name, plot_rows)
     mia = _run_mia(config, lm, oracle, log) if config.mia else None
     one_run = _run_one_run(config, oracle, log) if config.one_run else None
     summary = {"config": dataclasses.asdict(config), "pipelines": summaries, "llm_calls": oracle.stats.as_dict()}
@@ -724,13 +513,6 @@ def _run_one_run(config: AuditConfig, oracle, log) -> dict:
             "rows": rows}
 
 
-def _plot(plot_epsilon, path, name, rows):
-    series = {}
-    for r in rows:
-        series.setdefault(f"{r['mode']} {r['threat']}-box", []).append((r["epsilon_theory"], r["epsilon_emp"]))
-    plot_epsilon(path, series, title=f"{name}: 95% lower bounds on epsilon")
-
-
 def _run_mia(config: AuditConfig, lm, oracle, log) -> dict:
     """Clean-output MIA AUC per pipeline, query and defense over ``canaries`` audit cases."""
     from snapaudit_jax.dpicl.data import get_spec, load_examples
@@ -739,7 +521,7 @@ def _run_mia(config: AuditConfig, lm, oracle, log) -> dict:
     mia = config.mia
     out = []
     for name in mia.pipelines:
-        settings = next((p for p in config.pipelines if p.name == name), PipelineSettings(name, _DEFAULT_DATASET[name]))
+        settings = next((p for p in config.pipelines if p.name == name), PipelineSettings(name, DEFAULT_DATASET[name]))
         examples = load_examples(settings.dataset, settings.data_path)
         spec = get_spec(settings.dataset)
         for query in mia.queries:
@@ -767,73 +549,3 @@ def _run_mia(config: AuditConfig, lm, oracle, log) -> dict:
                 out.append({"pipeline": name, "query": query, "defense": defense, "canaries": mia.canaries,
                             "auc": roc_auc(pos, neg)})
     return {"rows": out, "note": "AUC of a one-call clean-output signal over canaries (SnapAudit Table 12)"}
-
-
-def _pool_lines(info: dict) -> list[str]:
-    """ESA's candidate pool in the report: what it holds, how it was drawn and what it lacks."""
-    pool = info["candidate_pool"]
-    if pool["source"] == "fixed":
-        out = [f"ESA candidate pool: fixed (y1, y2), no candidate calls; candidate stage (diagnostic, not counted): "
-               f"{info.get('candidate_coverage')}."]
-    else:
-        out = [f"ESA candidate pool: sampled once before Phase A by {pool['calls']} constrained 0-shot calls (no "
-               f"private examples; counted in the active budget): draws y1 {pool['y1']}, y2 {pool['y2']}, other "
-               f"{pool['other']}; {len(pool['texts'])} candidates {pool['texts']}."]
-    out += [f"WARNING (ESA black-box): {p}." for p in pool["problems"]]
-    fresh = info.get("passive_candidate_pools")
-    if fresh:
-        out.append(f"ESA passive runs: a fresh pool per run ({fresh['calls_per_run']} calls each, counted), "
-                   f"{fresh['runs']} runs per context within the active budget; {fresh['with_y1']} of "
-                   f"{fresh['runs']} pools hold y1.")
-    return out
-
-
-def format_report(rows: list[dict], summaries: dict, mia: dict | None, one_run: dict | None = None) -> str:
-    """Markdown tables: epsilon_emp by pipeline x epsilon, for active/passive and black/white; the one-run
-    section (``[one_run]``) next to the active audit's numbers."""
-    lines = ["# DP-ICL audit", ""]
-    for name, info in summaries.items():
-        m = info["manifest"]
-        lines.append(f"## {name}")
-        lines.append(
-            f"query `{m['query']}`, defense `{m['defense']}`, model `{m['model']}`; phase A: {m['snapshots']} calls "
-            f"of M' per context = {m['llm_calls']} model calls, {m['unique_computations']} computed "
-            f"(the rest reused: greedy decoding is deterministic), {m['seconds']:.1f} s; distinct snapshots "
-            f"{m['distinct_snapshots']}; determinism check {m['determinism_check']}."
-        )
-        if "signals" in info:
-            lines.append(f"ESA signals: {info['signals']}.")
-        if "candidate_pool" in info:
-            lines += _pool_lines(info)
-        lines.append("")
-        lines.append("| eps_theory | active black | active white | passive black | passive white "
-                     "| LLM calls active/passive |")
-        lines.append("|---:|---:|---:|---:|---:|---:|")
-        mine = [r for r in rows if r["pipeline"] == name]
-        for eps in sorted({r["epsilon_theory"] for r in mine}):
-            cell = {}
-            calls = {}
-            for r in mine:
-                if r["epsilon_theory"] == eps:
-                    cell[(r["mode"], r["threat"])] = f"{r['epsilon_emp']:.2f}"
-                    calls[r["mode"]] = r["llm_calls"]
-            shown = [cell.get((m, t), "-") for m in ("active", "passive") for t in ("black", "white")]
-            lines.append(f"| {eps:g} | " + " | ".join(shown)
-                         + f" | {calls.get('active', '-')}/{calls.get('passive', '-')} |")
-        lines.append("")
-    if mia:
-        lines.append("## Clean-output membership inference (AUC)")
-        lines.append("")
-        lines.append("| pipeline | query | defense | AUC |")
-        lines.append("|---|---|---|---:|")
-        for r in mia["rows"]:
-            lines.append(f"| {r['pipeline']} | {r['query']} | {r['defense']} | {r['auc']:.2f} |")
-        lines.append("")
-    if one_run:
-        from snapaudit_jax.dpicl.one_run import format_section
-
-        lines.append(format_section(one_run["rows"], rows))
-    lines.append("Entries are 95%-confidence lower bounds on epsilon (see results_full.json for assumptions). "
-                 "Active audits with clean = fixed treat each snapshot as the exact clean output of its recorded "
-                 "partition assignment (greedy decoding; see the determinism check); passive audits are end to end.")
-    return "\n".join(lines) + "\n"

@@ -5,7 +5,7 @@ with the audit's confidence), these turn the pair into lower bounds on the
 mechanism's privacy parameters: ``epsilon_std`` on ``eps`` (assumption-free),
 ``mu_lower`` on the ``mu`` of a ``mu``-GDP claim; ``epsilon_gdp`` is the
 Gaussian envelope's ``eps`` (see its docstring). Audits use them through
-:mod:`snapaudit_jax.estimation.layer`.
+:mod:`snapaudit_jax.estimation`.
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ import numpy as np
 from scipy import special
 
 from snapaudit_jax.mechanisms.noise import gdp_epsilon
+from snapaudit_jax.estimation.rates import RateBound
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 
-__all__ = ["epsilon_std", "mu_lower", "epsilon_gdp", "ESTIMATORS"]
+__all__ = ["ASSUMPTION_FREE", "DEFAULT_ESTIMATOR", "ESTIMATORS", "VIOLATION_RTOL", "check_estimator", "epsilon_gdp",
+           "epsilon_std", "estimate", "is_violation", "mu_lower", "objective", "select_index"]
 
-ESTIMATORS = ("gdp", "std")
 
 # Rates are handled as (rate, 1 - rate) pairs so that rates within 1e-16 of 1
 # keep their precision. A TPR complement below _TINY or an FPR below _TINY is
@@ -103,10 +104,76 @@ def epsilon_gdp(tpr_low, fpr_up, delta, *, tpr_low_complement=None, fpr_up_compl
       whole Gaussian-noised vector with fixed clean outputs). Being
       ``mu``-GDP (``f >= G_mu``) is not enough: a post-processed release
       (argmax, nearest candidate) has a smaller ``eps(delta)`` than its
-      envelope. :mod:`snapaudit_jax.estimation.layer` applies it accordingly.
+      envelope. :mod:`snapaudit_jax.estimation` applies it accordingly.
     """
     delta = validate.open_unit("delta", delta)
     mu = float(mu_lower(tpr_low, fpr_up, tpr_low_complement=tpr_low_complement, fpr_up_complement=fpr_up_complement))
     if not mu > 0.0:
         return 0.0
     return gdp_epsilon(mu, delta)
+
+
+# Dispatch on two rate bounds, the violation rule, threshold objectives
+
+ESTIMATORS = ("std", "gdp")
+DEFAULT_ESTIMATOR = "std"
+VIOLATION_RTOL = 1e-6
+
+ASSUMPTION_FREE = "epsilon_emp is the standard estimator on (TPR_low, FPR_up): it needs no further assumption."
+
+
+def estimate(tpr: RateBound, fpr: RateBound, delta: float) -> tuple[float, float, float]:
+    """``(eps_std, mu_low, eps_gdp_envelope)`` from a TPR lower and an FPR upper bound.
+
+    Guarantees:
+      If both bounds hold: ``eps_std`` is below the ``eps`` of every ``(eps, delta)`` guarantee of the
+      release (assumption-free); ``mu_low`` is below the ``mu`` of every ``mu``-GDP guarantee;
+      ``eps_gdp_envelope = eps(delta)`` of ``G_{mu_low}`` bounds the release's ``eps`` only if its
+      trade-off curve equals ``G_mu`` for some ``mu`` (post-processing keeps ``f >= G_mu`` with a
+      smaller ``eps(delta)``).
+    """
+    kw = dict(tpr_low_complement=tpr.complement, fpr_up_complement=fpr.complement)
+    return (float(epsilon_std(tpr.bound, fpr.bound, delta, **kw)), float(mu_lower(tpr.bound, fpr.bound, **kw)),
+            float(epsilon_gdp(tpr.bound, fpr.bound, delta, **kw)))
+
+
+def check_estimator(estimator: str | None, mechanism: str, gaussian: bool) -> str:
+    """The validated estimator (``None``: the default); ``"gdp"`` only for a mechanism that claims a ``mu``.
+
+    Raises:
+      ValueError: an unknown estimator, or ``"gdp"`` for a pure-epsilon mechanism (PoE, KSA).
+    """
+    estimator = validate.choice("estimator", DEFAULT_ESTIMATOR if estimator is None else estimator, ESTIMATORS)
+    if estimator == "gdp" and not gaussian:
+        raise InputError(f"estimator must be 'std' for {mechanism}: 'gdp' audits a mu-GDP claim, but {mechanism} is "
+                         "a pure-epsilon mechanism that claims no mu")
+    return estimator
+
+
+def is_violation(epsilon_emp: float, epsilon_theory: float) -> bool:
+    """``epsilon_emp > epsilon_theory`` beyond the numerical tolerance of the conversions (1e-6 relative).
+
+    Exact audits of tight mechanisms give ``epsilon_emp == epsilon_theory`` up to root-finding error;
+    that equality is not a violation.
+    """
+    return bool(epsilon_emp > epsilon_theory * (1.0 + VIOLATION_RTOL))
+
+
+def select_index(objective: np.ndarray, youden: np.ndarray) -> int:
+    """Index of the best objective; near-ties (GDP is flat in the threshold for Gaussian scores) go to
+    the entry with the largest TPR - FPR rather than to an extreme of the grid."""
+    objective = np.asarray(objective, np.float64)
+    best = float(np.max(objective))
+    if not np.isfinite(best):
+        return int(np.argmax(objective))
+    ties = objective >= best - 1e-9 * max(1.0, abs(best))
+    return int(np.argmax(np.where(ties, youden, -np.inf)))
+
+
+def objective(tpr_low, tpr_low_c, fpr_up, fpr_up_c, estimator: str, delta: float) -> np.ndarray:
+    """The quantity a decision rule is chosen to maximise: ``eps_std`` (``"std"``) or ``mu_low`` (``"gdp"``)."""
+    kw = dict(tpr_low_complement=np.clip(tpr_low_c, 0.0, 1.0), fpr_up_complement=np.clip(fpr_up_c, 0.0, 1.0))
+    tl, fu = np.clip(tpr_low, 0.0, 1.0), np.clip(fpr_up, 0.0, 1.0)
+    if estimator == "gdp":
+        return np.atleast_1d(np.asarray(mu_lower(tl, fu, **kw), np.float64))
+    return np.atleast_1d(np.asarray(epsilon_std(tl, fu, delta, **kw), np.float64))

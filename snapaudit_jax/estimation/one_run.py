@@ -1,6 +1,6 @@
 """One-run audits: many canaries, each included by its own coin, one run of the mechanism.
 
-Part of the estimation layer (:mod:`snapaudit_jax.estimation.layer`). The design (Steinke, Nasr and Jagielski
+Part of the estimation layer (:mod:`snapaudit_jax.estimation`). The design (Steinke, Nasr and Jagielski
 2023): ``m`` canaries, canary ``i`` included in the private input independently with probability ``p``
 (``S_i = +1``) or not (``S_i = -1``); the mechanism runs *once*; each canary gets a score from its output
 (higher = "included"). The attacker guesses the ``k_+`` highest-scored canaries as included and the ``k_-``

@@ -69,7 +69,7 @@ def _tradeoff_panel(ax, results: Sequence[AuditResult]) -> None:
     """
     import numpy as np
 
-    from snapaudit_jax.estimation.layer import claimed_tradeoff
+    from snapaudit_jax.estimation import claimed_tradeoff
 
     x = np.geomspace(1e-16, 1.0, 400)
     lowest = 1.0

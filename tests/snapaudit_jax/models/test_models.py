@@ -16,6 +16,7 @@ untruncated long text, exceeds the tolerance by orders of magnitude).
 
 from __future__ import annotations
 
+from tests.helpers.paths import ROOT
 from tests.helpers.parallel_inputs import PARALLEL_LABELS, PARALLEL_PROMPTS, PARALLEL_TEXTS
 
 import contextlib
@@ -458,7 +459,7 @@ def test_data_parallel_matches_single_device(tiny):
     lm = load_language_model(str(tiny["llama"][1]))
     emb = load_embedder(str(tiny["bert"][1]))
     assert lm.parallel.size == len(jax.local_devices())
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(ROOT)
     run = subprocess.run(
         [sys.executable, "-m", "tests.helpers.parallel_worker", str(tiny["llama"][1]), str(tiny["bert"][1]), "2"],
         cwd=root, capture_output=True, text=True, timeout=600,

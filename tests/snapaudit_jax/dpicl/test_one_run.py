@@ -11,11 +11,13 @@ import re
 import jax
 import numpy as np
 import pytest
+
+from tests.helpers.paths import EXAMPLES
 from scipy import stats
 
 from snapaudit_jax.dpicl import one_run as O
 from snapaudit_jax.dpicl.data import get_spec, load_examples
-from snapaudit_jax.dpicl.run import ConfigFileError, load_config
+from snapaudit_jax.dpicl.config import ConfigFileError, load_config
 from snapaudit_jax.mechanisms import PrivateVoting, ProductOfExperts
 from snapaudit_jax.estimation.one_run import one_run_audit
 
@@ -305,7 +307,7 @@ def test_one_run_config_defaults_and_pure_claims(tmp_path):
     path.write_text("[pipelines.pv]\n[one_run]\ncanaries = 11\npoe_canaries = 6\npairs = \"all\"\n")
     s = load_config(path).one_run
     assert s.pairs_for("pv") == ((5, 6),) and s.pairs_for("poe") == ((3, 3),)
-    assert load_config(os.path.join(os.path.dirname(__file__), "..", "examples", "one_run.toml")).one_run.canaries == 32
+    assert load_config(str(EXAMPLES / "one_run.toml")).one_run.canaries == 32
 
 
 # --- (e) end to end with the tiny model -------------------------------------------------------------------

@@ -19,7 +19,7 @@ import mpmath as mp
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers.paths import ROOT
 DELTA = 1e-5
 EPSILONS = (1.0, 2.0, 4.0, 8.0, 16.0)
 

@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 from sklearn import metrics as sklearn_metrics
 
-from snapaudit_jax.estimation.layer import roc_auc
+from snapaudit_jax.estimation import roc_auc
 from snapaudit_jax.models import BatchSample, Greedy, Sample, decode, sequence_nll, token_logprobs
 from snapaudit_jax.models import inference
 from snapaudit_jax.models.config import GPT2Config, LlamaConfig

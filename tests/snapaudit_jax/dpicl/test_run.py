@@ -11,11 +11,13 @@ import pytest
 pytest.importorskip("flax")
 pytest.importorskip("torch")
 
+from tests.helpers.paths import EXAMPLES
 from tests.helpers.tiny_llm import make_tiny_llm_folder  # noqa: E402
 
 from snapaudit_jax.cli import main  # noqa: E402
 from snapaudit_jax.dpicl.data import load_examples  # noqa: E402
-from snapaudit_jax.dpicl.run import ConfigFileError, load_config, run_audit  # noqa: E402
+from snapaudit_jax.dpicl.config import ConfigFileError, load_config  # noqa: E402
+from snapaudit_jax.dpicl.run import run_audit  # noqa: E402
 
 ROW_KEYS = {"pipeline", "mode", "threat", "epsilon_theory", "epsilon_emp", "llm_calls", "seconds"}
 
@@ -36,7 +38,7 @@ def _config(tmp_path, tiny_folder, body: str = "") -> str:
 
 
 def test_quickstart_config_is_valid():
-    cfg = load_config(os.path.join(os.path.dirname(__file__), "..", "examples", "quickstart.toml"))
+    cfg = load_config(str(EXAMPLES / "quickstart.toml"))
     assert {p.name for p in cfg.pipelines} == {"pv", "poe", "esa", "ksa"}
     assert cfg.query == "copy" and cfg.clean == "fixed" and cfg.mia is not None
 
@@ -102,7 +104,8 @@ def test_bad_configs_name_the_key(tmp_path, capsys, text, needle):
 
 def test_fixed_clean_outputs_and_the_determinism_check():
     """clean = fixed states the mixture assumption; a mismatch falls back to sampled (warned) or stops."""
-    from snapaudit_jax.dpicl.run import AuditConfig, _clean_model
+    from snapaudit_jax.dpicl.config import AuditConfig
+    from snapaudit_jax.dpicl.run import _clean_model
 
     def quiet(message):
         return None

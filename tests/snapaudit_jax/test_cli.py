@@ -4,10 +4,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.helpers.paths import ROOT
 
 from snapaudit_jax.cli import main
 from snapaudit_jax.simulation.snapshots import Snapshots, save_snapshots
@@ -155,7 +156,7 @@ def test_python_dash_m_entry_point():
     proc = subprocess.run(
         [sys.executable, "-m", "snapaudit_jax", "simulate", "--mechanism", "pv", "--epsilon", "2", "--method", "exact",
          "--threat", "white", "--json"],
-        capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent,
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)[0]["epsilon_emp"] == pytest.approx(2.0, rel=1e-6)

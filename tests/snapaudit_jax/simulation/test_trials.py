@@ -16,7 +16,10 @@ import snapaudit_jax as sa
 from snapaudit_jax.audits.active import make_attack
 from snapaudit_jax.simulation.trials import _run_chunk, simulate
 
-WORKER = str(Path(__file__).resolve().parents[0] / "helpers" / "sharding_worker.py")
+from tests.helpers.paths import ROOT as _ROOT
+
+ROOT = str(_ROOT)
+WORKER = str(Path(ROOT) / "tests" / "helpers" / "sharding_worker.py")
 
 PV = sa.PrivateVoting.calibrated(2.0, 1e-5)
 VOTES = np.array([[1.0, 2.0], [1.0, 2.0], [2.0, 1.0], [1.0, 2.0], [0.0, 3.0]])
@@ -84,8 +87,8 @@ def test_bad_arguments():
 
 
 def _run_worker(*args, timeout=300):
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    env.pop("XLA_FLAGS", None)  # the worker sets its own device count; PYTHONPATH: this tree, not an installed copy
     proc = subprocess.run([sys.executable, WORKER, *map(str, args)], capture_output=True, text=True, env=env,
                           timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -114,8 +117,8 @@ def _free_port():
 def test_two_processes_match_one_process():
     """jax.distributed with two CPU processes (gloo) gives exactly the single-process counts."""
     coordinator = f"127.0.0.1:{_free_port()}"
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    env.pop("XLA_FLAGS", None)  # the worker sets its own device count; PYTHONPATH: this tree, not an installed copy
     procs = [
         subprocess.Popen([sys.executable, WORKER, "2", coordinator, "2", str(pid)], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=env)
