@@ -12,10 +12,8 @@ internal bug, printed with its traceback.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 
-from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["main", "build_parser"]
 
@@ -213,61 +211,22 @@ def _simulate(args) -> int:
 
 
 def _generate(args) -> int:
-    import time
+    from snapaudit_jax.models.command import generate_text
 
-    import jax
-
-    from snapaudit_jax.models import load_language_model
-
-    if args.max_new_tokens < 1:
-        raise InputError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.temperature is not None and args.seed is None:
-        raise InputError("--seed is required with --temperature (sampling needs an explicit key)")
-    if args.temperature is not None and not 0 < args.temperature < math.inf:
-        raise InputError(f"--temperature must be a finite number > 0, got {args.temperature}")
-    if not args.prompt.strip():
-        raise InputError("--prompt must not be empty")
-    lm = _load_model(load_language_model, args)
-    prompt = lm.chat_prompt(args.prompt) if args.chat else args.prompt
-    n_prompt = len(lm.tokenizer.encode(prompt))
-    if n_prompt + args.max_new_tokens > lm.max_length:
-        raise InputError(f"--max-new-tokens: the prompt's {n_prompt} tokens plus {args.max_new_tokens} new tokens "
-                         f"exceed the model's {lm.max_length} positions (at most {lm.max_length - n_prompt} here), "
-                         f"got {args.max_new_tokens}")
-    start = time.perf_counter()
-    key = None if args.seed is None else jax.random.key(args.seed)
-    gen = lm.generate([prompt], max_new_tokens=args.max_new_tokens, temperature=args.temperature, key=key)[0]
-    seconds = time.perf_counter() - start
-    if args.json:
-        print(dumps({"model": args.model, "text": gen.text, "token_ids": list(gen.token_ids),
-                          "seconds": seconds}))
-    else:
-        print(gen.text)
+    out = generate_text(args.model, args.prompt, chat=args.chat, max_new_tokens=args.max_new_tokens,
+                        temperature=args.temperature, seed=args.seed, allow_pickle=args.allow_pickle)
+    print(dumps(out) if args.json else out["text"])
     return EXIT_OK
 
 
-def _load_model(load, args):
-    """``load(--model)``; a checkpoint that cannot be loaded names the flag."""
-    if not args.model.strip():
-        raise InputError(f"--model must name a model, a .gguf file or a checkpoint folder, got {args.model!r}")
-    try:
-        return load(args.model, allow_pickle=args.allow_pickle)
-    except (ValueError, OSError) as err:
-        raise InputError(f"--model: {err}") from None
-
-
 def _embed(args) -> int:
-    from snapaudit_jax.models import load_embedder
+    from snapaudit_jax.models.command import embed_texts
 
-    for i, text in enumerate(args.text):
-        if not text.strip():
-            raise InputError(f"--text must not be empty, got {text!r} (text {i + 1})")
-    embedder = _load_model(load_embedder, args)
-    vectors = embedder.embed(args.text)
+    out = embed_texts(args.model, args.text, allow_pickle=args.allow_pickle)
     if args.json:
-        print(dumps({"model": args.model, "embeddings": vectors.astype(float).tolist()}))
+        print(dumps({"model": out["model"], "embeddings": out["embeddings"].astype(float).tolist()}))
     else:
-        for text, v in zip(args.text, vectors):
+        for text, v in zip(args.text, out["embeddings"]):
             print(f"{text[:40]!r}: dim {v.size}, first {v[:4].round(4).tolist()}")
     return EXIT_OK
 
