@@ -133,8 +133,18 @@ def _anticipated_bounds(tpr, fpr, *, method, clean, trials, n1, n0, alpha, tpr_c
 def make_attack(mechanism: Mechanism, reference_with, reference_without, target: int | None = None) -> Attack:
     """Builds an :class:`Attack` from two reference clean outputs.
 
-    The default target is the release the canary moves towards
-    (``Mechanism.default_target``).
+    Args:
+      mechanism: the mechanism (ESA supplies its candidates for the default target).
+      reference_with: reference clean output with the canary (shape of one clean output).
+      reference_without: reference clean output without it.
+      target: the release signalling "canary present"; ``None``: the release the canary moves towards
+        (``Mechanism.default_target``).
+
+    Returns:
+      The :class:`Attack` with float32 references.
+
+    Raises:
+      InputError: ``target`` is not an integer in ``[0, num_targets)``.
     """
     r1 = np.asarray(reference_with, np.float64)
     r0 = np.asarray(reference_without, np.float64)
@@ -440,29 +450,27 @@ def audit(
 
     Args:
       mechanism: a calibrated mechanism (``PrivateVoting.calibrated(...)`` etc.).
-      with_canary: clean outputs with the canary, ``(n1, ...)``.
-      without_canary: clean outputs without the canary, ``(n0, ...)``.
-      epsilon_theory: the claimed ``eps``.
-      delta: the claimed ``delta`` (also used by the estimators).
-      threat: ``"black"`` (decision: release == target) or ``"white"``
-        (decision: LR score >= threshold).
+      with_canary: clean outputs with the canary, ``(n1, length)`` (ESA: ``(n1, d)`` mean embeddings).
+      without_canary: clean outputs without the canary, ``(n0, length)``.
+      epsilon_theory: the claimed ``eps`` (> 0).
+      delta: the claimed ``delta`` in ``(0, 1)`` (also used by the estimators).
+      threat: ``"black"`` (decision: release == target) or ``"white"`` (decision: LR score >= threshold).
       method: ``"simulate"``, ``"exact"`` or ``"paper"`` (module docstring; ``"paper"`` is a heuristic).
-      estimator: ``"std"`` (default, assumption-free, every mechanism) or ``"gdp"`` (Gaussian mechanisms
-        only: audits the ``mu``-GDP claim ``mu = sensitivity / sigma``).
-      trials: DP-noise trials per hypothesis (white-box: selection + evaluation).
-      confidence: ``gamma``; bounds hold jointly with probability ``>= gamma``.
+      estimator: ``"std"`` (default, assumption-free, every mechanism) or ``"gdp"`` (Gaussian mechanisms only:
+        audits the ``mu``-GDP claim ``mu = sensitivity / sigma``).
+      trials: DP-noise trials per hypothesis (white-box: selection + evaluation), at most ``MAX_TRIALS``.
+      confidence: ``gamma`` in ``(0, 1)``; the bounds hold jointly with probability ``>= gamma``.
       clean: ``"sampled"`` or ``"fixed"`` (module docstring).
-      target: the release signalling "canary present" (default: the one the
-        canary moves towards).
+      target: the release signalling "canary present" (default: the one the canary moves towards).
       attack: a complete :class:`Attack` (overrides ``target``).
-      selection_snapshots: ``clean="sampled"``: snapshots per hypothesis held
-        out to design the attack (default 1 black-box, ``ceil(n/10)`` white-box;
-        0 when the attack is fully given for the black-box threat).
-      selection_fraction: white-box: share of ``trials`` used to pick the threshold.
-      bins: histogram bins for the white-box threshold search.
-      sensitivity: the sensitivity the mechanism was calibrated for; when
-        given, a warning is recorded if the references are farther apart, and
-        the ``mu``-GDP claim ``sensitivity / sigma`` is tested under ``estimator="gdp"``.
+      selection_snapshots: ``clean="sampled"``: snapshots per hypothesis held out to design the attack (default 1
+        black-box, ``ceil(n/10)`` white-box; 0 when the attack is fully given for the black-box threat).
+      selection_fraction: white-box without exact score distributions: share of ``trials`` used to pick the
+        threshold, in ``(0, 1)``.
+      bins: histogram bins (>= 2) for the white-box threshold search.
+      sensitivity: the sensitivity the mechanism was calibrated for; when given, a warning is recorded if the
+        references are farther apart, and the ``mu``-GDP claim ``sensitivity / sigma`` is tested under
+        ``estimator="gdp"``.
       curve_points: white-box: thresholds of the certified trade-off curve (0: none).
       seed: PRNG seed (used when ``key`` is not given).
       key: PRNG key of this audit (e.g. ``fold_in(key, row)`` for one of several claims).
@@ -474,17 +482,17 @@ def audit(
       :class:`AuditResult`.
 
     Raises:
-      ValueError: invalid arguments or snapshots (the message names the field).
+      InputError: invalid arguments or snapshots (the message names the field), too few snapshots (at least
+        ``selection_snapshots + 2`` per hypothesis where a Bernstein bound is used), or ``method="exact"`` without a
+        closed form for this mechanism and threat.
 
     Guarantees:
-      ``tpr_low <= TPR`` and ``fpr_up >= FPR`` hold simultaneously with
-      probability at least ``confidence`` under the assumptions in
-      ``result.assumptions``; then ``epsilon_emp`` is a lower bound on the
-      ``eps`` of every ``(eps, delta)`` guarantee of the release, and ``mu_emp``
-      on the ``mu`` of every ``mu``-GDP guarantee. ``method="paper"`` is the
-      paper's heuristic radius and never sets ``violation``. With
-      ``method="exact"`` and ``clean="fixed"`` ``epsilon_emp`` is the release's
-      exact privacy profile where it has a closed form (``epsilon_profile``).
+      ``tpr_low <= TPR`` and ``fpr_up >= FPR`` hold simultaneously with probability at least ``confidence`` under
+      the assumptions in ``result.assumptions``; then ``epsilon_emp`` is a lower bound on the ``eps`` of every
+      ``(eps, delta)`` guarantee of the release, and ``mu_emp`` on the ``mu`` of every ``mu``-GDP guarantee.
+      ``method="paper"`` is the paper's heuristic radius and never sets ``violation``. With ``method="exact"`` and
+      ``clean="fixed"`` ``epsilon_emp`` is the release's exact privacy profile where it has a closed form
+      (``epsilon_profile``).
     """
     start = time.perf_counter()
     if not isinstance(mechanism, Mechanism):

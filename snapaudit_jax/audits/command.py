@@ -41,7 +41,36 @@ DEFAULT_KSA_SENSITIVITY = 2.0
 
 @dataclasses.dataclass(frozen=True)
 class SimulateConfig:
-    """Everything ``snapaudit simulate`` needs (flags of the same names)."""
+    """Everything ``snapaudit simulate`` needs (flags of the same names); check it with :meth:`validate`.
+
+    The clean outputs come from one source at most: ``snapshot``, ``clean_with``/``clean_without``, or (ESA)
+    ``distance``/``dim``; none gives :data:`DEFAULT_CLEAN` (ESA: the unit-vector shorthand).
+
+    Attributes:
+      mechanism: a registered mechanism name (``"pv"``, ``"poe"``, ``"esa"``, ``"ksa"``).
+      epsilons: the claimed epsilons, one audit each.
+      delta: the claimed ``delta`` in ``(0, 1)``.
+      threat: ``"black"`` or ``"white"``.
+      calibration: Gaussian calibration of PV/ESA, ``"analytic"`` or ``"classical"``.
+      sensitivity: forced sensitivity (``None``: :func:`default_sensitivity`).
+      clean_with: clean output with the canary (PV, PoE, KSA), or ``None``.
+      clean_without: clean output without the canary, given with ``clean_with``.
+      snapshot: path of an ``.npz`` snapshot file, or ``None``.
+      distance: ESA: Euclidean distance of the two unit signal vectors (default 1.419).
+      dim: ESA: embedding dimension (default 384).
+      partitions: ESA: number of partitions ``T`` (default 1).
+      clip: PoE: the clip ``Gamma`` (default :data:`DEFAULT_CLIP`).
+      top_k: KSA: number ``K`` of selected keywords (default :data:`DEFAULT_TOP_K`).
+      target: the release signalling "canary present" (``None``: the snapshot file's, else the default target).
+      trials: DP-noise trials per hypothesis.
+      snapshots: copies of the given clean outputs (ignored for a snapshot file).
+      confidence: joint confidence of each audit's bounds, and ``1 - confidence`` the family-wise error of Holm.
+      method: ``"simulate"``, ``"exact"`` or ``"paper"``.
+      estimator: ``"std"``, ``"gdp"`` or ``None`` (the default estimator).
+      clean: ``"auto"`` (``"fixed"`` for vectors, ``"sampled"`` for a snapshot file), ``"fixed"`` or ``"sampled"``.
+      seed: PRNG seed of the run.
+      curve_points: white-box: thresholds of the certified trade-off curve (0: none).
+    """
 
     mechanism: str
     epsilons: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0)
@@ -68,6 +97,17 @@ class SimulateConfig:
     curve_points: int = CURVE_POINTS
 
     def validate(self) -> "SimulateConfig":
+        """Checks every field and their combinations.
+
+        Returns:
+          ``self``, unchanged.
+
+        Raises:
+          InputError: a field out of its range, clean outputs given in more than one way (or ``clean_with`` without
+            ``clean_without``), or an option for another mechanism (``distance``/``dim``/``partitions`` outside ESA,
+            ``clip`` outside PoE, ``top_k`` outside KSA, ``calibration="classical"`` for PoE/KSA, ``clean_with`` for
+            ESA, ``estimator="gdp"`` for a pure-epsilon mechanism).
+        """
         validate.choice("mechanism", self.mechanism, MECHANISMS)
         if not self.epsilons:
             raise InputError("epsilon must list at least one value")
@@ -120,7 +160,18 @@ class SimulateConfig:
 
 
 def esa_unit_pair(distance: float, dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """Two unit vectors of ``R^dim`` at Euclidean distance ``distance`` (in ``(0, 2]``)."""
+    """Two unit vectors of ``R^dim`` at Euclidean distance ``distance``.
+
+    Args:
+      distance: the distance, in ``(0, 2]``.
+      dim: the dimension (>= 2).
+
+    Returns:
+      ``(u1, u2)``, each ``(dim,)`` float64: ``u1 = e_0`` and ``u2`` in the span of ``e_0, e_1``.
+
+    Raises:
+      InputError: ``distance`` outside ``(0, 2]`` or ``dim < 2``.
+    """
     distance = validate.positive_float("distance", distance)
     if distance > 2.0:
         raise InputError(f"distance between unit vectors must be in (0, 2], got {distance}")
@@ -136,15 +187,24 @@ def esa_unit_pair(distance: float, dim: int) -> tuple[np.ndarray, np.ndarray]:
 def build_snapshots(config: SimulateConfig) -> tuple[Snapshots, str]:
     """The clean outputs of the run and the resolved clean model.
 
-    Vectors given on the command line (or the defaults, or the ESA
-    shorthand) are the auditor's chosen neighbouring clean outputs, repeated
-    ``snapshots`` times; they are known exactly, so ``clean="auto"`` resolves
-    to ``"fixed"``. A snapshot file holds LLM draws: ``"sampled"``.
+    Vectors given on the command line (or the defaults, or the ESA shorthand) are the auditor's chosen neighbouring
+    clean outputs, repeated ``snapshots`` times; they are known exactly, so ``clean="auto"`` resolves to
+    ``"fixed"``. A snapshot file holds LLM draws: ``"sampled"``.
 
-    ESA shorthand with ``T`` partitions: candidates ``u1, u2`` at the given
-    distance; without the canary every partition answers ``u2`` (mean ``u2``);
-    with it, the canary's partition answers ``u1`` (mean ``((T-1) u2 + u1)/T``).
-    For ``T = 1`` the means are ``u1`` and ``u2``.
+    ESA shorthand with ``T`` partitions: candidates ``u1, u2`` at the given distance; without the canary every
+    partition answers ``u2`` (mean ``u2``); with it, the canary's partition answers ``u1`` (mean
+    ``((T-1) u2 + u1)/T``). For ``T = 1`` the means are ``u1`` and ``u2``.
+
+    Args:
+      config: the run's configuration.
+
+    Returns:
+      ``(snapshots, clean)``: the :class:`~snapaudit_jax.simulation.snapshots.Snapshots` and ``"fixed"`` or
+      ``"sampled"``.
+
+    Raises:
+      InputError: an unreadable or invalid snapshot file (ESA: without ``candidates``), or clean outputs that are
+        not finite flat vectors of one length valid for the mechanism.
     """
     n = config.snapshots
     m = config.mechanism
@@ -184,7 +244,16 @@ def build_snapshots(config: SimulateConfig) -> tuple[Snapshots, str]:
 
 
 def default_sensitivity(config: SimulateConfig) -> float:
-    """PV: sqrt(2); ESA: 2/T; PoE: the clip Gamma; KSA: 2 (replace-one neighbours)."""
+    """The sensitivity the run calibrates for: ``config.sensitivity`` if given, else the mechanism's default.
+
+    Defaults: PV ``sqrt(2)``; ESA ``2/T``; PoE the clip ``Gamma``; KSA 2 (replace-one neighbours).
+
+    Args:
+      config: the run's configuration.
+
+    Returns:
+      The sensitivity as a float.
+    """
     if config.sensitivity is not None:
         return float(config.sensitivity)
     return {
@@ -196,7 +265,19 @@ def default_sensitivity(config: SimulateConfig) -> float:
 
 
 def build_mechanism(config: SimulateConfig, epsilon: float, snapshots: Snapshots) -> Mechanism:
-    """The calibrated mechanism of the run at one ``epsilon``."""
+    """The calibrated mechanism of the run at one ``epsilon``.
+
+    Args:
+      config: the run's configuration.
+      epsilon: the claimed ``eps`` of this row.
+      snapshots: the run's snapshots (ESA takes its candidates from them).
+
+    Returns:
+      The mechanism from :func:`snapaudit_jax.mechanisms.build`.
+
+    Raises:
+      InputError: a claim or option the mechanism refuses.
+    """
     options = {
         "pv": {"calibration": config.calibration},
         "esa": {"candidates": snapshots.candidates, "partitions": config.partitions or 1,
@@ -211,11 +292,22 @@ def build_mechanism(config: SimulateConfig, epsilon: float, snapshots: Snapshots
 def run_simulate(config: SimulateConfig, *, progress: bool = False, devices=None) -> list[AuditResult]:
     """Audits the configured mechanism at every ``epsilon``; one result each.
 
-    Row ``i`` draws its randomness from ``fold_in(key(seed), i)``, so the rows are independent audits.
-    Every result carries ``violation_p_value`` (the smallest failure probability at which its bounds
-    certify ``epsilon_emp > epsilon_theory``) and ``familywise_violation``: Holm's step-down over the rows
-    at ``1 - confidence`` family-wise (Holm 1979), the flag ``--fail-on-violation`` uses. Heuristic
-    results (``method="paper"``) never count as violations.
+    Row ``i`` draws its randomness from ``fold_in(key(seed), i)``, so the rows are independent audits. Every result
+    carries ``violation_p_value`` (the smallest failure probability at which its bounds certify
+    ``epsilon_emp > epsilon_theory``) and ``familywise_violation``: Holm's step-down over the rows at
+    ``1 - confidence`` family-wise (Holm 1979), the flag ``--fail-on-violation`` uses. Heuristic results
+    (``method="paper"``) never count as violations.
+
+    Args:
+      config: the run's configuration (validated here).
+      progress: progress bars on stderr.
+      devices: devices to shard the simulation over (default: all).
+
+    Returns:
+      One :class:`~snapaudit_jax.estimation.AuditResult` per entry of ``config.epsilons``, in order.
+
+    Raises:
+      InputError: an invalid configuration, snapshot file or audit argument.
     """
     config.validate()
     snaps, clean = build_snapshots(config)
@@ -254,9 +346,18 @@ def familywise(results: list[AuditResult], alpha: float) -> list[AuditResult]:
     """Adds p-values and Holm's family-wise flags at family-wise error ``alpha`` (Holm 1979).
 
     ``violation_p_value`` / ``familywise_violation`` test the ``(eps, delta)`` claims of the rows;
-    ``mu_violation_p_value`` / ``mu_familywise_violation`` the ``mu``-GDP claims of ``estimator="gdp"``
-    rows. Rows whose headline is an exact privacy profile have p-value 0 (violated) or 1; heuristic
-    rows (``method="paper"``) 1.
+    ``mu_violation_p_value`` / ``mu_familywise_violation`` the ``mu``-GDP claims of ``estimator="gdp"`` rows. Rows
+    whose headline is an exact privacy profile have p-value 0 (violated) or 1; heuristic rows (``method="paper"``) 1.
+
+    Args:
+      results: the rows' results.
+      alpha: family-wise error rate in ``(0, 1)``.
+
+    Returns:
+      Copies of ``results`` with those four fields set (the ``mu`` ones ``None`` where no ``mu`` claim is tested).
+
+    Raises:
+      InputError: ``alpha`` not in ``(0, 1)``.
     """
     import dataclasses
 
@@ -283,7 +384,18 @@ def familywise(results: list[AuditResult], alpha: float) -> list[AuditResult]:
 
 
 def parse_vector(name: str, text: str) -> tuple[float, ...]:
-    """``"1,2,3"`` -> ``(1.0, 2.0, 3.0)`` with an error naming ``name``."""
+    """Parses a comma-separated list of numbers: ``"1,2,3"`` -> ``(1.0, 2.0, 3.0)``.
+
+    Args:
+      name: the flag named in errors.
+      text: the list.
+
+    Returns:
+      The finite numbers as a tuple of floats.
+
+    Raises:
+      InputError: an empty entry, an entry that is not a number, or a non-finite number.
+    """
     parts = [p.strip() for p in str(text).split(",")]
     if not parts or any(p == "" for p in parts):
         raise InputError(f"{name} must be a comma-separated list of numbers, got {text!r}")

@@ -34,7 +34,18 @@ __all__ = ["passive_audit", "passive_bounds", "mechanism_pipeline"]
 
 
 def mechanism_pipeline(mechanism: Mechanism, clean_with, clean_without, attack: Attack) -> Callable:
-    """An end-to-end ``(key, b) -> (hit, score)`` pipeline from one mechanism and fixed clean outputs."""
+    """An end-to-end pipeline for :func:`passive_audit` from one mechanism and fixed clean outputs.
+
+    Args:
+      mechanism: the mechanism.
+      clean_with: one clean output with the canary.
+      clean_without: one clean output without it.
+      attack: the attack deciding ``hit`` and ``score``.
+
+    Returns:
+      ``pipeline(key, b) -> (hit, score)``: one trial on ``clean_with`` (``b = 1``) or ``clean_without``
+      (``b = 0``), a bool and a float32 scalar.
+    """
     clean = (jnp.asarray(clean_without, jnp.float32), jnp.asarray(clean_with, jnp.float32))
 
     def pipeline(key, b: int):
@@ -93,21 +104,20 @@ def passive_audit(
 
     Args:
       key: PRNG key; run ``t`` of hypothesis ``b`` uses ``fold_in(fold_in(key, b), t)``.
-      pipeline: ``(key, b) -> (hit, score)`` with ``b = 1`` the canary context;
-        ``hit`` is the black-box decision, ``score`` the white-box statistic
-        (larger means "canary present"; return 0 if there is none).
-      trials: end-to-end runs per hypothesis.
-      epsilon_theory: the claimed ``eps``.
-      delta: the claimed ``delta``.
-      threat: ``"black"`` or ``"white"`` (threshold chosen on the first
-        ``selection_fraction`` of the runs, evaluated on the rest).
-      estimator: ``"std"`` (assumption-free) or ``"gdp"`` (also tests ``mu_claim``, the pipeline's
-        ``mu``-GDP claim, with ``mu_emp``; the envelope ``eps`` never sets the ``(eps, delta)`` violation).
+      pipeline: ``(key, b) -> (hit, score)`` with ``b = 1`` the canary context; ``hit`` is the black-box decision,
+        ``score`` the white-box statistic (larger means "canary present"; return 0 if there is none).
+      trials: end-to-end runs per hypothesis (>= 1).
+      epsilon_theory: the claimed ``eps`` (> 0).
+      delta: the claimed ``delta`` in ``(0, 1)``.
+      threat: ``"black"`` or ``"white"`` (threshold chosen on the first ``selection_fraction`` of the runs,
+        evaluated on the rest).
+      estimator: ``"std"`` (assumption-free) or ``"gdp"`` (also tests ``mu_claim``, the pipeline's ``mu``-GDP
+        claim, with ``mu_emp``; the envelope ``eps`` never sets the ``(eps, delta)`` violation).
+      confidence: joint confidence of the two bounds, in ``(0, 1)``.
+      selection_fraction: white-box selection share, in ``(0, 1)``.
       mu_claim: the ``mu`` a Gaussian pipeline claims (tested under ``estimator="gdp"``).
-      confidence: joint confidence of the two bounds.
-      selection_fraction: white-box selection share.
-      vectorized: ``jit(vmap(pipeline))`` in batches; ``False`` calls it in a
-        Python loop (pipelines that are not traceable, e.g. LLM calls).
+      vectorized: ``jit(vmap(pipeline))`` in batches; ``False`` calls it in a Python loop (pipelines that are not
+        traceable, e.g. LLM calls).
       batch: vectorised batch size.
       name: recorded as the result's ``mechanism``.
       progress: progress bar on stderr.
@@ -115,9 +125,12 @@ def passive_audit(
     Returns:
       :class:`~snapaudit_jax.audits.active.AuditResult` with ``method="passive"``.
 
+    Raises:
+      InputError: an argument out of its range (as :func:`passive_bounds`).
+
     Guarantees:
-      Runs are i.i.d. per hypothesis, so the one-sided Clopper-Pearson bounds
-      (``alpha/2`` each) hold jointly with probability ``>= confidence``.
+      Runs are i.i.d. per hypothesis, so the one-sided Clopper-Pearson bounds (``alpha/2`` each) hold jointly with
+      probability ``>= confidence``.
     """
     start = time.perf_counter()
     trials = validate.positive_int("trials", trials)
@@ -147,12 +160,24 @@ def passive_bounds(
     """The passive audit's statistics from the outcomes of end-to-end runs.
 
     Args:
-      with_canary / without_canary: ``(hits, scores)`` arrays of the runs of
-        each hypothesis (same length; i.i.d. runs, in run order).
-      Other arguments: as :func:`passive_audit`.
+      with_canary: ``(hits, scores)``, ``(n,)`` bool and ``(n,)`` float arrays of the runs with the canary (i.i.d.
+        runs, in run order).
+      without_canary: ``(hits, scores)`` of the runs without it, of the same length.
+      epsilon_theory: the claimed ``eps`` (> 0).
+      delta: the claimed ``delta`` in ``(0, 1)``.
+      threat: ``"black"`` or ``"white"``.
+      estimator: ``"std"`` or ``"gdp"``.
+      confidence: joint confidence of the two bounds, in ``(0, 1)``.
+      selection_fraction: white-box: share of the runs (the first ones) used to choose the threshold, in ``(0, 1)``.
+      mu_claim: the ``mu`` a Gaussian pipeline claims (tested under ``estimator="gdp"``).
+      name: recorded as the result's ``mechanism``.
+      start: ``time.perf_counter()`` at the start of the audit (default: now), for ``seconds``.
 
     Returns:
       :class:`~snapaudit_jax.audits.active.AuditResult` with ``method="passive"``.
+
+    Raises:
+      InputError: an argument out of its range, or hits and scores that are not non-empty 1-D arrays of one length.
     """
     start = time.perf_counter() if start is None else start
     epsilon_theory = validate.positive_float("epsilon_theory", epsilon_theory)

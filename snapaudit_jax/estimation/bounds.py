@@ -19,19 +19,20 @@ __all__ = [
 
 
 def clopper_pearson_lower(successes, trials, alpha):
-    """Exact binomial lower confidence bound.
+    """Exact one-sided binomial lower confidence bound at level ``1 - alpha``.
 
     Args:
       successes: number of successes ``k`` (array-like of ints).
-      trials: number of trials ``n >= 1``.
+      trials: number of trials ``n >= 1`` (broadcast against ``successes``).
       alpha: one-sided failure probability in ``(0, 1)``.
 
     Returns:
-      ``p_low`` with ``P(p < p_low) <= alpha`` for ``k ~ Binomial(n, p)``.
+      ``p_low`` (float64 array of the broadcast shape, 0-d for scalars; 0 where ``k = 0``) with
+      ``P(p_low > p) <= alpha`` for ``k ~ Binomial(n, p)``.
 
     Guarantees:
-      Valid for every ``p`` and ``n`` (Clopper & Pearson 1934): the lower
-      bound is the ``alpha`` quantile of ``Beta(k, n - k + 1)``.
+      Valid for every ``p`` and ``n`` (Clopper & Pearson 1934): the lower bound is the ``alpha`` quantile of
+      ``Beta(k, n - k + 1)``.
     """
     k = np.asarray(successes, dtype=np.float64)
     n = np.asarray(trials, dtype=np.float64)
@@ -41,11 +42,18 @@ def clopper_pearson_lower(successes, trials, alpha):
 
 
 def clopper_pearson_upper(successes, trials, alpha):
-    """Exact binomial upper confidence bound (see :func:`clopper_pearson_lower`).
+    """Exact one-sided binomial upper confidence bound at level ``1 - alpha`` (see :func:`clopper_pearson_lower`).
 
-    The upper bound is the ``1 - alpha`` quantile of ``Beta(k + 1, n - k)``,
-    computed through the complemented incomplete beta so that tiny rates keep
-    full relative precision.
+    The upper bound is the ``1 - alpha`` quantile of ``Beta(k + 1, n - k)``, computed through the complemented
+    incomplete beta so that tiny rates keep full relative precision.
+
+    Args:
+      successes: number of successes ``k`` (array-like of ints).
+      trials: number of trials ``n >= 1``.
+      alpha: one-sided failure probability in ``(0, 1)``.
+
+    Returns:
+      ``p_up`` (float64 array of the broadcast shape; 1 where ``k = n``) with ``P(p_up < p) <= alpha``.
     """
     k = np.asarray(successes, dtype=np.float64)
     n = np.asarray(trials, dtype=np.float64)
@@ -57,20 +65,20 @@ def clopper_pearson_upper(successes, trials, alpha):
 def empirical_bernstein_radius(variance, n, alpha):
     """One-sided empirical Bernstein radius of Maurer & Pontil (2009), Thm. 4.
 
-    For i.i.d. ``X_1..X_n`` in ``[0, 1]`` with sample variance ``V_n``
-    (denominator ``n - 1``), with probability at least ``1 - alpha``::
+    For i.i.d. ``X_1..X_n`` in ``[0, 1]`` with sample variance ``V_n`` (denominator ``n - 1``), with probability at
+    least ``1 - alpha``::
 
         E[X] - mean(X) <= sqrt(2 V_n ln(2/alpha) / n) + 7 ln(2/alpha) / (3 (n - 1)).
 
     Applying it to ``1 - X`` gives the lower side with the same radius.
 
     Args:
-      variance: sample variance ``V_n`` (array-like).
+      variance: sample variance ``V_n`` (array-like; negative values count as 0).
       n: sample size ``n >= 2``.
-      alpha: one-sided failure probability.
+      alpha: one-sided failure probability in ``(0, 1)``.
 
     Returns:
-      The radius (``inf`` when ``n < 2``).
+      The radius, a float64 array of the broadcast shape (``inf`` where ``n < 2``).
     """
     v = np.maximum(np.asarray(variance, dtype=np.float64), 0.0)
     n = np.asarray(n, dtype=np.float64)
@@ -81,10 +89,16 @@ def empirical_bernstein_radius(variance, n, alpha):
 
 
 def hoeffding_radius(n, alpha, *, two_sided: bool = False):
-    """Hoeffding radius ``sqrt(ln(c/alpha) / (2 n))`` for means of ``[0,1]`` variables.
+    """Hoeffding radius ``sqrt(ln(c/alpha) / (2 n))`` for means of ``n`` i.i.d. ``[0, 1]`` variables.
 
-    ``c = 1`` for a one-sided bound; ``c = 2`` reproduces the two-sided
-    constant that SnapAudit (App. C.2) uses for its Monte Carlo term.
+    Args:
+      n: sample size (array-like).
+      alpha: failure probability in ``(0, 1)``.
+      two_sided: ``False``: ``c = 1``, a one-sided bound; ``True``: ``c = 2``, the two-sided constant that
+        SnapAudit (App. C.2) uses for its Monte Carlo term.
+
+    Returns:
+      The radius, a float64 array of the shape of ``n``.
     """
     n = np.asarray(n, dtype=np.float64)
     c = 2.0 if two_sided else 1.0

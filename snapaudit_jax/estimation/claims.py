@@ -37,10 +37,20 @@ def violation_p_value(tpr: RateBound, fpr: RateBound, delta: float, epsilon_theo
                       gaussian_by_construction: bool = False) -> float:
     """Smallest ``alpha`` at which the bounds (``alpha / 2`` each) certify ``eps_emp > epsilon_theory``.
 
-    A valid p-value for the null "the release is ``(epsilon_theory, delta)``-DP": under it, the
-    event "``eps_emp`` at level ``alpha`` exceeds ``epsilon_theory``" implies a failed bound, which has
-    probability ``<= alpha``. ``eps_emp`` is ``eps_std``, or ``max(eps_std, eps_gdp)`` for a release that
-    is Gaussian by construction. Exact rates give 0 (violated) or 1. Found by bisection (monotone in ``alpha``).
+    A valid p-value for the null "the release is ``(epsilon_theory, delta)``-DP": under it, the event "``eps_emp``
+    at level ``alpha`` exceeds ``epsilon_theory``" implies a failed bound, which has probability ``<= alpha``.
+    ``eps_emp`` is ``eps_std``, or ``max(eps_std, eps_gdp)`` for a release that is Gaussian by construction. Exact
+    rates give 0 (violated) or 1. Found by bisection (monotone in ``alpha``).
+
+    Args:
+      tpr: the TPR lower bound (re-derived at each ``alpha / 2`` by :func:`rebound`).
+      fpr: the FPR upper bound.
+      delta: the claim's ``delta`` in ``(0, 1)``.
+      epsilon_theory: the claimed ``eps``.
+      gaussian_by_construction: the release's trade-off curve is exactly Gaussian (the GDP conversion counts).
+
+    Returns:
+      The p-value in ``[0, 1]``.
     """
     def violated(t, f):
         eps_std, _, eps_gdp = estimate(t, f, delta)
@@ -50,12 +60,32 @@ def violation_p_value(tpr: RateBound, fpr: RateBound, delta: float, epsilon_theo
 
 
 def mu_violation_p_value(tpr: RateBound, fpr: RateBound, mu_claim: float) -> float:
-    """Smallest ``alpha`` at which the bounds certify ``mu_low > mu_claim`` (a p-value for the ``mu``-GDP claim)."""
+    """Smallest ``alpha`` at which the bounds certify ``mu_low > mu_claim`` (a p-value for the ``mu``-GDP claim).
+
+    Args:
+      tpr: the TPR lower bound.
+      fpr: the FPR upper bound.
+      mu_claim: the claimed ``mu``.
+
+    Returns:
+      The p-value in ``[0, 1]``.
+    """
     return _p_value(tpr, fpr, lambda t, f: estimate(t, f, 0.5)[1] > mu_claim * (1.0 + VIOLATION_RTOL))
 
 
 def holm(p_values: Sequence[float], alpha: float) -> np.ndarray:
-    """Holm's step-down rejections at family-wise error ``alpha`` (Holm 1979)."""
+    """Holm's step-down rejections at family-wise error ``alpha`` (Holm 1979).
+
+    Args:
+      p_values: ``(m,)`` p-values, one per hypothesis.
+      alpha: family-wise error rate in ``(0, 1)``.
+
+    Returns:
+      ``(m,)`` bool, ``True`` where the hypothesis is rejected.
+
+    Raises:
+      InputError: ``alpha`` not in ``(0, 1)``.
+    """
     p = np.asarray(p_values, np.float64)
     alpha = validate.open_unit("alpha", alpha)
     order = np.argsort(p, kind="stable")

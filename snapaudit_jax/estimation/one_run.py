@@ -107,7 +107,11 @@ _GUARANTEES = ("one-run bound (Steinke, Nasr, Jagielski 2023): with probability 
 
 @dataclasses.dataclass(frozen=True)
 class DeclaredGrid:
-    """Guess pairs ``(k_+, k_-)`` fixed before the scores are seen; each is evaluated at ``alpha / len(pairs)``."""
+    """Guess pairs ``(k_+, k_-)`` fixed before the scores are seen; each is evaluated at ``alpha / len(pairs)``.
+
+    Attributes:
+      pairs: the ``G`` pairs ``(k_plus, k_minus)``, each with ``1 <= k_plus + k_minus <= m``.
+    """
 
     pairs: tuple[tuple[int, int], ...]
 
@@ -131,10 +135,16 @@ class OneRunResult:
 
     Attributes:
       epsilon: the lower bound on ``eps`` (0 when no ``eps >= 0`` is rejected).
-      delta, alpha, insert_probability: the claim's ``delta``, the family-wise failure probability, ``p``.
+      delta: the claim's ``delta``.
+      alpha: the family-wise failure probability.
+      insert_probability: each canary's inclusion probability ``p``.
       canaries: ``m`` in the bound (all canaries, or the evaluation part under :class:`HeldOut`).
-      k_plus, k_minus, correct_plus, correct_minus: the chosen pair and its correct guesses.
-      rule: ``"declared_grid"`` or ``"held_out"``; family_size: pairs covered by the union bound.
+      k_plus: "included" guesses of the chosen pair.
+      k_minus: "not included" guesses of the chosen pair.
+      correct_plus: correct "included" guesses.
+      correct_minus: correct "not included" guesses.
+      rule: ``"declared_grid"`` or ``"held_out"``.
+      family_size: pairs covered by the union bound.
       alpha_per_pair: the level each pair is tested at (``alpha / family_size``).
       n_selection: canaries used for selection only (0 for a declared grid).
       pairs: per evaluated pair ``(k_plus, k_minus, correct_plus, correct_minus, epsilon)``.
@@ -159,13 +169,16 @@ class OneRunResult:
 
     @property
     def guesses(self) -> int:
+        """Number of guesses ``r = k_plus + k_minus``."""
         return self.k_plus + self.k_minus
 
     @property
     def correct(self) -> int:
+        """Number of correct guesses ``W = correct_plus + correct_minus``."""
         return self.correct_plus + self.correct_minus
 
     def to_dict(self) -> dict:
+        """The fields as a dict (``pairs`` as lists), ready for JSON."""
         out = dataclasses.asdict(self)
         out["pairs"] = [list(p) for p in self.pairs]
         return out
@@ -179,9 +192,19 @@ def _probability(p) -> float:
 
 
 def check_design(insert_probability, delta) -> tuple[float, float]:
-    """``(p, delta)`` if the analysis covers them, else ``ValueError`` (``delta > 0`` needs ``p = 1/2``).
+    """Checks that the analysis covers the design; ``delta > 0`` needs ``p = 1/2``.
 
     Call it before any scoring or model call, so a design the bound cannot use fails first.
+
+    Args:
+      insert_probability: each canary's inclusion probability ``p`` in ``(0, 1)``.
+      delta: the claim's ``delta`` in ``[0, 1)``.
+
+    Returns:
+      ``(p, delta)`` as floats.
+
+    Raises:
+      InputError: ``p`` not in ``(0, 1)``, ``delta`` not in ``[0, 1)``, or ``delta > 0`` with ``p != 1/2``.
     """
     p, delta = _probability(insert_probability), validate.unit_closed_open("delta", delta)
     if delta > 0.0 and p != 0.5:
@@ -277,7 +300,7 @@ def one_run_p_value(correct_plus: int, k_plus: int, correct_minus: int, k_minus:
       An upper bound on ``P[W >= correct_plus + correct_minus]`` under the claim, capped at 1.
 
     Raises:
-      ValueError: counts out of range (``correct <= k``, ``k_plus + k_minus <= canaries``), ``epsilon < 0``,
+      InputError: counts out of range (``correct <= k``, ``1 <= k_plus + k_minus <= canaries``), ``epsilon < 0``,
         ``delta`` or ``insert_probability`` out of range, or ``delta > 0`` with ``insert_probability != 1/2``.
     """
     m = validate.positive_int("canaries", canaries)
@@ -319,7 +342,22 @@ def one_run_epsilon(correct_plus: int, k_plus: int, correct_minus: int, k_minus:
     """The largest ``eps >= 0`` that :func:`one_run_p_value` rejects at level ``alpha`` (0 if none).
 
     One pair at level ``alpha``: a family of pairs needs its own correction (:func:`one_run_audit` does it).
-    Arguments and errors as :func:`one_run_p_value`, with ``alpha`` in ``(0, 1)`` instead of ``epsilon``.
+
+    Args:
+      correct_plus: correct "included" guesses.
+      k_plus: number of "included" guesses.
+      correct_minus: correct "not included" guesses.
+      k_minus: number of "not included" guesses.
+      canaries: ``m``, the number of canaries with independent coins.
+      delta: the claim's ``delta`` in ``[0, 1)``.
+      alpha: the level, in ``(0, 1)``.
+      insert_probability: each canary's inclusion probability ``p``.
+
+    Returns:
+      The lower bound on ``eps``, a float whose p-value has been checked to be ``<= alpha``.
+
+    Raises:
+      InputError: as :func:`one_run_p_value`, or ``alpha`` not in ``(0, 1)``.
 
     Guarantees:
       For a pair fixed before the run, the returned value exceeds the true ``eps`` with probability at most
@@ -341,15 +379,19 @@ def _order(scores: np.ndarray) -> np.ndarray:
 
 
 def guess_counts(scores, inserted, pairs: Sequence[tuple[int, int]]) -> np.ndarray:
-    """``(G, 2)`` correct guesses ``(correct_plus, correct_minus)`` of the top-``k_+`` / bottom-``k_-`` attacker.
+    """Correct guesses of the top-``k_+`` / bottom-``k_-`` attacker for each pair (ties broken by canary index).
 
     Args:
       scores: ``(m,)`` finite scores, higher = guessed included.
       inserted: ``(m,)`` inclusion flags (bool or 0/1).
       pairs: ``G`` pairs ``(k_plus, k_minus)`` with ``1 <= k_plus + k_minus <= m``.
 
+    Returns:
+      ``(G, 2)`` int64 ``(correct_plus, correct_minus)`` per pair.
+
     Raises:
-      ValueError: scores and flags of different lengths, non-binary flags, or a pair out of range.
+      InputError: scores and flags of different lengths or not 1-D, non-finite scores, non-binary flags, or a pair
+        out of range.
     """
     s, mask = _scores_and_mask(scores, inserted)
     m = s.shape[0]
@@ -363,6 +405,15 @@ def default_grid(canaries: int) -> tuple[tuple[int, int], ...]:
     """A declared grid for ``m`` canaries: ``k = round(f m)`` for ``f`` in 1%..50%, one-sided and symmetric.
 
     It depends on ``m`` alone (known before any score), so it is a valid :class:`DeclaredGrid`.
+
+    Args:
+      canaries: ``m >= 1``.
+
+    Returns:
+      The distinct pairs ``(k_plus, k_minus)`` of :data:`DEFAULT_FRACTIONS` scaled to ``m``.
+
+    Raises:
+      InputError: ``canaries`` is not a positive integer.
     """
     m = validate.positive_int("canaries", canaries)
     out = []
@@ -406,11 +457,11 @@ def one_run_audit(scores, inserted, *, insert_probability: float, delta: float, 
     """One-run lower bound on ``eps`` from per-canary scores and inclusion flags (module docstring).
 
     Args:
-      scores: ``(m,)`` finite scores from the one run, higher = "included" (e.g. a canary's log-likelihood
-        under the trained model, or the private release's vote for its secret).
+      scores: ``(m,)`` finite scores from the one run, higher = "included" (e.g. a canary's log-likelihood under the
+        trained model, or the private release's vote for its secret).
       inserted: ``(m,)`` the coins: ``True``/1 where the canary was included.
-      insert_probability: the probability ``p`` each coin came up "included" (required: the scores cannot
-        tell, and the bound depends on it).
+      insert_probability: the probability ``p`` each coin came up "included" (required: the scores cannot tell, and
+        the bound depends on it).
       delta: the ``delta`` of the audited claim, in ``[0, 1)``; ``delta > 0`` requires ``p = 1/2``.
       alpha: family-wise failure probability, in ``(0, 1)``.
       rule: a :class:`DeclaredGrid` (default: :func:`default_grid` of ``m``) or :class:`HeldOut`.
@@ -420,14 +471,14 @@ def one_run_audit(scores, inserted, *, insert_probability: float, delta: float, 
       A :class:`OneRunResult`; ``epsilon`` is the bound.
 
     Raises:
-      ValueError: scores and flags of different lengths or non-binary flags, a pair with
-        ``k_plus + k_minus`` larger than the number of canaries, ``insert_probability`` outside ``(0, 1)``,
-        ``delta > 0`` with ``insert_probability != 1/2``, ``alpha`` or ``delta`` out of range, a
+      InputError: scores and flags of different lengths or non-binary flags, a pair with ``k_plus + k_minus``
+        larger than the number of canaries, ``insert_probability`` outside ``(0, 1)``, ``delta > 0`` with
+        ``insert_probability != 1/2``, ``alpha`` or ``delta`` out of range, an empty or unknown rule, a
         :class:`HeldOut` split without a key or with a part too small to guess in.
 
     Guarantees:
-      See the module docstring: ``epsilon`` exceeds the run's ``eps`` (with respect to each canary's
-      inclusion) with probability at most ``alpha``, for the whole family of pairs.
+      See the module docstring: ``epsilon`` exceeds the run's ``eps`` (with respect to each canary's inclusion) with
+      probability at most ``alpha``, for the whole family of pairs.
     """
     s, mask = _scores_and_mask(scores, inserted)
     m = s.shape[0]

@@ -18,19 +18,21 @@ __all__ = ["RateBound", "bernstein_bound", "binomial_bound", "binomial_pair", "e
 
 @dataclasses.dataclass(frozen=True)
 class RateBound:
-    """A one-sided bound on one success rate (TPR: lower, FPR: upper).
+    """A one-sided confidence bound on one success rate (TPR: lower, FPR: upper).
 
     Attributes:
       estimate: point estimate of the rate.
-      bound: the one-sided confidence bound.
+      bound: the one-sided confidence bound, at failure probability ``failure_probability``.
       complement: ``1 - bound``, computed without cancellation.
       variance: variance entering the Bernstein term (``nan`` if none).
-      variance_term / range_term / monte_carlo_term: parts of the radius
-        (``bound = estimate -/+ sum of parts``, clipped to ``[0, 1]``) or,
-        for Clopper-Pearson, ``monte_carlo_term = |bound - estimate|``.
+      variance_term: the Bernstein variance part of the radius.
+      range_term: the Bernstein range part of the radius.
+      monte_carlo_term: the Hoeffding part of the radius (``"paper"``) or, for Clopper-Pearson,
+        ``|bound - estimate|``. For the Bernstein and paper kinds ``bound = estimate -/+ (sum of the three
+        parts)``, clipped to ``[0, 1]``.
       trials: evaluation trials (0 for exact rates).
       snapshots: evaluation snapshots.
-      failure_probability: failure probability spent on this rate.
+      failure_probability: failure probability spent on this rate (0 for exact rates).
       kind: ``"clopper-pearson"``, ``"bernstein"``, ``"exact"`` or ``"paper"``.
       side: ``"lower"`` or ``"upper"``.
       hits: successes (Clopper-Pearson), else ``None``.
@@ -57,6 +59,15 @@ def binomial_pair(hits, trials, side: str, alpha):
     """Vectorised Clopper-Pearson ``(bound, 1 - bound)``, the complement exact by Beta symmetry.
 
     ``1 - CP_lower(k, n) = CP_upper(n - k, n)`` and vice versa (relabel the outcomes).
+
+    Args:
+      hits: successes ``k`` (array-like).
+      trials: trials ``n`` (array-like, broadcast with ``hits``).
+      side: ``"lower"``, or ``"upper"`` (any other value).
+      alpha: one-sided failure probability.
+
+    Returns:
+      ``(bound, complement)``, float64 arrays of the broadcast shape.
     """
     k = np.asarray(hits, np.float64)
     n = np.asarray(trials, np.float64)
@@ -68,8 +79,22 @@ def binomial_pair(hits, trials, side: str, alpha):
 def binomial_bound(hits: int, trials: int, side: str, alpha: float, *, snapshots: int | None = None) -> RateBound:
     """Exact one-sided Clopper-Pearson bound from ``hits`` successes in ``trials`` i.i.d. trials.
 
+    Args:
+      hits: successes, in ``[0, trials]``.
+      trials: i.i.d. trials (>= 1).
+      side: ``"lower"`` (TPR) or ``"upper"`` (FPR).
+      alpha: one-sided failure probability.
+      snapshots: snapshots behind the trials, recorded only (default ``trials``).
+
+    Returns:
+      The :class:`RateBound` (``kind="clopper-pearson"``).
+
+    Raises:
+      InputError: ``trials < 1`` or ``hits`` outside ``[0, trials]``.
+
     Guarantees:
-      ``P(bound > rate) <= alpha`` (lower side) for every rate and ``trials``.
+      ``P(bound > rate) <= alpha`` (lower side; ``P(bound < rate) <= alpha`` upper side) for every rate and
+      ``trials``.
     """
     hits, trials = int(hits), int(trials)
     if trials < 1 or not 0 <= hits <= trials:
@@ -114,9 +139,15 @@ def bernstein_bound(rates, rate_complements, side: str, alpha: float, *, trials:
       alpha: failure probability of this bound.
       trials: simulated trials behind the rates (0 for exact rates), recorded only.
 
+    Returns:
+      The :class:`RateBound` (``kind="bernstein"``).
+
+    Raises:
+      InputError: fewer than 2 rates.
+
     Guarantees:
-      With probability ``>= 1 - alpha`` the mean of the rates' distribution is on the bounded side
-      (Maurer & Pontil 2009, Thm. 4), for ``n >= 2``.
+      With probability ``>= 1 - alpha`` the mean of the rates' distribution is on the bounded side (Maurer & Pontil
+      2009, Thm. 4), for ``n >= 2``.
     """
     r = np.asarray(rates, np.float64)
     n = r.size
@@ -129,7 +160,15 @@ def bernstein_bound(rates, rate_complements, side: str, alpha: float, *, trials:
 
 
 def exact_rate(p, q) -> RateBound:
-    """The exact rate ``mean(p)`` (and ``mean(q) = 1 - mean(p)``): no statistical error."""
+    """The exact rate ``mean(p)`` (and ``mean(q) = 1 - mean(p)``): no statistical error.
+
+    Args:
+      p: ``(n,)`` exact per-snapshot success probabilities.
+      q: ``(n,)`` their complements ``1 - p``, computed directly.
+
+    Returns:
+      The :class:`RateBound` (``kind="exact"``, ``bound = estimate``, failure probability 0).
+    """
     p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
     est, est_c = float(np.mean(p)), float(np.mean(q))
     return RateBound(est, est, est_c, 0.0, 0.0, 0.0, 0.0, 0, p.size, 0.0, "exact", "lower", None, est_c)
@@ -139,10 +178,20 @@ def paper_bound(per_snapshot_rates, estimate: float, estimate_complement: float,
                 alpha: float) -> RateBound:
     """SnapAudit App. C.2: Bernstein over snapshots + two-sided Hoeffding over ``trials`` (a heuristic).
 
-    The variance is the plug-in variance of *simulated* per-snapshot rates, not of the true ``h_b``;
-    Maurer-Pontil's theorem does not cover that plug-in, so this radius is the paper's heuristic and
-    :func:`audit_result` never sets a violation from it. It is exact only when all snapshots of a
-    hypothesis are identical (then the variance is 0).
+    The variance is the plug-in variance of *simulated* per-snapshot rates, not of the true ``h_b``; Maurer-Pontil's
+    theorem does not cover that plug-in, so this radius is the paper's heuristic and :func:`audit_result` never sets
+    a violation from it. It is exact only when all snapshots of a hypothesis are identical (then the variance is 0).
+
+    Args:
+      per_snapshot_rates: ``(n,)`` simulated success rate of each snapshot's unit.
+      estimate: the pooled success rate.
+      estimate_complement: ``1 - estimate`` computed directly.
+      trials: total simulated trials (the Hoeffding term's ``n``).
+      side: ``"lower"`` or ``"upper"``.
+      alpha: failure probability of each of the two terms.
+
+    Returns:
+      The :class:`RateBound` (``kind="paper"``).
     """
     r = np.asarray(per_snapshot_rates, np.float64)
     var = _sample_variance(r)
@@ -153,7 +202,15 @@ def paper_bound(per_snapshot_rates, estimate: float, estimate_complement: float,
 
 
 def rebound(rate: RateBound, alpha: float) -> RateBound:
-    """The same bound from the same sufficient statistics at failure probability ``alpha``."""
+    """The same bound from the same sufficient statistics at failure probability ``alpha``.
+
+    Args:
+      rate: a :class:`RateBound` of any kind.
+      alpha: the new failure probability.
+
+    Returns:
+      A :class:`RateBound` at ``alpha`` (exact rates are returned unchanged).
+    """
     if rate.kind == "exact":
         return rate
     if rate.kind == "clopper-pearson":

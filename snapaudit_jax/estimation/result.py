@@ -18,15 +18,60 @@ __all__ = ["AuditResult", "GDP_BY_CONSTRUCTION_LABEL", "GDP_ENVELOPE_LABEL", "au
 
 @dataclasses.dataclass(frozen=True)
 class AuditResult:
-    """Immutable, JSON-serialisable result of one audit (one ``eps_theory``).
+    """Immutable, JSON-serialisable result of one audit (one ``eps_theory``); built by :func:`audit_result`.
 
-    ``epsilon_emp`` is the ``(eps, delta)`` lower bound that ``violation`` is decided from: the
-    assumption-free standard estimator, an exact privacy profile (``method="exact"``, fixed clean
-    outputs), or -- only where the release's trade-off curve is Gaussian by construction -- the GDP
-    conversion. ``epsilon_gdp`` is always the ``eps(delta)`` of the envelope ``G_{mu_emp}``
-    (``epsilon_gdp_label`` says whether it bounds the release). ``mu_claim`` / ``mu_violation`` test
-    the ``mu``-GDP claim of a Gaussian mechanism; ``heuristic`` marks SnapAudit's App. C.2 radius,
-    which never sets a violation.
+    ``epsilon_emp`` is the ``(eps, delta)`` lower bound that ``violation`` is decided from: the assumption-free
+    standard estimator, an exact privacy profile (``method="exact"``, fixed clean outputs), or -- only where the
+    release's trade-off curve is Gaussian by construction -- the GDP conversion. ``epsilon_gdp`` is always the
+    ``eps(delta)`` of the envelope ``G_{mu_emp}`` (``epsilon_gdp_label`` says whether it bounds the release).
+    ``mu_claim`` / ``mu_violation`` test the ``mu``-GDP claim of a Gaussian mechanism; ``heuristic`` marks
+    SnapAudit's App. C.2 radius, which never sets a violation.
+
+    Attributes:
+      mechanism: the mechanism's name (the pipeline's for passive audits).
+      threat: ``"black"`` or ``"white"``.
+      method: ``"simulate"``, ``"exact"``, ``"paper"`` or ``"passive"``.
+      estimator: ``"std"`` or ``"gdp"``.
+      clean: the clean-output model: ``"sampled"``, ``"fixed"`` or ``"end-to-end"`` (passive).
+      epsilon_theory: the claimed ``eps``.
+      delta: the claimed ``delta``.
+      epsilon_emp: the headline ``(eps, delta)`` lower bound (above).
+      epsilon_std: the standard estimator on ``(tpr_low, fpr_up)``.
+      epsilon_gdp: ``eps(delta)`` of the Gaussian envelope ``G_{mu_emp}``.
+      mu_emp: the GDP lower bound ``Phi^-1(tpr_low) - Phi^-1(fpr_up)``.
+      tpr_hat: TPR point estimate.
+      fpr_hat: FPR point estimate.
+      tpr_low: TPR lower bound.
+      fpr_up: FPR upper bound.
+      violation: ``epsilon_emp > epsilon_theory`` beyond the 1e-6 relative tolerance (never when ``heuristic``).
+      trials: evaluation trials per hypothesis (0 for exact rates).
+      selection_trials: trials per hypothesis spent on choosing the threshold (or selection runs, passive).
+      snapshots: snapshots per hypothesis (the smaller of the two counts).
+      selection_snapshots: snapshots per hypothesis held out for the attack design.
+      confidence: joint confidence of ``tpr_low`` and ``fpr_up``.
+      target: the release signalling "canary present", or ``None``.
+      threshold: the white-box threshold, or ``None``.
+      tpr: the TPR lower bound with its parts.
+      fpr: the FPR upper bound with its parts.
+      noise: the noise parameters (``sigma`` or ``scale``, and ``sensitivity`` when given).
+      assumptions: the sentences under which the bounds hold, joined.
+      warnings: warnings recorded during the audit (e.g. references farther apart than the sensitivity).
+      seed: PRNG seed, or ``None``.
+      seconds: wall-clock time of the audit.
+      mu_claim: the ``mu`` the calibration implies (``sensitivity / sigma``), or ``None``.
+      mu_violation: ``mu_emp > mu_claim`` beyond the tolerance (``estimator="gdp"`` only, never when ``heuristic``).
+      epsilon_gdp_label: :data:`GDP_ENVELOPE_LABEL` or :data:`GDP_BY_CONSTRUCTION_LABEL`.
+      epsilon_profile: the release's exact ``eps(delta)``, or ``None``.
+      epsilon_curve: the certified trade-off curve's ``epsilon``, or ``None``.
+      curve: the certified :class:`TradeoffCurve` as a dict, or ``None``.
+      heuristic: the bounds are SnapAudit's App. C.2 heuristic (``method="paper"``).
+      gaussian_by_construction: ``estimator="gdp"`` and the release's trade-off curve is exactly Gaussian.
+      violation_p_value: p-value of the ``(eps, delta)`` claim (set by
+        :func:`~snapaudit_jax.audits.command.familywise`), or ``None``.
+      familywise_violation: Holm's family-wise verdict on the ``(eps, delta)`` claim, or ``None``.
+      mu_violation_p_value: p-value of the ``mu``-GDP claim, or ``None``.
+      mu_familywise_violation: Holm's family-wise verdict on the ``mu``-GDP claim, or ``None``.
+      stream: the row index of this audit's key stream.
     """
 
     mechanism: str
@@ -78,11 +123,18 @@ class AuditResult:
         return to_json(dataclasses.asdict(self))
 
     def to_json(self, **kwargs) -> str:
-        """:meth:`to_dict` as a JSON string; ``kwargs`` go to :func:`json.dumps`."""
+        """:meth:`to_dict` as a strict JSON string.
+
+        Args:
+          **kwargs: passed to :func:`json.dumps` (e.g. ``indent``).
+
+        Returns:
+          The JSON text.
+        """
         return dumps(self.to_dict(), **kwargs)
 
     def summary(self) -> dict[str, Any]:
-        """The fields of the command-line JSON contract."""
+        """The fields of the command-line JSON contract, as a dict in strict-JSON form."""
         d = self.to_dict()
         keys = (
             "mechanism", "threat", "method", "estimator", "epsilon_theory", "delta", "epsilon_emp", "mu_emp",
@@ -109,17 +161,39 @@ def audit_result(*, mechanism: str, threat: str, method: str, estimator: str, cl
     """The one :class:`AuditResult` factory: estimates, the headline bound, the flags and the assumptions.
 
     Args:
-      tpr / fpr: the bounds of the pre-selected decision rule (joint confidence ``confidence``).
+      mechanism: the mechanism's (or pipeline's) name.
+      threat: ``"black"`` or ``"white"``.
+      method: how the bounds were obtained (``"simulate"``, ``"exact"``, ``"paper"``, ``"passive"``).
+      estimator: ``"std"`` or ``"gdp"``.
+      clean: the clean-output model (``"sampled"``, ``"fixed"``, ``"end-to-end"``).
+      epsilon_theory: the claimed ``eps``.
+      delta: the claimed ``delta`` in ``(0, 1)``.
+      tpr: the TPR lower bound of the pre-selected decision rule.
+      fpr: the FPR upper bound of the same rule (joint confidence ``confidence`` with ``tpr``).
+      confidence: the joint confidence of the two bounds.
       assumptions: sentences on how the bounds were obtained (the estimator's sentence is appended).
+      trials: evaluation trials per hypothesis.
+      selection_trials: trials spent on the selection.
+      snapshots: snapshots per hypothesis.
+      selection_snapshots: snapshots held out for the attack design.
+      target: the target release.
+      threshold: the white-box threshold.
+      noise: noise parameters to record (copied).
+      warnings: warnings to record.
+      seed: the PRNG seed.
+      seconds: wall-clock time.
       mu_claim: the ``mu`` the calibration implies (Gaussian mechanisms), tested when ``estimator="gdp"``.
       gaussian_by_construction: the release's trade-off curve is exactly Gaussian for this pair.
       epsilon_profile: the exact ``eps(delta)`` of the release (exact rates only): the headline then.
       curve: a certified trade-off curve (reported; its ``epsilon`` holds at ``confidence`` on its own).
       heuristic: the bounds come from :func:`paper_bound`: never a violation.
-      Other arguments are recorded as given.
+      stream: the row index of the audit's key stream.
 
     Returns:
       :class:`AuditResult`.
+
+    Raises:
+      InputError: an unknown ``estimator`` or ``delta`` not in ``(0, 1)``.
     """
     estimator = validate.choice("estimator", estimator, ESTIMATORS)
     eps_std, mu, eps_gdp = estimate(tpr, fpr, delta)

@@ -19,8 +19,11 @@ __all__ = ["Bonferroni", "Explicit", "Split", "ThresholdTest", "threshold_test"]
 class Split:
     """Choose the threshold on a ``fraction`` of each group, evaluate it on the rest (``alpha / 2`` per rate).
 
-    With a key, the parts are a random permutation (``fold_in(key, group)``); without, the first
-    ``fraction`` of each group in the given order (valid when the scores are i.i.d. in that order).
+    With a key, the parts are a random permutation (``fold_in(key, group)``); without, the first ``fraction`` of
+    each group in the given order (valid when the scores are i.i.d. in that order).
+
+    Attributes:
+      fraction: share of each group's scores used for selection, in ``(0, 1)`` (default 0.5).
     """
 
     fraction: float = 0.5
@@ -28,15 +31,25 @@ class Split:
 
 @dataclasses.dataclass(frozen=True)
 class Bonferroni:
-    """A grid of thresholds fixed before seeing the scores; every one is evaluated on all scores at
-    ``alpha / (2 G)`` per rate and the best is reported (a union bound over the ``2 G`` events)."""
+    """A grid of thresholds fixed before seeing the scores.
+
+    Every threshold is evaluated on all scores at ``alpha / (2 G)`` per rate and the best is reported (a union bound
+    over the ``2 G`` events).
+
+    Attributes:
+      thresholds: the ``G`` thresholds (non-empty, finite).
+    """
 
     thresholds: tuple[float, ...]
 
 
 @dataclasses.dataclass(frozen=True)
 class Explicit:
-    """One threshold chosen before the data (``alpha / 2`` per rate)."""
+    """One threshold chosen before the data (``alpha / 2`` per rate).
+
+    Attributes:
+      threshold: the threshold (finite).
+    """
 
     threshold: float
 
@@ -48,7 +61,8 @@ class ThresholdTest:
     Attributes:
       rule: the rule's name (``"split"``, ``"bonferroni"``, ``"explicit"``).
       threshold: the chosen threshold.
-      tpr / fpr: the evaluation bounds (Clopper-Pearson).
+      tpr: the Clopper-Pearson lower bound on the TPR, on the evaluation scores.
+      fpr: the Clopper-Pearson upper bound on the FPR, on the evaluation scores.
       alpha_per_rate: failure probability spent on each of the two rates.
       grid_size: thresholds covered by the correction (1 for split / explicit).
       n_selection: ``(members, non-members)`` used to choose (split), else ``(0, 0)``.
@@ -85,18 +99,23 @@ def threshold_test(member_scores, nonmember_scores, rule, *, delta: float, alpha
       member_scores: ``(n1,)`` scores under "canary present" (higher = present).
       nonmember_scores: ``(n0,)`` scores under "canary absent".
       rule: :class:`Split`, :class:`Bonferroni` or :class:`Explicit`.
-      delta: the ``delta`` of the audited claim (the ``"std"`` objective).
-      alpha: joint failure probability of the two reported bounds.
+      delta: the ``delta`` of the audited claim in ``(0, 1)`` (the ``"std"`` objective).
+      alpha: joint failure probability of the two reported bounds, in ``(0, 1)``.
       estimator: what the choice maximises: ``"std"`` (``eps_std``) or ``"gdp"`` (``mu_low``).
       key: PRNG key of a random :class:`Split` (optional).
 
     Returns:
       :class:`ThresholdTest`.
 
+    Raises:
+      InputError: scores that are not finite 1-D arrays (or fewer than 2 each for a split), an empty or non-finite
+        grid or threshold, a split fraction that leaves an empty part, ``delta`` or ``alpha`` not in ``(0, 1)``, an
+        unknown estimator or rule.
+
     Guarantees:
-      For i.i.d. member scores and i.i.d. non-member scores, ``tpr.bound <= TPR`` and
-      ``fpr.bound >= FPR`` of the chosen test hold jointly with probability ``>= 1 - alpha``: the
-      split chooses on scores the bounds do not use; Bonferroni pays for every grid threshold.
+      For i.i.d. member scores and i.i.d. non-member scores, ``tpr.bound <= TPR`` and ``fpr.bound >= FPR`` of the
+      chosen test hold jointly with probability ``>= 1 - alpha``: the split chooses on scores the bounds do not use;
+      Bonferroni pays for every grid threshold.
     """
     delta = validate.open_unit("delta", delta)
     alpha = validate.open_unit("alpha", alpha)

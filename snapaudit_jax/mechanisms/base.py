@@ -61,17 +61,43 @@ SQRT2 = math.sqrt(2.0)
 
 
 class Release(NamedTuple):
-    """One mechanism output: ``output`` is public, ``noisy`` is white-box only."""
+    """One mechanism output.
+
+    Attributes:
+      output: the public (black-box) release: PV, PoE: the arg-max label, ``()`` int32; ESA: the index of the
+        nearest candidate, ``()`` int32; KSA: the selected keyword ids, ``(K,)`` int32.
+      noisy: the white-box noisy intermediate: PV, PoE: the noisy scores ``(k,)`` float32; ESA: the noisy mean
+        ``(d,)`` float32; KSA: the sequence again ``(K,)`` int32.
+    """
 
     output: jax.Array
     noisy: jax.Array
 
 
 def pytree_dataclass(cls):
+    """Makes ``cls`` a frozen dataclass registered as a JAX pytree.
+
+    Fields declared with :func:`static_field` become static (hashed into the jit cache); all other fields are
+    traced leaves, so changing them does not recompile.
+
+    Args:
+      cls: the class to decorate.
+
+    Returns:
+      The frozen dataclass ``cls``, registered with :func:`jax.tree_util.register_dataclass`.
+    """
     return jax.tree_util.register_dataclass(dataclasses.dataclass(frozen=True)(cls))
 
 
 def static_field(default=dataclasses.MISSING):
+    """A dataclass field marked static for :func:`pytree_dataclass`.
+
+    Args:
+      default: the field's default (none if omitted).
+
+    Returns:
+      A :func:`dataclasses.field` with ``metadata={"static": True}``.
+    """
     return dataclasses.field(default=default, metadata=dict(static=True))
 
 
@@ -80,11 +106,11 @@ class Attack:
     """A membership-inference attack on one mechanism.
 
     Attributes:
-      target: the release (label, candidate index or keyword id) that signals
-        "canary present" (static).
-      reference_with: reference clean output with the canary, shape of one
-        clean output.
-      reference_without: reference clean output without the canary.
+      reference_with: reference clean output with the canary, shape of one clean output (float32 when built by
+        :func:`snapaudit_jax.audits.make_attack`).
+      reference_without: reference clean output without the canary, same shape.
+      target: the release (label, candidate index or keyword id) that signals "canary present" (static field,
+        default 0).
     """
 
     reference_with: jax.Array
@@ -93,7 +119,15 @@ class Attack:
 
 
 class Mechanism(abc.ABC):
-    """Interface shared by the four mechanisms (see the module docstring)."""
+    """Interface shared by the four mechanisms (see the module docstring).
+
+    Subclasses are decorated with :func:`pytree_dataclass`; their noise parameters are traced leaves.
+
+    Attributes:
+      name: registry name (``"pv"``, ``"poe"``, ``"esa"``, ``"ksa"``), a class attribute.
+      gaussian: whether the noise is Gaussian, so that the GDP estimator (``estimator="gdp"``) applies.
+      clean_ndim: number of axes of one clean output (1 for all four mechanisms).
+    """
 
     name: ClassVar[str]
     gaussian: ClassVar[bool]  # Gaussian noise: the GDP estimator applies.
@@ -101,26 +135,69 @@ class Mechanism(abc.ABC):
 
     @abc.abstractmethod
     def __call__(self, key: jax.Array, clean: jax.Array) -> Release:
-        """One trial of the mechanism on one clean output."""
+        """Runs one trial of the mechanism on one clean output (pure; vmap it over keys).
+
+        Args:
+          key: PRNG key of this trial.
+          clean: one clean output of the non-private pipeline (shape per mechanism, see the module docstring).
+
+        Returns:
+          The :class:`Release`: public ``output`` and white-box ``noisy`` intermediate.
+        """
 
     @abc.abstractmethod
     def prepare(self, clean: jax.Array, attack: Attack) -> Any:
-        """Deterministic per-snapshot preprocessing (vmapped over snapshots)."""
+        """Deterministic per-snapshot preprocessing for the simulator (vmapped over distinct snapshots).
+
+        Args:
+          clean: one clean output.
+          attack: the attack whose outcomes are to be simulated.
+
+        Returns:
+          A pytree of arrays (the mechanism's prepared values) that :meth:`noise` and :meth:`outcomes` consume.
+        """
 
     @abc.abstractmethod
     def noise(self, key: jax.Array, num: int, prepared: Any) -> Any:
-        """DP randomness for ``num`` trials, trial axis last."""
+        """Draws the sufficient DP randomness of ``num`` trials in one batch, trial axis last.
+
+        Args:
+          key: PRNG key of the batch.
+          num: number of trials (static).
+          prepared: the output of :meth:`prepare` for one snapshot (used for shapes only).
+
+        Returns:
+          A pytree of arrays whose leaves end with an axis of size ``num``.
+        """
 
     @abc.abstractmethod
     def outcomes(self, noise: Any, prepared: Any, attack: Attack) -> tuple[jax.Array, jax.Array]:
-        """``(hit, score)`` of a batch: ``(num,)`` bool black-box decisions and float32 statistics.
+        """Attack outcomes of a batch of trials (deterministic given the noise).
 
-        ``noise`` leaves end with the trial axis ``num``; ``prepared`` leaves
-        end with an axis of size 1 (one snapshot for all trials) or ``num``.
+        ``noise`` leaves end with the trial axis ``num``; ``prepared`` leaves end with an axis of size 1 (one
+        snapshot for all trials) or ``num`` (one snapshot per trial).
+
+        Args:
+          noise: the output of :meth:`noise`.
+          prepared: the output of :meth:`prepare` with a trailing trial axis.
+          attack: the attack.
+
+        Returns:
+          ``(hit, score)``: ``(num,)`` bool black-box decisions "the release is ``attack.target``" (KSA: "the target
+          keyword is selected") and ``(num,)`` float32 white-box statistics (larger means "canary present").
         """
 
     def outcome(self, noise: Any, prepared: Any, attack: Attack) -> tuple[jax.Array, jax.Array]:
-        """``(hit, score)`` of one trial (no trial axis)."""
+        """Attack outcome of one trial: :meth:`outcomes` without the trial axis.
+
+        Args:
+          noise: one trial's noise (the leaves of :meth:`noise` without their trailing axis).
+          prepared: the output of :meth:`prepare` (no trial axis).
+          attack: the attack.
+
+        Returns:
+          ``(hit, score)``: a bool scalar and a float32 scalar.
+        """
         add = functools.partial(jax.tree_util.tree_map, lambda x: jnp.asarray(x)[..., None])
         hit, score = self.outcomes(add(noise), add(prepared), attack)
         return hit[0], score[0]
@@ -128,28 +205,73 @@ class Mechanism(abc.ABC):
     # Host-side helpers ---------------------------------------------------
     @classmethod
     def default_target(cls, reference_with: np.ndarray, reference_without: np.ndarray, **context) -> int:
-        """The release the canary moves towards."""
+        """The release the canary moves towards (host-side).
+
+        Args:
+          reference_with: reference clean output with the canary.
+          reference_without: reference clean output without the canary.
+          **context: mechanism-specific context (ESA: ``candidates``).
+
+        Returns:
+          The target release: by default the index where ``reference_with - reference_without`` is largest.
+        """
         return int(np.argmax(np.asarray(reference_with) - np.asarray(reference_without)))
 
     @classmethod
     def num_targets(cls, clean_shape: tuple[int, ...], **context) -> int:
+        """Number of possible target releases (host-side).
+
+        Args:
+          clean_shape: the shape of one clean output.
+          **context: mechanism-specific context (ESA: ``candidates``).
+
+        Returns:
+          The number of targets: by default the length of the last axis of a clean output.
+        """
         return int(clean_shape[-1])
 
     @classmethod
     def neighbour_distance(cls, reference_with: np.ndarray, reference_without: np.ndarray) -> float:
-        """Distance between two clean outputs in the norm the sensitivity bounds."""
+        """Distance between two clean outputs in the norm the sensitivity bounds (host-side).
+
+        Args:
+          reference_with: one clean output.
+          reference_without: another clean output of the same shape.
+
+        Returns:
+          The distance as a float: by default the L2 norm of the difference.
+        """
         return float(np.linalg.norm(np.asarray(reference_with) - np.asarray(reference_without)))
 
     @classmethod
     def from_claim(cls, epsilon: float, delta: float, sensitivity: float, **options) -> "Mechanism":
         """The mechanism calibrated to the claim ``(epsilon, delta)`` at ``sensitivity``.
 
-        The constructor the registry (:func:`snapaudit_jax.mechanisms.build`) calls; each mechanism takes its
-        own keyword ``options`` (PV: ``calibration``; ESA: ``candidates``, ``partitions``, ``calibration``;
-        KSA: ``top_k``). A mechanism that cannot be built from a claim raises :class:`TypeError`.
+        The constructor the registry (:func:`snapaudit_jax.mechanisms.build`) calls; each mechanism takes its own
+        keyword ``options`` (PV: ``calibration``; ESA: ``candidates``, ``partitions``, ``calibration``; KSA: ``top_k``,
+        ``num_values``).
+
+        Args:
+          epsilon: the claimed ``eps`` per release (> 0).
+          delta: the claimed ``delta`` (ignored by pure-DP mechanisms).
+          sensitivity: the sensitivity the calibration assumes (in the norm of :meth:`neighbour_distance`).
+          **options: the mechanism's own options.
+
+        Returns:
+          The calibrated mechanism.
+
+        Raises:
+          TypeError: the mechanism cannot be built from a claim (this base implementation always raises).
         """
         raise TypeError(f"{cls.__name__} has no from_claim constructor")
 
     def with_static(self, **changes) -> "Mechanism":
-        """A copy with some fields (static ones included) replaced."""
+        """A copy with some fields (static ones included) replaced.
+
+        Args:
+          **changes: field names and their new values.
+
+        Returns:
+          A new mechanism of the same class (:func:`dataclasses.replace`).
+        """
         return dataclasses.replace(self, **changes)

@@ -28,24 +28,20 @@ class _EsaPrepared(NamedTuple):
 class EmbeddingSpaceAggregation(Mechanism):
     """Embedding Space Aggregation (Wu et al. 2023; SnapAudit Alg. 5).
 
-    Adds ``N(0, sigma^2 I)`` to the mean of the per-partition response
-    embeddings and releases the index of the candidate embedding nearest to
-    the noisy mean.
+    Adds ``N(0, sigma^2 I)`` to the mean ``(d,)`` of the per-partition response embeddings and releases the index
+    of the candidate embedding nearest to the noisy mean.
 
     Attributes:
-      sigma: noise standard deviation.
-      candidates: candidate embeddings ``(c, d)``.
+      sigma: noise standard deviation, ``()`` float32.
+      candidates: candidate embeddings, ``(c, d)`` float32.
 
     Guarantees:
-      With unit-norm embeddings and ``T`` partitions the mean has L2
-      sensitivity ``2/T`` (SnapAudit Lemma C.1); ``calibrated`` uses it unless
-      a sensitivity is forced (e.g. the flawed value 1).
+      With unit-norm embeddings and ``T`` partitions the mean has L2 sensitivity ``2/T`` (SnapAudit Lemma C.1);
+      :meth:`calibrated` uses it unless a sensitivity is forced (e.g. the flawed value 1).
 
-    The simulator never draws ``d``-dimensional noise: the release depends on
-    the noise only through ``<Z, c_i - c_0>`` and the white-box score through
-    ``<Z, w>``, so it draws ``N(0, I_r)`` in an orthonormal basis of
-    ``span(c_1 - c_0, ..., c_{c-1} - c_0, w)`` (``r = min(c, d)``), which has
-    the same distribution.
+    The simulator never draws ``d``-dimensional noise: the release depends on the noise only through
+    ``<Z, c_i - c_0>`` and the white-box score through ``<Z, w>``, so it draws ``N(0, I_r)`` in an orthonormal basis
+    of ``span(c_1 - c_0, ..., c_{c-1} - c_0, w)`` (``r = min(c, d)``), which has the same distribution.
     """
 
     sigma: jax.Array
@@ -63,6 +59,23 @@ class EmbeddingSpaceAggregation(Mechanism):
         sensitivity: float | None = None,
         calibration: str = "analytic",
     ):
+        """ESA with ``sigma`` calibrated to ``(epsilon, delta)``.
+
+        Args:
+          epsilon: the claimed ``eps`` (> 0).
+          delta: the claimed ``delta`` in ``(0, 1)``.
+          candidates: ``(c, d)`` finite candidate embeddings.
+          partitions: number ``T >= 1`` of partitions whose embeddings are averaged.
+          sensitivity: L2 sensitivity of the mean; ``None`` uses ``2 / partitions`` (unit-norm embeddings).
+          calibration: ``"analytic"`` or ``"classical"``.
+
+        Returns:
+          The calibrated :class:`EmbeddingSpaceAggregation`.
+
+        Raises:
+          InputError: ``partitions`` not a positive integer, ``candidates`` not a finite ``(c, d)`` array, an
+            out-of-range ``epsilon``, ``delta`` or ``sensitivity``, or an unknown ``calibration``.
+        """
         partitions = validate.positive_int("partitions", partitions)
         if sensitivity is None:
             sensitivity = 2.0 / partitions
@@ -75,12 +88,41 @@ class EmbeddingSpaceAggregation(Mechanism):
     @classmethod
     def from_claim(cls, epsilon: float, delta: float, sensitivity: float, *, candidates, partitions: int = 1,
                    calibration: str = "analytic"):
-        """The registry's constructor (see :func:`snapaudit_jax.mechanisms.build`)."""
+        """The registry's constructor: :meth:`calibrated` (see :func:`snapaudit_jax.mechanisms.build`).
+
+        Args:
+          epsilon: the claimed ``eps`` (> 0).
+          delta: the claimed ``delta`` in ``(0, 1)``.
+          sensitivity: L2 sensitivity of the mean embedding.
+          candidates: ``(c, d)`` candidate embeddings.
+          partitions: number of partitions ``T``.
+          calibration: ``"analytic"`` or ``"classical"``.
+
+        Returns:
+          The calibrated :class:`EmbeddingSpaceAggregation`.
+
+        Raises:
+          InputError: as :meth:`calibrated`.
+        """
         return cls.calibrated(epsilon, delta, candidates, partitions=partitions, sensitivity=sensitivity,
                               calibration=calibration)
 
     @classmethod
     def default_target(cls, reference_with, reference_without, *, candidates=None, **context):
+        """The candidate whose squared distance to the mean shrinks most: ``argmax_i <c_i, w>``.
+
+        Args:
+          reference_with: ``(d,)`` mean embedding with the canary.
+          reference_without: ``(d,)`` mean embedding without it.
+          candidates: ``(c, d)`` candidate embeddings (required).
+          **context: ignored.
+
+        Returns:
+          The candidate index.
+
+        Raises:
+          InputError: ``candidates`` is not given.
+        """
         if candidates is None:
             raise InputError("ESA needs candidates to choose a default target")
         # The candidate whose squared distance to the mean shrinks most.
@@ -89,15 +131,24 @@ class EmbeddingSpaceAggregation(Mechanism):
 
     @classmethod
     def num_targets(cls, clean_shape, *, candidates=None, **context):
+        """The number ``c`` of candidates. See :meth:`Mechanism.num_targets`."""
         return int(np.asarray(candidates).shape[0])
 
     def __call__(self, key, clean):
+        """One trial on a ``(d,)`` mean: ``Release(nearest candidate index, noisy mean (d,))``.
+
+        See :meth:`Mechanism.__call__`.
+        """
         mean = jnp.asarray(clean, jnp.float32)
         noisy = mean + self.sigma * variates.normal(key, mean.shape)
         sq = jnp.sum(jnp.square(noisy[None, :] - self.candidates), axis=-1)
         return Release(jnp.argmin(sq), noisy)
 
     def prepare(self, clean, attack):
+        """Squared distances ``(c,)``, candidate differences ``(c, r)``, direction ``(r,)`` (in a basis), ``<mean, w>``.
+
+        See :meth:`Mechanism.prepare`.
+        """
         mean = jnp.asarray(clean, jnp.float32)
         w = attack.reference_with - attack.reference_without
         diffs = self.candidates[1:] - self.candidates[:1]
@@ -110,11 +161,13 @@ class EmbeddingSpaceAggregation(Mechanism):
         )
 
     def noise(self, key, num, prepared):
+        """``(r, num)`` float32 standard normals in the ``r``-dimensional basis. See :meth:`Mechanism.noise`."""
         return variates.normal(key, (prepared.dir_proj.shape[-1], num))
 
     def outcomes(self, noise, prepared, attack):
         # |m + sZ - c_i|^2 = |m - c_i|^2 - 2s<Z, c_i - c_0> + (terms common to all i).
         # cand_proj (c, r, T), noise (r, num): projections (c, num).
+        """Hit: the nearest candidate is the target; score: ``<noisy mean, w>``. See :meth:`Mechanism.outcomes`."""
         proj = jnp.sum(prepared.cand_proj * noise[None], axis=1)
         release = jnp.argmin(prepared.sq_dist - 2.0 * self.sigma * proj, axis=0)
         score = prepared.score0 + self.sigma * jnp.sum(prepared.dir_proj * noise, axis=0)

@@ -90,12 +90,11 @@ def jem_prepare(counts: jax.Array, k: int, scale: jax.Array, num_values: int | N
     """Builds the pair table of JEM for one histogram (pure, vmappable).
 
     Args:
-      counts: ``(d,)`` item counts (any reals).
+      counts: ``(d,)`` item counts (any reals), cast to float32.
       k: sequence length ``K <= d`` (static).
-      scale: ``eps / (2 Delta_u)``.
-      num_values: static upper bound on the number of distinct count values
-        (default ``d``); a smaller bound makes sampling cheaper. It must not
-        be exceeded.
+      scale: ``eps / (2 Delta_u)``, a float32 scalar.
+      num_values: static upper bound on the number of distinct count values (default ``d``); a smaller bound makes
+        sampling cheaper. It must not be exceeded.
 
     Returns:
       A :class:`JemTable`.
@@ -135,12 +134,30 @@ def jem_prepare(counts: jax.Array, k: int, scale: jax.Array, num_values: int | N
 
 
 def jem_noise(key: jax.Array, num: int, k: int) -> jax.Array:
-    """Randomness of ``num`` JEM draws: ``(num, K + 2)`` uint32 words (pair, then positions)."""
+    """Randomness of ``num`` JEM draws.
+
+    Args:
+      key: PRNG key.
+      num: number of draws (static).
+      k: sequence length ``K`` (static).
+
+    Returns:
+      ``(num, K + 2)`` uint32 words per draw: two for the alias-table pair, then one per position.
+    """
     return jax.random.bits(key, (num, k + 2), jnp.uint32)
 
 
 def jem_select(words: jax.Array, table: JemTable, k: int) -> jax.Array:
-    """One JEM draw from its ``(K + 2,)`` words: returns the ``(K,)`` sequence of item ids."""
+    """One JEM draw from its random words.
+
+    Args:
+      words: ``(K + 2,)`` uint32 words (a row of :func:`jem_noise`).
+      table: the :class:`JemTable` of the histogram.
+      k: sequence length ``K`` (static).
+
+    Returns:
+      ``(K,)`` int32 distinct item ids, the sampled sequence.
+    """
     p = alias_draw(words[:2], table.alias)
     bits = words[2:]
     i_star = table.pair_pos[p]
@@ -182,21 +199,24 @@ def joint_exponential_topk(
       key: PRNG key.
       counts: ``(d,)`` counts.
       k: sequence length (static).
-      epsilon: privacy parameter.
-      sensitivity: sensitivity ``Delta_u`` of the utility ``u``: 1 for
-        add/remove neighbours, 2 for replace-one (swap) neighbours.
-      num_values: static bound on the number of distinct counts.
+      epsilon: privacy parameter (> 0).
+      sensitivity: sensitivity ``Delta_u`` of the utility ``u``: 1 for add/remove neighbours, 2 for replace-one
+        (swap) neighbours.
+      num_values: static bound on the number of distinct counts (default ``d``).
 
     Returns:
       ``(k,)`` int32 item ids (distinct).
 
+    Raises:
+      InputError: ``epsilon`` or ``sensitivity`` is not a finite number > 0.
+
     Guarantees:
-      ``epsilon``-DP when each count moves by at most ``sensitivity`` in the
-      sense above (Gillenwater et al. 2022, Lemma 3.2).
+      ``epsilon``-DP when each count moves by at most ``sensitivity`` in the sense above (Gillenwater et al. 2022,
+      Lemma 3.2).
 
     References:
-      Gillenwater et al. 2022, "A Joint Exponential Mechanism for
-      Differentially Private Top-k", ICML, Alg. 1 and Lemma 3.7.
+      Gillenwater et al. 2022, "A Joint Exponential Mechanism for Differentially Private Top-k", ICML, Alg. 1 and
+      Lemma 3.7.
     """
     scale = exponential_mechanism_scale(epsilon, sensitivity)
     table = jem_prepare(counts, k, jnp.float32(scale), num_values)
@@ -204,7 +224,16 @@ def joint_exponential_topk(
 
 
 def sequence_utility(sorted_top: jax.Array, counts: jax.Array, sequence: jax.Array) -> jax.Array:
-    """JEM utility ``u(s) = -max_i (c_(i) - c[s_i])`` given the top-``k`` sorted counts."""
+    """JEM utility ``u(s) = -max_i (c_(i) - c[s_i])`` of a sequence.
+
+    Args:
+      sorted_top: ``(K,)`` the ``K`` largest counts in decreasing order (``c_(1), ..., c_(K)``).
+      counts: ``(d,)`` the counts.
+      sequence: ``(K,)`` int item ids.
+
+    Returns:
+      The utility, a float scalar ``<= 0``.
+    """
     return -jnp.max(sorted_top - counts[sequence])
 
 
@@ -218,20 +247,18 @@ class _KsaPrepared(NamedTuple):
 class KeywordSpaceAggregation(Mechanism):
     """Keyword Space Aggregation (Wu et al. 2023; SnapAudit Alg. 6).
 
-    Selects the top-``K`` keywords of the per-partition keyword histogram with
-    the Joint Exponential Mechanism. The black-box decision is "the target
-    keyword is selected"; the white-box score is the JEM log-likelihood ratio
-    ``u_with(s) - u_without(s)`` of the selected sequence.
+    Selects the top-``K`` keywords of the per-partition keyword histogram ``(d,)`` with the Joint Exponential
+    Mechanism. The black-box decision is "the target keyword is selected"; the white-box score is the JEM
+    log-likelihood ratio ``u_with(s) - u_without(s)`` of the selected sequence.
 
     Attributes:
-      scale: ``eps / (2 Delta_u)``.
-      top_k: ``K`` (static).
+      scale: ``eps / (2 Delta_u)``, ``()`` float32.
+      top_k: ``K`` (static, default 4).
       num_values: static bound on distinct count values (``None``: vocabulary size).
 
     Guarantees:
-      ``eps``-DP. Replacing one exemplar changes one partition's response, so
-      keyword counts move by at most 1 *in both directions*: ``Delta_u = 2``
-      (the default of :meth:`calibrated`).
+      ``eps``-DP. Replacing one exemplar changes one partition's response, so keyword counts move by at most 1 *in
+      both directions*: ``Delta_u = 2`` (the default of :meth:`calibrated`).
     """
 
     scale: jax.Array
@@ -243,11 +270,39 @@ class KeywordSpaceAggregation(Mechanism):
     @classmethod
     def from_claim(cls, epsilon: float, delta: float, sensitivity: float, *, top_k: int,
                    num_values: int | None = None):
-        """The registry's constructor; ``delta`` is unused (pure DP)."""
+        """The registry's constructor: :meth:`calibrated`; ``delta`` is unused (pure DP).
+
+        Args:
+          epsilon: the claimed ``eps`` (> 0).
+          delta: unused.
+          sensitivity: sensitivity ``Delta_u`` of the JEM utility.
+          top_k: sequence length ``K``.
+          num_values: static bound on distinct count values (``None``: vocabulary size).
+
+        Returns:
+          The calibrated :class:`KeywordSpaceAggregation`.
+
+        Raises:
+          InputError: as :meth:`calibrated`.
+        """
         return cls.calibrated(epsilon, top_k, sensitivity, num_values)
 
     @classmethod
     def calibrated(cls, epsilon: float, top_k: int, sensitivity: float = 2.0, num_values: int | None = None):
+        """KSA with the exponential-mechanism scale ``epsilon / (2 sensitivity)``.
+
+        Args:
+          epsilon: the claimed ``eps`` (> 0).
+          top_k: sequence length ``K >= 1``.
+          sensitivity: sensitivity ``Delta_u`` of the JEM utility (default 2, replace-one neighbours).
+          num_values: static bound on distinct count values (``None``: vocabulary size).
+
+        Returns:
+          The calibrated :class:`KeywordSpaceAggregation`.
+
+        Raises:
+          InputError: ``top_k`` not a positive integer, or ``epsilon`` or ``sensitivity`` not a finite number > 0.
+        """
         top_k = validate.positive_int("top_k", top_k)
         return cls(
             scale=jnp.float32(exponential_mechanism_scale(epsilon, sensitivity)),
@@ -257,15 +312,27 @@ class KeywordSpaceAggregation(Mechanism):
 
     @classmethod
     def neighbour_distance(cls, reference_with, reference_without):
+        """Largest count increase plus largest count decrease: the change of the JEM utility it bounds.
+
+        See :meth:`Mechanism.neighbour_distance`.
+        """
         diff = np.asarray(reference_with, np.float64) - np.asarray(reference_without, np.float64)
         return float(max(diff.max(), 0.0) + max((-diff).max(), 0.0))
 
     def __call__(self, key, clean):
+        """One trial on a ``(d,)`` histogram: ``Release(sequence (K,), sequence (K,))``.
+
+        See :meth:`Mechanism.__call__`.
+        """
         table = jem_prepare(clean, self.top_k, self.scale, self.num_values)
         seq = jem_select(jem_noise(key, 1, self.top_k)[0], table, self.top_k)
         return Release(seq, seq)
 
     def prepare(self, clean, attack):
+        """The :class:`JemTable` of the histogram and the top-``K`` counts ``(K,)`` of both references.
+
+        See :meth:`Mechanism.prepare`.
+        """
         k = self.top_k
         return _KsaPrepared(
             table=jem_prepare(clean, k, self.scale, self.num_values),
@@ -274,11 +341,13 @@ class KeywordSpaceAggregation(Mechanism):
         )
 
     def noise(self, key, num, prepared):
+        """``(K + 2, num)`` uint32 words (:func:`jem_noise`, transposed). See :meth:`Mechanism.noise`."""
         return jem_noise(key, num, self.top_k).T
 
     def outcomes(self, noise, prepared, attack):
         # JEM's sequential selection is per trial: vmap over the trailing trial axis; leaves shared by
         # all trials (trailing size 1) are broadcast instead.
+        """Hit: the target keyword is selected; score: ``u_with(s) - u_without(s)``. See :meth:`Mechanism.outcomes`."""
         num = noise.shape[-1]
         shared = jax.tree_util.tree_map(lambda x: x.shape[-1] == 1 and num != 1, prepared)
         prepared = jax.tree_util.tree_map(lambda x, s: x[..., 0] if s else x, prepared, shared)
@@ -295,14 +364,28 @@ class KeywordSpaceAggregation(Mechanism):
 
 
 def count_distinct_values(histograms: np.ndarray) -> int:
-    """Largest number of distinct count values over the rows of ``(n, d)``."""
+    """Largest number of distinct count values over the rows of a histogram matrix.
+
+    Args:
+      histograms: ``(n, d)`` counts.
+
+    Returns:
+      ``max`` over rows of the number of distinct values in the row.
+    """
     h = np.asarray(histograms)
     s = np.sort(h, axis=-1)
     return int(np.max(1 + np.sum(s[:, 1:] != s[:, :-1], axis=-1)))
 
 
 def bucket_num_values(histograms: np.ndarray) -> int:
-    """``count_distinct_values`` rounded up to a power of two (capped at ``d``)."""
+    """:func:`count_distinct_values` rounded up to a power of two and capped at ``d`` (a static ``num_values``).
+
+    Args:
+      histograms: ``(n, d)`` counts.
+
+    Returns:
+      The bound, an int in ``[1, d]``.
+    """
     u = count_distinct_values(histograms)
     d = np.asarray(histograms).shape[-1]
     return int(min(d, 1 << (u - 1).bit_length()))

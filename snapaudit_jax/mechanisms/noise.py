@@ -54,15 +54,17 @@ def gdp_delta(epsilon: float, mu: float) -> float:
 
     Args:
       epsilon: ``eps >= 0``.
-      mu: GDP parameter ``mu >= 0``.
+      mu: GDP parameter ``mu >= 0`` (``inf`` allowed).
 
     Returns:
-      The smallest ``delta`` such that a ``mu``-GDP mechanism is
-      ``(eps, delta)``-DP.
+      The smallest ``delta`` such that a ``mu``-GDP mechanism is ``(eps, delta)``-DP, as a float.
+
+    Raises:
+      InputError: ``epsilon`` is not a finite number >= 0, or ``mu`` is not a number >= 0.
 
     References:
-      Dong, Roth & Su 2019, "Gaussian Differential Privacy", Cor. 2.13;
-      Balle & Wang 2018, "Improving the Gaussian mechanism", Thm. 8.
+      Dong, Roth & Su 2019, "Gaussian Differential Privacy", Cor. 2.13; Balle & Wang 2018, "Improving the Gaussian
+      mechanism", Thm. 8.
     """
     epsilon = validate.nonnegative_float("epsilon", epsilon)
     mu = validate.nonnegative_float("mu", mu, allow_inf=True)
@@ -81,8 +83,7 @@ def _bracket_up(f, start: float, limit: float = 1e6) -> float:
 def gdp_epsilon(mu: float, delta: float) -> float:
     """Smallest ``eps >= 0`` with ``delta(eps; mu) <= delta``.
 
-    This converts a GDP parameter into the equivalent ``(eps, delta)`` pair;
-    ``mu <= 0`` gives ``eps = 0``.
+    This converts a GDP parameter into the equivalent ``(eps, delta)`` pair; ``mu <= 0`` gives ``eps = 0``.
 
     Args:
       mu: GDP parameter (any real; ``mu <= 0`` means no distinguishability).
@@ -90,6 +91,10 @@ def gdp_epsilon(mu: float, delta: float) -> float:
 
     Returns:
       ``eps`` as a float (``inf`` for ``mu = inf``).
+
+    Raises:
+      InputError: ``delta`` is not in ``(0, 1)`` or ``mu`` is nan.
+      ArithmeticError: the root could not be bracketed (``eps`` beyond ``1e6``).
     """
     delta = validate.open_unit("delta", delta)
     mu = float(mu)
@@ -118,7 +123,11 @@ def gdp_mu(epsilon: float, delta: float) -> float:
       delta: ``delta`` in ``(0, 1)``.
 
     Returns:
-      ``mu*(eps, delta)``.
+      ``mu*(eps, delta)`` as a float.
+
+    Raises:
+      InputError: ``epsilon`` is not a finite number > 0 or ``delta`` is not in ``(0, 1)``.
+      ArithmeticError: the root could not be bracketed (extreme ``epsilon`` or ``delta``).
 
     References:
       Balle & Wang 2018, Alg. 1 (analytic Gaussian mechanism).
@@ -142,10 +151,20 @@ def gdp_mu(epsilon: float, delta: float) -> float:
 def classical_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
     """Classical Gaussian noise ``sigma = Delta * sqrt(2 ln(1.25/delta)) / eps``.
 
+    Args:
+      epsilon: ``eps > 0``.
+      delta: ``delta`` in ``(0, 1)``.
+      sensitivity: L2 sensitivity ``Delta > 0``.
+
+    Returns:
+      ``sigma`` as a float (same unit as ``sensitivity``).
+
+    Raises:
+      InputError: an argument out of its range.
+
     Guarantees:
-      ``(eps, delta)``-DP only for ``eps < 1`` (Dwork & Roth 2014, Thm. A.1).
-      For larger ``eps`` it can under-size the noise; this is one of the flaws
-      the engine is built to detect, so it is offered, not refused.
+      ``(eps, delta)``-DP only for ``eps < 1`` (Dwork & Roth 2014, Thm. A.1). For larger ``eps`` it can under-size
+      the noise; this is one of the flaws the engine is built to detect, so it is offered, not refused.
     """
     epsilon = validate.positive_float("epsilon", epsilon)
     delta = validate.open_unit("delta", delta)
@@ -158,17 +177,40 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) ->
 
     ``sigma = Delta / mu*(eps, delta)`` (the GDPtoSIGMA of SnapAudit App. A).
 
+    Args:
+      epsilon: ``eps > 0``.
+      delta: ``delta`` in ``(0, 1)``.
+      sensitivity: L2 sensitivity ``Delta > 0``.
+
+    Returns:
+      ``sigma`` as a float (same unit as ``sensitivity``).
+
+    Raises:
+      InputError: an argument out of its range.
+
     Guarantees:
-      Exact for every ``eps > 0``: the Gaussian mechanism with this ``sigma``
-      and L2 sensitivity ``Delta`` is ``(eps, delta)``-DP and no smaller
-      ``sigma`` is (Balle & Wang 2018, Thm. 8).
+      Exact for every ``eps > 0``: the Gaussian mechanism with this ``sigma`` and L2 sensitivity ``Delta`` is
+      ``(eps, delta)``-DP and no smaller ``sigma`` is (Balle & Wang 2018, Thm. 8).
     """
     sensitivity = validate.positive_float("sensitivity", sensitivity)
     return sensitivity / gdp_mu(epsilon, delta)
 
 
 def gaussian_sigma(epsilon: float, delta: float, sensitivity: float, calibration: str = "analytic") -> float:
-    """Dispatch to :func:`analytic_gaussian_sigma` or :func:`classical_gaussian_sigma`."""
+    """Gaussian noise ``sigma`` by :func:`analytic_gaussian_sigma` or :func:`classical_gaussian_sigma`.
+
+    Args:
+      epsilon: ``eps > 0``.
+      delta: ``delta`` in ``(0, 1)``.
+      sensitivity: L2 sensitivity ``Delta > 0``.
+      calibration: ``"analytic"`` (default) or ``"classical"``.
+
+    Returns:
+      ``sigma`` as a float.
+
+    Raises:
+      InputError: an unknown ``calibration`` or an argument out of its range.
+    """
     if calibration == "analytic":
         return analytic_gaussian_sigma(epsilon, delta, sensitivity)
     if calibration == "classical":
@@ -179,11 +221,20 @@ def gaussian_sigma(epsilon: float, delta: float, sensitivity: float, calibration
 def exponential_mechanism_scale(epsilon: float, sensitivity: float) -> float:
     """Score multiplier ``eps / (2 Delta_u)`` of the exponential mechanism.
 
-    Sampling ``argmax_k (u_k * eps/(2 Delta_u) + Gumbel)`` is ``eps``-DP when
-    every utility moves by at most ``Delta_u`` between neighbours
-    (McSherry & Talwar 2007). PoE uses ``Delta_u = Gamma`` (the clip);
-    JEM uses the sensitivity of its sequence utility (1 for add/remove
-    neighbours, 2 for replace-one neighbours; Gillenwater et al. 2022).
+    Sampling ``argmax_k (u_k * eps/(2 Delta_u) + Gumbel)`` is ``eps``-DP when every utility moves by at most
+    ``Delta_u`` between neighbours (McSherry & Talwar 2007). PoE uses ``Delta_u = Gamma`` (the clip); JEM uses the
+    sensitivity of its sequence utility (1 for add/remove neighbours, 2 for replace-one neighbours; Gillenwater et
+    al. 2022).
+
+    Args:
+      epsilon: ``eps > 0``.
+      sensitivity: utility sensitivity ``Delta_u > 0``.
+
+    Returns:
+      The scale as a float.
+
+    Raises:
+      InputError: ``epsilon`` or ``sensitivity`` is not a finite number > 0.
     """
     epsilon = validate.positive_float("epsilon", epsilon)
     sensitivity = validate.positive_float("sensitivity", sensitivity)

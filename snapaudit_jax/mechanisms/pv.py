@@ -21,7 +21,14 @@ class _PvPrepared(NamedTuple):
 
 
 def contrast_direction(attack: Attack) -> jax.Array:
-    """``w - mean(w)`` for ``w = reference_with - reference_without`` (PV's white-box direction)."""
+    """PV's white-box direction ``w - mean(w)`` for ``w = reference_with - reference_without``.
+
+    Args:
+      attack: the attack; its references are ``(k,)`` vote vectors.
+
+    Returns:
+      ``(k,)`` float32, the part of ``w`` orthogonal to the all-ones vector.
+    """
     w = attack.reference_with - attack.reference_without
     return w - jnp.mean(w)
 
@@ -30,21 +37,17 @@ def contrast_direction(attack: Attack) -> jax.Array:
 class PrivateVoting(Mechanism):
     """Private Voting (Wu et al. 2023; SnapAudit Alg. 3).
 
-    Adds ``N(0, sigma^2)`` to every class count of the clean vote vector and
-    releases the arg-max label.
+    Adds ``N(0, sigma^2)`` to every class count of the clean vote vector ``(k,)`` and releases the arg-max label.
 
     Attributes:
-      sigma: noise standard deviation (a traced leaf: changing it does not
-        recompile).
+      sigma: noise standard deviation, ``()`` float32 (a traced leaf: changing it does not recompile).
 
     Guarantees:
-      With ``sigma = analytic_gaussian_sigma(eps, delta, sqrt(2))`` the
-      release is ``(eps, delta)``-DP for replace-one neighbours (one vote moves
-      between two classes: L2 sensitivity ``sqrt(2)``).
+      With ``sigma = analytic_gaussian_sigma(eps, delta, sqrt(2))`` the release is ``(eps, delta)``-DP for
+      replace-one neighbours (one vote moves between two classes: L2 sensitivity ``sqrt(2)``).
 
-    The arg-max ignores noise along the all-ones vector, and vote vectors of
-    neighbouring contexts have equal totals, so the white-box score is
-    ``<noisy, w - mean(w)>`` and the simulator draws the noise in the
+    The arg-max ignores noise along the all-ones vector, and vote vectors of neighbouring contexts have equal
+    totals, so the white-box score is ``<noisy, w - mean(w)>`` and the simulator draws the noise in the
     ``(k - 1)``-dimensional contrast space only.
     """
 
@@ -54,20 +57,55 @@ class PrivateVoting(Mechanism):
 
     @classmethod
     def calibrated(cls, epsilon: float, delta: float, sensitivity: float = SQRT2, calibration: str = "analytic"):
-        """PV with ``sigma`` calibrated to ``(epsilon, delta)`` at L2 ``sensitivity`` (analytic or classical)."""
+        """PV with ``sigma`` calibrated to ``(epsilon, delta)`` at L2 ``sensitivity``.
+
+        Args:
+          epsilon: the claimed ``eps`` (> 0).
+          delta: the claimed ``delta`` in ``(0, 1)``.
+          sensitivity: L2 sensitivity of the vote vector (default ``sqrt(2)``, replace-one neighbours).
+          calibration: ``"analytic"`` (exact, Balle & Wang 2018) or ``"classical"`` (Dwork & Roth; valid only for
+            ``eps < 1``).
+
+        Returns:
+          The calibrated :class:`PrivateVoting`.
+
+        Raises:
+          InputError: an out-of-range ``epsilon``, ``delta`` or ``sensitivity``, or an unknown ``calibration``.
+        """
         return cls(sigma=jnp.float32(gaussian_sigma(epsilon, delta, sensitivity, calibration)))
 
     @classmethod
     def from_claim(cls, epsilon: float, delta: float, sensitivity: float, *, calibration: str = "analytic"):
-        """The registry's constructor (see :func:`snapaudit_jax.mechanisms.build`)."""
+        """The registry's constructor: :meth:`calibrated` (see :func:`snapaudit_jax.mechanisms.build`).
+
+        Args:
+          epsilon: the claimed ``eps`` (> 0).
+          delta: the claimed ``delta`` in ``(0, 1)``.
+          sensitivity: L2 sensitivity of the vote vector.
+          calibration: ``"analytic"`` or ``"classical"``.
+
+        Returns:
+          The calibrated :class:`PrivateVoting`.
+
+        Raises:
+          InputError: as :meth:`calibrated`.
+        """
         return cls.calibrated(epsilon, delta, sensitivity, calibration)
 
     def __call__(self, key, clean):
+        """One trial on a ``(k,)`` vote vector: ``Release(argmax label, noisy votes (k,))``.
+
+        See :meth:`Mechanism.__call__`.
+        """
         votes = jnp.asarray(clean, jnp.float32)
         noisy = votes + self.sigma * variates.normal(key, votes.shape)
         return Release(jnp.argmax(noisy), noisy)
 
     def prepare(self, clean, attack):
+        """Votes ``(k,)``, an orthonormal basis ``(k, k - 1)`` of the contrast space, the contrast direction ``(k,)``.
+
+        See :meth:`Mechanism.prepare`.
+        """
         votes = jnp.asarray(clean, jnp.float32)
         k = votes.shape[-1]
         contrasts = jnp.eye(k, k - 1).at[k - 1].set(-1.0)  # columns e_i - e_{k-1}, a basis of 1^perp
@@ -75,9 +113,11 @@ class PrivateVoting(Mechanism):
         return _PvPrepared(votes, basis, contrast_direction(attack))
 
     def noise(self, key, num, prepared):
+        """``(k - 1, num)`` float32 standard normals in the contrast space. See :meth:`Mechanism.noise`."""
         return variates.normal(key, (prepared.basis.shape[-1], num))
 
     def outcomes(self, noise, prepared, attack):
         # votes (k, T), basis (k, k-1, T), noise (k-1, num): noisy (k, num).
+        """Hit: the noisy arg-max is the target; score: ``<noisy, w - mean(w)>``. See :meth:`Mechanism.outcomes`."""
         noisy = prepared.votes + self.sigma * jnp.sum(prepared.basis * noise[None], axis=1)
         return jnp.argmax(noisy, axis=0) == attack.target, jnp.sum(noisy * prepared.direction, axis=0)

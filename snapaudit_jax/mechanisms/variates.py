@@ -46,11 +46,16 @@ _2P32 = 2.0**-32
 
 
 def sign_and_half_uniform(words: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``(sign, u)`` from ``(2, ...)`` uint32 words: ``u`` uniform on ``(0, 1/2)``.
+    """A fair sign and a uniform on ``(0, 1/2)`` from two planes of 32-bit words.
 
-    The first word gives the sign (top bit) and 31 high bits of ``u``; the
-    second refines ``u`` below ``2^-32``, so tiny ``u`` keep float32 relative
-    precision down to ``2^-65``.
+    The first word gives the sign (top bit) and 31 high bits of ``u``; the second refines ``u`` below ``2^-32``, so
+    tiny ``u`` keep float32 relative precision down to ``2^-65``.
+
+    Args:
+      words: ``(2, ...)`` uint32 words.
+
+    Returns:
+      ``(sign, u)``: ``(...)`` bool and ``(...)`` float32 with ``u`` uniform on ``(0, 1/2)``.
     """
     hi, lo = words[0], words[1]  # two planes: contiguous, unlike a trailing axis of 2
     sign = (hi >> 31) == 1
@@ -61,14 +66,28 @@ def sign_and_half_uniform(words: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def normal_from_bits(words: jax.Array) -> jax.Array:
-    """Standard normal from ``(2, ...)`` uint32 words (inverse-CDF transform)."""
+    """Standard normal variates from random words (inverse-CDF transform, exact in the tails).
+
+    Args:
+      words: ``(2, ...)`` uint32 words.
+
+    Returns:
+      ``(...)`` float32 standard normals.
+    """
     sign, u = sign_and_half_uniform(words)
     z = -jax.scipy.special.ndtri(u)
     return jnp.where(sign, z, -z)
 
 
 def logistic_from_bits(words: jax.Array) -> jax.Array:
-    """Standard logistic from ``(2, ...)`` uint32 words."""
+    """Standard logistic variates from random words (exact in the tails).
+
+    Args:
+      words: ``(2, ...)`` uint32 words.
+
+    Returns:
+      ``(...)`` float32 standard logistic variates.
+    """
     sign, u = sign_and_half_uniform(words)
     x = jnp.log1p(-u) - jnp.log(u)
     return jnp.where(sign, x, -x)
@@ -81,17 +100,41 @@ def _words(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
 
 
 def normal(key: jax.Array, shape=()) -> jax.Array:
-    """Standard normal float32 variates, exact in the tails (see the module docstring)."""
+    """Standard normal float32 variates, exact in the tails (see the module docstring).
+
+    Args:
+      key: PRNG key.
+      shape: output shape (default ``()``, a scalar).
+
+    Returns:
+      float32 array of ``shape``.
+    """
     return normal_from_bits(_words(key, shape)).reshape(shape)
 
 
 def logistic(key: jax.Array, shape=()) -> jax.Array:
-    """Standard logistic float32 variates, exact in the tails."""
+    """Standard logistic float32 variates, exact in the tails.
+
+    Args:
+      key: PRNG key.
+      shape: output shape (default ``()``, a scalar).
+
+    Returns:
+      float32 array of ``shape``.
+    """
     return logistic_from_bits(_words(key, shape)).reshape(shape)
 
 
 def gumbel(key: jax.Array, shape=()) -> jax.Array:
-    """Standard Gumbel float32 variates ``-log(E)``, ``E ~ Exp(1)``, exact in both tails."""
+    """Standard Gumbel float32 variates ``-log(E)``, ``E ~ Exp(1)``, exact in both tails.
+
+    Args:
+      key: PRNG key.
+      shape: output shape (default ``()``, a scalar).
+
+    Returns:
+      float32 array of ``shape``.
+    """
     sign, u = sign_and_half_uniform(_words(key, shape))
     e = jnp.where(sign, -jnp.log1p(-u), -jnp.log(u))
     return (-jnp.log(e)).reshape(shape)
@@ -114,11 +157,18 @@ class AliasTable(NamedTuple):
 def alias_table(logits: jax.Array) -> AliasTable:
     """Builds an alias table for ``softmax(logits)`` (pure, vmappable).
 
-    ``logits`` has a power-of-two length; ``-inf`` cells get probability 0.
-    Vose's construction pairs every under-full cell with an over-full one; a
-    cell that starts under-full keeps its exact probability, so rare cells
-    are resolved to float32 relative precision (and to ``2^-32 / n``
-    absolute, the coin's resolution).
+    Vose's construction pairs every under-full cell with an over-full one; a cell that starts under-full keeps its
+    exact probability, so rare cells are resolved to float32 relative precision (and to ``2^-32 / n`` absolute, the
+    coin's resolution).
+
+    Args:
+      logits: ``(n,)`` float unnormalised log-probabilities, ``n`` a power of two; ``-inf`` cells get probability 0.
+
+    Returns:
+      The :class:`AliasTable`.
+
+    Raises:
+      InputError: ``n`` is not a power of two.
     """
     n = logits.shape[0]
     if n & (n - 1):
@@ -151,7 +201,15 @@ def alias_table(logits: jax.Array) -> AliasTable:
 
 
 def alias_draw(words: jax.Array, table: AliasTable) -> jax.Array:
-    """One draw from ``(2,)`` uint32 words: cell ``words[0] mod n``, coin ``words[1]``."""
+    """One draw from an alias table.
+
+    Args:
+      words: ``(2,)`` uint32 words: the cell is ``words[0] mod n``, the coin ``words[1]``.
+      table: the :class:`AliasTable` over ``n`` cells.
+
+    Returns:
+      The drawn cell, an int32 scalar.
+    """
     n = table.threshold.shape[0]
     cell = (words[0] & jnp.uint32(n - 1)).astype(jnp.int32)
     keep = table.keep_all[cell] | (words[1] < table.threshold[cell])

@@ -108,12 +108,19 @@ def plot_epsilon(
 ) -> None:
     """Draws ``eps_emp`` against ``eps_theory`` for each named series, with ``y = x``.
 
-    A series is a list of :class:`AuditResult` or of ``(eps_theory, eps_emp)``
-    pairs. Points above the diagonal are certified violations (at the audit's
-    confidence). Results in ``curves`` that carry a certified trade-off curve
-    (white-box audits) get a second panel with their curves against the
-    claimed ``f_(eps, delta)``. The file is written atomically, in the format its suffix names (one of
-    :data:`~snapaudit_jax.utils.io.PLOT_FORMATS`).
+    Points above the diagonal are certified violations (at the audit's confidence). Results in ``curves`` that carry
+    a certified trade-off curve (white-box audits) get a second panel with their curves against the claimed
+    ``f_(eps, delta)``. The file is written atomically, in the format its suffix names.
+
+    Args:
+      path: the output file; its suffix is one of :data:`~snapaudit_jax.utils.io.PLOT_FORMATS`.
+      series: label -> a list of :class:`AuditResult` or of ``(eps_theory, eps_emp)`` pairs (each non-empty).
+      title: the plot's title (optional).
+      curves: results whose certified trade-off curves are drawn in the second panel.
+
+    Raises:
+      InputError: ``path`` is a folder, has an unknown suffix or cannot be written.
+      DependencyError: matplotlib is not installed.
     """
     fmt = check_output_file("path", path, PLOT_FORMATS)
     plt = pyplot()

@@ -12,7 +12,15 @@ def _fmt(x, spec):
 
 
 def format_table(results) -> str:
-    """The ``snapaudit simulate`` table: one row per claimed epsilon, then labels, warnings and assumptions."""
+    """The ``snapaudit simulate`` table: one row per claimed epsilon, then labels, warnings and assumptions.
+
+    Args:
+      results: a non-empty sequence of :class:`~snapaudit_jax.estimation.AuditResult` of one run (the header and
+        assumptions are the first result's).
+
+    Returns:
+      The table as text, lines joined by newlines (no trailing newline).
+    """
     r0 = results[0]
     gdp = r0.estimator == "gdp" and any(r.mu_claim is not None for r in results)
     curve = any(r.epsilon_curve is not None for r in results)

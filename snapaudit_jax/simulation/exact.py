@@ -40,7 +40,15 @@ __all__ = [
 
 
 def supports_exact(mechanism: Mechanism, threat: str) -> bool:
-    """Whether the exact probabilities exist for this mechanism and threat."""
+    """Whether the exact probabilities exist for this mechanism and threat.
+
+    Args:
+      mechanism: the mechanism.
+      threat: ``"black"`` (PV, PoE, two-candidate ESA) or ``"white"`` (PV, ESA, PoE).
+
+    Returns:
+      ``True`` where a closed form exists.
+    """
     if threat == "black":
         if isinstance(mechanism, EmbeddingSpaceAggregation):
             return np.asarray(mechanism.candidates).shape[0] == 2
@@ -77,8 +85,16 @@ def _argmax_integral(a: np.ndarray) -> float:
 def pv_argmax_probability(votes, sigma: float, target: int) -> tuple[float, float]:
     """``P(argmax(votes + sigma Z) = target)`` and its complement, ``Z ~ N(0, I_k)``.
 
-    The complement is the sum of the other classes' probabilities, each its
-    own integral, so both members are accurate to ~1e-10 relative.
+    The complement is the sum of the other classes' probabilities, each its own integral, so both members are
+    accurate to ~1e-10 relative.
+
+    Args:
+      votes: ``(k,)`` clean vote vector.
+      sigma: noise standard deviation (> 0).
+      target: the class index.
+
+    Returns:
+      ``(p, 1 - p)`` as floats.
     """
     v = np.asarray(votes, np.float64)
     k = v.size
@@ -90,7 +106,7 @@ def pv_argmax_probability(votes, sigma: float, target: int) -> tuple[float, floa
 
 
 def exact_hit_probability(mechanism: Mechanism, clean, attack: Attack) -> tuple[np.ndarray, np.ndarray]:
-    """Exact black-box success probability for each clean output.
+    """Exact black-box success probability ``h_b(v)`` for each clean output.
 
     Args:
       mechanism: PV, PoE or two-candidate ESA.
@@ -125,10 +141,21 @@ def exact_hit_probability(mechanism: Mechanism, clean, attack: Attack) -> tuple[
 
 
 def exact_output_distribution(mechanism: Mechanism, clean, attack: Attack) -> np.ndarray:
-    """The black-box release's exact output distribution for each clean output, ``(D, K)`` float64.
+    """The black-box release's exact output distribution for each clean output.
 
-    PV: ``P(argmax = j)`` for every class (one integral each); PoE: ``softmax(scale * u)``;
-    two-candidate ESA: ``(P(nearest = target), P(nearest = other))`` ordered by candidate index.
+    PV: ``P(argmax = j)`` for every class (one integral each); PoE: ``softmax(scale * u)``; two-candidate ESA:
+    ``(P(nearest = c_0), P(nearest = c_1))`` ordered by candidate index.
+
+    Args:
+      mechanism: PV, PoE or two-candidate ESA.
+      clean: ``(D, ...)`` clean outputs.
+      attack: the attack (ESA uses its ``target``).
+
+    Returns:
+      ``(D, K)`` float64 probabilities, ``K`` the number of possible releases.
+
+    Raises:
+      ValueError: no closed form for this mechanism.
     """
     x = np.asarray(clean, np.float64)
     if isinstance(mechanism, PrivateVoting):
@@ -147,11 +174,25 @@ def exact_release_epsilon(mechanism: Mechanism, with_canary, without_canary, att
                           delta: float) -> float | None:
     """Exact ``eps(delta)`` of the release for fixed clean outputs, or ``None`` where it has no closed form.
 
-    Black-box (PV, PoE, two-candidate ESA): the released label's distribution, averaged over the given
-    clean outputs (a mixture over recorded assignments), through the hockey-stick profile
+    Black-box (PV, PoE, two-candidate ESA): the released label's distribution, averaged over the given clean outputs
+    (a mixture over recorded assignments), through the hockey-stick profile
     (:func:`snapaudit_jax.simulation.profiles.discrete_epsilon`). White-box with one distinct clean output per
-    hypothesis: PV and ESA release the whole Gaussian-noised vector (``mu = |m_1 - m_0| / sigma``
-    exactly); PoE releases the noisy margin (a logistic location pair). White-box mixtures: ``None``.
+    hypothesis: PV and ESA release the whole Gaussian-noised vector (``mu = |m_1 - m_0| / sigma`` exactly); PoE
+    releases the noisy margin (a logistic location pair). White-box mixtures: ``None``.
+
+    Args:
+      mechanism: the mechanism.
+      with_canary: ``(n1, ...)`` clean outputs with the canary.
+      without_canary: ``(n0, ...)`` clean outputs without it.
+      attack: the attack (its ``target`` defines PoE's margin and ESA's candidate order).
+      threat: ``"black"`` or ``"white"``.
+      delta: the ``delta`` of the profile.
+
+    Returns:
+      ``eps(delta)`` as a float (possibly ``inf``), or ``None``.
+
+    Raises:
+      InputError: ``delta`` out of the profile's range (``[0, 1)`` black-box, ``(0, 1)`` white-box).
 
     Guarantees:
       Exact for the stated release: the ``eps`` any attack on it can certify at most.
@@ -212,7 +253,10 @@ def exact_score_probability(mechanism: Mechanism, clean, attack: Attack, thresho
       threshold: a scalar, or ``(G,)`` thresholds.
 
     Returns:
-      ``(p, 1 - p)``, each ``(D,)``, or ``(D, G)`` for an array of thresholds.
+      ``(p, 1 - p)``, each ``(D,)`` float64, or ``(D, G)`` for an array of thresholds.
+
+    Raises:
+      ValueError: no closed form for this mechanism (KSA).
     """
     if not supports_exact(mechanism, "white"):
         raise _unsupported(mechanism, "white")
@@ -226,7 +270,18 @@ def exact_score_probability(mechanism: Mechanism, clean, attack: Attack, thresho
 
 
 def exact_score_grid(mechanism: Mechanism, clean, attack: Attack, num: int = 4001) -> np.ndarray:
-    """Thresholds spanning the white-box score distributions of ``clean`` (threshold search)."""
+    """Thresholds spanning the white-box score distributions of ``clean`` (threshold search).
+
+    Args:
+      mechanism: PV, ESA or PoE.
+      clean: ``(D, ...)`` clean outputs.
+      attack: the attack.
+      num: number of thresholds.
+
+    Returns:
+      ``(num,)`` float64 evenly spaced thresholds (PoE: location range +- 40; PV, ESA: centre range +- 12 standard
+      deviations), or the distinct score centres when the score has no noise.
+    """
     x = np.asarray(clean, np.float64)
     if isinstance(mechanism, ProductOfExperts):
         loc = _margin_location(x, float(mechanism.scale), int(attack.target))

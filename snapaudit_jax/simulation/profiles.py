@@ -71,7 +71,20 @@ def _log_hockey(log_p: np.ndarray, log_q: np.ndarray, eps: float) -> float:
 
 
 def discrete_delta(p1, p0, epsilon: float) -> float:
-    """``delta(eps)`` of the pair of finite output distributions ``p1``, ``p0`` (both directions)."""
+    """``delta(eps)`` of a pair of finite output distributions, the larger of both directions.
+
+    Args:
+      p1: ``(K,)`` output probabilities with the canary.
+      p0: ``(K,)`` output probabilities without it.
+      epsilon: ``eps >= 0``.
+
+    Returns:
+      ``max(sum_o max(0, p1_o - e^eps p0_o), sum_o max(0, p0_o - e^eps p1_o))`` as a float.
+
+    Raises:
+      InputError: ``p1`` or ``p0`` not a 1-D probability vector (non-negative, summing to 1 within 1e-6), of
+        different shapes, or ``epsilon < 0``.
+    """
     la, lb = _log_pair(p1, p0)
     eps = validate.nonnegative_float("epsilon", epsilon)
     return float(math.exp(max(_log_hockey(la, lb, eps), _log_hockey(lb, la, eps))))
@@ -86,12 +99,15 @@ def discrete_epsilon(p1, p0, delta: float) -> float:
       delta: in ``[0, 1)``.
 
     Returns:
-      The smallest ``eps >= 0`` with ``delta(eps) <= delta``; ``inf`` if an
-      output of mass ``> delta`` is impossible under the other hypothesis.
+      The smallest ``eps >= 0`` with ``delta(eps) <= delta``; ``inf`` if an output of mass ``> delta`` is
+      impossible under the other hypothesis.
+
+    Raises:
+      InputError: invalid distributions (as :func:`discrete_delta`) or ``delta`` not in ``[0, 1)``.
 
     Guarantees:
-      Exact up to root finding (``|error| < 1e-12`` in ``eps``): the pair is
-      ``(eps(delta), delta)``-DP and no smaller ``eps`` holds at that ``delta``.
+      Exact up to root finding (``|error| < 1e-12`` in ``eps``): the pair is ``(eps(delta), delta)``-DP and no
+      smaller ``eps`` holds at that ``delta``.
     """
     la, lb = _log_pair(p1, p0)
     delta = validate.nonnegative_float("delta", delta)
@@ -121,7 +137,19 @@ def discrete_epsilon(p1, p0, delta: float) -> float:
 
 
 def gaussian_epsilon(distance: float, sigma: float, delta: float) -> float:
-    """Exact ``eps(delta)`` of ``N(m_1, sigma^2 I)`` vs ``N(m_0, sigma^2 I)`` with ``|m_1 - m_0| = distance``."""
+    """Exact ``eps(delta)`` of ``N(m_1, sigma^2 I)`` vs ``N(m_0, sigma^2 I)`` with ``|m_1 - m_0| = distance``.
+
+    Args:
+      distance: ``|m_1 - m_0| >= 0`` (L2).
+      sigma: noise standard deviation (> 0).
+      delta: in ``(0, 1)``.
+
+    Returns:
+      ``gdp_epsilon(distance / sigma, delta)`` (0 for ``distance = 0``).
+
+    Raises:
+      InputError: an argument out of its range.
+    """
     distance = validate.nonnegative_float("distance", distance)
     sigma = validate.positive_float("sigma", sigma)
     return gdp_epsilon(distance / sigma, delta) if distance > 0 else 0.0
@@ -132,7 +160,18 @@ def _log_sigmoid(x):
 
 
 def logistic_delta(shift: float, epsilon: float) -> float:
-    """``delta(eps)`` of ``Logistic(shift, 1)`` vs ``Logistic(0, 1)`` (symmetric in the two directions)."""
+    """``delta(eps)`` of ``Logistic(shift, 1)`` vs ``Logistic(0, 1)`` (symmetric in the two directions).
+
+    Args:
+      shift: the location difference (finite; its sign does not matter).
+      epsilon: ``eps >= 0``.
+
+    Returns:
+      ``delta(eps)`` as a float (0 for ``eps >= |shift|``).
+
+    Raises:
+      InputError: a non-finite ``shift`` or ``epsilon < 0``.
+    """
     d = abs(validate.finite_array("shift", [shift])[0])
     eps = validate.nonnegative_float("epsilon", epsilon)
     if eps >= d:  # the likelihood ratio lies in (e^-d, e^d)
@@ -154,9 +193,19 @@ def logistic_delta(shift: float, epsilon: float) -> float:
 def logistic_epsilon(shift: float, delta: float) -> float:
     """Exact ``eps(delta)`` of a location pair of standard logistic laws at distance ``|shift|``.
 
+    Args:
+      shift: the location difference.
+      delta: in ``(0, 1)``.
+
+    Returns:
+      ``eps(delta)`` as a float in ``[0, |shift|]``.
+
+    Raises:
+      InputError: ``delta`` not in ``(0, 1)``.
+
     Guarantees:
-      Exact up to numerical optimisation (about ``1e-9`` in ``eps``): threshold
-      sets are optimal for a monotone likelihood ratio (Neyman-Pearson).
+      Exact up to numerical optimisation (about ``1e-9`` in ``eps``): threshold sets are optimal for a monotone
+      likelihood ratio (Neyman-Pearson).
     """
     delta = validate.open_unit("delta", delta)
     d = abs(float(shift))

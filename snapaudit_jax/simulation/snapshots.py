@@ -28,7 +28,14 @@ __all__ = ["Snapshots", "dedupe", "load_snapshots", "save_snapshots", "check_cle
 
 @dataclasses.dataclass(frozen=True)
 class Snapshots:
-    """Clean outputs of both hypotheses (and ESA candidates, if any)."""
+    """Clean outputs of both hypotheses (and ESA candidates, if any).
+
+    Attributes:
+      with_canary: ``(n1, ...)`` clean outputs with the canary (``b = 1``).
+      without_canary: ``(n0, ...)`` clean outputs without it (``b = 0``).
+      candidates: ``(c, d)`` ESA candidate embeddings, or ``None``.
+      target: the release that signals "canary present", or ``None`` (the default target).
+    """
 
     with_canary: np.ndarray
     without_canary: np.ndarray
@@ -39,9 +46,12 @@ class Snapshots:
 def dedupe(snapshots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Distinct snapshots in first-appearance order.
 
+    Args:
+      snapshots: ``(n, ...)`` array.
+
     Returns:
-      ``(distinct (D, ...), inverse (n,), multiplicity (D,))`` with
-      ``distinct[inverse] == snapshots``.
+      ``(distinct, inverse, multiplicity)``: ``(D, ...)`` distinct rows, ``(n,)`` int index of each snapshot's row
+      (``distinct[inverse] == snapshots``) and ``(D,)`` int count of each row.
     """
     arr = np.asarray(snapshots)
     flat = arr.reshape(arr.shape[0], -1)
@@ -53,7 +63,21 @@ def dedupe(snapshots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def check_clean(name: str, value, *, mechanism: str, candidates: np.ndarray | None = None) -> np.ndarray:
-    """Validates one hypothesis' clean outputs for ``mechanism``; returns float64 ``(n, ...)``."""
+    """Validates one hypothesis' clean outputs for ``mechanism``.
+
+    Args:
+      name: the field named in errors.
+      value: the clean outputs, ``(n, length)`` array-like.
+      mechanism: the mechanism name (``"pv"``, ``"poe"``, ``"esa"``, ``"ksa"``).
+      candidates: ``(c, d)`` candidate embeddings (required for ``"esa"``).
+
+    Returns:
+      The clean outputs as a float64 ``(n, length)`` array.
+
+    Raises:
+      InputError: a non-finite, empty, ragged or not 2-D array; ESA without candidates or with another embedding
+        dimension; fewer than 2 entries per snapshot (PV, PoE, KSA); negative KSA counts.
+    """
     arr = validate.finite_array(name, value, ndim_min=2)
     if arr.ndim != 2:
         raise InputError(f"{name} must have shape (n_snapshots, length), got {arr.shape}")
@@ -74,9 +98,16 @@ def check_clean(name: str, value, *, mechanism: str, candidates: np.ndarray | No
 def load_snapshots(path: str | os.PathLike) -> Snapshots:
     """Reads an ``.npz`` snapshot file (see the module docstring).
 
+    Args:
+      path: the ``.npz`` file.
+
+    Returns:
+      The :class:`Snapshots` (float64 arrays).
+
     Raises:
-      ValueError: missing file, not an ``.npz`` archive, missing keys, or
-        arrays that are empty, ragged, non-numeric or not finite.
+      InputError: missing file or a folder, not an ``.npz`` archive, missing ``with``/``without`` arrays, arrays
+        that are empty, ragged, non-numeric or not finite, ``candidates`` not ``(c, d)``, a non-integer
+        ``target``, or ``with`` and ``without`` snapshots of different shapes.
     """
     path = os.fspath(path)
     if os.path.isdir(path):
@@ -114,7 +145,12 @@ def load_snapshots(path: str | os.PathLike) -> Snapshots:
 
 
 def save_snapshots(path: str | os.PathLike, snapshots: Snapshots) -> None:
-    """Writes an ``.npz`` snapshot file atomically (temporary file + rename)."""
+    """Writes an ``.npz`` snapshot file atomically (temporary file + rename).
+
+    Args:
+      path: the output file.
+      snapshots: the :class:`Snapshots` to write (``candidates`` and ``target`` only if not ``None``).
+    """
     arrays = {"with": np.asarray(snapshots.with_canary), "without": np.asarray(snapshots.without_canary)}
     if snapshots.candidates is not None:
         arrays["candidates"] = np.asarray(snapshots.candidates)

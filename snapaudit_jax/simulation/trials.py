@@ -56,15 +56,19 @@ _AXIS = "devices"
 class SimulationCounts:
     """Sufficient statistics of one simulation (one hypothesis).
 
+    A *unit* is a snapshot (``"stratified"``), a distinct snapshot (``"bootstrap"`` with ``per_unit``) or the
+    whole run (one unit).
+
     Attributes:
       scheme: ``"stratified"`` or ``"bootstrap"``.
-      unit_index: ``(n_snapshots,)`` the unit of every input snapshot.
-      trials: ``(units,)`` trials per unit.
-      hits: ``(units,)`` black-box successes per unit.
-      score_hits: ``(units,)`` white-box successes (``score >= threshold``), ``(units, G)`` for a grid of
-        thresholds, or ``None``.
-      histogram: ``(bins + 2,)`` score counts (underflow, bins, overflow) or ``None``.
-      score_min / score_max: extremes of the white-box score (``nan`` if not tracked).
+      unit_index: ``(n_snapshots,)`` int, the unit of every input snapshot.
+      trials: ``(units,)`` int64 trials per unit.
+      hits: ``(units,)`` int64 black-box successes per unit.
+      score_hits: ``(units,)`` int64 white-box successes (``score >= threshold``), ``(units, G)`` for a grid of
+        thresholds, or ``None`` without a threshold.
+      histogram: ``(bins + 2,)`` int64 score counts (underflow, bins, overflow), or ``None``.
+      score_min: smallest white-box score (``nan`` if not tracked).
+      score_max: largest white-box score (``nan`` if not tracked).
     """
 
     scheme: str
@@ -78,6 +82,7 @@ class SimulationCounts:
 
     @property
     def total_trials(self) -> int:
+        """Trials over all units."""
         return int(self.trials.sum())
 
 
@@ -272,20 +277,24 @@ def simulate(
       key: PRNG key of this stream (hypothesis and pass already folded in).
       mechanism: a :class:`~snapaudit_jax.mechanisms.base.Mechanism`.
       attack: the :class:`~snapaudit_jax.mechanisms.base.Attack`.
-      snapshots: clean outputs ``(n, ...)``.
-      trials: number of trials (``"stratified"`` rounds it up to a multiple of ``n``).
-      scheme: ``"bootstrap"`` or ``"stratified"``.
+      snapshots: clean outputs ``(n, ...)``, cast to float32.
+      trials: number of trials in ``[1, MAX_TRIALS]`` (``"stratified"`` rounds it up to a multiple of ``n``).
+      scheme: ``"bootstrap"`` (a uniform snapshot per trial) or ``"stratified"`` (equal trials per snapshot).
       per_unit: bootstrap only: count per distinct snapshot (else one total).
-      threshold: count ``score >= threshold`` as white-box successes; a ``(G,)`` array counts every
-        threshold of a grid in the same trials (``score_hits`` then has shape ``(units, G)``).
-      histogram: ``(lo, hi, bins)`` for a score histogram.
+      threshold: count ``score >= threshold`` as white-box successes; a ``(G,)`` array counts every threshold of a
+        grid in the same trials (``score_hits`` then has shape ``(units, G)``); ``None``: no white-box counts.
+      histogram: ``(lo, hi, bins)`` for a score histogram of ``bins`` equal bins on ``[lo, hi)``; ``None``: none.
       track_scores: record the min and max score.
       devices: devices of the 1-D mesh (default: all global devices).
-      chunk_trials: trials per jitted call (memory bound).
+      chunk_trials: trials per jitted call (memory bound; the counts do not depend on it).
       progress: a label to show a progress bar on stderr; ``None`` is silent.
 
     Returns:
-      :class:`SimulationCounts`.
+      :class:`SimulationCounts`; for a given key they are identical whatever ``chunk_trials`` and the device count.
+
+    Raises:
+      InputError: ``trials`` out of range, an unknown ``scheme``, a ``threshold`` that is not a number or a
+        non-empty 1-D array, or a histogram with ``lo >= hi``.
     """
     snaps = np.asarray(snapshots, np.float32)
     n = snaps.shape[0]

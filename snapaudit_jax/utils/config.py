@@ -19,7 +19,17 @@ __all__ = ["ConfigFileError", "read_toml", "table", "take", "choice", "choices",
 
 
 def read_toml(path: str | os.PathLike) -> dict:
-    """The parsed TOML file; unreadable or invalid files raise :class:`ConfigFileError`."""
+    """Reads and parses a TOML file.
+
+    Args:
+      path: the file.
+
+    Returns:
+      The parsed document as a dict.
+
+    Raises:
+      ConfigFileError: the file cannot be read or is not valid TOML.
+    """
     path = os.fspath(path)
     try:
         with open(path, "rb") as fh:
@@ -31,7 +41,20 @@ def read_toml(path: str | os.PathLike) -> dict:
 
 
 def table(parent: dict, key: str, where: str, default=None) -> dict | None:
-    """Pops the sub-table ``key`` of ``parent`` as a new dict (``default`` if absent); a non-table names ``where``."""
+    """Pops the sub-table ``key`` of ``parent`` as a new dict.
+
+    Args:
+      parent: the enclosing table (modified: ``key`` is removed).
+      key: the sub-table's key.
+      where: the table's dotted name, used in errors.
+      default: returned when ``key`` is absent.
+
+    Returns:
+      A copy of the sub-table, or ``default``.
+
+    Raises:
+      ConfigFileError: the value is not a table.
+    """
     if key not in parent:
         return default
     value = parent.pop(key)
@@ -41,7 +64,22 @@ def table(parent: dict, key: str, where: str, default=None) -> dict | None:
 
 
 def take(section: dict, key: str, where: str, convert, default):
-    """Pops ``key`` from ``section`` and converts it; conversion errors name ``where.key``."""
+    """Pops ``key`` from ``section`` and converts it.
+
+    Args:
+      section: the table (modified: ``key`` is removed).
+      key: the key.
+      where: the section's dotted name; errors name ``where.key``.
+      convert: the converter; a :class:`TypeError` or :class:`ValueError` it raises becomes a
+        :class:`ConfigFileError`.
+      default: returned (unconverted) when ``key`` is absent.
+
+    Returns:
+      The converted value, or ``default``.
+
+    Raises:
+      ConfigFileError: the conversion failed.
+    """
     if key not in section:
         return default
     value = section.pop(key)
@@ -52,6 +90,14 @@ def take(section: dict, key: str, where: str, convert, default):
 
 
 def choice(options):
+    """A converter that accepts one of ``options``.
+
+    Args:
+      options: the allowed values.
+
+    Returns:
+      ``convert(value) -> value``, raising :class:`InputError` for a value not in ``options``.
+    """
     def convert(value):
         if value not in options:
             raise InputError(f"must be one of {', '.join(map(repr, options))}, got {value!r}")
@@ -61,6 +107,15 @@ def choice(options):
 
 
 def choices(options):
+    """A converter that accepts a non-empty list of values from ``options``.
+
+    Args:
+      options: the allowed values.
+
+    Returns:
+      ``convert(values) -> tuple``, raising :class:`InputError` for a non-list, an empty list or a value not in
+      ``options``.
+    """
     def convert(values):
         if isinstance(values, str) or not isinstance(values, list) or not values:
             raise InputError(f"must be a non-empty list of {', '.join(map(repr, options))}, got {values!r}")
@@ -70,21 +125,49 @@ def choices(options):
 
 
 def boolean(value):
-    """TOML ``true``/``false`` only (``bool("no")`` would be ``True``)."""
+    """Converts TOML ``true``/``false`` only (``bool("no")`` would be ``True``).
+
+    Args:
+      value: the TOML value.
+
+    Returns:
+      ``value``, a bool.
+
+    Raises:
+      InputError: ``value`` is not a bool.
+    """
     if not isinstance(value, bool):
         raise InputError(f"must be true or false, got {value!r}")
     return value
 
 
 def string(value):
-    """A non-empty string (``str(5)`` would silently be ``"5"``)."""
+    """Converts a non-empty string (``str(5)`` would silently be ``"5"``).
+
+    Args:
+      value: the TOML value.
+
+    Returns:
+      ``value``, unchanged.
+
+    Raises:
+      InputError: ``value`` is not a string or is blank.
+    """
     if not isinstance(value, str) or not value.strip():
         raise InputError(f"must be a non-empty string, got {value!r}")
     return value
 
 
 def number_list(convert):
-    """A non-empty list, each entry passed through ``convert``."""
+    """A converter for a non-empty list, each entry passed through ``convert``.
+
+    Args:
+      convert: the converter of one entry.
+
+    Returns:
+      ``check(values) -> tuple``, raising :class:`InputError` for a string, bool, non-list or empty list (and
+      whatever ``convert`` raises).
+    """
     def check(values):
         if isinstance(values, (str, bool)) or not isinstance(values, list) or not values:
             raise InputError(f"must be a non-empty list of numbers, got {values!r}")
@@ -94,9 +177,27 @@ def number_list(convert):
 
 
 def pos_int(name, minimum=1):
+    """A converter for an integer ``>= minimum``.
+
+    Args:
+      name: the field named in errors.
+      minimum: the smallest allowed value.
+
+    Returns:
+      ``convert(value) -> int`` (:func:`snapaudit_jax.utils.validate.positive_int`), raising :class:`InputError`.
+    """
     return lambda v: validate.positive_int(name, v, minimum=minimum)
 
 
 def reject_unknown(section: dict, where: str):
+    """Refuses the keys left in ``section`` after every known key was taken.
+
+    Args:
+      section: the remaining table.
+      where: the section's dotted name, used in the error.
+
+    Raises:
+      ConfigFileError: ``section`` is not empty (the message lists the unknown keys).
+    """
     if section:
         raise ConfigFileError(f"{where}: unknown key(s) {', '.join(sorted(section))}")

@@ -32,7 +32,15 @@ def _umask() -> int:
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> None:
-    """Calls ``write(fh)`` on a temporary file next to ``path``, then renames it into place."""
+    """Calls ``write(fh)`` on a temporary file next to ``path``, then renames it into place.
+
+    The folder is created if needed; the file gets the permissions :func:`open` would give. On any error the
+    temporary file is removed and ``path`` is left as it was.
+
+    Args:
+      path: the target file.
+      write: ``write(fh)`` writes the content to a binary file object.
+    """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
@@ -86,18 +94,42 @@ def to_json(obj: Any) -> Any:
 
 
 def dumps(obj: Any, **kwargs) -> str:
-    """``json.dumps(to_json(obj))``, strict (``allow_nan=False``); ``kwargs`` go to :func:`json.dumps`."""
+    """``json.dumps(to_json(obj))``, strict (``allow_nan=False``).
+
+    Args:
+      obj: anything :func:`to_json` accepts.
+      **kwargs: passed to :func:`json.dumps`.
+
+    Returns:
+      The JSON text.
+
+    Raises:
+      TypeError: a value JSON has no form for.
+    """
     return json.dumps(to_json(obj), allow_nan=False, **kwargs)
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
-    """Writes :func:`to_json` of ``obj`` (indented strict JSON) to ``path``, atomically."""
+    """Writes :func:`to_json` of ``obj`` (indented strict JSON, trailing newline) to ``path``, atomically.
+
+    Args:
+      path: the output file.
+      obj: anything :func:`to_json` accepts.
+
+    Raises:
+      TypeError: a value JSON has no form for.
+    """
     data = (dumps(obj, indent=2) + "\n").encode()
     atomic_write(path, lambda fh: fh.write(data))
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
-    """Writes ``text`` (UTF-8) to ``path``, atomically."""
+    """Writes ``text`` (UTF-8) to ``path``, atomically.
+
+    Args:
+      path: the output file.
+      text: the content.
+    """
     atomic_write(path, lambda fh: fh.write(text.encode()))
 
 
@@ -152,8 +184,12 @@ def check_output_file(name: str, path: str | os.PathLike, suffixes: tuple[str, .
 def check_output_dir(name: str, path: str | os.PathLike) -> None:
     """Refuses an output folder that could not be created or written, before any work (nothing is created).
 
+    Args:
+      name: the flag or config key, named in the error (e.g. ``"--out"``).
+      path: the folder to be written later (it may not exist yet).
+
     Raises:
-      InputError: ``path`` is an existing file, or its nearest existing ancestor refuses new files.
+      InputError: an empty ``path``, an existing file, or a nearest existing ancestor that refuses new files.
     """
     path = os.fspath(path)
     if not path:

@@ -18,34 +18,60 @@ __all__ = ["Counter", "Progress", "RunLog"]
 
 @runtime_checkable
 class Progress(Protocol):
-    """What long-running code may call to report progress."""
+    """What long-running code may call to report progress (a runtime-checkable protocol)."""
 
     def __call__(self, message: str) -> None:
-        """Reports one line (a stage starting or ending)."""
+        """Reports one line (a stage starting or ending).
+
+        Args:
+          message: the line, without a newline.
+        """
 
     def bar(self, done: int, total: int, label: str, unit: str = "items") -> None:
-        """Reports ``done`` of ``total`` ``unit`` for ``label``; the last call has ``done >= total``."""
+        """Reports ``done`` of ``total`` ``unit`` for ``label``; the last call has ``done >= total``.
+
+        Args:
+          done: the count so far.
+          total: the count at completion.
+          label: what is counted (one counter per label).
+          unit: the counted things (``"trials"``, ``"prompts"``).
+        """
 
 
 class Counter:
     """A rate-limited ``label [####  ] 42.0% 420/1,000 unit 1,234/s`` line on stderr.
 
-    Args:
+    Attributes:
       label: what is counted (printed first).
       total: the count at completion.
       enabled: ``False`` prints nothing.
-      unit: the counted things (``"trials"``, ``"prompts"``).
+      unit: the counted things.
       every_s: at most one update per this many seconds, except the final one.
+      start: :func:`time.perf_counter` at construction (for the rate).
+      last: time of the last update (-1 before the first).
     """
 
     def __init__(self, label: str, total: int, enabled: bool = True, *, unit: str = "items",
                  every_s: float = 0.5):
+        """Starts the counter's clock.
+
+        Args:
+          label: what is counted (printed first).
+          total: the count at completion.
+          enabled: ``False`` prints nothing.
+          unit: the counted things (``"trials"``, ``"prompts"``).
+          every_s: at most one update per this many seconds, except the final one.
+        """
         self.label, self.total, self.enabled, self.unit, self.every_s = label, total, enabled, unit, every_s
         self.start = time.perf_counter()
         self.last = -1.0
 
     def update(self, done: int) -> None:
-        """Shows ``done`` of :attr:`total` (always when ``done >= total``; else at most every ``every_s``)."""
+        """Shows ``done`` of :attr:`total`: always at completion (ending the line), else at most every ``every_s``.
+
+        Args:
+          done: the count so far.
+        """
         if not self.enabled:
             return
         now = time.perf_counter()
@@ -64,23 +90,40 @@ class Counter:
 class RunLog:
     """The :class:`Progress` printer of the command-line runs: timestamped lines and counters on stderr.
 
-    Args:
+    Attributes:
       enabled: ``False`` makes every call a no-op.
+      start: :func:`time.perf_counter` at construction (lines show the seconds since).
     """
 
     def __init__(self, enabled: bool):
+        """Starts the run's clock.
+
+        Args:
+          enabled: ``False`` makes every call a no-op.
+        """
         self.enabled = enabled
         self.start = time.perf_counter()
         self._counters: dict[str, Counter] = {}
 
     def __call__(self, message: str) -> None:
-        """Writes ``[elapsed s] message``."""
+        """Writes ``[elapsed s] message`` to stderr.
+
+        Args:
+          message: the line, without a newline.
+        """
         if self.enabled:
             sys.stderr.write(f"[{time.perf_counter() - self.start:7.1f}s] {message}\n")
             sys.stderr.flush()
 
     def bar(self, done: int, total: int, label: str, unit: str = "new prompts") -> None:
-        """Updates the counter of ``label`` (one :class:`Counter` per label and total)."""
+        """Updates the counter of ``label`` (one :class:`Counter` per label and total; removed when complete).
+
+        Args:
+          done: the count so far.
+          total: the count at completion.
+          label: what is counted.
+          unit: the counted things (default ``"new prompts"``).
+        """
         if not self.enabled:
             return
         counter = self._counters.get(label)
