@@ -27,6 +27,7 @@ import numpy as np
 from scipy import integrate, optimize, special
 
 from snapaudit_jax.mechanisms import Attack, EmbeddingSpaceAggregation, Mechanism, PrivateVoting, ProductOfExperts
+from snapaudit_jax.utils.errors import InputError
 
 __all__ = [
     "exact_hit_probability",
@@ -56,11 +57,11 @@ def supports_exact(mechanism: Mechanism, threat: str) -> bool:
     return isinstance(mechanism, (PrivateVoting, EmbeddingSpaceAggregation, ProductOfExperts))
 
 
-def _unsupported(mechanism: Mechanism, threat: str) -> ValueError:
+def _unsupported(mechanism: Mechanism, threat: str) -> InputError:
     what = f"{mechanism.name} with the {threat}-box attack"
     if isinstance(mechanism, EmbeddingSpaceAggregation) and threat == "black":
         what += f" and {np.asarray(mechanism.candidates).shape[0]} candidates (exact needs 2)"
-    return ValueError(f"method='exact' has no closed form for {what}; use method='simulate'")
+    return InputError(f"method='exact' has no closed form for {what}; use method='simulate'")
 
 
 def _argmax_integral(a: np.ndarray) -> float:
@@ -117,7 +118,7 @@ def exact_hit_probability(mechanism: Mechanism, clean, attack: Attack) -> tuple[
       ``(p, 1 - p)``, each ``(D,)`` float64.
 
     Raises:
-      ValueError: no closed form for this mechanism.
+      InputError: no closed form for this mechanism.
     """
     x = np.asarray(clean, np.float64)
     t = int(attack.target)
@@ -155,7 +156,7 @@ def exact_output_distribution(mechanism: Mechanism, clean, attack: Attack) -> np
       ``(D, K)`` float64 probabilities, ``K`` the number of possible releases.
 
     Raises:
-      ValueError: no closed form for this mechanism.
+      InputError: no closed form for this mechanism.
     """
     x = np.asarray(clean, np.float64)
     if isinstance(mechanism, PrivateVoting):
@@ -256,7 +257,7 @@ def exact_score_probability(mechanism: Mechanism, clean, attack: Attack, thresho
       ``(p, 1 - p)``, each ``(D,)`` float64, or ``(D, G)`` for an array of thresholds.
 
     Raises:
-      ValueError: no closed form for this mechanism (KSA).
+      InputError: no closed form for this mechanism (KSA).
     """
     if not supports_exact(mechanism, "white"):
         raise _unsupported(mechanism, "white")
