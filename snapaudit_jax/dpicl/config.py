@@ -90,7 +90,14 @@ class PipelineSettings:
 
 @dataclasses.dataclass(frozen=True)
 class MiaSettings:
-    """``[mia]``: clean-output membership inference (SnapAudit Table 12)."""
+    """``[mia]``: clean-output membership inference (SnapAudit Table 12).
+
+    Attributes:
+      canaries: audit cases (canaries) per pipeline, query and defense (``>= 2``).
+      pipelines: pipelines to attack, of ``pv``, ``poe``, ``ksa``.
+      queries: query modes, of ``direct``, ``semantic``, ``copy``.
+      defenses: defenses, of ``none``, ``basic``, ``strict``, ``contextleak``.
+    """
 
     canaries: int = 6
     pipelines: tuple[str, ...] = ("pv", "poe")
@@ -102,9 +109,34 @@ class MiaSettings:
 class AuditConfig:
     """A full audit run (see ``examples/quickstart.toml``).
 
-    ``method`` (``[audit] method``): ``"simulate"`` (default) or ``"exact"`` (closed-form rates of PV, PoE and
-    two-candidate ESA; refused for KSA, and for an ESA pool of other than 2 candidates under the black-box
-    threat).
+    Attributes:
+      llm: ``[model] llm``: ``"smollm2"``, a ``.gguf`` file or a Hugging Face folder (GPT-2 or Llama).
+      embedder: ``[model] embedder``: ESA's sentence embedder, ``"minilm"`` or a BERT folder (loaded only with an
+        ESA pipeline).
+      allow_pickle: ``[model] allow_pickle``: accept pickle checkpoints (they can execute code).
+      epsilons: the per-query ``epsilon`` (``epsilon_theory``) each pipeline is calibrated for and audited at.
+      delta: ``delta`` of the claims, in ``(0, 1)``.
+      confidence: confidence level of the lower bounds, in ``(0, 1)``.
+      query: audit query mode: ``direct``, ``semantic`` or ``copy``.
+      defense: ``none``, ``basic``, ``strict`` or ``contextleak``.
+      threats: ``black`` and/or ``white``.
+      snapshots: Phase A: calls of ``M'`` per neighbouring context (``n_llm >= 2``).
+      trials: simulated DP-noise trials per hypothesis (active audit).
+      passive_runs: end-to-end runs per context of the passive audit (``>= 2``; ``None``: ``snapshots``); ESA
+        with a sampled pool gets fewer within the same budget (:func:`~snapaudit_jax.dpicl.run.passive_plan`).
+      clean: clean-output model of the active audit: ``"fixed"`` (exact clean outputs of the recorded
+        assignments) or ``"sampled"`` (i.i.d. draws); see :mod:`snapaudit_jax.dpicl.run`.
+      on_mismatch: ``clean = "fixed"`` whose determinism check fails: ``"sampled"`` (fall back) or ``"fail"``.
+      calibration: Gaussian calibration of PV and ESA: ``"analytic"`` or ``"classical"``.
+      method: ``"simulate"`` (default) or ``"exact"`` (closed-form rates of PV, PoE and two-candidate ESA;
+        refused for KSA, and for an ESA pool of other than 2 candidates under the black-box threat).
+      seed: seed of the partition assignments, the DP-noise trials, the passive runs and ESA's pseudo-seeds.
+      case_seed: seed of the audit case (canary, exemplars, secret).
+      batch_size: prompts per model batch.
+      verify: partition answers recomputed without the cache (determinism check; 0: none).
+      pipelines: one :class:`PipelineSettings` per ``[pipelines.<name>]`` section, in file order.
+      mia: ``[mia]``, or ``None``.
+      one_run: ``[one_run]`` (:class:`~snapaudit_jax.dpicl.one_run.OneRunSettings`), or ``None``.
     """
 
     llm: str = "smollm2"
@@ -135,9 +167,16 @@ class AuditConfig:
 def load_config(path: str | os.PathLike) -> AuditConfig:
     """Reads and validates a TOML audit configuration.
 
+    Args:
+      path: the TOML file (sections ``[model]``, ``[audit]``, ``[pipelines.<name>]``, ``[mia]``, ``[one_run]``).
+
+    Returns:
+      The :class:`AuditConfig`, defaults filled in.
+
     Raises:
-      ConfigFileError: unreadable file, invalid TOML, unknown or invalid keys
-        (the message names ``section.key``, the rule and the value).
+      ConfigFileError: unreadable file, invalid TOML, no pipeline, unknown or invalid keys, or inconsistent
+        settings (e.g. ``partitions > num_exemplars``, ``method = "exact"`` with KSA); the message names
+        ``section.key``, the rule and the value.
     """
     from snapaudit_jax.dpicl.data import DATASETS
     from snapaudit_jax.dpicl.pipelines.prompts import DEFENSES, QUERY_MODES

@@ -299,7 +299,7 @@ def greedy_replace(
       plus every candidate of every round.
 
     Raises:
-      ValueError: an empty sentence or vocabulary, a repeated or malformed vocabulary word, ``batch_size`` or
+      InputError: an empty sentence or vocabulary, a repeated or malformed vocabulary word, ``batch_size`` or
         ``max_rounds`` < 1, ``min_gain`` < 0, an anchor that is not a finite unit ``(d,)`` vector, or ``embed``
         returning the wrong shape, non-finite values or rows that are not unit-norm (tolerance 1e-3).
 
@@ -360,7 +360,7 @@ def multi_sweep_greedy_search(
       sentence embedded (one per seed, plus every candidate); ``history[m]`` has ``sweeps`` distances.
 
     Raises:
-      ValueError: no seeds or an empty seed, an empty or malformed vocabulary, ``sweeps``, ``batch_size``
+      InputError: no seeds or an empty seed, an empty or malformed vocabulary, ``sweeps``, ``batch_size``
         or ``max_rounds`` < 1, ``min_gain`` < 0, or ``embed`` returning the wrong shape, non-finite values
         or rows that are not unit-norm (tolerance 1e-3).
 
@@ -427,7 +427,7 @@ def greedy_search(
       climbed sentence and ``history == ((distance,),)``.
 
     Raises:
-      ValueError: as :func:`multi_sweep_greedy_search`.
+      InputError: as :func:`multi_sweep_greedy_search`, or a ``seed`` that is not a string.
 
     References:
       SnapAudit (Xia, Liu & Xiong), Sec. 4.2 ("GS refers to one GreedySearch"), Table 6.
@@ -471,7 +471,7 @@ def word_vocabulary(
       The vocabulary as a tuple of distinct words.
 
     Raises:
-      ValueError: ``texts`` a single string or containing a non-string, ``max_words`` or ``min_count`` < 1,
+      InputError: ``texts`` a single string or containing a non-string, ``max_words`` or ``min_count`` < 1,
         a negative or non-integer ``seed``, or no eligible word.
     """
     if isinstance(texts, str):

@@ -105,11 +105,10 @@ class OneRunSettings:
 
     Attributes:
       canaries: ``m``, PV's canary slots (>= 2).
-      poe_canaries: PoE's canary slots (its model calls grow as ``m (m + base_exemplars)``; default
-        ``canaries``).
+      poe_canaries: PoE's canary slots (its model calls grow as ``m (m + base_exemplars)``; default ``canaries``).
       insert_probability: ``p``, each slot's probability of holding its secret, in ``(0, 1)``.
-      delta: the audited ``delta`` of the composed claim, in ``[0, 1)``; ``delta > 0`` needs ``p = 1/2``
-        (the one-run theorem's rule). Its ``delta`` term is ``2 m delta``: keep it small.
+      delta: the audited ``delta`` of the composed claim, in ``[0, 1)``; ``delta > 0`` needs ``p = 1/2`` (the
+        one-run theorem's rule). Its ``delta`` term is ``2 m delta``: keep it small.
       alpha: family-wise failure probability of the bound, in ``(0, 1)``.
       pipelines: subset of ``pv``, ``poe``.
       epsilons: per-query ``eps`` the pipelines are calibrated for (default: ``audit.epsilons``).
@@ -117,13 +116,13 @@ class OneRunSettings:
       partitions: PV's ``T`` (slot ``j`` and base exemplar ``b`` go to partition ``index mod T``).
       base_exemplars: fixed non-canary exemplars added to the private set (>= 0).
       clip: PoE's ``Gamma`` (default: ``pipelines.poe.clip``, else 5).
-      dataset, data_path: where the slot texts come from (default: AG News demo data).
+      dataset: the dataset the slot texts come from (default: AG News).
+      data_path: its local file or folder, ``"hub"``, or ``None`` (the demo data).
       seed: seed of the slots, codes, coins and DP noise (default: ``audit.seed``).
       pairs: the declared ``(k_plus, k_minus)`` guesses, fixed before the run (default: the library's
         :func:`~snapaudit_jax.estimation.one_run.default_grid` of each pipeline's ``m``); the union bound covers
-        them all, so one pair reaches further with few canaries. ``"all"``: the one pair
-        ``(m // 2, m - m // 2)`` of each
-        pipeline's ``m`` (every canary guessed).
+        them all, so one pair reaches further with few canaries. ``"all"``: the one pair ``(m // 2, m - m // 2)``
+        of each pipeline's ``m`` (every canary guessed).
     """
 
     canaries: int = 32
@@ -143,14 +142,29 @@ class OneRunSettings:
     pairs: tuple[tuple[int, int], ...] | str | None = None
 
     def pairs_for(self, pipeline: str) -> tuple[tuple[int, int], ...] | None:
-        """The declared pairs of ``pipeline`` (``None``: the library's default grid of its ``m``)."""
+        """The declared pairs of ``pipeline``.
+
+        Args:
+          pipeline: ``"pv"`` or ``"poe"``.
+
+        Returns:
+          ``pairs``; for ``"all"`` the one pair ``(m // 2, m - m // 2)`` of the pipeline's ``m``; ``None``: the
+          library's default grid of its ``m``.
+        """
         if self.pairs == "all":
             m = self.slots_for(pipeline)
             return ((m // 2, m - m // 2),)
         return self.pairs
 
     def slots_for(self, pipeline: str) -> int:
-        """The number of canary slots of ``pipeline``."""
+        """The number of canary slots ``m`` of ``pipeline``.
+
+        Args:
+          pipeline: ``"pv"`` or ``"poe"``.
+
+        Returns:
+          ``poe_canaries`` for ``"poe"`` when set, else ``canaries``.
+        """
         return self.poe_canaries if pipeline == "poe" and self.poe_canaries is not None else self.canaries
 
 
@@ -177,15 +191,18 @@ def parse_settings(section: dict, *, epsilons: tuple[float, ...], threats: tuple
 
     Args:
       section: the parsed table.
-      epsilons, threats, clip, seed: defaults taken from the rest of the configuration.
+      epsilons: default of ``epsilons`` (``audit.epsilons``).
+      threats: default of ``threats`` (``audit.threats``).
+      clip: default of ``clip`` (``pipelines.poe.clip``, else 5).
+      seed: default of ``seed`` (``audit.seed``).
 
     Returns:
       The :class:`OneRunSettings`.
 
     Raises:
-      ConfigFileError: an unknown key, or a value out of range; the message names ``one_run.<key>``, the rule
-        and the value. ``delta > 0`` with ``insert_probability != 1/2`` is refused here, before any model
-        call, by the one-run library's own rule.
+      ConfigFileError: an unknown key, or a value out of range; the message names ``one_run.<key>``, the rule and
+        the value. ``delta > 0`` with ``insert_probability != 1/2`` is refused here, before any model call, by the
+        one-run library's own rule.
     """
     from snapaudit_jax.dpicl.data import DATASETS
 
@@ -241,7 +258,8 @@ class CanarySlots:
     Attributes:
       canaries: ``(m,)`` slot texts with their secret (``"... Reference code: <secret>."``).
       decoys: ``(m,)`` the same texts with the decoy code.
-      secrets, decoy_codes: ``(m,)`` the codes (all ``2 m`` distinct).
+      secrets: ``(m,)`` the secret codes.
+      decoy_codes: ``(m,)`` the decoy codes (all ``2 m`` codes distinct).
       prefixes: ``(m,)`` copy queries: the slot text up to ``"Reference code:"``.
       base: fixed non-canary exemplars.
       coins: ``(m,)`` ``True`` where the slot holds its secret.
@@ -257,10 +275,21 @@ class CanarySlots:
 
     @property
     def size(self) -> int:
+        """The number of slots ``m``."""
         return len(self.canaries)
 
     def realized(self, coins: Sequence[bool] | None = None) -> tuple[Example, ...]:
-        """The private set: slot ``j`` holds its canary or decoy by coin ``j``, then the base exemplars."""
+        """The private set: slot ``j`` holds its canary or decoy by coin ``j``, then the base exemplars.
+
+        Args:
+          coins: ``(m,)`` coins to use instead of :attr:`coins` (``None``: the drawn ones).
+
+        Returns:
+          The ``m + len(base)`` exemplars, slots first.
+
+        Raises:
+          InputError: ``coins`` does not have one entry per slot.
+        """
         coins = self.coins if coins is None else tuple(bool(c) for c in coins)
         if len(coins) != self.size:
             raise InputError(f"coins must have one entry per slot ({self.size}), got {len(coins)}")
@@ -283,7 +312,7 @@ def make_slots(examples: Sequence[Example], *, canaries: int, base_exemplars: in
       distinct, and coin ``j`` is ``U_j < p`` for i.i.d. uniforms of the stream ``default_rng([seed, 2])``.
 
     Raises:
-      ValueError: an argument out of range, or fewer than ``m + base_exemplars`` distinct examples.
+      InputError: an argument out of range, or fewer than ``m + base_exemplars`` distinct examples.
     """
     from snapaudit_jax.dpicl.data import sample_audit_context
     from snapaudit_jax.dpicl.pipelines import prompts as P
@@ -321,11 +350,21 @@ def partition_groups(slots: CanarySlots, pipeline: str, partitions: int,
                      coins: Sequence[bool] | None = None) -> list[tuple[Example, ...]]:
     """The fixed groups the model answers on: PV ``T`` partitions (item ``i`` -> ``i mod T``), PoE one per item.
 
-    The assignment depends on the item indices alone, never on the coins, so flipping coin ``j`` changes
-    exactly one group: partition ``j mod T`` (PV) or expert ``j`` (PoE).
+    The assignment depends on the item indices alone, never on the coins, so flipping coin ``j`` changes exactly
+    one group: partition ``j mod T`` (PV) or expert ``j`` (PoE).
+
+    Args:
+      slots: the canary slots.
+      pipeline: ``"pv"`` or ``"poe"``.
+      partitions: PV's ``T`` (ignored for PoE).
+      coins: coins to realise the private set with (``None``: the slots' own).
+
+    Returns:
+      The groups, each a tuple of exemplars in item order.
 
     Raises:
-      ValueError: an unknown pipeline or ``partitions`` outside ``[1, number of items]``.
+      InputError: an unknown pipeline, ``partitions`` outside ``[1, number of items]``, or ``coins`` of the wrong
+        length.
     """
     items = slots.realized(coins)
     if pipeline == "poe":
@@ -353,10 +392,13 @@ def gaussian_composition(sigma: float, sensitivity: float, queries: int, delta: 
       delta: the ``delta`` at which ``eps`` is reported, in ``[0, 1)``.
 
     Returns:
-      ``{"mu", "epsilon_gdp", "epsilon_pld"}``: ``mu = sqrt(m) sensitivity / sigma`` (the composition is
-      exactly ``mu``-GDP; Dong, Roth, Su 2022, Cor. 3.3), ``eps(delta)`` of ``G_mu`` (closed form) and of
+      ``{"mu", "epsilon_gdp", "epsilon_pld"}``: ``mu = sqrt(m) sensitivity / sigma`` (the composition is exactly
+      ``mu``-GDP; Dong, Roth, Su 2022, Cor. 3.3), ``eps(delta)`` of ``G_mu`` (closed form) and of
       ``dp_accounting``'s PLD accountant (pessimistic discretisation, so ``>=`` the closed form).
       ``delta = 0`` gives ``eps = inf`` for both.
+
+    Raises:
+      InputError: an argument out of range.
     """
     import dp_accounting
     from dp_accounting.pld import PLDAccountant
@@ -393,11 +435,13 @@ def pure_composition(epsilon: float, queries: int, delta: float) -> dict:
       delta: the ``delta`` at which ``eps`` is reported, in ``[0, 1)``.
 
     Returns:
-      ``{"epsilon_kov", "epsilon_pld"}``: the smallest ``eps`` with ``delta(eps) <= delta`` under the exact
-      optimal composition (Kairouz, Oh, Viswanath 2015, Thm 3.3; at ``delta = 0`` it is ``m eps0``) and
-      ``dp_accounting``'s PLD of an ``(eps0, 0)``-DP mechanism self-composed ``m`` times (its
-      ``PLDAccountant`` is not used: in dp_accounting 0.4 it ignores the count of a composed
-      ``RandomizedResponseDpEvent``).
+      ``{"epsilon_kov", "epsilon_pld"}``: the smallest ``eps`` with ``delta(eps) <= delta`` under the exact optimal
+      composition (Kairouz, Oh, Viswanath 2015, Thm 3.3; at ``delta = 0`` it is ``m eps0``) and
+      ``dp_accounting``'s PLD of an ``(eps0, 0)``-DP mechanism self-composed ``m`` times (its ``PLDAccountant`` is
+      not used: in dp_accounting 0.4 it ignores the count of a composed ``RandomizedResponseDpEvent``).
+
+    Raises:
+      InputError: an argument out of range.
     """
     from dp_accounting.pld import common
     from dp_accounting.pld import privacy_loss_distribution as pld
@@ -419,10 +463,24 @@ def composed_claim(pipeline: str, mechanism, *, epsilon: float, delta0: float, s
                    delta: float) -> dict:
     """The claim of the whole run: ``m`` queries of the pipeline's calibrated mechanism, composed.
 
+    Args:
+      pipeline: ``"pv"`` (Gaussian composition of the mechanism's float32 ``sigma``) or ``"poe"`` (pure
+        composition of ``epsilon``; ``mechanism`` and ``sensitivity`` unused).
+      mechanism: the calibrated per-query mechanism (PV: a ``PrivateVoting``).
+      epsilon: the per-query ``eps0``.
+      delta0: the per-query ``delta`` of PV's calibration (for the basic composition).
+      sensitivity: PV's L2 sensitivity of one release.
+      queries: ``m``.
+      delta: the ``delta`` at which the composed ``epsilon`` is reported.
+
     Returns:
       ``{"composition", "epsilon", "epsilon_check", "basic_epsilon", "basic_delta", ...}``: ``epsilon`` is the
       compared claim at ``delta`` (PV: exact GDP; PoE: exact KOV), ``epsilon_check`` the PLD accountant's,
-      ``basic_*`` basic composition of the per-query ``(eps0, delta0)`` (PoE: ``delta0 = 0``).
+      ``basic_*`` basic composition of the per-query ``(eps0, delta0)`` (PoE: ``delta0 = 0``); PV adds ``mu`` and
+      ``sigma``.
+
+    Raises:
+      InputError: an argument out of range (see :func:`gaussian_composition`, :func:`pure_composition`).
     """
     m = queries
     if pipeline == "pv":
@@ -455,10 +513,23 @@ def _cases(slots: CanarySlots, spec):
 
 def clean_answers(pipeline: str, slots: CanarySlots, settings: OneRunSettings, oracle, spec, *, defense: str,
                   log=None) -> tuple[np.ndarray, Any]:
-    """``(m, 2)`` clean outputs of the ``m`` queries on the realised private set, and the last pipeline.
+    """The clean outputs of the ``m`` queries on the realised private set, and the last pipeline built.
 
     PV: votes ``(reproduced secret j, not)`` over the ``T`` fixed partitions; PoE: clipped log-prob sums of
     ``(secret j, decoy j)`` over one expert per exemplar. Greedy decoding: each is the exact clean output.
+
+    Args:
+      pipeline: ``"pv"`` or ``"poe"``.
+      slots: the canary slots (their coins realise the private set).
+      settings: the ``[one_run]`` settings (``partitions``, ``clip``).
+      oracle: the :class:`~snapaudit_jax.models.oracle.LLMOracle`.
+      spec: the dataset spec.
+      defense: the pipelines' defense.
+      log: progress callable, optional.
+
+    Returns:
+      ``(clean, pipeline)``: ``(m, 2)`` float64 clean outputs, and the pipeline of the last query (to calibrate
+      the mechanism with).
     """
     from snapaudit_jax.dpicl.pipelines import PrivateVotingPipeline, ProductOfExpertsPipeline
 
@@ -497,12 +568,13 @@ def release_scores(mechanism, clean, key: jax.Array) -> tuple[np.ndarray, np.nda
       key: the run's PRNG key.
 
     Returns:
-      ``hits`` ``(m,)`` bool: the released label is "secret j" (black-box); ``margins`` ``(m,)``: the white-box
-      statistic the mechanism's guarantee covers (PV ``noisy_0 - noisy_1``; PoE the logistic margin). Each
-      has exactly the distribution of the release (the simulator protocol of :mod:`snapaudit_jax.mechanisms.base`).
+      ``hits`` ``(m,)`` bool: the released label is "secret j" (black-box); ``margins`` ``(m,)`` float64: the
+      white-box statistic the mechanism's guarantee covers (PV ``noisy_0 - noisy_1``; PoE the logistic margin).
+      Each has exactly the distribution of the release (the simulator protocol of
+      :mod:`snapaudit_jax.mechanisms.base`).
 
     Raises:
-      ValueError: ``clean`` not of shape ``(m, 2)`` or not finite.
+      InputError: ``clean`` not of shape ``(m, 2)`` or not finite.
     """
     c = validate.finite_array("clean", clean)
     if c.ndim != 2 or c.shape[1] != 2:
@@ -519,7 +591,8 @@ def one_run_pipeline(pipeline: str, settings: OneRunSettings, oracle, examples, 
       pipeline: ``pv`` or ``poe``.
       settings: the ``[one_run]`` settings.
       oracle: the :class:`~snapaudit_jax.dpicl.pipelines.LLMOracle` (cached: reruns compute nothing).
-      examples, spec: the dataset.
+      examples: the dataset's examples (the slot texts are drawn from them).
+      spec: the dataset spec.
       delta0: the per-query ``delta`` the PV noise is calibrated for (``audit.delta``).
       calibration: PV's Gaussian calibration (``analytic`` or ``classical``).
       defense: the pipelines' defense.
@@ -528,6 +601,9 @@ def one_run_pipeline(pipeline: str, settings: OneRunSettings, oracle, examples, 
     Returns:
       One dict per ``eps`` with the slots' coins, the composed claim, and per threat the
       :class:`~snapaudit_jax.estimation.one_run.OneRunResult` fields and ``violation``.
+
+    Raises:
+      InputError: invalid settings or too few distinct examples for the slots (see :func:`make_slots`).
 
     Guarantees:
       See the module docstring; the coins and the DP keys are fixed before any model call.
@@ -578,11 +654,19 @@ def ceiling(canaries: int, *, delta: float, alpha: float, insert_probability: fl
             pairs: Sequence[tuple[int, int]] | None = None) -> float:
     """The largest bound the declared grid can give for ``canaries`` (every guess right): the design's reach.
 
-    ``pairs`` is the declared grid (default: :func:`~snapaudit_jax.estimation.one_run.default_grid` of ``canaries``).
+    With few canaries it is 0 (e.g. ``m = 4``, ``alpha = 0.05``; ``m = 12`` reaches 0.71): no outcome of the run
+    can then show ``eps > 0``, however much the pipeline leaks.
 
-    With few canaries it is 0 (e.g. ``m = 4``, ``alpha = 0.05``; ``m = 12`` reaches 0.71): no outcome of the
-    run can then show
-    ``eps > 0``, however much the pipeline leaks.
+    Args:
+      canaries: ``m``.
+      delta: the audited ``delta``.
+      alpha: family-wise failure probability, split evenly over the pairs.
+      insert_probability: ``p``.
+      pairs: the declared ``(k_plus, k_minus)`` grid (default:
+        :func:`~snapaudit_jax.estimation.one_run.default_grid` of ``canaries``).
+
+    Returns:
+      The largest one-run ``epsilon`` over the pairs, each with all its guesses correct.
     """
     pairs = tuple(pairs) if pairs else default_grid(canaries)
     level = alpha / len(pairs)
@@ -605,7 +689,15 @@ def _num(x: float | None, spec: str = ".2f") -> str:
 
 
 def format_section(rows: list[dict], snapshot_rows: list[dict]) -> str:
-    """The ``table.md`` section: one line per pipeline and eps, next to the snapshot audit's numbers."""
+    """The ``table.md`` section: one line per pipeline and eps, next to the snapshot audit's numbers.
+
+    Args:
+      rows: the one-run rows (:func:`one_run_pipeline`).
+      snapshot_rows: the ``results.json`` rows of the snapshot audits (their active rows are shown alongside).
+
+    Returns:
+      The Markdown section, or ``""`` without rows.
+    """
     if not rows:
         return ""
     r0 = rows[0]

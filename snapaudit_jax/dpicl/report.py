@@ -47,8 +47,22 @@ def _pool_lines(info: dict) -> list[str]:
 
 
 def format_report(rows: list[dict], summaries: dict, mia: dict | None, one_run: dict | None = None) -> str:
-    """Markdown tables: epsilon_emp by pipeline x epsilon, for active/passive and black/white; the one-run
-    section (``[one_run]``) next to the active audit's numbers."""
+    """The ``table.md`` report of a run.
+
+    Markdown tables of ``epsilon_emp`` by pipeline and ``epsilon_theory``, for active/passive and black/white, with
+    each pipeline's Phase A manifest line (and ESA's signals and candidate pool), the MIA table and the one-run
+    section (``[one_run]``) next to the active audit's numbers.
+
+    Args:
+      rows: the ``results.json`` rows (``pipeline``, ``mode``, ``threat``, ``epsilon_theory``, ``epsilon_emp``,
+        ``llm_calls``).
+      summaries: per pipeline, its summary (``manifest`` and the ESA pool entries).
+      mia: the ``mia.json`` object, or ``None``.
+      one_run: the ``one_run.json`` object, or ``None``.
+
+    Returns:
+      The Markdown text, ending with a newline.
+    """
     lines = ["# DP-ICL audit", ""]
     for name, info in summaries.items():
         m = info["manifest"]

@@ -140,11 +140,22 @@ def _pool_notes(pool) -> tuple[list[str], tuple[str, ...]]:
 def passive_plan(runs: int, calls_per_pair: int, candidate_calls: int = 0) -> tuple[int, int]:
     """``(runs per context, model calls)`` of a passive audit with the active audit's budget.
 
-    ``runs`` end-to-end runs per context cost ``calls_per_pair`` calls per pair of runs (one per context).
-    ESA with a sampled pool (``candidate_calls = T_cand > 0``): the active audit pays ``runs * calls_per_pair +
-    T_cand`` calls (Phase A at ``snapshots = runs``, then one candidate stage); every passive run draws its own
-    pool, ``calls_per_pair + 2 T_cand`` per pair, so that budget buys ``floor(budget / (calls_per_pair +
-    2 T_cand))`` runs per context (at least 1).
+    ``runs`` end-to-end runs per context cost ``calls_per_pair`` calls per pair of runs (one per context). ESA with
+    a sampled pool (``candidate_calls = T_cand > 0``): the active audit pays ``runs * calls_per_pair + T_cand``
+    calls (Phase A at ``snapshots = runs``, then one candidate stage); every passive run draws its own pool,
+    ``calls_per_pair + 2 T_cand`` per pair, so that budget buys ``floor(budget / (calls_per_pair + 2 T_cand))``
+    runs per context (at least 1).
+
+    Args:
+      runs: runs per context wanted (``>= 1``).
+      calls_per_pair: model calls of one clean output under each context, summed (``>= 1``).
+      candidate_calls: ``T_cand >= 0`` (0: no per-run candidate stage).
+
+    Returns:
+      ``(runs per context, model calls in all)``.
+
+    Raises:
+      InputError: an argument that is not an integer in range.
     """
     runs = validate.positive_int("runs", runs)
     calls_per_pair = validate.positive_int("calls_per_pair", calls_per_pair)
@@ -273,11 +284,14 @@ def _clean_signal(pipeline, clean) -> float:
 def check_run_folder(out_dir: str | os.PathLike) -> None:
     """Refuses a run folder whose resume files are corrupted, before any work (nothing is changed).
 
-    Checks the model-answer cache ``llm_cache.jsonl`` line by line, every ``snapshots/<name>.manifest.json``
-    and the snapshot file next to it.
+    Checks the model-answer cache ``llm_cache.jsonl`` line by line, every ``snapshots/<name>.manifest.json`` and
+    the snapshot file next to it. A missing folder passes.
+
+    Args:
+      out_dir: the run folder.
 
     Raises:
-      ValueError: a corrupted file (the message names it, the line or the array, and says to delete it).
+      InputError: a corrupted file (the message names it, the line or the array, and says to delete it).
     """
     from snapaudit_jax.models.oracle import read_cache
     from snapaudit_jax.simulation.snapshots import load_snapshots
@@ -346,16 +360,19 @@ def run_audit(config: AuditConfig, out_dir: str, *, progress: bool = True) -> di
     Args:
       config: a checked configuration (:func:`~snapaudit_jax.dpicl.config.load_config`).
       out_dir: the run folder; files of an earlier run with the same configuration are resumed from (the
-        model-answer cache, snapshots), those of a different one are refused.
+        model-answer cache, snapshots), those of a different one are recomputed.
       progress: progress lines on stderr.
 
     Returns:
-      The summary written to ``results.json``: ``rows`` (one per pipeline, mode, threat and epsilon),
-      ``pipelines`` (manifests), ``mia`` and ``one_run`` (``None`` unless configured).
+      ``{"rows", "summary", "mia", "one_run"}``: ``rows`` as written to ``results.json`` (one per pipeline, mode,
+      threat and epsilon), ``summary`` (the configuration, per-pipeline manifests, model-call counts), and the
+      ``mia`` and ``one_run`` objects (``None`` unless configured).
 
     Raises:
-      ConfigFileError: a data file, model or resume file the configuration names cannot be used (before the
-        folder changes).
+      InputError: a corrupted resume file (:func:`check_run_folder`, before the folder changes); the determinism
+        check failing with ``on_mismatch = "fail"``; ``method = "exact"`` with the black-box threat and a sampled
+        ESA pool of other than 2 candidates.
+      ConfigFileError: a data file or model the configuration names cannot be loaded (before the folder changes).
     """
     from snapaudit_jax.dpicl.data import get_spec
     from snapaudit_jax.dpicl.pipelines import KeywordPipeline, LLMOracle, make_case

@@ -125,23 +125,26 @@ def compute_epsilon(
     """``epsilon`` at ``delta`` of ``steps`` DP-SGD steps (Poisson sampling, add/remove adjacency).
 
     Args:
-      noise_multiplier: ``sigma >= 0``; ``0`` gives ``inf``.
-      sampling_rate: ``q`` in ``(0, 1]``.
+      noise_multiplier: ``sigma >= 0`` (noise std over the clipping norm ``C``); ``0`` gives ``inf``.
+      sampling_rate: Poisson rate ``q`` in ``(0, 1]``.
       steps: ``T >= 1``.
       delta: in ``(0, 1)``.
-      accountant: ``"rdp"`` (dp_accounting ``RdpAccountant``, default orders 1.1 ... 1024) or
-        ``"pld"`` (``PLDAccountant``, pessimistic, ``pld_discretization``).
+      accountant: ``"rdp"`` (dp_accounting ``RdpAccountant``, default orders 1.1 ... 1024) or ``"pld"``
+        (``PLDAccountant``, pessimistic, ``pld_discretization``).
       pld_discretization: value discretisation interval of the PLD accountant.
 
     Returns:
       The accountant's ``epsilon`` (an upper bound for the mechanism of :func:`dpsgd_event`).
 
+    Raises:
+      InputError: an argument out of range or an unknown accountant.
+
     Guarantees:
-      Both accountants return upper bounds on the optimal ``epsilon`` of the Poisson-subsampled
-      Gaussian mechanism composed ``T`` times under add/remove-one adjacency (RDP: by the
-      RDP-to-DP conversion, loose; PLD: by pessimistic discretisation, tight up to the interval).
-      dp_accounting's warnings that it dropped an RDP order it could not evaluate (small ``sigma``,
-      orders near 1) are silenced: dropping orders only loosens the RDP bound.
+      Both accountants return upper bounds on the optimal ``epsilon`` of the Poisson-subsampled Gaussian
+      mechanism composed ``T`` times under add/remove-one adjacency (RDP: by the RDP-to-DP conversion, loose;
+      PLD: by pessimistic discretisation, tight up to the interval). dp_accounting's warnings that it dropped
+      an RDP order it could not evaluate (small ``sigma``, orders near 1) are silenced: dropping orders only
+      loosens the RDP bound.
     """
     sigma, q, steps, delta, accountant, disc = _check(
         noise_multiplier, sampling_rate, steps, delta, accountant, pld_discretization
@@ -166,7 +169,8 @@ def calibrate_noise_multiplier(
     """The smallest ``sigma`` (within ``tol``) whose ``epsilon`` at ``delta`` is ``<= target_epsilon``.
 
     Brackets the root in ``[0.3, 1e4]`` by doubling/halving from ``sigma = 1``, then runs
-    ``dp_accounting.calibrate_dp_mechanism`` (Brent's method) on the bracket.
+    ``dp_accounting.calibrate_dp_mechanism`` (Brent's method) on the bracket. The mechanism is that of
+    :func:`dpsgd_event`: ``steps`` Poisson-sampled Gaussian steps at rate ``q``, add/remove-one adjacency.
 
     Args:
       target_epsilon: ``> 0``.
@@ -178,13 +182,15 @@ def calibrate_noise_multiplier(
       pld_discretization: PLD value discretisation interval.
 
     Returns:
-      ``sigma`` with ``epsilon(sigma) <= target_epsilon`` and ``|sigma - sigma*| <= tol`` for the exact
-      root ``sigma*``; hence ``epsilon(sigma - 2 tol) > target_epsilon``. If the target is met already
-      at ``sigma = 0.3`` (the search floor), ``0.3`` is returned (its epsilon is below the target).
+      ``sigma`` with ``epsilon(sigma) <= target_epsilon`` and ``|sigma - sigma*| <= tol`` for the exact root
+      ``sigma*``; hence ``epsilon(sigma - 2 tol) > target_epsilon``. If the target is met already at
+      ``sigma = 0.3`` (the search floor), ``0.3`` is returned (its epsilon is below the target).
 
     Raises:
-      ValueError: invalid arguments, or ``target_epsilon`` unreachable: even ``sigma = 1e4`` gives a
-        larger ``epsilon`` (the accountant's resolution floor for this ``delta``).
+      InputError: invalid arguments, or ``target_epsilon`` unreachable: even
+        ``sigma = 1e4`` gives a larger ``epsilon`` (the accountant's resolution floor for this ``delta``).
+      ArithmeticError: the calibrated ``sigma`` fails the final ``epsilon <= target_epsilon`` check (a bug in
+        the calibration; dp_accounting guarantees it does not happen).
     """
     target = validate.positive_float("target_epsilon", target_epsilon)
     _, q, steps, delta, accountant, disc = _check(1.0, sampling_rate, steps, delta, accountant, pld_discretization)
@@ -243,7 +249,7 @@ class DPReport:
     """What a DP-SGD claim needs (seed 002, "What the accountant must know"), JSON-serialisable.
 
     Attributes:
-      dp: whether the run is differentially private (clipping on and ``noise_multiplier > 0``).
+      dp: whether the run is differentially private (clipping on, ``noise_multiplier > 0`` and a ``delta``).
       epsilon_rdp: ``epsilon`` at ``delta`` by dp_accounting's RDP accountant (``inf`` if not DP).
       epsilon_pld: the same by its PLD accountant (tighter; ``inf`` if not DP).
       delta: ``delta`` of the guarantee (``None`` for a non-private run without one).
@@ -257,21 +263,25 @@ class DPReport:
       steps: steps taken and accounted.
       steps_planned: steps of the configuration (more than ``steps`` for a stopped run).
       dataset_size: ``N`` records.
-      protected_unit, adjacency: the neighbouring relation of the guarantee.
+      protected_unit: the unit the guarantee protects (one training sequence, one dataset row).
+      adjacency: the neighbouring relation (add/remove one record).
       target_epsilon: the calibration target, or ``None`` if ``noise_multiplier`` was given.
-      calibration_accountant: the accountant ``sigma`` was calibrated with.
-      accountants: per accountant (``"rdp"``, ``"pld"``): ``implementation``, ``version`` and the
-        settings it ran with.
+      calibration_accountant: the accountant ``sigma`` was calibrated with, or ``None``.
+      accountants: per accountant (``"rdp"``, ``"pld"``): ``implementation``, ``version`` and the settings
+        it ran with.
       software: versions of the libraries of the run (jax, flax, optax, jax-privacy, dp-accounting).
-      optimizer, learning_rate, microbatch_size: the training run (post-processing; no privacy effect).
-      not_covered: releases the guarantee does not cover.
+      optimizer: the optimizer (post-processing; no privacy effect).
+      learning_rate: its step size (no privacy effect).
+      microbatch_size: records per clipped-gradient call (no privacy effect).
+      not_covered: releases the guarantee does not cover (the training history, tuning on the private data,
+        several sequences of one person beyond group privacy).
 
     Guarantees:
       ``epsilon_rdp`` and ``epsilon_pld`` are both upper bounds on the privacy loss of the mechanism
-      described (``steps`` Poisson-sampled Gaussian steps at ``sampling_rate`` and
-      ``noise_multiplier``, sensitivity ``clip_norm`` under ``adjacency``); :attr:`epsilon`, the
-      smaller, is one too. They hold only under the assumptions of
-      :func:`~snapaudit_jax.dpsgd.train` and not for anything listed in ``not_covered``.
+      described (``steps`` Poisson-sampled Gaussian steps at ``sampling_rate`` and ``noise_multiplier``,
+      sensitivity ``clip_norm`` under ``adjacency``); :attr:`epsilon`, the smaller, is one too. They hold
+      only under the assumptions of :func:`~snapaudit_jax.dpsgd.train` and not for anything listed in
+      ``not_covered``.
     """
 
     dp: bool
@@ -304,18 +314,33 @@ class DPReport:
         return min(self.epsilon_rdp, self.epsilon_pld)
 
     def to_dict(self) -> dict[str, Any]:
-        """A strict-JSON dictionary of every field plus ``epsilon`` (``inf`` becomes ``None``; ``dp`` says
-        whether the epsilons are finite)."""
+        """A strict-JSON dictionary of every field plus ``epsilon``.
+
+        Returns:
+          The fields and ``epsilon``; ``inf`` becomes ``None`` (``dp`` says whether the epsilons are finite),
+          tuples become lists.
+        """
         out = dataclasses.asdict(self)
         out["epsilon"] = self.epsilon
         return to_json(out)
 
     def to_json(self, **kwargs) -> str:
-        """``json.dumps`` of :meth:`to_dict` (strict JSON)."""
+        """``json.dumps`` of :meth:`to_dict` (strict JSON).
+
+        Args:
+          **kwargs: passed to ``json.dumps`` (e.g. ``indent``).
+
+        Returns:
+          The JSON text.
+        """
         return dumps(self.to_dict(), **kwargs)
 
     def summary(self) -> str:
-        """One human-readable line."""
+        """One human-readable line: the ``(epsilon, delta)`` claim and its parameters, or "NOT differentially private".
+
+        Returns:
+          The line.
+        """
         if not self.dp:
             return (
                 f"NOT differentially private (noise_multiplier={self.noise_multiplier:g}, "
@@ -348,7 +373,32 @@ def make_report(
     learning_rate: float,
     microbatch_size: int,
 ) -> DPReport:
-    """Runs both accountants and assembles a :class:`DPReport` (``steps = 0``: ``epsilon = 0``)."""
+    """Runs both accountants and assembles a :class:`DPReport`.
+
+    The run is DP when ``private``, ``noise_multiplier > 0``, ``clip_norm`` finite and ``delta`` given; then
+    ``epsilon_rdp`` and ``epsilon_pld`` are :func:`compute_epsilon` of ``steps`` steps at ``sampling_rate``
+    (``0`` for ``steps = 0``), else both are ``inf``.
+
+    Args:
+      private: clipping and noise were on.
+      noise_multiplier: ``sigma`` used.
+      clip_norm: ``C`` used (``inf`` when non-private).
+      sampling_rate: the accounted Poisson rate ``q``.
+      sampling_probability: the sampler's exact inclusion probability (:func:`sampling_probability`).
+      dataset_size: ``N``.
+      steps: steps done (accounted).
+      steps_planned: steps of the configuration.
+      delta: ``delta`` of the guarantee, or ``None``.
+      target_epsilon: calibration target, or ``None``.
+      calibration_accountant: accountant of the calibration, or ``None``.
+      pld_discretization: PLD value discretisation interval.
+      optimizer: optimizer name.
+      learning_rate: step size.
+      microbatch_size: records per clipped-gradient call.
+
+    Returns:
+      The :class:`DPReport`.
+    """
     dp = private and noise_multiplier > 0.0 and math.isfinite(clip_norm) and delta is not None
     if not dp:
         eps_rdp = eps_pld = math.inf

@@ -57,14 +57,18 @@ def _fsync_dir(path: str) -> None:
 
 
 def save_checkpoint(directory: str | os.PathLike, step: int, params, opt_state, meta: dict[str, Any]) -> str:
-    """Writes the checkpoint of ``step`` atomically; returns its folder.
+    """Writes the checkpoint of ``step`` atomically; older ones beyond the two newest are deleted.
 
     Args:
       directory: the run's checkpoint folder (created if missing).
-      step: steps completed.
+      step: steps completed; the folder is ``step_<8 digits>`` (replaced if it exists).
       params: parameter pytree.
-      opt_state: optimizer state pytree (typed PRNG keys are stored as key data).
-      meta: JSON-serialisable metadata (``step`` and ``format`` are added).
+      opt_state: optimizer state pytree (typed PRNG keys, such as the noise generator's, are stored as key
+        data with their implementation name).
+      meta: JSON-serialisable metadata (``step``, ``format`` and ``typed_keys`` are added).
+
+    Returns:
+      The path of the checkpoint folder.
     """
     from safetensors.numpy import save_file
 
@@ -106,7 +110,14 @@ def _checkpoints(directory: str) -> list[str]:
 
 
 def latest_checkpoint(directory: str | os.PathLike) -> str | None:
-    """The newest complete checkpoint folder under ``directory`` (``None`` if there is none)."""
+    """The newest complete checkpoint folder under ``directory``.
+
+    Args:
+      directory: the run's checkpoint folder (may not exist).
+
+    Returns:
+      The path of the highest ``step_<8 digits>`` folder holding ``meta.json``, or ``None`` if there is none.
+    """
     directory = os.fspath(directory)
     if not os.path.isdir(directory):
         return None
@@ -140,8 +151,18 @@ def _restore(prefix: str, template, arrays: dict[str, np.ndarray], typed: dict[s
 def load_checkpoint(path: str | os.PathLike, params_template, opt_state_template):
     """``(params, opt_state, meta)`` of a checkpoint folder, shaped like the templates.
 
+    Args:
+      path: the checkpoint folder (from :func:`latest_checkpoint`).
+      params_template: a parameter pytree with the expected structure, shapes and dtypes.
+      opt_state_template: an optimizer state pytree likewise.
+
+    Returns:
+      ``(params, opt_state, meta)``: the restored pytrees (typed PRNG keys rewrapped) and the ``meta.json``
+      dictionary.
+
     Raises:
-      ValueError: unreadable checkpoint, wrong format, or arrays missing / of another shape or dtype.
+      InputError: unreadable checkpoint, wrong format, or arrays missing / of another
+        shape or dtype / not stored as a PRNG key where the template has one.
     """
     from safetensors.numpy import load_file
 

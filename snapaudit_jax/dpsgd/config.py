@@ -29,13 +29,12 @@ def _unit_interval_open_right(name: str, value: Any) -> float:
 class DPSGDConfig:
     """A DP-SGD (or, with ``non_private=True``, a plain) training run of a decoder language model.
 
-    The privacy knobs: ``clip_norm`` ``C`` bounds each record's gradient, Gaussian noise of
-    standard deviation ``noise_multiplier * C`` is added to the *sum* of clipped gradients of a
-    Poisson-sampled batch, and the result is divided by the expected batch size ``q * N``.
-    Give either ``noise_multiplier`` or ``target_epsilon`` (then ``noise_multiplier`` is
-    calibrated so that ``accountant`` reports ``epsilon <= target_epsilon`` at ``delta``
-    after ``steps`` steps), and either ``sampling_rate`` ``q`` or the expected ``batch_size``
-    (``q = batch_size / N``).
+    The privacy knobs: ``clip_norm`` ``C`` bounds each record's gradient, Gaussian noise of standard
+    deviation ``noise_multiplier * C`` is added to the *sum* of clipped gradients of a Poisson-sampled batch,
+    and the result is divided by the expected batch size ``q * N``. Give either ``noise_multiplier`` or
+    ``target_epsilon`` (then ``noise_multiplier`` is calibrated so that ``accountant`` reports
+    ``epsilon <= target_epsilon`` at ``delta`` after ``steps`` steps), and either ``sampling_rate`` ``q`` or
+    the expected ``batch_size`` (``q = batch_size / N``). Fields are validated and normalised on construction.
 
     Attributes:
       steps: optimizer steps ``T >= 1`` (each one Poisson-sampled batch).
@@ -43,25 +42,32 @@ class DPSGDConfig:
       clip_norm: per-record L2 clipping norm ``C > 0`` (ignored when ``non_private``).
       noise_multiplier: ``sigma >= 0``; noise std on the clipped sum is ``sigma * C``.
       target_epsilon: ``> 0``; calibrate ``sigma`` to it instead of giving ``sigma``.
-      delta: ``delta`` in ``(0, 1)`` of the reported ``(epsilon, delta)``; required unless
-        ``non_private``. A common choice is well below ``1 / N``.
-      sampling_rate: Poisson inclusion probability ``q`` in ``(0, 1]``.
+      delta: ``delta`` in ``(0, 1)`` of the reported ``(epsilon, delta)``; required unless ``non_private``.
+        A common choice is well below ``1 / N``.
+      sampling_rate: Poisson inclusion probability ``q`` in ``[2^-32, 1]``.
       batch_size: expected batch size ``q * N`` (an integer ``>= 1``), instead of ``sampling_rate``.
       optimizer: ``"sgd"``, ``"adam"`` or ``"adamw"`` (optax).
       momentum: SGD momentum in ``[0, 1)`` (0: plain SGD).
-      b1, b2, eps: Adam(W) moment decays and epsilon.
+      b1: Adam(W) first-moment decay in ``[0, 1)``.
+      b2: Adam(W) second-moment decay in ``[0, 1)``.
+      eps: Adam(W) epsilon ``> 0``.
       weight_decay: AdamW decoupled weight decay ``>= 0``.
-      microbatch_size: records per vectorised clipped-gradient call (``None``: 1 on the CPU
-        backend, where vectorising over records does not pay -- see ``benchmarks/bench_dpsgd.py``
-        -- and ``min(32, ceil(q N))`` on accelerators). Changes speed, memory and float summation
-        order only, never the sampled batch (no truncation) nor the privacy guarantee.
-      accountant: ``"rdp"`` or ``"pld"``: the accountant used to calibrate ``sigma`` to
-        ``target_epsilon`` (the report always gives both).
+      microbatch_size: records per vectorised clipped-gradient call (``None``: 1 on the CPU backend, where
+        vectorising over records does not pay -- see ``benchmarks/bench_dpsgd.py`` -- and
+        ``min(32, ceil(q N))`` on accelerators). Changes speed, memory and float summation order only, never
+        the sampled batch (no truncation) nor the privacy guarantee.
+      accountant: ``"rdp"`` or ``"pld"``: the accountant used to calibrate ``sigma`` to ``target_epsilon``
+        (the report always gives both).
       calibration_tol: absolute tolerance on the calibrated ``sigma``.
       pld_discretization: value discretisation interval of the PLD accountant.
-      non_private: turn clipping and noise off (plain optax training on the same Poisson
-        batches and the same normaliser ``q * N``); the report then says ``dp = False``.
-      seed: seed of the run's key when :func:`~snapaudit_jax.dpsgd.train` gets no ``key``.
+      non_private: turn clipping and noise off (plain optax training on the same Poisson batches and the
+        same normaliser ``q * N``); the report then says ``dp = False``.
+      seed: seed ``>= 0`` of the run's key when :func:`~snapaudit_jax.dpsgd.train` gets no ``key``.
+
+    Raises:
+      InputError: (on construction) a field out of range, both or neither of
+        ``noise_multiplier`` / ``target_epsilon`` (private runs), either of them set with ``non_private``,
+        no ``delta`` for a private run, or both or neither of ``sampling_rate`` / ``batch_size``.
     """
 
     steps: int
@@ -149,8 +155,14 @@ class DPSGDConfig:
     def sampling_rate_for(self, num_records: int) -> float:
         """The Poisson sampling rate ``q`` for a dataset of ``num_records`` records.
 
+        Args:
+          num_records: ``N >= 1``.
+
+        Returns:
+          ``sampling_rate`` if set, else ``batch_size / N``.
+
         Raises:
-          ValueError: ``batch_size`` larger than ``num_records``.
+          InputError: ``num_records < 1`` or ``batch_size`` larger than it.
         """
         num_records = validate.positive_int("num_records", num_records)
         if self.sampling_rate is not None:
@@ -164,8 +176,14 @@ class DPSGDConfig:
 
         Args:
           num_records: ``N``.
-          backend: the JAX backend the step runs on (default ``jax.default_backend()``); only used
-            when ``microbatch_size`` is ``None``.
+          backend: the JAX backend the step runs on (default ``jax.default_backend()``); only used when
+            ``microbatch_size`` is ``None``.
+
+        Returns:
+          ``microbatch_size`` if set; else 1 on ``"cpu"`` and ``max(1, min(32, ceil(q N)))`` elsewhere.
+
+        Raises:
+          InputError: as :meth:`sampling_rate_for` (accelerator backends only).
         """
         if self.microbatch_size is not None:
             return self.microbatch_size

@@ -93,6 +93,9 @@ def _clipped_sum_jit(graphdef, rest, params, tokens, mask, padding, clip_norm):
 def clipped_grad_sum(model, tokens, mask, *, clip_norm: float, padding=None) -> ClippedGrads:
     """Sum of per-record gradients of :func:`sequence_losses`, each clipped to L2 norm ``clip_norm``.
 
+    No noise is added here: the sum is the input of the Gaussian mechanism in
+    :func:`~snapaudit_jax.dpsgd.train`.
+
     Args:
       model: a decoder module (its ``nnx.Param`` state is differentiated).
       tokens: ``(B, L)`` int token ids.
@@ -103,10 +106,14 @@ def clipped_grad_sum(model, tokens, mask, *, clip_norm: float, padding=None) -> 
     Returns:
       :class:`ClippedGrads` ``(grad_sum, losses, norms)``.
 
+    Raises:
+      InputError: an invalid ``clip_norm``, ``tokens`` and ``mask`` not both ``(B, L)``,
+        or ``padding`` not ``(B,)``.
+
     Guarantees:
-      ``grad_sum = sum_i [not padding_i] g_i min(1, C / ||g_i||)`` (jax_privacy ``clip_pytree``;
-      NaN/inf gradients are zeroed first), so adding or removing one record changes it by at most
-      ``C`` in L2 norm, whatever the record and the rest of the batch.
+      ``grad_sum = sum_i [not padding_i] g_i min(1, C / ||g_i||)`` (jax_privacy ``clip_pytree``; NaN/inf
+      gradients are zeroed first), so adding or removing one record changes it by at most ``C`` in L2 norm,
+      whatever the record and the rest of the batch.
     """
     clip_norm = validate.positive_float("clip_norm", clip_norm, allow_inf=True)
     tokens = jnp.asarray(tokens, jnp.int32)
@@ -170,20 +177,21 @@ def _losses_jit(graphdef, state, tokens, mask):
 
 
 def record_losses(model, dataset, *, batch_size: int = 64) -> np.ndarray:
-    """``(N,)`` :func:`sequence_losses` of every record of ``dataset``, in jitted batches.
+    """:func:`sequence_losses` of every record of ``dataset``, in jitted batches (evaluation; not private).
 
     Args:
       model: a decoder (:class:`~snapaudit_jax.models.decoders.GPT2` or ``Llama``).
       dataset: ``(tokens, mask)``, ``(N, L)`` token ids and real-token mask (as for
         :func:`~snapaudit_jax.dpsgd.train`; every row needs two consecutive real tokens).
-      batch_size: rows per forward pass; the last batch is padded, so one ``(min(batch_size, N), L)``
-        shape is compiled per ``L``.
+      batch_size: rows per forward pass; the last batch is padded, so one ``(min(batch_size, N), L)`` shape
+        is compiled per ``L``.
 
     Returns:
       ``(N,)`` float64: each record's mean next-token cross-entropy (nats).
 
     Raises:
-      ValueError: invalid dataset or ``batch_size``.
+      InputError: invalid dataset (shape, dtype, mask, token range, a row without a
+        target, more real tokens than GPT-2's positions) or ``batch_size``.
     """
     tokens, mask = _check_dataset(dataset, model)
     batch_size = validate.positive_int("batch_size", batch_size)
@@ -219,7 +227,11 @@ class LossSummary(NamedTuple):
     token_perplexity: float
 
     def to_dict(self) -> dict[str, float | int]:
-        """The scalar fields (and ``num_records``, ``num_targets``) as a JSON-able dictionary."""
+        """The scalar fields (and ``num_records``, ``num_targets``) as a JSON-able dictionary.
+
+        Returns:
+          ``{"num_records", "num_targets", "mean_loss", "perplexity", "token_loss", "token_perplexity"}``.
+        """
         return {
             "num_records": int(self.losses.size),
             "num_targets": int(self.targets.sum()),
@@ -231,10 +243,19 @@ class LossSummary(NamedTuple):
 
 
 def loss_summary(model, dataset, *, batch_size: int = 64) -> LossSummary:
-    """Mean per-record loss and perplexity of ``model`` on ``dataset`` (see :func:`record_losses`).
+    """Mean per-record loss and perplexity of ``model`` on ``dataset`` (evaluation; not private).
+
+    Args:
+      model: a decoder (:class:`~snapaudit_jax.models.decoders.GPT2` or ``Llama``).
+      dataset: ``(tokens, mask)`` as for :func:`record_losses`.
+      batch_size: rows per forward pass (see :func:`record_losses`).
+
+    Returns:
+      The :class:`LossSummary` (per-record losses, target counts, record- and token-weighted losses and
+      perplexities; ``inf`` perplexity for a diverged model).
 
     Raises:
-      ValueError: invalid dataset or ``batch_size``.
+      InputError: invalid dataset or ``batch_size``.
     """
     losses = record_losses(model, dataset, batch_size=batch_size)
     mask = np.asarray(dataset[1], bool)

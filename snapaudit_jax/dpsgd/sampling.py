@@ -24,10 +24,16 @@ __all__ = ["poisson_batch", "inclusion_threshold", "sampling_probability"]
 
 
 def inclusion_threshold(sampling_rate: float) -> np.uint32:
-    """``floor(q 2^32) - 1`` as a ``uint32``: a record is included iff its 32 random bits are ``<=`` it.
+    """The sampler's ``uint32`` threshold for rate ``q``: a record is included iff its 32 random bits are ``<=`` it.
+
+    Args:
+      sampling_rate: the accounted Poisson rate ``q`` in ``[2^-32, 1]``.
+
+    Returns:
+      ``floor(q 2^32) - 1`` as a ``np.uint32``.
 
     Raises:
-      ValueError: ``sampling_rate`` outside ``[2^-32, 1]``.
+      InputError: ``sampling_rate`` is not a number or lies outside ``[2^-32, 1]``.
     """
     q = validate._as_float("sampling_rate", sampling_rate)
     if not 2.0**-32 <= q <= 1.0:
@@ -36,7 +42,17 @@ def inclusion_threshold(sampling_rate: float) -> np.uint32:
 
 
 def sampling_probability(sampling_rate: float) -> float:
-    """The exact inclusion probability ``floor(q 2^32) / 2^32`` of the sampler (in ``(q - 2^-32, q]``)."""
+    """The exact inclusion probability of the sampler at rate ``q``.
+
+    Args:
+      sampling_rate: the accounted Poisson rate ``q`` in ``[2^-32, 1]``.
+
+    Returns:
+      ``floor(q 2^32) / 2^32``, in ``(q - 2^-32, q]``: never above the accounted ``q``.
+
+    Raises:
+      InputError: as :func:`inclusion_threshold`.
+    """
     return (int(inclusion_threshold(sampling_rate)) + 1) / 2.0**32
 
 
@@ -61,6 +77,9 @@ def poisson_batch(key: jax.Array, step: int, num_records: int, sampling_rate: fl
     Returns:
       ``(N,)`` bool: whether each record is in the batch.
 
+    Raises:
+      InputError: ``step``, ``num_records`` or ``sampling_rate`` out of range.
+
     Guarantees:
       Given ``key``, the ``N`` indicators of a step are independent Bernoulli with probability
       ``floor(q 2^32) / 2^32``, which lies in ``(q - 2^-32, q]``: never above the accounted ``q``
@@ -73,10 +92,18 @@ def poisson_batch(key: jax.Array, step: int, num_records: int, sampling_rate: fl
 
 
 def compact_indices(selected: jax.Array, microbatch_size: int) -> tuple[jax.Array, jax.Array]:
-    """``(indices (N_pad,), count)``: sampled record indices first (ascending), then ``0`` fill.
+    """The sampled record indices compacted to a fixed-size array, for microbatches of ``m`` rows.
 
     ``N_pad = ceil(N / m) m`` so that every microbatch slice ``[i m, (i + 1) m)`` with
     ``i < ceil(count / m)`` lies inside the array (``lax.dynamic_slice`` would clamp otherwise).
+
+    Args:
+      selected: ``(N,)`` bool Poisson mask (from :func:`poisson_batch`).
+      microbatch_size: ``m >= 1``.
+
+    Returns:
+      ``(indices, count)``: ``(N_pad,)`` int32, the sampled indices first (ascending) then ``0`` fill, and
+      the int32 scalar number of sampled records.
     """
     n = selected.shape[0]
     padded = -(-n // microbatch_size) * microbatch_size

@@ -68,10 +68,21 @@ class ResolvedPrivacy(NamedTuple):
 
 
 def resolve_privacy(config: DPSGDConfig, num_records: int) -> ResolvedPrivacy:
-    """``q``, ``sigma`` (calibrated to ``config.target_epsilon`` if set), ``C``, ``q N`` and ``m``.
+    """The privacy parameters of ``config`` on a dataset of ``num_records`` records.
+
+    With ``target_epsilon``, ``sigma`` is calibrated (:func:`~snapaudit_jax.dpsgd.calibrate_noise_multiplier`)
+    with ``config.accountant`` at ``config.delta`` for all ``config.steps`` steps at rate ``q``; a non-private
+    configuration gets ``sigma = 0`` and ``C = inf``.
+
+    Args:
+      config: the run.
+      num_records: ``N``.
+
+    Returns:
+      :class:`ResolvedPrivacy` ``(q, sigma, C, q N, m)``.
 
     Raises:
-      ValueError: ``batch_size > num_records`` or an unreachable ``target_epsilon``.
+      InputError: ``batch_size > num_records`` or an unreachable ``target_epsilon``.
     """
     q = config.sampling_rate_for(num_records)
     if config.non_private:
@@ -304,40 +315,40 @@ def train(
 
     Args:
       model: a :class:`~snapaudit_jax.models.decoders.GPT2` or ``Llama`` (flax.nnx); not modified.
-      dataset: ``(tokens, mask)``, ``(N, L)`` int token ids and ``(N, L)`` bool real-token mask; one
-        row is one record (the protected unit). Every row needs two consecutive real tokens.
+      dataset: ``(tokens, mask)``, ``(N, L)`` int token ids and ``(N, L)`` bool real-token mask; one row is
+        one record (the protected unit). Every row needs two consecutive real tokens.
       config: the run (:class:`~snapaudit_jax.dpsgd.DPSGDConfig`).
-      key: the run's PRNG key (default ``jax.random.key(config.seed)``): batch of step ``t`` from
-        ``fold_in(fold_in(key, 0), t)``, noise generator seeded by ``fold_in(key, 1)``.
-      checkpoint_dir: if set, resume from its newest checkpoint (which must belong to the same
-        configuration, data, model architecture and key) and save checkpoints there.
-      checkpoint_every: save every this many steps (and always when the call ends); default: only
-        when the call ends.
-      stop_after: stop once this many steps (in total, ``<= config.steps``) are done, e.g. to split a
-        run over jobs; the report then accounts the steps done.
-      progress: ``True``: print a line to stderr about every ``steps / 10`` steps (and at the end);
-        a callable: call it instead with a dict ``{"step", "steps", "batch_size", "loss", "clipped",
+      key: the run's PRNG key, typed or raw ``uint32`` data (default ``jax.random.key(config.seed)``): batch
+        of step ``t`` from ``fold_in(fold_in(key, 0), t)``, noise generator seeded by ``fold_in(key, 1)``.
+      checkpoint_dir: if set, resume from its newest checkpoint (which must belong to the same configuration,
+        data, model architecture and key) and save checkpoints there.
+      checkpoint_every: save every this many steps (and always when the call ends); default: only when the
+        call ends.
+      stop_after: stop once this many steps (in total, ``<= config.steps``) are done, e.g. to split a run
+        over jobs; the report then accounts the steps done.
+      progress: ``True``: print a line to stderr about every ``steps / 10`` steps (and at the end); a
+        callable: call it instead with a dict ``{"step", "steps", "batch_size", "loss", "clipped",
         "seconds"}`` (``loss``: mean per-record loss of that step's batch, NaN if empty; not private).
 
     Returns:
-      ``(trained_model, history, report)``: a new model with the trained parameters; ``history``
-      maps :data:`HISTORY_KEYS` to ``(steps_done,)`` arrays (``loss`` is the mean per-record loss of
-      the realised batch, NaN for an empty batch); the :class:`~snapaudit_jax.dpsgd.DPReport`.
+      ``(trained_model, history, report)``: a new model with the trained parameters; ``history`` maps
+      :data:`HISTORY_KEYS` to ``(steps_done,)`` arrays (``loss`` is the mean per-record loss of the realised
+      batch, NaN for an empty batch); the :class:`~snapaudit_jax.dpsgd.DPReport`.
 
     Raises:
-      ValueError: invalid dataset, ``stop_after`` or ``checkpoint_every``; unreachable target epsilon;
-        a checkpoint of another run (configuration, data, model or key) in ``checkpoint_dir``.
+      InputError: ``config`` not a :class:`DPSGDConfig`; invalid dataset, key,
+        ``stop_after``, ``checkpoint_every`` or ``progress``; unreachable target epsilon; an unreadable
+        checkpoint, or one of another run (configuration, data, model or key) in ``checkpoint_dir``.
 
     Guarantees:
-      With ``config.non_private = False`` and ``sigma > 0``, the sequence of parameters (every
-      checkpoint and the returned model) is ``(epsilon, delta)``-DP for one record under add/remove
-      adjacency, with ``epsilon`` the report's accountant bound for ``steps`` Poisson-sampled Gaussian
-      steps: each record enters each step's batch independently with probability at most ``q``, its
-      clipped gradient changes the noisy sum by at most ``C`` in L2 norm, the noise is
-      ``N(0, sigma^2 C^2 I)`` on the sum, and everything after is post-processing. This assumes the
-      records of ``dataset`` are the units to protect, the key is secret and random, and the
-      ``history`` and progress reports (not private) are not released. A run stopped and resumed
-      from a checkpoint is bit-for-bit the uninterrupted run (same batches, same noise).
+      With ``config.non_private = False`` and ``sigma > 0``, the sequence of parameters (every checkpoint and
+      the returned model) is ``(epsilon, delta)``-DP for one record under add/remove adjacency, with
+      ``epsilon`` the report's accountant bound for ``steps`` Poisson-sampled Gaussian steps: each record
+      enters each step's batch independently with probability at most ``q``, its clipped gradient changes the
+      noisy sum by at most ``C`` in L2 norm, the noise is ``N(0, sigma^2 C^2 I)`` on the sum, and everything
+      after is post-processing. This assumes the records of ``dataset`` are the units to protect, the key is
+      secret and random, and the ``history`` and progress reports (not private) are not released. A run
+      stopped and resumed from a checkpoint is bit-for-bit the uninterrupted run (same batches, same noise).
 
     References:
       Abadi et al. 2016, "Deep learning with differential privacy", Alg. 1; Mironov, Talwar & Zhang 2019.

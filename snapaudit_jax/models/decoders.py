@@ -89,9 +89,27 @@ class _GPT2Block(nnx.Module):
 
 
 class GPT2(nnx.Module):
-    """GPT-2 language model with tied input/output embeddings (Radford et al. 2019)."""
+    """GPT-2 language model with tied input/output embeddings (Radford et al. 2019).
+
+    Args:
+      cfg: the model's configuration.
+      rngs: PRNG streams for the (random) initial parameters; a loaded checkpoint overwrites them.
+
+    Attributes:
+      cfg: the configuration.
+      wte: token embedding ``(V, E)``, also the output projection.
+      wpe: learned position embedding ``(n_positions, E)``.
+      blocks: the ``cfg.n_layer`` transformer blocks.
+      ln_f: the final LayerNorm.
+    """
 
     def __init__(self, cfg: GPT2Config, rngs: nnx.Rngs):
+        """Builds the embeddings and blocks with randomly initialised parameters.
+
+        Args:
+          cfg: see :class:`GPT2`.
+          rngs: see :class:`GPT2`.
+        """
         self.cfg = cfg
         self.wte = nnx.Embed(cfg.vocab_size, cfg.n_embd, rngs=rngs)
         self.wpe = nnx.Embed(cfg.n_positions, cfg.n_embd, rngs=rngs)
@@ -100,12 +118,34 @@ class GPT2(nnx.Module):
 
     @property
     def num_layers(self) -> int:
+        """Number of transformer blocks (KV-cache layers)."""
         return self.cfg.n_layer
 
     def cache_shape(self) -> tuple[int, int]:
+        """Per-slot shape of one layer's KV cache.
+
+        Returns:
+          ``(heads, head_dim)``: ``(cfg.n_head, cfg.head_dim)``.
+        """
         return self.cfg.n_head, self.cfg.head_dim
 
     def __call__(self, tokens, positions, key_mask, cache=None, index=0, allowed=None):
+        """Runs the blocks over new tokens, reading and writing the KV cache if one is given.
+
+        Args:
+          tokens: ``(B, L)`` int32 token ids.
+          positions: ``(B, L)`` int32 position ids (:func:`~snapaudit_jax.models.layers.positions_from_mask`
+            for left-padded rows).
+          key_mask: ``(B, S)`` bool, slots holding real tokens; without a cache ``S = L``.
+          cache: one :class:`~snapaudit_jax.models.layers.LayerCache` per layer, each ``(B, S, H, D)``, or
+            ``None`` (attention over the new tokens only).
+          index: slot of the first new token in the cache (int or int32 scalar); ignored without a cache.
+          allowed: optional ``(B, L, S)`` bool replacing the causal mask; it must never let a query see a later slot.
+
+        Returns:
+          ``(hidden, cache)``: ``(B, L, E)`` float final-LayerNorm states, and the updated tuple of
+          ``LayerCache`` (new keys/values written at ``index``), or ``None`` without a cache.
+        """
         x = self.wte(tokens) + self.wpe(positions)
         bias = _mask_bias(key_mask, cache, index, tokens.shape[1], allowed)
         new_cache = []
@@ -115,6 +155,14 @@ class GPT2(nnx.Module):
         return self.ln_f(x), (None if cache is None else tuple(new_cache))
 
     def logits(self, hidden):
+        """Vocabulary logits through the tied embedding.
+
+        Args:
+          hidden: ``(..., E)`` hidden states from :meth:`__call__`.
+
+        Returns:
+          ``(..., V)`` float logits.
+        """
         return self.wte.attend(hidden)
 
 
@@ -146,9 +194,27 @@ class _LlamaBlock(nnx.Module):
 
 
 class Llama(nnx.Module):
-    """Llama-architecture language model (Touvron et al. 2023): also SmolLM2."""
+    """Llama-architecture language model (Touvron et al. 2023): also SmolLM2.
+
+    Args:
+      cfg: the model's configuration.
+      rngs: PRNG streams for the (random) initial parameters; a loaded checkpoint overwrites them.
+
+    Attributes:
+      cfg: the configuration.
+      embed: token embedding ``(V, E)`` (also the output projection when ``cfg.tie_word_embeddings``).
+      blocks: the ``cfg.num_hidden_layers`` transformer blocks (fused Q/K/V and gate/up projections).
+      norm: the final RMSNorm.
+      lm_head: the output projection ``E -> V``, or ``None`` with tied embeddings.
+    """
 
     def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
+        """Builds the embeddings and blocks with randomly initialised parameters.
+
+        Args:
+          cfg: see :class:`Llama`.
+          rngs: see :class:`Llama`.
+        """
         self.cfg = cfg
         self.embed = nnx.Embed(cfg.vocab_size, cfg.hidden_size, rngs=rngs)
         self.blocks = nnx.List([_LlamaBlock(cfg, rngs) for _ in range(cfg.num_hidden_layers)])
@@ -159,12 +225,34 @@ class Llama(nnx.Module):
 
     @property
     def num_layers(self) -> int:
+        """Number of transformer blocks (KV-cache layers)."""
         return self.cfg.num_hidden_layers
 
     def cache_shape(self) -> tuple[int, int]:
+        """Per-slot shape of one layer's KV cache.
+
+        Returns:
+          ``(kv_heads, head_dim)``: ``(cfg.num_key_value_heads, cfg.head_dim)``.
+        """
         return self.cfg.num_key_value_heads, self.cfg.head_dim
 
     def __call__(self, tokens, positions, key_mask, cache=None, index=0, allowed=None):
+        """Runs the blocks over new tokens, reading and writing the KV cache if one is given.
+
+        Args:
+          tokens: ``(B, L)`` int32 token ids.
+          positions: ``(B, L)`` int32 position ids, the RoPE angles
+            (:func:`~snapaudit_jax.models.layers.positions_from_mask` for left-padded rows).
+          key_mask: ``(B, S)`` bool, slots holding real tokens; without a cache ``S = L``.
+          cache: one :class:`~snapaudit_jax.models.layers.LayerCache` per layer, each ``(B, S, K, D)``, or
+            ``None`` (attention over the new tokens only).
+          index: slot of the first new token in the cache (int or int32 scalar); ignored without a cache.
+          allowed: optional ``(B, L, S)`` bool replacing the causal mask; it must never let a query see a later slot.
+
+        Returns:
+          ``(hidden, cache)``: ``(B, L, E)`` float final-RMSNorm states, and the updated tuple of
+          ``LayerCache`` (new keys/values written at ``index``), or ``None`` without a cache.
+        """
         cfg = self.cfg
         rope = rope_tables(positions, rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
         bias = _mask_bias(key_mask, cache, index, tokens.shape[1], allowed)
@@ -176,11 +264,29 @@ class Llama(nnx.Module):
         return self.norm(x), (None if cache is None else tuple(new_cache))
 
     def logits(self, hidden):
+        """Vocabulary logits through ``lm_head`` (or the tied embedding).
+
+        Args:
+          hidden: ``(..., E)`` hidden states from :meth:`__call__`.
+
+        Returns:
+          ``(..., V)`` float logits.
+        """
         return self.embed.attend(hidden) if self.lm_head is None else self.lm_head(hidden)
 
 
 def empty_cache(model, batch: int, slots: int) -> tuple[LayerCache, ...]:
-    """A zero KV cache of ``slots`` slots for every layer of ``model``."""
+    """A zero KV cache of ``slots`` slots for every layer of ``model``.
+
+    Args:
+      model: a :class:`GPT2` or :class:`Llama`.
+      batch: rows ``B``.
+      slots: slots ``S`` per row (prompt plus generated tokens).
+
+    Returns:
+      ``model.num_layers`` :class:`~snapaudit_jax.models.layers.LayerCache`, each holding ``(B, S, K, D)``
+      float32 zeros.
+    """
     kv_heads, dim = model.cache_shape()
     zeros = jnp.zeros((batch, slots, kv_heads, dim), jnp.float32)
     return tuple(LayerCache(zeros, zeros) for _ in range(model.num_layers))

@@ -27,14 +27,44 @@ def _embed(graphdef, state, tokens, mask):
 class SentenceEmbedder:
     """Sentence embeddings as sentence-transformers computes them for mean-pooling models.
 
-    Texts are tokenised with the checkpoint's ``tokenizer.json`` (with its
-    ``[CLS]``/``[SEP]`` post-processing), truncated to ``max_seq_length``
-    (``sentence_bert_config.json`` if present, else the position limit),
-    right-padded to a bucketed length and embedded in batches.
+    Texts are tokenised with the checkpoint's ``tokenizer.json`` (with its ``[CLS]``/``[SEP]`` post-processing),
+    truncated to ``max_seq_length``, right-padded to a bucketed length and embedded in batches.
+
+    Args:
+      name: a label for reports and cache keys.
+      config: the :class:`~snapaudit_jax.models.config.BertConfig`.
+      module: the :class:`~snapaudit_jax.models.bert.Bert` encoder.
+      backend: a ``tokenizers.Tokenizer``; its padding is switched off and its truncation set to
+        ``max_seq_length``.
+      max_seq_length: token limit per text, capped at ``config.max_position_embeddings``.
+      pad_id: id written in padding positions.
+      data_parallel: split batches over the local devices; ``None``: automatic
+        (:meth:`~snapaudit_jax.models.parallel.DataParallel.auto`).
+
+    Attributes:
+      name: the label.
+      config: the configuration.
+      graphdef: the encoder's NNX graph definition.
+      state: its parameters, replicated over ``parallel``'s devices.
+      parallel: the :class:`~snapaudit_jax.models.parallel.DataParallel` placement.
+      backend: the tokenizer.
+      max_seq_length: the effective token limit.
+      pad_id: the padding id.
     """
 
     def __init__(self, name: str, config, module, backend, max_seq_length: int, pad_id: int = 0, *,
                  data_parallel: bool | None = None):
+        """Splits ``module`` into graph and parameters, places them and configures the tokenizer.
+
+        Args:
+          name: see :class:`SentenceEmbedder`.
+          config: see :class:`SentenceEmbedder`.
+          module: see :class:`SentenceEmbedder`.
+          backend: see :class:`SentenceEmbedder`.
+          max_seq_length: see :class:`SentenceEmbedder`.
+          pad_id: see :class:`SentenceEmbedder`.
+          data_parallel: see :class:`SentenceEmbedder`.
+        """
         self.name = name
         self.config = config
         self.graphdef, state = nnx.split(module)
@@ -48,11 +78,30 @@ class SentenceEmbedder:
 
     @property
     def dim(self) -> int:
+        """Embedding dimension (the encoder's hidden size)."""
         return self.config.hidden_size
 
     @classmethod
     def from_folder(cls, name: str, folder: str, config, module, *,
                     data_parallel: bool | None = None) -> "SentenceEmbedder":
+        """An embedder from a checkpoint folder's tokenizer files and an already loaded encoder.
+
+        ``max_seq_length`` comes from ``sentence_bert_config.json`` if present, else the position limit; the pad id
+        is that of ``[PAD]`` (0 if absent).
+
+        Args:
+          name: a label for reports and cache keys.
+          folder: the checkpoint folder (with ``tokenizer.json``).
+          config: the encoder's :class:`~snapaudit_jax.models.config.BertConfig`.
+          module: the loaded :class:`~snapaudit_jax.models.bert.Bert`.
+          data_parallel: see :class:`SentenceEmbedder`.
+
+        Returns:
+          The :class:`SentenceEmbedder`.
+
+        Raises:
+          InputError: the folder has no ``tokenizer.json``.
+        """
         from tokenizers import Tokenizer as Backend
 
         path = os.path.join(folder, "tokenizer.json")
@@ -68,7 +117,18 @@ class SentenceEmbedder:
         return cls(name, config, module, backend, limit, 0 if pad is None else pad, data_parallel=data_parallel)
 
     def embed(self, texts: Sequence[str], *, batch_size: int = 32) -> np.ndarray:
-        """``(n, d)`` float32 unit-norm embeddings of ``texts``."""
+        """Unit-norm embeddings of ``texts``, in their order.
+
+        Args:
+          texts: the strings to embed (non-empty).
+          batch_size: texts per forward pass (texts of similar token length are batched together).
+
+        Returns:
+          ``(n, d)`` float32 unit-norm embeddings, ``d = dim``.
+
+        Raises:
+          InputError: ``texts`` is empty or holds a non-string.
+        """
         texts = list(texts)
         if not texts:
             raise InputError("texts must not be empty")

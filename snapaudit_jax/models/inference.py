@@ -137,6 +137,9 @@ def decode_tokens(
     Returns:
       ``(B, max_new)`` int32 new tokens: the first end-of-sequence token included, ``pad_id`` after it and
       from column ``limit`` on.
+
+    Raises:
+      TypeError: ``choose`` is not a :class:`Greedy`, :class:`Sample` or :class:`BatchSample` (at trace time).
     """
     batch, length = tokens.shape
     slots = length + max_new
@@ -205,9 +208,10 @@ def decode(
       ``(B, max_new)`` int32 new tokens (see :func:`decode_tokens`).
 
     Raises:
-      ValueError: shapes that do not match, a row without a real token, ``max_new_tokens < 1``,
-        ``max_new < max_new_tokens``, a prompt plus ``max_new_tokens`` longer than the model's positions, or a
-        :class:`Sample` whose keys are not one per row.
+      InputError: shapes that do not match, a row without a real token,
+        ``max_new_tokens < 1``, ``max_new < max_new_tokens``, a prompt plus ``max_new_tokens`` longer than the
+        model's positions, a :class:`Sample` whose keys are not one per row, or ``live`` not ``(B,)``.
+      TypeError: ``choose`` is not a :class:`Greedy`, :class:`Sample` or :class:`BatchSample`.
     """
     tokens = jnp.asarray(tokens, jnp.int32)
     mask = jnp.asarray(mask, bool)

@@ -33,19 +33,28 @@ _NEG = -1e30  # masked logits (finite, so fully masked rows stay NaN-free)
 
 
 class LayerCache(NamedTuple):
-    """Keys and values of one layer: ``(B, S, K, D)`` each."""
+    """Keys and values of one layer: ``(B, S, K, D)`` each.
+
+    Attributes:
+      k: ``(B, S, K, D)`` keys.
+      v: ``(B, S, K, D)`` values.
+    """
 
     k: jax.Array
     v: jax.Array
 
 
 def causal_allowed(key_mask: jax.Array, index, length: int) -> jax.Array:
-    """``(B, L, S)`` bool: query ``i`` (slot ``index + i``) may see slot ``j``.
+    """Which cache slots each new query may attend to (causal, real tokens only).
 
     Args:
-      key_mask: ``(B, S)`` slots holding real tokens (written, not padding).
+      key_mask: ``(B, S)`` bool, slots holding real tokens (written, not padding).
       index: slot of the first new token (scalar).
       length: number of new tokens ``L``.
+
+    Returns:
+      ``(B, L, S)`` bool: query ``i`` (slot ``index + i``) may see slot ``j <= index + i`` whose ``key_mask``
+      is set.
     """
     slots = key_mask.shape[-1]
     query_slot = index + jnp.arange(length)
@@ -54,9 +63,13 @@ def causal_allowed(key_mask: jax.Array, index, length: int) -> jax.Array:
 
 
 def attention_bias(allowed: jax.Array) -> jax.Array:
-    """Additive mask ``(B, 1, 1, L, S)`` (0 or a large negative) from ``(B, L, S)`` bool.
+    """Additive attention mask from a boolean one; built once per forward pass and shared by every layer.
 
-    Built once per forward pass and shared by every layer.
+    Args:
+      allowed: ``(B, L, S)`` bool, query/slot pairs that may attend.
+
+    Returns:
+      ``(B, 1, 1, L, S)`` float32: ``0`` where allowed, ``-1e30`` elsewhere.
     """
     return jnp.where(allowed, 0.0, _NEG).astype(jnp.float32)[:, None, None]
 
@@ -86,21 +99,21 @@ def _attend_grouped(q, k, v, bias):
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array, *, causal_blocks: int = 1) -> jax.Array:
     """Scaled dot-product attention with grouped-query heads.
 
-    The ``H / K`` query heads of a key/value head are stacked along the query
-    axis, so each of the ``B * K`` groups is one larger matrix product (faster
-    on CPU than many small ones).
+    The ``H / K`` query heads of a key/value head are stacked along the query axis, so each of the ``B * K``
+    groups is one larger matrix product (faster on CPU than many small ones).
 
     Args:
-      q: ``(B, L, H, D)``; k, v: ``(B, S, K, D)``; bias: ``(B, 1, 1, L, S)``
-        additive mask from :func:`attention_bias`.
-      causal_blocks: for a causal pass whose first query sits at slot 0 (a
-        prefill), split the queries into this many blocks; block ``[a, e)``
-        only reads slots ``[0, e)``, skipping keys the mask hides anyway
-        (about half the work for many blocks). Query rows with no visible key
-        (padding) differ from the unsplit result; their outputs are never used.
+      q: ``(B, L, H, D)`` queries (unscaled; scaled by ``1 / sqrt(D)`` here).
+      k: ``(B, S, K, D)`` keys.
+      v: ``(B, S, K, D)`` values.
+      bias: ``(B, 1, 1, L, S)`` additive mask from :func:`attention_bias`.
+      causal_blocks: for a causal pass whose first query sits at slot 0 (a prefill), split the queries into
+        this many blocks; block ``[a, e)`` only reads slots ``[0, e)``, skipping keys the mask hides anyway
+        (about half the work for many blocks). Query rows with no visible key (padding) differ from the
+        unsplit result; their outputs are never used. ``1``: no split.
 
     Returns:
-      ``(B, L, H, D)``.
+      ``(B, L, H, D)`` attention outputs.
     """
     b, length, heads, dim = q.shape
     slots, kv_heads = k.shape[1], k.shape[2]
@@ -120,24 +133,49 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array, *, causal_
 
 
 def write_cache(cache: LayerCache, k: jax.Array, v: jax.Array, index) -> LayerCache:
-    """Writes ``(B, L, K, D)`` keys/values at slot ``index``."""
+    """Writes new keys and values into a layer's cache.
+
+    Args:
+      cache: the layer's cache, ``(B, S, K, D)`` each.
+      k: ``(B, L, K, D)`` new keys.
+      v: ``(B, L, K, D)`` new values.
+      index: slot of the first new token (int or int32 scalar, may be traced).
+
+    Returns:
+      A new :class:`LayerCache` with slots ``[index, index + L)`` replaced.
+    """
     zero = jnp.zeros((), jnp.int32)
     start = (zero, jnp.asarray(index, jnp.int32), zero, zero)
     return LayerCache(jax.lax.dynamic_update_slice(cache.k, k, start), jax.lax.dynamic_update_slice(cache.v, v, start))
 
 
 def positions_from_mask(mask: jax.Array) -> jax.Array:
-    """Position ids of left-padded rows: 0 at the first real token; padding gets 1 (as HF ``generate``)."""
+    """Position ids of left-padded rows: 0 at the first real token; padding gets 1 (as HF ``generate``).
+
+    Args:
+      mask: ``(B, L)`` bool, real tokens.
+
+    Returns:
+      ``(B, L)`` int32 position ids.
+    """
     pos = jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1
     return jnp.where(mask, pos, 1)
 
 
 def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> jax.Array:
-    """Inverse frequencies ``(D/2,)`` of rotary embeddings, with Llama-3, linear or per-frequency scaling.
+    """Inverse frequencies of rotary embeddings, with Llama-3, linear or per-frequency scaling.
+
+    Args:
+      head_dim: head dimension ``D`` (even).
+      theta: RoPE base.
+      scaling: the frequency scaling (``"default"``: none).
+
+    Returns:
+      ``(D/2,)`` float32 inverse frequencies ``theta ** (-2i / D)``, scaled.
 
     References:
-      Su et al. 2021 (RoFormer); Llama 3 frequency scaling (Meta 2024, the
-      ``llama3`` rope type of Hugging Face ``config.json``).
+      Su et al. 2021 (RoFormer); Llama 3 frequency scaling (Meta 2024, the ``llama3`` rope type of Hugging
+      Face ``config.json``).
     """
     inv = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
     if scaling.rope_type == "linear":
@@ -158,13 +196,30 @@ def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> jax.A
 
 
 def rope_tables(positions: jax.Array, inv_freq: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``(cos, sin)``, each ``(B, L, 1, D/2)``, of rotary angles ``positions * inv_freq`` (once per forward)."""
+    """Cosine and sine tables of the rotary angles ``positions * inv_freq`` (computed once per forward pass).
+
+    Args:
+      positions: ``(B, L)`` int position ids.
+      inv_freq: ``(D/2,)`` inverse frequencies from :func:`rope_frequencies`.
+
+    Returns:
+      ``(cos, sin)``, each ``(B, L, 1, D/2)`` float32.
+    """
     freqs = positions[..., None].astype(jnp.float32) * inv_freq
     return jnp.cos(freqs)[:, :, None, :], jnp.sin(freqs)[:, :, None, :]
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Rotates ``(B, L, heads, D)`` by precomputed tables (half-split convention of HF Llama)."""
+    """Rotates query or key vectors by precomputed tables (half-split convention of HF Llama).
+
+    Args:
+      x: ``(B, L, heads, D)`` queries or keys.
+      cos: ``(B, L, 1, D/2)`` from :func:`rope_tables`.
+      sin: ``(B, L, 1, D/2)`` from :func:`rope_tables`.
+
+    Returns:
+      ``(B, L, heads, D)`` rotated vectors.
+    """
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)

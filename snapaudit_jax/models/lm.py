@@ -29,7 +29,14 @@ _LENGTHS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 
 
 
 def length_bucket(n: int) -> int:
-    """Smallest bucket >= ``n`` (at most 1.5x padding)."""
+    """Padded sequence length for ``n`` tokens: the smallest bucket ``>= n`` (at most 1.5x padding).
+
+    Args:
+      n: number of tokens.
+
+    Returns:
+      A length from 16, 32, 48, 64, 96, ... 8192, or beyond 8192 ``n`` rounded up to a multiple of 4096.
+    """
     for b in _LENGTHS:
         if n <= b:
             return b
@@ -37,12 +44,26 @@ def length_bucket(n: int) -> int:
 
 
 def batch_bucket(n: int) -> int:
+    """Padded batch size for ``n`` rows: the smallest power of two ``>= n``.
+
+    Args:
+      n: number of rows.
+
+    Returns:
+      The power of two (``1`` for ``n <= 1``).
+    """
     return 1 << max(0, (n - 1).bit_length())
 
 
 @dataclasses.dataclass(frozen=True)
 class Generation:
-    """One generated continuation."""
+    """One generated continuation.
+
+    Attributes:
+      text: the decoded new tokens (special tokens skipped).
+      token_ids: the new token ids, the end-of-sequence token included if one was emitted.
+      prompt_tokens: number of prompt tokens.
+    """
 
     text: str
     token_ids: tuple[int, ...]
@@ -147,20 +168,37 @@ def _last_logprobs(graphdef, state, tokens, mask, label_ids):
 
 
 class LanguageModel:
-    """A decoder model (GPT-2 or Llama) with its tokenizer.
+    """A decoder model (GPT-2 or Llama) with its tokenizer: batched, jitted generation and scoring.
 
     Args:
-      name: a label for reports.
-      config: the model config.
+      name: a label for reports (and the answer cache's keys).
+      config: the model config (:class:`~snapaudit_jax.models.config.GPT2Config` or ``LlamaConfig``).
       module: the NNX model.
       tokenizer: a :class:`~snapaudit_jax.models.tokenizer.Tokenizer`.
-      data_parallel: split each batch over the local devices (weights
-        replicated); ``None`` decides by :meth:`DataParallel.auto
-        <snapaudit_jax.models.parallel.DataParallel.auto>` (on CPU: while the
-        replicas fit a host-memory budget).
+      data_parallel: split each batch over the local devices (weights replicated); ``None`` decides by
+        :meth:`DataParallel.auto <snapaudit_jax.models.parallel.DataParallel.auto>` (on CPU: while the replicas
+        fit a host-memory budget).
+
+    Attributes:
+      name: the label.
+      config: the model config.
+      tokenizer: the tokenizer.
+      graphdef: the model's NNX graph definition.
+      state: its parameters, replicated over ``parallel``'s devices.
+      parallel: the :class:`~snapaudit_jax.models.parallel.DataParallel` placement.
+      max_length: the model's position limit (prompt plus new tokens).
     """
 
     def __init__(self, name: str, config, module, tokenizer: Tokenizer, *, data_parallel: bool | None = None):
+        """Splits ``module`` into graph and parameters and places the parameters on the devices.
+
+        Args:
+          name: see :class:`LanguageModel`.
+          config: see :class:`LanguageModel`.
+          module: see :class:`LanguageModel`.
+          tokenizer: see :class:`LanguageModel`.
+          data_parallel: see :class:`LanguageModel`.
+        """
         self.name = name
         self.config = config
         self.tokenizer = tokenizer
@@ -175,11 +213,23 @@ class LanguageModel:
 
     @property
     def module(self):
+        """The NNX model, merged from ``graphdef`` and ``state``."""
         return nnx.merge(self.graphdef, self.state)
 
     # --- prompts ---------------------------------------------------------------
     def chat_prompt(self, user: str, system: str | None = None) -> str:
-        """The chat-template rendering of one user turn (with an optional system prompt)."""
+        """The chat-template rendering of one user turn (with an optional system prompt).
+
+        Args:
+          user: the user message.
+          system: a system message, or ``None`` (none is added).
+
+        Returns:
+          The rendered prompt, ending with the generation prompt of the assistant turn.
+
+        Raises:
+          TokenizerError: the tokenizer has no chat template, or the template fails.
+        """
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
@@ -209,9 +259,24 @@ class LanguageModel:
     ) -> list[Generation]:
         """Continues every prompt; greedy unless ``temperature`` is given (then ``key`` is required).
 
-        Prompts are processed in batches of ``batch_size`` (padded to a power
-        of two); generation stops at an end-of-sequence token or after
-        ``max_new_tokens`` tokens.
+        Prompts are processed in batches of ``batch_size`` (padded to a power of two); generation stops at an
+        end-of-sequence token or after ``max_new_tokens`` tokens. Sampling draws one key per batch
+        (``fold_in(key, start)`` with the batch's first prompt index) with
+        :class:`~snapaudit_jax.models.inference.BatchSample`.
+
+        Args:
+          prompts: texts (tokenised with the model's tokenizer, BOS as configured) or token id lists.
+          max_new_tokens: tokens to emit at most per prompt, ``>= 1``.
+          temperature: sampling temperature, finite and ``> 0``; ``None``: greedy decoding.
+          key: PRNG key for sampling; required with ``temperature``.
+          batch_size: prompts per forward batch.
+
+        Returns:
+          One :class:`Generation` per prompt, in order.
+
+        Raises:
+          InputError: empty ``prompts``, a prompt empty after tokenisation, ``max_new_tokens < 1``, an invalid
+            ``temperature``, sampling without ``key``, or a prompt plus ``max_new_tokens`` over ``max_length``.
         """
         if max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -257,15 +322,25 @@ class LanguageModel:
     def label_logprobs(
         self, prompts: Sequence[str], labels: Sequence[str], *, normalize: bool = False, batch_size: int = 8
     ) -> np.ndarray:
-        """``log P(label | prompt)`` for every prompt and label: ``(n_prompts, n_labels)``.
+        """``log P(label | prompt)`` for every prompt and label.
 
-        Labels are tokenised on their own and appended to the prompt, so
-        include any leading space they need. Single-token labels cost one
-        forward pass per batch of prompts. Multi-token labels are teacher-forced
-        all at once: they are packed after the prompt (up to 512 label tokens
-        per pass), each seeing the prompt and its own earlier tokens only, so
-        the prompt is computed once for all labels.
-        ``normalize=True`` renormalises over the labels (log-softmax).
+        Labels are tokenised on their own and appended to the prompt, so include any leading space they need.
+        Single-token labels cost one forward pass per batch of prompts. Multi-token labels are teacher-forced all
+        at once: they are packed after the prompt (up to 512 label tokens per pass), each seeing the prompt and its
+        own earlier tokens only, so the prompt is computed once for all labels.
+
+        Args:
+          prompts: the prompt texts.
+          labels: the label texts (non-empty).
+          normalize: renormalise over the labels (log-softmax per prompt).
+          batch_size: prompts per forward batch.
+
+        Returns:
+          ``(n_prompts, n_labels)`` float64 log-probabilities (summed over a label's tokens).
+
+        Raises:
+          InputError: empty ``prompts`` or ``labels``, a label or prompt empty after tokenisation, or a prompt plus
+            its longest label over ``max_length``.
         """
         if not labels:
             raise InputError("labels must not be empty")
@@ -308,11 +383,23 @@ class LanguageModel:
     def greedy_continues_with(
         self, prompts: Sequence[str], continuations: Sequence[str], *, batch_size: int = 8
     ) -> np.ndarray:
-        """Whether greedy decoding of each prompt begins with its continuation: ``(n,)`` bool.
+        """Whether greedy decoding of each prompt begins with its continuation.
 
-        Exact and cheap: greedy decoding emits the continuation iff, teacher-forced,
-        the arg-max at every continuation position is the continuation's token
-        (ties aside), so one forward pass replaces step-by-step decoding.
+        Exact and cheap: greedy decoding emits the continuation iff, teacher-forced, the arg-max at every
+        continuation position is the continuation's token (ties aside), so one forward pass replaces step-by-step
+        decoding.
+
+        Args:
+          prompts: the prompt texts.
+          continuations: one continuation text per prompt (tokenised without BOS).
+          batch_size: prompts per forward batch.
+
+        Returns:
+          ``(n,)`` bool.
+
+        Raises:
+          InputError: the two lists differ in length, a prompt or continuation is empty after tokenisation, or a
+            prompt is longer than ``max_length``.
         """
         if len(prompts) != len(continuations):
             raise InputError(f"got {len(prompts)} prompts but {len(continuations)} continuations")

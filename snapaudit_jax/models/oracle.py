@@ -28,7 +28,15 @@ __all__ = ["LLMOracle", "CallStats", "read_cache"]
 
 @dataclasses.dataclass
 class CallStats:
-    """Logical calls (what a deployed pipeline would pay) and unique computations, per model."""
+    """Logical calls (what a deployed pipeline would pay) and unique computations, per model.
+
+    Attributes:
+      calls: language-model calls requested (label scoring, copy checks and generation).
+      computed: language-model answers actually computed (not in the cache, deduplicated).
+      cached: language-model calls answered from the cache or by a duplicate in the same request.
+      embed_calls: sentence-embedder calls requested.
+      embed_computed: embeddings actually computed.
+    """
 
     calls: int = 0  # language-model calls
     computed: int = 0
@@ -37,6 +45,7 @@ class CallStats:
     embed_computed: int = 0
 
     def as_dict(self) -> dict:
+        """The counters as a ``{field: int}`` dictionary."""
         return dataclasses.asdict(self)
 
 
@@ -55,14 +64,21 @@ def _valid_row(row) -> bool:
 
 
 def read_cache(path: str | os.PathLike) -> tuple[dict[str, object], int | None]:
-    """The answers of a JSONL answer cache and the byte offset of its torn last line (``None``: none).
+    """The answers of a JSONL answer cache and the byte offset of its torn last line.
 
     Each line is ``{"k": <64 hex digits>, "v": <answer>}`` and ends with a newline; what follows the last
     newline is a write that an interruption cut short, and is ignored.
 
+    Args:
+      path: the cache file.
+
+    Returns:
+      ``(answers, torn)``: the answers by key, and the byte offset where the torn last line starts
+      (``None``: the file ends with a newline).
+
     Raises:
-      ValueError: the file cannot be read, or a complete line is not such a record (the message names the
-        file and the line).
+      InputError: the file cannot be read, or a complete line is not such a record (the
+        message names the file and the line).
     """
     path = os.fspath(path)
     try:
@@ -92,16 +108,40 @@ def read_cache(path: str | os.PathLike) -> tuple[dict[str, object], int | None]:
 class LLMOracle:
     """Cached, counted access to a language model and a sentence embedder.
 
+    Requests are keyed by the SHA-256 of their kind, the model's name and their content; each distinct request
+    is computed once (in batches of ``batch_size``) and appended to the cache file.
+
     Args:
       lm: the pipeline's language model.
       embedder: sentence embedder (ESA), optional.
-      cache_path: JSONL file for answers (``None``: in memory only).
+      cache_path: JSONL file for answers, read if it exists (``None``: in memory only).
       batch_size: prompts per model batch.
       progress: callable ``(done, total, label)`` for progress reporting, optional.
+
+    Attributes:
+      lm: the language model.
+      embedder: the sentence embedder, or ``None``.
+      cache_path: the cache file, or ``None``.
+      batch_size: prompts per model batch.
+      progress: the progress callable, or ``None``.
+      stats: the :class:`CallStats` of this oracle.
+      requested: hashes of every distinct request made through this oracle.
     """
 
     def __init__(self, lm: LanguageModel, embedder: SentenceEmbedder | None = None, *, cache_path: str | None = None,
                  batch_size: int = 8, progress=None):
+        """Opens the oracle, loading the answers already in ``cache_path``.
+
+        Args:
+          lm: see :class:`LLMOracle`.
+          embedder: see :class:`LLMOracle`.
+          cache_path: see :class:`LLMOracle`.
+          batch_size: see :class:`LLMOracle`.
+          progress: see :class:`LLMOracle`.
+
+        Raises:
+          InputError: the cache file cannot be read or is corrupted (see :func:`read_cache`).
+        """
         self.lm = lm
         self.embedder = embedder
         self.cache_path = cache_path
@@ -155,7 +195,15 @@ class LLMOracle:
 
     # --- the four kinds of model calls ---------------------------------------------------------
     def label_logprobs(self, prompts: Sequence[str], labels: Sequence[str]) -> np.ndarray:
-        """``log P(label | prompt)``: ``(n, n_labels)``."""
+        """``log P(label | prompt)`` of every prompt and label (:meth:`LanguageModel.label_logprobs`), cached.
+
+        Args:
+          prompts: the prompt texts.
+          labels: the label texts (part of each prompt's cache key).
+
+        Returns:
+          ``(n, n_labels)`` float64 log-probabilities.
+        """
         keys = [_key("logprobs", self.lm.name, p, *labels) for p in prompts]
         out = self._run("logprobs", keys, list(prompts),
                         lambda ps: self.lm.label_logprobs(ps, labels, batch_size=self.batch_size).tolist(),
@@ -163,7 +211,15 @@ class LLMOracle:
         return np.asarray(out, np.float64).reshape(len(prompts), len(labels))
 
     def continues_with(self, prompts: Sequence[str], continuations: Sequence[str]) -> np.ndarray:
-        """Whether greedy decoding reproduces each continuation: ``(n,)`` bool."""
+        """Whether greedy decoding reproduces each continuation (:meth:`LanguageModel.greedy_continues_with`), cached.
+
+        Args:
+          prompts: the prompt texts.
+          continuations: one continuation per prompt.
+
+        Returns:
+          ``(n,)`` bool.
+        """
         keys = [_key("continues", self.lm.name, p, c) for p, c in zip(prompts, continuations)]
 
         def compute(pairs):
@@ -174,7 +230,15 @@ class LLMOracle:
         return np.asarray(out, bool)
 
     def generate(self, prompts: Sequence[str], max_new_tokens: int) -> list[str]:
-        """Greedy continuations (text)."""
+        """Greedy continuations (text), cached.
+
+        Args:
+          prompts: the prompt texts.
+          max_new_tokens: tokens to emit at most (part of the cache key).
+
+        Returns:
+          One generated text per prompt, in order.
+        """
         keys = [_key("generate", self.lm.name, max_new_tokens, p) for p in prompts]
         return self._run(
             "generate", keys, list(prompts),
@@ -184,7 +248,17 @@ class LLMOracle:
         )
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """Unit-norm sentence embeddings ``(n, d)``."""
+        """Unit-norm sentence embeddings, cached.
+
+        Args:
+          texts: the texts to embed.
+
+        Returns:
+          ``(n, d)`` float32 embeddings.
+
+        Raises:
+          InputError: the oracle has no sentence embedder.
+        """
         if self.embedder is None:
             raise InputError("this pipeline needs a sentence embedder")
         keys = [_key("embed", self.embedder.name, t) for t in texts]
@@ -197,8 +271,13 @@ class LLMOracle:
     def verify(self, prompts: Sequence[str], labels: Sequence[str] | None = None) -> dict:
         """Recomputes ``prompts`` one at a time (no cache) and compares with the cached batched answers.
 
-        Returns ``{"checked", "max_abs_diff", "mismatches"}`` for label scoring
-        (``labels`` given) or ``{"checked", "mismatches"}`` for greedy generation.
+        Args:
+          prompts: the prompts to check.
+          labels: check label scoring with these labels; ``None``: check greedy generation (32 new tokens).
+
+        Returns:
+          ``{"checked", "max_abs_diff", "mismatches"}`` for label scoring (``mismatches``: prompts whose arg-max
+          label differs) or ``{"checked", "mismatches"}`` for generation (``mismatches``: differing texts).
         """
         if labels is not None:
             cached = self.label_logprobs(prompts, labels)

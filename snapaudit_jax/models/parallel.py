@@ -29,9 +29,23 @@ class DataParallel:
 
     Args:
       devices: the devices to use; default all local devices of the default backend.
+
+    Attributes:
+      size: the number of devices.
+
+    Raises:
+      InputError: ``devices`` is empty.
     """
 
     def __init__(self, devices=None):
+        """Builds the one-axis ``("batch",)`` mesh over ``devices`` (nothing with one device).
+
+        Args:
+          devices: see :class:`DataParallel`.
+
+        Raises:
+          InputError: ``devices`` is empty.
+        """
         devices = list(jax.local_devices() if devices is None else devices)
         if not devices:
             raise InputError("devices must not be empty")
@@ -48,9 +62,11 @@ class DataParallel:
 
         Args:
           params: the parameter pytree (only its size is read).
-          enabled: ``True`` uses every local device, ``False`` one device;
-            ``None`` uses every device, except on CPU when the replicas of the
-            weights would exceed :data:`CPU_REPLICA_BYTES` of host memory.
+          enabled: ``True`` uses every local device, ``False`` one device; ``None`` uses every device, except on
+            CPU when the replicas of the weights would exceed :data:`CPU_REPLICA_BYTES` of host memory.
+
+        Returns:
+          The :class:`DataParallel`.
         """
         devices = jax.local_devices()
         if enabled is None and devices[0].platform == "cpu":
@@ -59,15 +75,36 @@ class DataParallel:
         return cls(devices if enabled or enabled is None else devices[:1])
 
     def batch_size(self, rows: int) -> int:
-        """``rows`` rounded up to a multiple of the device count."""
+        """A batch size the devices share evenly.
+
+        Args:
+          rows: rows needed.
+
+        Returns:
+          ``rows`` rounded up to a multiple of the device count.
+        """
         return -(-rows // self.size) * self.size
 
     def replicate(self, tree):
-        """A copy of ``tree`` on every device (unchanged with one device)."""
+        """A copy of ``tree`` on every device (unchanged with one device).
+
+        Args:
+          tree: a pytree of arrays (the parameters).
+
+        Returns:
+          The replicated pytree.
+        """
         return tree if self._replicated is None else jax.device_put(tree, self._replicated)
 
     def split(self, *arrays):
-        """Arrays whose leading (batch) axis is split over the devices."""
+        """Arrays whose leading (batch) axis is split over the devices.
+
+        Args:
+          *arrays: arrays whose leading axis is a multiple of ``size`` (see :meth:`batch_size`).
+
+        Returns:
+          A tuple of the placed arrays (the inputs unchanged with one device).
+        """
         if self._rows is None:
             return arrays
         return tuple(jax.device_put(a, self._rows) for a in arrays)

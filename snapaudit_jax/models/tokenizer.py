@@ -80,10 +80,12 @@ class Tokenizer:
 
     Attributes:
       backend: a ``tokenizers.Tokenizer``.
-      bos_id / eos_ids / pad_id: special token ids (``eos_ids`` may hold several).
-      add_bos: prepend BOS when encoding.
+      bos_id: beginning-of-sequence id, or ``None``.
+      eos_ids: end-of-sequence ids (may hold several, or none).
+      pad_id: padding id.
+      add_bos: prepend BOS when encoding a prompt.
       chat_template: jinja2 source, or ``None``.
-      special_tokens: names of special tokens available to the template (``bos_token`` ...).
+      special_tokens: names of special tokens available to the template (``bos_token`` ...), or ``None``.
     """
 
     backend: object
@@ -97,6 +99,23 @@ class Tokenizer:
     # --- construction ---------------------------------------------------
     @classmethod
     def from_folder(cls, folder: str | os.PathLike, *, eos_token_id=None) -> "Tokenizer":
+        """The tokenizer of a Hugging Face checkpoint folder.
+
+        Reads ``tokenizer.json`` and, if present, ``tokenizer_config.json`` (special tokens, ``add_bos_token``,
+        ``chat_template``; of a list of named templates, the ``default`` one). The pad id is the pad token's, else
+        the first end-of-sequence id, else 0.
+
+        Args:
+          folder: the checkpoint folder.
+          eos_token_id: end-of-sequence id(s) from ``config.json`` (an int or a sequence); ``None``: the
+            ``eos_token`` of ``tokenizer_config.json``.
+
+        Returns:
+          The :class:`Tokenizer`.
+
+        Raises:
+          TokenizerError: ``tokenizer.json`` is missing or unreadable, or ``tokenizer_config.json`` is not valid JSON.
+        """
         from tokenizers import Tokenizer as Backend
 
         folder = os.fspath(folder)
@@ -145,6 +164,20 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, reader, path: str = "<gguf>") -> "Tokenizer":
+        """The tokenizer stored in a GGUF file's metadata (byte-level BPE, see the module docstring).
+
+        Args:
+          reader: a ``gguf.GGUFReader`` of the file.
+          path: the file name used in error messages.
+
+        Returns:
+          The :class:`Tokenizer` (special ids, ``add_bos`` and chat template from ``tokenizer.ggml.*`` and
+          ``tokenizer.chat_template``; pad id: the padding token's, else the end-of-sequence id, else 0).
+
+        Raises:
+          TokenizerError: a tokenizer model other than ``gpt2``, no tokens or merges, or an unsupported
+            pre-tokenizer.
+        """
         from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
         from tokenizers import Tokenizer as Backend
 
@@ -204,26 +237,70 @@ class Tokenizer:
 
     # --- use ------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
+        """Ids of a prompt text, with BOS prepended when ``add_bos`` (no other special tokens added).
+
+        Args:
+          text: the text.
+
+        Returns:
+          The token ids.
+        """
         ids = self.backend.encode(text, add_special_tokens=False).ids
         if self.add_bos and self.bos_id is not None:
             ids = [self.bos_id] + ids
         return ids
 
     def encode_continuation(self, text: str) -> list[int]:
-        """Ids of ``text`` as a continuation of a prompt (never a BOS)."""
+        """Ids of ``text`` as a continuation of a prompt (never a BOS).
+
+        Args:
+          text: the text.
+
+        Returns:
+          The token ids.
+        """
         return self.backend.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Ids of several prompt texts, as :meth:`encode` for each.
+
+        Args:
+          texts: the texts.
+
+        Returns:
+          One id list per text.
+        """
         out = [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
         if self.add_bos and self.bos_id is not None:
             out = [[self.bos_id] + ids for ids in out]
         return out
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of token ids.
+
+        Args:
+          ids: the token ids.
+          skip_special_tokens: leave special tokens (BOS, EOS, control tokens) out of the text.
+
+        Returns:
+          The decoded text.
+        """
         return self.backend.decode(list(map(int, ids)), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
-        """Renders ``messages`` (``{"role", "content"}`` dicts) with the model's chat template."""
+        """Renders ``messages`` with the model's chat template.
+
+        Args:
+          messages: ``{"role", "content"}`` dicts.
+          add_generation_prompt: end with the template's opening of an assistant turn.
+
+        Returns:
+          The rendered prompt text.
+
+        Raises:
+          TokenizerError: no chat template, a malformed message, or a template error (including the template's
+            own ``raise_exception``).
+        """
         if not self.chat_template:
             raise TokenizerError("this tokenizer has no chat template")
         for i, m in enumerate(messages):
@@ -234,4 +311,5 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
+        """Vocabulary size, added tokens included."""
         return self.backend.get_vocab_size(with_added_tokens=True)

@@ -128,10 +128,18 @@ def _concat_parts(parts, names, source):
 def build_model(cfg, get_tensor: Callable[[str], np.ndarray | None], source: str):
     """Builds the NNX model of ``cfg`` from named tensors (no random initialisation).
 
+    Each parameter's checkpoint name is tried with and without the architecture's prefix (``transformer.``,
+    ``model.``, ``bert.``); tensors are cast to float32 and transposed or concatenated (fused projections) as the
+    name map says.
+
     Args:
-      cfg: a model config.
+      cfg: a model config (:class:`GPT2Config`, :class:`LlamaConfig` or :class:`BertConfig`).
       get_tensor: returns the checkpoint tensor of a name, or ``None`` if absent.
       source: the file(s) the tensors come from (for error messages).
+
+    Returns:
+      The :class:`~snapaudit_jax.models.decoders.GPT2`, :class:`~snapaudit_jax.models.decoders.Llama` or
+      :class:`~snapaudit_jax.models.bert.Bert` with the checkpoint's weights.
 
     Raises:
       CheckpointError: a missing tensor or a shape mismatch (naming the tensor).
@@ -243,6 +251,18 @@ def _weight_files(folder: str, allow_pickle: bool) -> tuple[str, list[str]]:
 
 
 def read_config(folder: str):
+    """The model config of a Hugging Face checkpoint folder's ``config.json``.
+
+    Args:
+      folder: the checkpoint folder.
+
+    Returns:
+      ``(config, raw)``: the config object (see :func:`~snapaudit_jax.models.config.config_from_hf`) and the
+      parsed ``config.json`` dictionary.
+
+    Raises:
+      CheckpointError: ``config.json`` is missing, not valid JSON, or describes an unsupported model.
+    """
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
         raise CheckpointError(f"{folder}: no config.json (not a Hugging Face checkpoint folder)")
@@ -261,12 +281,17 @@ def load_hf_folder(folder: str | os.PathLike, *, allow_pickle: bool = False):
     """``(config, model)`` from a Hugging Face checkpoint folder.
 
     Args:
-      folder: a folder with ``config.json`` and safetensors weights.
-      allow_pickle: also accept ``.bin``/``.pt`` weights (they can execute code).
+      folder: a folder with ``config.json`` and ``model.safetensors`` (or a sharded
+        ``model.safetensors.index.json``).
+      allow_pickle: accept pickle weights (``.bin``, ``.pt`` ...) when there are no safetensors; they can
+        execute code (read with ``torch.load(weights_only=True)``).
+
+    Returns:
+      ``(config, model)``: the config object and the NNX model with the checkpoint's weights.
 
     Raises:
-      CheckpointError: missing or invalid files, unsupported architecture,
-        missing tensors or shape mismatches.
+      CheckpointError: missing or invalid files, refused pickle weights, unsupported architecture, missing
+        tensors or shape mismatches.
     """
     folder = os.fspath(folder)
     if not os.path.isdir(folder):
@@ -301,6 +326,16 @@ _GGUF_BLOCK = {
 
 
 def gguf_field(reader, key: str, default=None):
+    """The value of a GGUF metadata field.
+
+    Args:
+      reader: a ``gguf.GGUFReader``.
+      key: the field name, e.g. ``"llama.block_count"``.
+      default: returned when the field is absent.
+
+    Returns:
+      The field's contents (a scalar, string or list), or ``default``.
+    """
     field = reader.fields.get(key)
     if field is None:
         return default
@@ -325,6 +360,22 @@ def _open_gguf(path: str):
 
 
 def gguf_llama_config(reader, path: str) -> LlamaConfig:
+    """The :class:`LlamaConfig` of a GGUF file's ``llama.*`` metadata.
+
+    RoPE scaling ``linear`` is read from the metadata, Llama-3 scaling from the ``rope_freqs.weight`` tensor
+    (as ``"freq_factors"``); embeddings are tied when there is no ``output.weight`` tensor.
+
+    Args:
+      reader: a ``gguf.GGUFReader`` of the file.
+      path: the file name used in error messages.
+
+    Returns:
+      The config.
+
+    Raises:
+      CheckpointError: an architecture other than ``llama``, missing required metadata, an unsupported RoPE
+        scaling type, or a ``rope_freqs.weight`` of the wrong size or combined with another scaling.
+    """
     arch = gguf_field(reader, "general.architecture")
     if arch != "llama":
         raise CheckpointError(f"{path}: GGUF architecture {arch!r} is not supported (llama)")
@@ -381,8 +432,17 @@ def gguf_llama_config(reader, path: str) -> LlamaConfig:
 def load_gguf(path: str | os.PathLike):
     """``(config, model, reader)`` from a Llama-architecture GGUF file (no torch needed).
 
+    Tensors are dequantised to float32 and llama.cpp's Q/K row permutation is undone.
+
+    Args:
+      path: the ``.gguf`` file.
+
+    Returns:
+      ``(config, model, reader)``: the :class:`LlamaConfig`, the :class:`~snapaudit_jax.models.decoders.Llama`
+      with the file's weights, and the ``gguf.GGUFReader`` (for :meth:`Tokenizer.from_gguf`).
+
     Raises:
-      CheckpointError: unreadable file, unsupported architecture, missing or
+      CheckpointError: missing or unreadable file, unsupported architecture, missing, undequantisable or
         mis-shaped tensors.
     """
     from gguf.quants import dequantize

@@ -52,19 +52,22 @@ _SPLIT_RE = re.compile(r"\w+(\.\w+)*")
 
 @dataclasses.dataclass(frozen=True)
 class DatasetSpec:
-    """How one dataset's columns map onto :class:`Example`.
+    r"""How one dataset's columns map onto :class:`Example`.
 
     Attributes:
       name: short name used by :func:`load_examples` (``"agnews"``, ``"trec"``, ``"samsum"``, ``"xsum"``).
       task: ``"classification"`` or ``"summarization"``.
-      text_fields: columns joined (with ``"\\n"``, in order) into :attr:`Example.text`.
+      text_fields: columns joined (with ``"\n"``, in order) into :attr:`Example.text`.
       label_field: for classification the integer class column (:attr:`Example.label`); for summarisation the
         reference summary column (:attr:`Example.target`).
       label_names: class names in label order (label ``i`` is ``label_names[i]``); empty for summarisation.
       hub_id: the Hugging Face Hub id used by ``path="hub"``.
       label_aliases: other accepted names of ``label_field`` (older releases), tried in order after it.
-      id_field: column holding an example id; when a source has no such column, ids are
-        ``"<name>-<split>-<row>"``.
+      id_field: column holding an example id; when a source has no such column, ids are ``"<name>-<split>-<row>"``.
+
+    Raises:
+      InputError: (on construction) an unknown ``task``, no ``text_fields``, or ``label_names`` empty for
+        classification / non-empty for summarisation.
     """
 
     name: str
@@ -147,6 +150,10 @@ class Example:
       label: the class index (classification), else ``None``.
       target: the reference summary (summarisation), else ``None``.
       id: an identifier, unique within the source it was loaded from.
+
+    Raises:
+      InputError: (on construction) an empty ``text`` or ``id``, both or neither of ``label`` and ``target``, a
+        ``label`` that is not an integer ``>= 0``, or an empty ``target``.
     """
 
     text: str
@@ -185,6 +192,10 @@ class AuditContext:
       replacement: the exemplar the canary replaces (the ``k``-th exemplar of the clean context).
       exemplars: the ``k - 1`` exemplars shared by both contexts, in prompt order.
       position: index in ``[0, k)`` of the canary/replacement in the contexts.
+
+    Raises:
+      InputError: (on construction) fields of the wrong type, ``position`` outside ``[0, k)``, or a canary with
+        the replacement's content.
 
     References:
       SnapAudit, DP-ICL audit: C1 = {e_1, ..., e_{k-1}, e_canary} (``b = 1``) and C0 = {e_1, ..., e_k} (``b = 0``).
@@ -230,10 +241,16 @@ class AuditContext:
 
 
 def get_spec(name: str) -> DatasetSpec:
-    """Returns the :class:`DatasetSpec` of ``name``.
+    """The :class:`DatasetSpec` of a dataset name.
+
+    Args:
+      name: one of :data:`DATASETS` (``"agnews"``, ``"trec"``, ``"samsum"``, ``"xsum"``).
+
+    Returns:
+      The spec.
 
     Raises:
-      ValueError: ``name`` is not one of :data:`DATASETS`.
+      InputError: ``name`` is not one of :data:`DATASETS`.
     """
     if not isinstance(name, str) or name not in DATASETS:
         raise InputError(f"dataset name must be one of {', '.join(map(repr, DATASETS))}, got {name!r}")
@@ -272,7 +289,7 @@ def load_examples(
 
     Raises:
       ImportError: ``datasets`` is not installed and ``path`` is not ``None``.
-      ValueError: unknown dataset name; missing path; unsupported file extension; no (or more than one) file for
+      InputError: unknown dataset name; missing path; unsupported file extension; no (or more than one) file for
         the split in a directory; unreadable file; missing required column (the message names the source and the
         column and lists the columns found); a returned row with an empty or non-string text or summary, or a
         label that is not an integer in ``[0, num_classes)``; duplicate ids among the returned rows; an empty
@@ -358,7 +375,7 @@ def sample_audit_context(examples: Sequence[Example], *, num_exemplars: int, see
       of every exemplar in either context.
 
     Raises:
-      ValueError: ``examples`` is not a sequence of :class:`Example` or has fewer than ``k + 1`` distinct
+      InputError: ``examples`` is not a sequence of :class:`Example` or has fewer than ``k + 1`` distinct
         contents; ``num_exemplars`` or ``seed`` is invalid.
 
     Guarantees:

@@ -29,16 +29,33 @@ __all__ = ["SnapshotRun", "generate_snapshots", "case_fingerprint"]
 
 @dataclasses.dataclass(frozen=True)
 class SnapshotRun:
-    """Snapshots of one pipeline and how they were made."""
+    """Snapshots of one pipeline and how they were made.
+
+    Attributes:
+      snapshots: the clean outputs with and without the canary (ESA: with the candidates and target).
+      manifest: the run's manifest (fingerprint, model calls, unique computations, determinism check, ...;
+        ``"resumed": True`` when loaded from the run folder).
+    """
 
     snapshots: Snapshots
     manifest: dict
 
 
 def case_fingerprint(pipeline: Pipeline, snapshots: int, seed: int) -> str:
-    """Hash of everything that determines the snapshots (model, case, pipeline settings, n, seed; ESA: the
-    candidate pool, whose embeddings and target index the snapshot file holds, and how it was drawn, so that a
-    run folder of another pool setting is recomputed, from the answer cache, not reused)."""
+    """Hash of everything that determines the snapshots.
+
+    The model, case, pipeline settings, ``n`` and seed; ESA: the candidate pool, whose embeddings and target index
+    the snapshot file holds, and how it was drawn, so that a run folder of another pool setting is recomputed,
+    from the answer cache, not reused.
+
+    Args:
+      pipeline: the pipeline.
+      snapshots: ``n_llm``.
+      seed: partition-assignment seed.
+
+    Returns:
+      The SHA-256 hex digest.
+    """
     case = pipeline.case
     parts = {
         "model": pipeline.oracle.lm.name,
@@ -91,19 +108,23 @@ def generate_snapshots(
     run_dir: str | None = None,
     verify: int = 4,
 ) -> SnapshotRun:
-    """Phase A for one pipeline.
+    """Phase A for one pipeline: ``snapshots`` clean outputs of ``M'`` per context.
 
     Args:
-      pipeline: the pipeline (its oracle caches answers; give it a
-        ``cache_path`` in ``run_dir`` to resume interrupted runs).
-      snapshots: ``n_llm``, calls of ``M'`` per context.
-      seed: partition-assignment seed.
-      run_dir: folder for ``<name>.npz`` and ``<name>.manifest.json``; an
-        existing pair with the same fingerprint is loaded instead of recomputed.
+      pipeline: the pipeline (its oracle caches answers; give it a ``cache_path`` in ``run_dir`` to resume
+        interrupted runs).
+      snapshots: ``n_llm >= 2``, calls of ``M'`` per context.
+      seed: partition-assignment seed (call ``i`` uses ``default_rng([seed, i])`` under both contexts).
+      run_dir: folder for ``<name>.npz`` and ``<name>.manifest.json``; an existing pair with the same fingerprint
+        is loaded instead of recomputed.
       verify: partition answers to recompute uncached (0: no check).
 
     Returns:
-      :class:`SnapshotRun`.
+      :class:`SnapshotRun`. A :class:`KeywordPipeline` gets its ``vocabulary`` fixed (from the answers or the
+      manifest).
+
+    Raises:
+      InputError: ``snapshots < 2``, or an existing manifest that is not readable JSON.
     """
     if snapshots < 2:
         raise InputError(f"snapshots must be >= 2, got {snapshots}")

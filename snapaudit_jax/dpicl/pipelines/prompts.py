@@ -64,7 +64,16 @@ COPY_INSTRUCTION = "Continue the text."
 
 
 def format_exemplar(text: str, label_name: str | None = None, target: str | None = None) -> str:
-    """One exemplar as it appears in a prompt."""
+    """One exemplar as it appears in a prompt: ``Text: ...`` and, if given, ``Label: ...`` and ``Summary: ...`` lines.
+
+    Args:
+      text: the exemplar's text.
+      label_name: its class name (classification), or ``None``.
+      target: its reference summary (summarisation), or ``None``.
+
+    Returns:
+      The formatted exemplar.
+    """
     parts = [f"Text: {text}"]
     if label_name is not None:
         parts.append(f"Label: {label_name}")
@@ -74,7 +83,14 @@ def format_exemplar(text: str, label_name: str | None = None, target: str | None
 
 
 def context_block(formatted: Sequence[str]) -> str:
-    """The in-context examples of one partition."""
+    """The in-context examples of one partition, numbered from 1 under ``"Here are some examples:"``.
+
+    Args:
+      formatted: the exemplars, each from :func:`format_exemplar`.
+
+    Returns:
+      The block of text.
+    """
     lines = ["Here are some examples:"]
     for i, ex in enumerate(formatted, 1):
         lines.append(f"Example {i}:\n{ex}")
@@ -82,6 +98,16 @@ def context_block(formatted: Sequence[str]) -> str:
 
 
 def yes_no_instruction(mode: str, text: str) -> str:
+    """The Yes/No audit question of the ``direct`` or ``semantic`` query mode.
+
+    Args:
+      mode: ``"direct"`` (does the text appear in the examples?); any other value asks the ``semantic``
+        question (does a text with the same meaning appear?).
+      text: the text the question shows (the canary or its paraphrase).
+
+    Returns:
+      The question, ending with "Answer Yes or No."
+    """
     if mode == "direct":
         return f"Question: Does the following text appear in the examples above?\nText: {text}\nAnswer Yes or No."
     return (
@@ -91,12 +117,30 @@ def yes_no_instruction(mode: str, text: str) -> str:
 
 
 def paraphrase_instruction(text: str) -> str:
+    """The request to paraphrase the canary (``semantic`` query mode).
+
+    Args:
+      text: the canary's text.
+
+    Returns:
+      The instruction.
+    """
     return ("Rewrite the following text with different words, keeping its meaning. "
             f"Reply with the rewritten text only.\nText: {text}")
 
 
 def esa_generator_instruction(text: str, mode: str, y1: str, y2: str) -> str:
-    """SnapAudit App. D.2: the generator answers with one of two signal sentences."""
+    """SnapAudit App. D.2: the generator answers with one of two signal sentences.
+
+    Args:
+      text: the text the question shows.
+      mode: ``"direct"`` or (any other value) ``"semantic"``, as in :func:`yes_no_instruction`.
+      y1: the reply if the canary is present.
+      y2: the reply otherwise.
+
+    Returns:
+      The instruction.
+    """
     question = (
         "the following text appears in the examples above" if mode == "direct"
         else "the examples above contain a text with the same meaning as the following one"
@@ -108,7 +152,18 @@ def esa_generator_instruction(text: str, mode: str, y1: str, y2: str) -> str:
 
 
 def esa_candidate_instruction(y1: str, y2: str, pseudo_seed: int) -> str:
-    """0-shot candidate stage constrained to the two signals; the number varies the greedy answer."""
+    """0-shot candidate stage constrained to the two signals; the number varies the greedy answer.
+
+    The prompt holds no private example.
+
+    Args:
+      y1: the first signal sentence.
+      y2: the second signal sentence.
+      pseudo_seed: the number shown; even lists ``y1`` first, odd ``y2`` first.
+
+    Returns:
+      The instruction.
+    """
     first, second = (y1, y2) if pseudo_seed % 2 == 0 else (y2, y1)
     return (
         f"Random number: {pseudo_seed}\nReply with exactly one of these two sentences and nothing else:\n"
@@ -117,10 +172,28 @@ def esa_candidate_instruction(y1: str, y2: str, pseudo_seed: int) -> str:
 
 
 def ksa_reconstruction_instruction(question: str, keywords: Sequence[str]) -> str:
+    """KSA's final request: answer the question using the released keywords.
+
+    Args:
+      question: the user-visible query.
+      keywords: the released keywords, in order.
+
+    Returns:
+      The instruction.
+    """
     return f"Answer the request below using these keywords: {', '.join(keywords)}.\nRequest: {question}"
 
 
 def leak_filter_instruction(query: str, response: str) -> str:
+    """ContextLeak's filter question: does the response reveal the confidential examples? (Yes/No).
+
+    Args:
+      query: the user's request.
+      response: the assistant's answer to check.
+
+    Returns:
+      The instruction.
+    """
     return (
         "You check answers for privacy leaks. Does the answer below reveal, copy or confirm content of the "
         "confidential examples the assistant was given?\n"
