@@ -13,7 +13,7 @@ from typing import Any
 
 
 from snapaudit_jax.audits.active import CLEAN_MODELS
-from snapaudit_jax.dpicl.one_run import OneRunSettings
+from snapaudit_jax.dpicl.one_run import OneRunConfig
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.config import ConfigFileError, read_toml
 from snapaudit_jax.utils.config import boolean as _boolean
@@ -28,7 +28,7 @@ from snapaudit_jax.utils.config import take as _take
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.dpicl.pipelines import PIPELINES
 
-__all__ = ["AuditConfig", "ConfigFileError", "MiaSettings", "PipelineSettings", "load_config"]
+__all__ = ["AuditConfig", "ConfigFileError", "MiaConfig", "PipelineConfig", "load_config"]
 
 PIPELINE_NAMES = tuple(PIPELINES)  # one pipeline per registered mechanism name
 ON_MISMATCH = ("sampled", "fail")
@@ -45,7 +45,7 @@ DEFAULT_CANDIDATE_CALLS = 8
 
 
 @dataclasses.dataclass(frozen=True)
-class PipelineSettings:
+class PipelineConfig:
     """``[pipelines.<name>]``: one DP-ICL pipeline.
 
     Attributes:
@@ -89,7 +89,7 @@ class PipelineSettings:
 
 
 @dataclasses.dataclass(frozen=True)
-class MiaSettings:
+class MiaConfig:
     """``[mia]``: clean-output membership inference (SnapAudit Table 12).
 
     Attributes:
@@ -134,9 +134,9 @@ class AuditConfig:
       case_seed: seed of the audit case (canary, exemplars, secret).
       batch_size: prompts per model batch.
       verify: partition answers recomputed without the cache (determinism check; 0: none).
-      pipelines: one :class:`PipelineSettings` per ``[pipelines.<name>]`` section, in file order.
+      pipelines: one :class:`PipelineConfig` per ``[pipelines.<name>]`` section, in file order.
       mia: ``[mia]``, or ``None``.
-      one_run: ``[one_run]`` (:class:`~snapaudit_jax.dpicl.one_run.OneRunSettings`), or ``None``.
+      one_run: ``[one_run]`` (:class:`~snapaudit_jax.dpicl.one_run.OneRunConfig`), or ``None``.
     """
 
     llm: str = "smollm2"
@@ -159,9 +159,9 @@ class AuditConfig:
     case_seed: int = 0
     batch_size: int = 8
     verify: int = 4
-    pipelines: tuple[PipelineSettings, ...] = ()
-    mia: MiaSettings | None = None
-    one_run: OneRunSettings | None = None
+    pipelines: tuple[PipelineConfig, ...] = ()
+    mia: MiaConfig | None = None
+    one_run: OneRunConfig | None = None
 
 
 def load_config(path: str | os.PathLike) -> AuditConfig:
@@ -256,13 +256,13 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
         if s["partitions"] is not None and s["partitions"] > s["num_exemplars"]:
             raise ConfigFileError(f"{where}.partitions: must be <= num_exemplars={s['num_exemplars']}, "
                                   f"got {s['partitions']}")
-        settings.append(PipelineSettings(**s))
+        settings.append(PipelineConfig(**s))
     kw["pipelines"] = tuple(settings)
     if kw["method"] == "exact" and any(p.name == "ksa" for p in settings):
         raise ConfigFileError("audit.method: 'exact' has no closed form for KSA's top-K release ([pipelines.ksa]); "
                               "use \"simulate\" or drop the pipeline, got 'exact'")
     if mia is not None:
-        kw["mia"] = MiaSettings(
+        kw["mia"] = MiaConfig(
             canaries=_take(mia, "canaries", "mia", _pos_int("canaries", 2), 6),
             pipelines=_take(mia, "pipelines", "mia", _choices(("pv", "poe", "ksa")), ("pv", "poe")),
             queries=_take(mia, "queries", "mia", _choices(QUERY_MODES), ("direct", "copy")),
@@ -270,10 +270,10 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
         )
         _reject_unknown(mia, "mia")
     if one_run is not None:
-        from snapaudit_jax.dpicl.one_run import parse_settings
+        from snapaudit_jax.dpicl.one_run import parse_config
 
         poe = next((p for p in settings if p.name == "poe"), None)
-        kw["one_run"] = parse_settings(one_run, epsilons=kw["epsilons"], threats=kw["threats"],
+        kw["one_run"] = parse_config(one_run, epsilons=kw["epsilons"], threats=kw["threats"],
                                        clip=poe.clip if poe else 5.0, seed=kw["seed"])
     return AuditConfig(**kw)
 

@@ -81,7 +81,7 @@ from snapaudit_jax.utils.config import string as _string
 from snapaudit_jax.utils.config import take as _take
 from snapaudit_jax.utils.errors import InputError
 
-__all__ = ["OneRunSettings", "CanarySlots", "parse_settings", "make_slots", "partition_groups",
+__all__ = ["OneRunConfig", "CanarySlots", "parse_config", "make_slots", "partition_groups",
            "gaussian_composition", "pure_composition", "composed_claim", "one_run_pipeline", "format_section",
            "ceiling", "INTERACTION_NOTE", "GUARANTEES"]
 
@@ -100,7 +100,7 @@ _STREAM = {"pv": 1, "poe": 2}  # noise-key streams per pipeline
 
 
 @dataclasses.dataclass(frozen=True)
-class OneRunSettings:
+class OneRunConfig:
     """``[one_run]``: the one-run (many-canary) audit of PV / PoE.
 
     Attributes:
@@ -185,8 +185,8 @@ def _pairs(value) -> tuple[tuple[int, int], ...] | str:
     return tuple(out)
 
 
-def parse_settings(section: dict, *, epsilons: tuple[float, ...], threats: tuple[str, ...], clip: float,
-                   seed: int) -> OneRunSettings:
+def parse_config(section: dict, *, epsilons: tuple[float, ...], threats: tuple[str, ...], clip: float,
+                   seed: int) -> OneRunConfig:
     """Validates a ``[one_run]`` TOML table (consumed: known keys are popped).
 
     Args:
@@ -197,7 +197,7 @@ def parse_settings(section: dict, *, epsilons: tuple[float, ...], threats: tuple
       seed: default of ``seed`` (``audit.seed``).
 
     Returns:
-      The :class:`OneRunSettings`.
+      The :class:`OneRunConfig`.
 
     Raises:
       ConfigFileError: an unknown key, or a value out of range; the message names ``one_run.<key>``, the rule and
@@ -243,7 +243,7 @@ def parse_settings(section: dict, *, epsilons: tuple[float, ...], threats: tuple
         check_design(kw["insert_probability"], kw["delta"])
     except ValueError as err:
         raise ConfigFileError(f"{w}.insert_probability: {err}") from None
-    return OneRunSettings(**kw)
+    return OneRunConfig(**kw)
 
 
 # ---------------------------------------------------------------------------
@@ -511,7 +511,7 @@ def _cases(slots: CanarySlots, spec):
         yield AuditCase(spec, "copy", ctx, slots.prefixes[j], slots.secrets[j], slots.decoy_codes[j])
 
 
-def clean_answers(pipeline: str, slots: CanarySlots, settings: OneRunSettings, oracle, spec, *, defense: str,
+def clean_answers(pipeline: str, slots: CanarySlots, settings: OneRunConfig, oracle, spec, *, defense: str,
                   log=None) -> tuple[np.ndarray, Any]:
     """The clean outputs of the ``m`` queries on the realised private set, and the last pipeline built.
 
@@ -583,7 +583,7 @@ def release_scores(mechanism, clean, key: jax.Array) -> tuple[np.ndarray, np.nda
     return np.asarray(hits), np.asarray(scores, np.float64)
 
 
-def one_run_pipeline(pipeline: str, settings: OneRunSettings, oracle, examples, spec, *, delta0: float,
+def one_run_pipeline(pipeline: str, settings: OneRunConfig, oracle, examples, spec, *, delta0: float,
                      calibration: str, defense: str, log=None) -> list[dict]:
     """One-run audits of ``pipeline`` at every ``settings.epsilons`` (one clean pass, one release per eps).
 

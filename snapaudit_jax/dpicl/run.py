@@ -67,7 +67,7 @@ from snapaudit_jax.utils.config import ConfigFileError
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.io import write_json, write_text
 from snapaudit_jax.utils.progress import RunLog as _Log
-from snapaudit_jax.dpicl.config import DEFAULT_DATASET, FIXED_MIXTURE_NOTE, AuditConfig, PipelineSettings
+from snapaudit_jax.dpicl.config import DEFAULT_DATASET, FIXED_MIXTURE_NOTE, AuditConfig, PipelineConfig
 from snapaudit_jax.dpicl.pipelines import PIPELINES
 from snapaudit_jax.dpicl.report import format_report, plot_pipeline
 
@@ -79,7 +79,7 @@ __all__ = ["check_run_folder", "passive_plan", "run_audit"]
 # ---------------------------------------------------------------------------
 
 
-def _signal_pair(settings: PipelineSettings, examples, oracle, log) -> tuple[tuple[str, str], dict]:
+def _signal_pair(settings: PipelineConfig, examples, oracle, log) -> tuple[tuple[str, str], dict]:
     from snapaudit_jax.dpicl.msgs import greedy_search, multi_sweep_greedy_search, word_vocabulary
 
     if isinstance(settings.signals, tuple):
@@ -101,7 +101,7 @@ def _signal_pair(settings: PipelineSettings, examples, oracle, log) -> tuple[tup
     return (pair.sentence_1, pair.sentence_2), info
 
 
-def _esa_pool(config: AuditConfig, settings: PipelineSettings, pipeline, log):
+def _esa_pool(config: AuditConfig, settings: PipelineConfig, pipeline, log):
     """ESA's candidate pool for the whole audit, drawn once before Phase A (``settings.candidates``).
 
     Raises:
@@ -538,7 +538,7 @@ def _run_mia(config: AuditConfig, lm, oracle, log) -> dict:
     mia = config.mia
     out = []
     for name in mia.pipelines:
-        settings = next((p for p in config.pipelines if p.name == name), PipelineSettings(name, DEFAULT_DATASET[name]))
+        settings = next((p for p in config.pipelines if p.name == name), PipelineConfig(name, DEFAULT_DATASET[name]))
         examples = load_examples(settings.dataset, settings.data_path)
         spec = get_spec(settings.dataset)
         for query in mia.queries:

@@ -81,7 +81,7 @@ def test_slots_are_distinct_and_coins_come_from_the_seed(examples):
 @pytest.mark.parametrize("pipeline,partitions", [("pv", 3), ("pv", 5), ("poe", 1)])
 def test_flipping_one_coin_changes_exactly_one_partition_prompt(examples, pipeline, partitions):
     s = O.make_slots(examples, canaries=11, base_exemplars=2, insert_probability=0.5, seed=1)
-    settings = O.OneRunSettings(canaries=11, partitions=partitions, base_exemplars=2)
+    settings = O.OneRunConfig(canaries=11, partitions=partitions, base_exemplars=2)
     spec = get_spec("agnews")
 
     def prompts(coins):
@@ -103,7 +103,7 @@ def test_flipping_one_coin_changes_exactly_one_partition_prompt(examples, pipeli
 
 def test_fully_leaking_answerer_gives_the_coins_as_clean_votes(examples):
     s = O.make_slots(examples, canaries=12, base_exemplars=0, insert_probability=0.5, seed=2)
-    settings = O.OneRunSettings(canaries=12, partitions=4)
+    settings = O.OneRunConfig(canaries=12, partitions=4)
     clean, _ = O.clean_answers("pv", s, settings, _CopyOracle(), get_spec("agnews"), defense="none")
     coins = np.array(s.coins)
     np.testing.assert_array_equal(clean, np.stack([coins, 4 - coins], 1).astype(float))
