@@ -35,6 +35,9 @@ __all__ = [
     "decode_tokens",
     "token_logprobs",
     "sequence_nll",
+    "last_token_logprobs",
+    "option_logprobs",
+    "greedy_matches",
 ]
 
 
@@ -256,9 +259,83 @@ def token_logprobs(model, tokens: jax.Array, mask: jax.Array) -> jax.Array:
       real (``mask[t - 1] & mask[t]``), else ``0``.
     """
     hidden, _ = model(tokens, positions_from_mask(mask), mask)
-    logp = jax.nn.log_softmax(model.logits(hidden[:, :-1]).astype(jnp.float32), axis=-1)
-    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
-    return jnp.where(_targets(mask), picked, 0.0)
+    return jnp.where(_targets(mask), _picked_logprobs(model, hidden[:, :-1], tokens[:, 1:]), 0.0)
+
+
+def _picked_logprobs(model, hidden: jax.Array, targets: jax.Array) -> jax.Array:
+    """``log p(targets | hidden)``: ``(B, N)`` float32 for hidden states ``(B, N, D)`` and ids ``(B, N)``.
+
+    The one place where scores are read off the model: the LM head, a float32 log-softmax, the targets' entries.
+    """
+    return jnp.take_along_axis(_logprobs(model, hidden), targets[..., None], axis=-1)[..., 0]
+
+
+def _logprobs(model, hidden: jax.Array) -> jax.Array:
+    """The LM head and a float32 log-softmax: ``(..., vocab)`` for hidden states ``(..., D)``."""
+    return jax.nn.log_softmax(model.logits(hidden).astype(jnp.float32), axis=-1)
+
+
+def last_token_logprobs(model, tokens: jax.Array, mask: jax.Array, label_ids: jax.Array) -> jax.Array:
+    """``log p(label | prompt)`` of single-token labels after left-padded prompts (traceable).
+
+    Args:
+      model: an NNX decoder (``GPT2`` or ``Llama``).
+      tokens: ``(B, L)`` int left-padded prompts.
+      mask: ``(B, L)`` bool, real prompt tokens.
+      label_ids: ``(V,)`` int, one token id per label.
+
+    Returns:
+      ``(B, V)`` float32 next-token log-probabilities of the labels after each prompt.
+    """
+    hidden, _ = model(tokens, positions_from_mask(mask), mask)
+    return _logprobs(model, hidden[:, -1])[:, label_ids]
+
+
+def option_logprobs(model, tokens, positions, key_mask, allowed, gather, targets, target_mask) -> jax.Array:
+    """``sum_s log p(option_v[s] | prompt, option_v[:s])`` of multi-token options packed after each prompt.
+
+    Every option of a row is scored in the same forward pass: the layout (built on the host by
+    :meth:`~snapaudit_jax.models.LanguageModel.label_logprobs`) lets each option token attend to the prompt's
+    real tokens and its own option's earlier tokens only, with positions continuing the prompt's.
+
+    Args:
+      model: an NNX decoder (``GPT2`` or ``Llama``).
+      tokens: ``(B, W)`` int, prompt slots then the packed options.
+      positions: ``(B, W)`` int position ids.
+      key_mask: ``(B, W)`` bool, real tokens.
+      allowed: ``(B, W, W)`` bool attention pattern.
+      gather: ``(B, V, S)`` int, the position whose hidden state predicts each target.
+      targets: ``(B, V, S)`` int option token ids.
+      target_mask: ``(B, V, S)`` bool, real option tokens.
+
+    Returns:
+      ``(B, V)`` float32 summed log-likelihood of each option.
+    """
+    hidden, _ = model(tokens, positions, key_mask, allowed=allowed)
+    b, v, span = targets.shape
+    picked_hidden = jnp.take_along_axis(hidden, gather.reshape(b, v * span)[..., None], axis=1)
+    picked = _picked_logprobs(model, picked_hidden, targets.reshape(b, v * span))
+    return jnp.sum(jnp.where(target_mask, picked.reshape(b, v, span), 0.0), axis=-1)
+
+
+def greedy_matches(model, tokens: jax.Array, mask: jax.Array, targets: jax.Array, target_mask: jax.Array, *,
+                   span: int) -> jax.Array:
+    """Whether greedy decoding would emit the last ``span`` tokens of each row (one teacher-forced pass).
+
+    Args:
+      model: an NNX decoder (``GPT2`` or ``Llama``).
+      tokens: ``(B, L)`` int left-padded rows: prompt then the ``span`` candidate tokens.
+      mask: ``(B, L)`` bool, real tokens.
+      targets: ``(B, span)`` int, the candidate tokens.
+      target_mask: ``(B, span)`` bool, the candidate's real tokens (the others always match).
+      span: static, the candidate length.
+
+    Returns:
+      ``(B,)`` bool: every argmax equals its target.
+    """
+    hidden, _ = model(tokens, positions_from_mask(mask), mask)
+    best = jnp.argmax(model.logits(hidden[:, -span - 1:-1]), axis=-1)
+    return jnp.all((best == targets) | ~target_mask, axis=-1)
 
 
 def _targets(mask: jax.Array, score_from: jax.Array | None = None) -> jax.Array:

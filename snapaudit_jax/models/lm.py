@@ -17,8 +17,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from snapaudit_jax.models.inference import BatchSample, Greedy, decode_tokens
-from snapaudit_jax.models.layers import positions_from_mask
+from snapaudit_jax.models.inference import (
+    BatchSample,
+    Greedy,
+    decode_tokens,
+    greedy_matches,
+    last_token_logprobs,
+    option_logprobs,
+)
 from snapaudit_jax.models.parallel import DataParallel
 from snapaudit_jax.models.tokenizer import Tokenizer
 from snapaudit_jax.utils.errors import InputError
@@ -96,18 +102,9 @@ def _generate(graphdef, state, tokens, mask, key, temperature, live, limit, *, m
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
 def _packed_option_logprobs(graphdef, state, tokens, positions, key_mask, allowed, gather, targets, target_mask):
-    """``sum_s log P(option_v[s] | prompt, option_v[:s])`` for options packed after each prompt: ``(B, V)``.
-
-    ``gather`` ``(B, V, S)`` indexes the hidden state predicting ``targets``
-    (the prompt's last position for ``s = 0``).
-    """
-    model = nnx.merge(graphdef, state)
-    hidden, _ = model(tokens, positions, key_mask, allowed=allowed)
-    b, v, span = targets.shape
-    picked_hidden = jnp.take_along_axis(hidden, gather.reshape(b, v * span)[..., None], axis=1)
-    logp = jax.nn.log_softmax(model.logits(picked_hidden), axis=-1)
-    picked = jnp.take_along_axis(logp, targets.reshape(b, v * span)[..., None], axis=-1)[..., 0]
-    return jnp.sum(jnp.where(target_mask, picked.reshape(b, v, span), 0.0), axis=-1)
+    """Jitted :func:`~snapaudit_jax.models.inference.option_logprobs`: ``(B, V)``."""
+    return option_logprobs(nnx.merge(graphdef, state), tokens, positions, key_mask, allowed, gather, targets,
+                           target_mask)
 
 
 def _pack_options(rows, options, length: int, batch: int, pad: int):
@@ -151,20 +148,14 @@ _PACKED_OPTION_TOKENS = 512  # option tokens packed after one prompt per forward
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "span"))
 def _greedy_match(graphdef, state, tokens, mask, targets, target_mask, *, span):
-    """Whether greedy decoding would emit the last ``span`` tokens (masked): all argmaxes equal them."""
-    model = nnx.merge(graphdef, state)
-    hidden, _ = model(tokens, positions_from_mask(mask), mask)
-    best = jnp.argmax(model.logits(hidden[:, -span - 1:-1]), axis=-1)
-    return jnp.all((best == targets) | ~target_mask, axis=-1)
+    """Jitted :func:`~snapaudit_jax.models.inference.greedy_matches`."""
+    return greedy_matches(nnx.merge(graphdef, state), tokens, mask, targets, target_mask, span=span)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
 def _last_logprobs(graphdef, state, tokens, mask, label_ids):
-    """``log P(label_j | prompt)`` for single-token labels: ``(B, n_labels)``."""
-    model = nnx.merge(graphdef, state)
-    hidden, _ = model(tokens, positions_from_mask(mask), mask)
-    logp = jax.nn.log_softmax(model.logits(hidden[:, -1]), axis=-1)
-    return logp[:, label_ids]
+    """Jitted :func:`~snapaudit_jax.models.inference.last_token_logprobs`: ``(B, n_labels)``."""
+    return last_token_logprobs(nnx.merge(graphdef, state), tokens, mask, label_ids)
 
 
 class LanguageModel:

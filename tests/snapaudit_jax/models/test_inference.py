@@ -17,10 +17,21 @@ from flax import nnx
 from sklearn import metrics as sklearn_metrics
 
 from snapaudit_jax.estimation import roc_auc
-from snapaudit_jax.models import BatchSample, Greedy, Sample, decode, sequence_nll, token_logprobs
-from snapaudit_jax.models import inference
-from snapaudit_jax.models.config import GPT2Config, LlamaConfig
-from snapaudit_jax.models.decoders import GPT2, Llama
+from snapaudit_jax.models import (
+    GPT2,
+    BatchSample,
+    GPT2Config,
+    Greedy,
+    Llama,
+    LlamaConfig,
+    Sample,
+    decode,
+    greedy_matches,
+    inference,
+    last_token_logprobs,
+    sequence_nll,
+    token_logprobs,
+)
 
 VOCAB = 53
 NEW = 7
@@ -189,6 +200,28 @@ def test_scoring_equals_a_per_token_float64_loop(name):
         assert (lp[i, len(ids) - 1:] == 0).all()
         np.testing.assert_allclose(float(nll[i]), -sum(oracle[score_from[i] - 1:]), rtol=1e-5, atol=1e-6)
         assert int(count[i]) == len(ids) - score_from[i]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_label_kernels_equal_a_float64_oracle(name):
+    """last_token_logprobs and greedy_matches against log-softmax / argmax of full no-cache forward passes."""
+    model = MODELS[name]
+    tokens, mask = _left_pad(PROMPTS, 9)
+    labels = np.array([4, 8, 50], np.int32)
+    lp = np.asarray(last_token_logprobs(model, jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(labels)))
+    best = []
+    for i, ids in enumerate(PROMPTS):
+        z = _last_logits(model, ids)
+        z = z - z.max()
+        np.testing.assert_allclose(lp[i], z[labels] - np.log(np.exp(z).sum()), rtol=1e-5, atol=1e-6)
+        best.append(int(np.argmax(z)))
+    # a one-token candidate matches iff it is the argmax after the prompt
+    rows = [ids + [b] for ids, b in zip(PROMPTS, best)]
+    rows[1][-1] = (rows[1][-1] + 1) % VOCAB
+    t2, m2 = _left_pad(rows, 10)
+    target = np.array([[r[-1]] for r in rows], np.int32)
+    got = greedy_matches(model, jnp.asarray(t2), jnp.asarray(m2), jnp.asarray(target), jnp.ones((4, 1), bool), span=1)
+    assert np.asarray(got).tolist() == [True, False, True, True]
 
 
 def test_roc_auc_equals_sklearn_with_ties():
