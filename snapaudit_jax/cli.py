@@ -119,12 +119,12 @@ def _config_commands() -> dict:
 
 def _run_config(args) -> int:
     """``snapaudit NAME CONFIG.toml``: load, run into ``--out``, print the report (and the command's summary)."""
-    from snapaudit_jax.utils.commands import run_command
+    from snapaudit_jax.utils.commands import resolve, run_command
 
     command = _config_commands()[args.command]
     result, report = run_command(command, args.config, args.out, progress=not args.quiet)
     print(report)
-    line = command.summary(result) if command.summary else None
+    line = resolve(command.summary)(result) if command.summary else None
     if line:
         print(line)
     return EXIT_OK

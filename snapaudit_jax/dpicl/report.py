@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
 
-
-
-__all__ = ["format_report", "plot_pipeline"]
+__all__ = ["format_report", "mia_summary", "plot_pipeline"]
 
 
 def plot_pipeline(path: str, name: str, rows: list[dict]) -> None:
@@ -109,3 +109,15 @@ def format_report(rows: list[dict], summaries: dict, mia: dict | None, one_run: 
                  "Active audits with clean = fixed treat each snapshot as the exact clean output of its recorded "
                  "partition assignment (greedy decoding; see the determinism check); passive audits are end to end.")
     return "\n".join(lines) + "\n"
+
+
+def mia_summary(result: Mapping[str, Any]) -> str | None:
+    """The line ``snapaudit audit`` prints after its report when the run had a membership-inference section.
+
+    Args:
+      result: what :func:`~snapaudit_jax.dpicl.run.run_audit` returned.
+
+    Returns:
+      ``"MIA AUC rows: N (mia.json)"``, or ``None`` without MIA rows.
+    """
+    return f"MIA AUC rows: {len(result['mia']['rows'])} (mia.json)" if result.get("mia") else None

@@ -11,14 +11,16 @@ name and the packages depend on ``snapaudit_jax`` one way only.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
+import re
 from collections.abc import Callable, Mapping
 from importlib import metadata
 from typing import Any
 
 from snapaudit_jax.utils.io import check_output_dir
 
-__all__ = ["ENTRY_POINT_GROUP", "ConfigCommand", "discover", "run_command"]
+__all__ = ["ENTRY_POINT_GROUP", "ConfigCommand", "discover", "resolve", "run_command"]
 
 ENTRY_POINT_GROUP = "snapaudit.commands"
 
@@ -36,16 +38,45 @@ class ConfigCommand:
       run: ``run(config, out_dir, *, progress) -> dict``; writes the results into ``out_dir``.
       report: the file of ``out_dir`` printed when the run is done (``"report.md"``).
       summary: optional ``summary(result) -> str | None``, one more line printed after the report.
+
+    ``load``, ``run`` and ``summary`` are callables or ``"module:function"`` targets, resolved when the
+    command runs (:func:`resolve`); a package's entry point then needs no wrapper functions.
     """
 
     name: str
     help: str
     description: str
     example: str
-    load: Callable[[str], Any]
-    run: Callable[..., Mapping[str, Any]]
+    load: Callable[[str], Any] | str
+    run: Callable[..., Mapping[str, Any]] | str
     report: str
-    summary: Callable[[Mapping[str, Any]], str | None] | None = None
+    summary: Callable[[Mapping[str, Any]], str | None] | str | None = None
+
+    def __post_init__(self):
+        for field in ("load", "run", "summary"):
+            target = getattr(self, field)
+            if isinstance(target, str) and not re.fullmatch(r"[\w.]+:\w+", target):
+                raise TypeError(f"ConfigCommand {self.name!r}: {field} must be a callable or a 'module:function' "
+                                f"target, got {target!r}")
+
+
+def resolve(target: Callable | str) -> Callable:
+    """The callable a :class:`ConfigCommand` field names.
+
+    Args:
+      target: a callable (returned as it is) or a ``"module:function"`` string (the module is imported).
+
+    Returns:
+      The callable.
+
+    Raises:
+      ImportError: the module cannot be imported.
+      AttributeError: the module has no such function.
+    """
+    if callable(target):
+        return target
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def discover() -> dict[str, ConfigCommand]:
@@ -83,9 +114,9 @@ def run_command(command: ConfigCommand, config_path: str, out: str | None = None
     Raises:
       InputError: a bad configuration or an output folder that cannot be written (before any work).
     """
-    config = command.load(config_path)
+    config = resolve(command.load)(config_path)
     out = out or os.path.join("runs", os.path.splitext(os.path.basename(config_path))[0])
     check_output_dir("--out", out)  # before any work: nothing is created if it could not be written
-    result = command.run(config, out, progress=progress)
+    result = resolve(command.run)(config, out, progress=progress)
     with open(os.path.join(out, command.report)) as fh:
         return result, fh.read()
