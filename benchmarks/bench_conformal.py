@@ -76,13 +76,13 @@ import platform
 import statistics
 import sys
 import time
-import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import conformal as cf
+from conformal.mapie_adapter import MapieSplitAPS, mapie_version as mapie_available
 from _common import alternate
 from snapaudit_jax.utils.io import write_json
 
@@ -161,66 +161,10 @@ def tied_mask(probs: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 
-def mapie_available() -> str | None:
-    try:
-        import mapie
-        from mapie.classification import SplitConformalClassifier  # noqa: F401
-    except ImportError:
-        return None
-    return mapie.__version__
-
-
 def make_mapie(table_cal: np.ndarray, table_test: np.ndarray, alpha: float):
-    """``(conformalize(), predict_set())`` closures on a prefit table-lookup classifier (rows of the tables)."""
-    from mapie.classification import SplitConformalClassifier
-    from mapie.conformity_scores import APSConformityScore
-    from sklearn.base import BaseEstimator, ClassifierMixin
-
-    class Table(ClassifierMixin, BaseEstimator):
-        def __init__(self, table=None):
-            self.table = table
-
-        def fit(self, X=None, y=None):
-            self.classes_ = np.arange(self.table.shape[1])
-            return self
-
-        def predict_proba(self, X):
-            return self.table[np.asarray(X)[:, 0].astype(int)]
-
-        def predict(self, X):
-            return np.argmax(self.predict_proba(X), axis=1)
-
-    class NonRandomAPS(APSConformityScore):
-        # MAPIE's APS subtracts u * p_y with u ~ U(0, 1) and no switch; ours is the plain cumulative mass.
-        def get_conformity_scores(self, y, y_pred, y_enc=None, **kwargs):
-            scores, self.cutoff = self.get_true_label_cumsum_proba(y, y_pred, self.classes)
-            return scores
-
-    n_cal = table_cal.shape[0]
-    table = np.concatenate([table_cal, table_test]).astype(np.float64)  # MAPIE works in float64
-    x = np.arange(table.shape[0])[:, None]
-    estimator = Table(table).fit()
-    state = {}
-
-    def conformalize(labels):  # MAPIE conformalizes a classifier once: a fresh one per call
-        clf = SplitConformalClassifier(estimator=estimator, confidence_level=1 - alpha,
-                                       conformity_score=NonRandomAPS(), prefit=True)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # classes absent from the calibration set
-            clf.conformalize(x[:n_cal], labels)
-        state["clf"] = clf
-        return clf
-
-    def predict_set():
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return state["clf"].predict_set(x[n_cal:], conformity_score_params={"include_last_label": False})[1][
-                :, :, 0]
-
-    def quantile() -> float:  # MAPIE computes it inside predict_set
-        return float(state["clf"]._mapie_classifier.quantiles_[0])
-
-    return conformalize, predict_set, quantile
+    """``(conformalize(), predict_set(), quantile())`` of the one MAPIE adapter (:mod:`conformal.mapie_adapter`)."""
+    ref = MapieSplitAPS(np.concatenate([table_cal, table_test]), table_cal.shape[0], alpha)
+    return ref.conformalize, ref.predict_sets, lambda: ref.quantile
 
 
 # ---------------------------------------------------------------------------
