@@ -191,7 +191,7 @@ def _snapshot_pair(out: Path, npz: bytes | None = None, manifest: str | None = N
 
 def _pii_stamp(tmp: Path, toml: str) -> str:
     """The ``run.json`` a run of ``toml`` writes (its version and config fingerprint)."""
-    from attacks.experiment import _VERSION, _fingerprint, load_pii_config
+    from attacks.run import _VERSION, _fingerprint, load_pii_config
 
     cfg = load_pii_config(_write(tmp / "stamp.toml", toml))
     (tmp / "stamp.toml").unlink()

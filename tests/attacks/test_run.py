@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from attacks.experiment import RESULT_KEYS, load_pii_config, run_pii
+from attacks.run import RESULT_KEYS, load_pii_config, run_pii
 from snapaudit_jax.utils.config import ConfigFileError
 
 TINY = """
@@ -215,7 +215,7 @@ def test_scrubbed_variants_are_evaluated_on_scrubbed_text(tiny_run):
 
     from attacks.blackbox import score_texts
     from attacks.corpus import insert_canaries
-    from attacks.experiment import _perplexity, _prepare, _train
+    from attacks.run import _perplexity, _prepare, _train
     from attacks.ner import MASK
     from snapaudit_jax.utils.progress import RunLog
 
