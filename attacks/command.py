@@ -8,7 +8,7 @@ __all__ = ["COMMAND"]
 
 
 def _load(path):
-    from attacks.run import load_pii_config
+    from attacks.config import load_pii_config
 
     return load_pii_config(path)
 

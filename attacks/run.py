@@ -1,4 +1,4 @@
-"""The PII leakage experiment (``snapaudit pii CONFIG.toml``): four training variants, every attack, one table.
+"""The PII leakage experiment's run (``snapaudit pii CONFIG.toml``): four training variants, every attack, one table.
 
 A small GPT-2 (our Flax NNX model) is trained on a synthetic corpus of e-mail and court-case records
 (:mod:`attacks.corpus`) four ways -- ``undefended`` (plain training), ``dp`` (DP-SGD at the configured
@@ -29,7 +29,9 @@ algorithm, not the tagger), scored by loss, turned into an epsilon lower bound b
 threshold family is chosen with the labels), and our Clopper-Pearson / GDP estimators on a separate
 threshold-selection split (which treat canaries as independent trials: a heuristic within one run).
 
-Output folder: ``results.json`` (one object per variant with the :data:`RESULT_KEYS`; ``null`` where not
+The configuration is :mod:`attacks.config`, the data :mod:`attacks.data`, the table and plot :mod:`attacks.report`.
+
+Output folder: ``results.json`` (one object per variant with the :data:`~attacks.config.RESULT_KEYS`; ``null`` where not
 applicable), ``results_full.json`` (every attack's details and the DP
 reports), ``table.md``, ``leakage.png``, ``config.json``, and ``checkpoints/`` + ``variants/`` from which a
 rerun into the same folder resumes (finished trainings and attacks are not redone).
@@ -47,304 +49,30 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from attacks.blackbox import encode_texts, frame, score_texts
-from attacks.canary import CanaryAuditConfig, canary_audit, one_run_insert_probability
-from attacks.corpus import CanaryConfig, Corpus, CorpusConfig, insert_canaries, make_canaries, make_corpus
-from attacks.extraction import ExtractionConfig, extraction_attack, tagged_pii
-from attacks.inference import InferenceConfig, inference_attack
+from attacks.blackbox import encode_texts, score_texts
+from attacks.canary import canary_audit
+from attacks.config import REPETITION_BINS, VARIANTS, PIIConfig, headline_label
+from attacks.corpus import insert_canaries
+from attacks.data import PreparedData, prepare_data
+from attacks.extraction import extraction_attack, extraction_samples, lazy_extractability, normalize_pii, tagged_pii
+from attacks.inference import inference_attack
 from attacks.mia import mia_attack
-from attacks.ner import default_tagger, evaluate_tagger, scrub_text
-from attacks.reconstruction import ReconstructionConfig, reconstruction_attack
-from snapaudit_jax.estimation.one_run import check_design
-from snapaudit_jax.utils import validate
-from snapaudit_jax.utils.config import ConfigFileError, read_toml, reject_unknown, table, take
-from snapaudit_jax.utils.errors import InputError
+from attacks.reconstruction import reconstruction_attack
+from attacks.report import format_metric, format_table, plot_leakage
+from snapaudit_jax.models.tokenizer import Tokenizer
+from snapaudit_jax.utils.config import ConfigFileError
 from snapaudit_jax.utils.io import to_json, write_json, write_text
 from snapaudit_jax.utils.progress import RunLog
 
-__all__ = ["VARIANTS", "RESULT_KEYS", "ModelSettings", "TrainingSettings", "PIIConfig", "load_pii_config",
-           "run_pii", "train_tokenizer", "format_table"]
+__all__ = ["RESUME_VERSION", "fingerprint", "perplexity", "run_pii", "train_variant"]
 
-VARIANTS = ("undefended", "dp", "scrubbed", "dp_scrubbed")
-RESULT_KEYS = ("perplexity", "extraction_precision", "extraction_recall", "reconstruction_accuracy",
-               "reconstruction_accuracy_raw", "inference_accuracy", "inference_accuracy_raw", "mia_auc",
-               "mia_auc_reference", "epsilon_claimed", "epsilon_audited")
-HEADLINE_LABEL = "PERSON"  # Table III's entity class (the first attacked label when PERSON is not attacked)
-_VERSION = 2  # of the resume files' layout
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSettings:
-    """The GPT-2 trained in every variant (and the BPE vocabulary it reads).
-
-    Attributes:
-      n_layer, n_embd, n_head: transformer shape (``n_inner = 4 n_embd``).
-      max_length: positions; every framed record and canary must fit.
-      vocab_size: BPE vocabulary size (trained on the public corpus).
-      init_seed: seed of the shared initialisation.
-    """
-
-    n_layer: int = 2
-    n_embd: int = 128
-    n_head: int = 4
-    max_length: int = 128
-    vocab_size: int = 1024
-    init_seed: int = 0
-
-    def validate(self) -> "ModelSettings":
-        for name in ("n_layer", "n_embd", "n_head", "max_length"):
-            validate.positive_int(name, getattr(self, name))
-        validate.positive_int("vocab_size", self.vocab_size, minimum=300)
-        validate.positive_int("init_seed", self.init_seed, minimum=0)
-        if self.n_embd % self.n_head:
-            raise InputError(f"n_embd must be divisible by n_head = {self.n_head}, got {self.n_embd}")
-        return self
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainingSettings:
-    """Optimisation shared by every variant, and the DP variants' privacy parameters.
-
-    Attributes:
-      steps, batch_size (expected Poisson batch), learning_rate, optimizer: the run.
-      clip_norm: per-record clipping norm ``C`` of the DP variants.
-      epsilon, delta: the DP variants' target ``(epsilon, delta)`` (``delta`` default: ``1 / (10 N)``).
-      accountant: accountant the noise is calibrated with (``rdp`` or ``pld``; both are reported).
-    """
-
-    steps: int = 400
-    batch_size: int = 32
-    learning_rate: float = 3e-3
-    optimizer: str = "adamw"
-    clip_norm: float = 1.0
-    epsilon: float = 8.0
-    delta: float | None = None
-    accountant: str = "pld"
-
-    def validate(self) -> "TrainingSettings":
-        validate.positive_int("steps", self.steps)
-        validate.positive_int("batch_size", self.batch_size)
-        validate.positive_float("learning_rate", self.learning_rate)
-        validate.choice("optimizer", self.optimizer, ("sgd", "adam", "adamw"))
-        validate.positive_float("clip_norm", self.clip_norm)
-        validate.positive_float("epsilon", self.epsilon)
-        if self.delta is not None:
-            validate.open_unit("delta", self.delta)
-        validate.choice("accountant", self.accountant, ("rdp", "pld"))
-        return self
-
-
-@dataclasses.dataclass(frozen=True)
-class PIIConfig:
-    """A PII leakage experiment (``examples/pii_small.toml`` documents every key).
-
-    Attributes:
-      seed: seed of the train/test split and of every attack's key.
-      n_test: held-out records (non-members: perplexity and membership inference).
-      public_records: records of the public corpus (tokenizer and baseline model).
-      variants: which of :data:`VARIANTS` to run.
-      corpus: the private corpus (``n_records`` includes the ``n_test`` held-out ones).
-      canaries, model, training, extraction, reconstruction, inference, audit: each stage's settings.
-      mia_fprs: false-positive rates of the reported membership TPRs (empirical).
-      eval_batch_size: rows per scoring pass.
-      lazy_slots: PERSON slots of the extraction samples scored by the lazy extractability estimate
-        (Algorithm 4) for every training name; ``0`` turns it off.
-    """
-
-    seed: int = 0
-    n_test: int = 100
-    public_records: int = 400
-    variants: tuple[str, ...] = VARIANTS
-    corpus: CorpusConfig = CorpusConfig(n_records=500, n_people=100)
-    canaries: CanaryConfig = CanaryConfig(n_canaries=64)
-    model: ModelSettings = ModelSettings()
-    training: TrainingSettings = TrainingSettings()
-    extraction: ExtractionConfig = ExtractionConfig(n_samples=200, max_new_tokens=96)
-    reconstruction: ReconstructionConfig = ReconstructionConfig(n_samples=64, max_queries=100)
-    inference: InferenceConfig = InferenceConfig(n_candidates=(100, 500), max_queries=100)
-    audit: CanaryAuditConfig = CanaryAuditConfig()
-    mia_fprs: tuple[float, ...] = (0.1, 0.01)
-    eval_batch_size: int = 32
-    lazy_slots: int = 32
-
-
-_SECTIONS = {
-    "corpus": CorpusConfig, "canaries": CanaryConfig, "model": ModelSettings, "training": TrainingSettings,
-    "extraction": ExtractionConfig, "reconstruction": ReconstructionConfig, "inference": InferenceConfig,
-    "audit": CanaryAuditConfig,
-}
-
-
-def _section(default, body: Any, where: str):
-    """``dataclasses.replace(default, **body)`` with lists as tuples, then ``validate()``; errors name ``where``."""
-    if not isinstance(body, dict):
-        raise ConfigFileError(f"{where}: must be a table, got {body!r}")
-    names = {f.name for f in dataclasses.fields(default)}
-    unknown = sorted(set(body) - names)
-    if unknown:
-        raise ConfigFileError(f"{where}: unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(names))})")
-    values = {k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
-              for k, v in body.items()}
-    try:
-        return dataclasses.replace(default, **values).validate()
-    except (TypeError, ValueError) as err:
-        msg = str(err)
-        field = msg.split(" ", 1)[0].split("[", 1)[0]
-        raise ConfigFileError(f"{where}: {msg}" + (f" ({where}.{field})" if field in names else "")) from None
-
-
-def _check_one_run_design(config: PIIConfig) -> None:
-    """The one-run bounds need fair coins for an (eps, delta) claim (pitfall 11): refused before any training."""
-    p = config.canaries.insert_probability
-    if config.audit.one_run:
-        d = config.training.delta or config.audit.delta
-        try:
-            check_design(p, d)  # the library's rule (delta > 0 needs fair coins)
-        except ValueError:
-            raise ConfigFileError(
-                f"canaries.insert_probability: must be 1/2 for our one-run bound of an (eps, delta) claim with "
-                f"delta = {d} > 0 (Steinke, Nasr, Jagielski 2023 prove the delta term for fair coins), got {p}; set "
-                f"it to 0.5 or set audit.one_run = false (epsilon_audited is then null)") from None
-    if not config.audit.jax_privacy:
-        return
-    try:
-        one_run_insert_probability(p)  # the library's rule (Steinke, Nasr, Jagielski 2023, Algorithm 1)
-    except ValueError:
-        raise ConfigFileError(
-            f"canaries.insert_probability: the one-run bound (Steinke et al. 2023) requires each canary inserted "
-            f"independently with probability 1/2, got {p}; set it to 0.5 or set audit.jax_privacy = false "
-            f"(epsilon_audited is then null; the Clopper-Pearson bounds allow any insert_probability)") from None
-
-
-def load_pii_config(path: str | os.PathLike) -> PIIConfig:
-    """Reads and validates a TOML PII experiment (errors name ``section.key``, the rule and the value)."""
-    raw = read_toml(path)
-    run = table(raw, "run", "run", {})
-    base = PIIConfig()
-    kw: dict[str, Any] = {}
-    kw["seed"] = take(run, "seed", "run", lambda v: validate.positive_int("seed", v, minimum=0), 0)
-    kw["n_test"] = take(run, "n_test", "run", lambda v: validate.positive_int("n_test", v, minimum=4), base.n_test)
-    kw["public_records"] = take(run, "public_records", "run",
-                                lambda v: validate.positive_int("public_records", v, minimum=10), base.public_records)
-    kw["eval_batch_size"] = take(run, "eval_batch_size", "run",
-                                 lambda v: validate.positive_int("eval_batch_size", v), base.eval_batch_size)
-
-    def variants(v):
-        if isinstance(v, str) or not isinstance(v, list) or not v:
-            raise InputError(f"must be a non-empty list of {', '.join(VARIANTS)}, got {v!r}")
-        for x in v:
-            validate.choice("variants[...]", x, VARIANTS)
-        if len(set(v)) != len(v):
-            raise InputError(f"must not repeat a variant, got {v!r}")
-        return tuple(x for x in VARIANTS if x in v)
-
-    kw["variants"] = take(run, "variants", "run", variants, VARIANTS)
-
-    def fprs(v):
-        if isinstance(v, str) or not isinstance(v, list) or not v:
-            raise InputError(f"must be a non-empty list of rates in (0, 1), got {v!r}")
-        return tuple(validate.open_unit("mia_fprs[...]", x) for x in v)
-
-    kw["mia_fprs"] = take(run, "mia_fprs", "run", fprs, base.mia_fprs)
-    kw["lazy_slots"] = take(run, "lazy_slots", "run", lambda v: validate.positive_int("lazy_slots", v, minimum=0),
-                            base.lazy_slots)
-    reject_unknown(run, "run")
-    for name in _SECTIONS:
-        kw[name] = _section(getattr(base, name), raw.pop(name, {}), name)
-    reject_unknown(raw, os.fspath(path))
-    config = PIIConfig(**kw)
-    if config.n_test >= config.corpus.n_records:
-        raise ConfigFileError(f"run.n_test: must be < corpus.n_records = {config.corpus.n_records}, "
-                              f"got {config.n_test}")
-    if config.audit.delta != base.audit.delta and config.training.delta is not None \
-            and config.audit.delta != config.training.delta:
-        raise ConfigFileError(f"audit.delta: must equal training.delta = {config.training.delta} (the audited "
-                              f"claim), got {config.audit.delta}")
-    _check_one_run_design(config)
-    return config
-
-
-# ---------------------------------------------------------------------------
-# Data, tokenizer, models
-# ---------------------------------------------------------------------------
-
-
-def train_tokenizer(texts, vocab_size: int):
-    """A byte-level BPE (``<|endoftext|>`` = id 0: start, end and padding) trained on ``texts``."""
-    from tokenizers import Tokenizer as Backend
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-
-    from snapaudit_jax.models.tokenizer import Tokenizer
-
-    backend = Backend(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    backend.train_from_iterator(list(texts), trainer)
-    return Tokenizer(backend=backend, bos_id=None, eos_ids=(0,), pad_id=0)
-
-
-@dataclasses.dataclass
-class _Data:
-    corpus: Corpus
-    train: list  # Records (members)
-    test: list  # Records (held out)
-    public: Corpus
-    canaries: Any
-    tokenizer: Any
-    tagger: Any
-    scrubbed: list[str]  # the training records as the scrubbed variants train on them
-    scrubbed_test: list[str]  # the held-out records scrubbed alike (the scrubbed variants' evaluation text)
-    tagged_train_pii: set  # (label, string) the tagger finds in the training records (Table III's training PII)
-    tagger_quality: dict
-
-
-def _prepare(config: PIIConfig, log) -> _Data:
-    _check_one_run_design(config)  # also for a PIIConfig built in code, not read by load_pii_config
-    corpus = make_corpus(config.corpus)
-    perm = np.random.default_rng([config.seed, 11]).permutation(len(corpus.records))
-    test_idx = set(int(i) for i in perm[:config.n_test])
-    train = [r for r in corpus.records if r.index not in test_idx]
-    test = [r for r in corpus.records if r.index in test_idx]
-    # The public corpus: same generator, another seed (other people, organisations, canaries absent).
-    public = make_corpus(dataclasses.replace(config.corpus, seed=config.corpus.seed + 7919,
-                                             n_records=config.public_records))
-    canaries = make_canaries(config.canaries)
-    tokenizer = train_tokenizer(public.texts, config.model.vocab_size)
-    tagger = default_tagger(config.corpus.locale)
-    texts = [r.text for r in train]
-    predicted = tagger.tag(texts)
-    quality = evaluate_tagger(predicted, [r.spans for r in train])
-    scrubbed = [scrub_text(t, spans) for t, spans in zip(texts, predicted)]  # scrub(), without tagging twice
-    test_texts = [r.text for r in test]
-    scrubbed_test = [scrub_text(t, spans) for t, spans in zip(test_texts, tagger.tag(test_texts))]
-    from attacks.extraction import normalize_pii
-
-    tagged_train_pii = {(s.label, normalize_pii(s.value)) for spans in predicted for s in spans}
-    label = config.inference.label
-    pool = {normalize_pii(s.value) for r in train for s in r.spans if s.label == label}
-    if len(pool) < max(config.inference.sizes):
-        raise ConfigFileError(
-            f"inference.n_candidates: |C| = {max(config.inference.sizes)} needs at least that many distinct "
-            f"{label} strings in the training records (the distractor pool, with the truth drawn once), got "
-            f"{len(pool)}; lower it or raise corpus.n_people / corpus.n_records")
-    log(f"corpus: {len(train)} training records, {len(test)} held out, {len(public.records)} public; "
-        f"{int(canaries.inserted.sum())}/{len(canaries.canaries)} canaries inserted; "
-        f"tagger recall {quality['all']['recall']:.3f}, precision {quality['all']['precision']:.3f}")
-    longest = max(len(frame(tokenizer, t)) for t in texts + scrubbed + test_texts + scrubbed_test + public.texts
-                  + [c.text for c in canaries.canaries])
-    if longest > config.model.max_length:
-        raise ConfigFileError(f"model.max_length: must be >= {longest} (the longest framed record), "
-                              f"got {config.model.max_length}")
-    return _Data(corpus, train, test, public, canaries, tokenizer, tagger, scrubbed, scrubbed_test, tagged_train_pii,
-                 quality)
+RESUME_VERSION = 2  # of the resume files' layout (``run.json``, ``variants/*.json``)
 
 
 def _init_model(config: PIIConfig, tokenizer):
@@ -372,7 +100,26 @@ def _dpsgd_config(config: PIIConfig, dp: bool, n_records: int):
                        non_private=True, seed=config.seed)
 
 
-def _train(name: str, texts: list[str], dp: bool, config: PIIConfig, data: _Data, out_dir: str, log):
+def train_variant(name: str, texts: list[str], dp: bool, config: PIIConfig, data: PreparedData, out_dir: str,
+                  log: RunLog):
+    """Trains one model from the shared initialisation, resuming from its checkpoints in ``out_dir``.
+
+    Every variant (a name of :data:`~attacks.config.VARIANTS`) draws the same Poisson batches; the public
+    ``baseline`` draws its own.
+
+    Args:
+      name: the variant, or ``"baseline"`` (checkpoints in ``out_dir/checkpoints/<name>``).
+      texts: the training records, framed and padded to ``model.max_length``.
+      dp: DP-SGD at ``training.epsilon`` (else plain training with the same optimizer and steps).
+      config: the experiment.
+      data: its prepared data (the tokenizer).
+      out_dir: the run folder.
+      log: progress log.
+
+    Returns:
+      ``(model, report)``: the trained NNX GPT-2 and the :func:`snapaudit_jax.dpsgd.train` report (its
+      ``epsilon`` and ``delta`` when ``dp``).
+    """
     from snapaudit_jax.dpsgd import train
 
     tokens, mask = encode_texts(data.tokenizer, texts, config.model.max_length)
@@ -391,17 +138,23 @@ def _train(name: str, texts: list[str], dp: bool, config: PIIConfig, data: _Data
     return model, report
 
 
-# ---------------------------------------------------------------------------
-# Attacks
-# ---------------------------------------------------------------------------
+def perplexity(model, tokenizer: Tokenizer, texts: Sequence[str], batch_size: int) -> float:
+    """Corpus perplexity: ``exp`` of the summed negative log-likelihood over the summed scored tokens.
 
+    Args:
+      model: an NNX decoder.
+      tokenizer: its tokenizer.
+      texts: ``n`` texts, each framed with start and EOS tokens (:func:`attacks.blackbox.frame`).
+      batch_size: rows per scoring pass.
 
-def _perplexity(model, data: _Data, texts, batch_size: int) -> float:
-    s = score_texts(model, data.tokenizer, texts, batch_size=batch_size)
+    Returns:
+      The token-weighted perplexity of ``texts``.
+    """
+    s = score_texts(model, tokenizer, texts, batch_size=batch_size)
     return float(math.exp(float(np.sum(s.nll)) / float(np.sum(s.tokens))))
 
 
-def _attack(name: str, model, report, config: PIIConfig, data: _Data, baseline, baseline_pii, log) -> dict:
+def _attack(name: str, model, report, config: PIIConfig, data: PreparedData, baseline, baseline_pii, log) -> dict:
     key = jax.random.fold_in(jax.random.key(config.seed), 1000)  # the same attack randomness for every variant
     bs = config.eval_batch_size
     out: dict[str, Any] = {"variant": name}
@@ -411,14 +164,14 @@ def _attack(name: str, model, report, config: PIIConfig, data: _Data, baseline, 
     train_texts = data.scrubbed if scrubbed else [r.text for r in data.train]
     test_texts = data.scrubbed_test if scrubbed else [r.text for r in data.test]
     out["evaluation_text"] = "scrubbed" if scrubbed else "raw"
-    out["perplexity"] = _perplexity(model, data, test_texts, bs)
-    out["train_perplexity"] = _perplexity(model, data, train_texts, bs)
+    out["perplexity"] = perplexity(model, data.tokenizer, test_texts, bs)
+    out["train_perplexity"] = perplexity(model, data.tokenizer, train_texts, bs)
     out["extraction"] = extraction_attack(model, data.tokenizer, data.train, config.extraction,
                                           jax.random.fold_in(key, 1), tagger=data.tagger, baseline_pii=baseline_pii,
                                           tagged_training=data.tagged_train_pii)
     head = _headline_extraction(out["extraction"], config)
-    log(f"{name}: extraction ({head['label']}, tagged training PII) precision {_fmt(head['precision'])}, "
-        f"recall {_fmt(head['recall'])}")
+    log(f"{name}: extraction ({head['label']}, tagged training PII) precision {format_metric(head['precision'])}, "
+        f"recall {format_metric(head['recall'])}")
     if config.lazy_slots:
         out["lazy_extraction"] = _lazy(model, data, out["extraction"]["samples"], config, jax.random.fold_in(key, 6))
     out["reconstruction"] = reconstruction_attack(model, data.tokenizer, data.train, config.reconstruction,
@@ -428,10 +181,10 @@ def _attack(name: str, model, report, config: PIIConfig, data: _Data, baseline, 
     out["inference"] = inference_attack(model, data.tokenizer, data.train, config.inference,
                                         jax.random.fold_in(key, 3), baseline_model=baseline)
     rec, inf = out["reconstruction"], out["inference"]
-    log(f"{name}: reconstruction {_fmt(rec['accuracy_excluding_baseline'])} excluding what the public model gets "
-        f"right ({_fmt(rec['accuracy'])} raw), inference " + ", ".join(
-            f"|C| = {g['n_candidates']}: {_fmt(g['accuracy_excluding_baseline'])} ({_fmt(g['accuracy'])} raw)"
-            for g in inf["by_size"]))
+    log(f"{name}: reconstruction {format_metric(rec['accuracy_excluding_baseline'])} excluding what the public "
+        f"model gets right ({format_metric(rec['accuracy'])} raw), inference " + ", ".join(
+            f"|C| = {g['n_candidates']}: {format_metric(g['accuracy_excluding_baseline'])} "
+            f"({format_metric(g['accuracy'])} raw)" for g in inf["by_size"]))
     rng = np.random.default_rng([config.seed, 13])
     members = [train_texts[int(i)] for i in rng.choice(len(data.train), len(data.test), replace=False)]
     out["mia"] = mia_attack(model, data.tokenizer, members, test_texts, jax.random.fold_in(key, 4),
@@ -465,29 +218,19 @@ def _attack(name: str, model, report, config: PIIConfig, data: _Data, baseline, 
     return out
 
 
-def _headline_label(config: PIIConfig) -> str:
-    labels = config.extraction.labels
-    return HEADLINE_LABEL if HEADLINE_LABEL in labels else labels[0]
-
-
 def _headline_extraction(extraction: Mapping[str, Any], config: PIIConfig) -> dict:
     """Table III's figure: one label (PERSON), unique strings, the training PII as the tagger defines it."""
-    label = _headline_label(config)
+    label = headline_label(config)
     rates = extraction["tagged"]["per_label"].get(label) or {"precision": float("nan"), "recall": float("nan")}
     return {"label": label, **rates}
 
 
-REPETITION_BINS = ((1, 3), (4, 15), (16, None))  # training records holding the attacked PII string
-
-
-def _by_repetition(done: Mapping[str, Any], data: _Data) -> dict:
+def _by_repetition(done: Mapping[str, Any], data: PreparedData) -> dict:
     """Reconstruction and inference accuracy by how many training records hold the true PII string.
 
     DP-SGD bounds what one record reveals; a string held by many records is a group of that size, so
     its leakage is not covered by the per-record guarantee. The strata separate the two.
     """
-    from attacks.extraction import normalize_pii
-
     counts: dict[tuple[str, str], int] = {}
     for r in data.train:
         for key in {(s.label, normalize_pii(s.value)) for s in r.spans}:
@@ -504,15 +247,13 @@ def _by_repetition(done: Mapping[str, Any], data: _Data) -> dict:
     return out
 
 
-def _lazy(model, data: _Data, samples, config: PIIConfig, key) -> dict:
+def _lazy(model, data: PreparedData, samples, config: PIIConfig, key) -> dict:
     """Lazy extractability (seed 003, Algorithm 4) of every training name from the extraction samples.
 
     ``expected_recall`` turns each estimate (the per-sample probability of generating the name) into the chance
     that ``N`` samples generate it at least once, ``1 - exp(-N * estimate)``, averaged over the names: the
     observed extraction recall's counterpart without the tagger's or the baseline's filtering.
     """
-    from attacks.extraction import lazy_extractability, normalize_pii
-
     names = sorted({normalize_pii(s.value) for r in data.train for s in r.spans if s.label == "PERSON"})
     res = lazy_extractability(model, data.tokenizer, [("PERSON", v) for v in names], samples, key,
                               tagger=data.tagger, max_slots=config.lazy_slots, batch_size=config.eval_batch_size)
@@ -527,12 +268,15 @@ def _report_dict(report) -> dict:
     return to_json(report.to_dict() if hasattr(report, "to_dict") else dataclasses.asdict(report))
 
 
-# ---------------------------------------------------------------------------
-# The run
-# ---------------------------------------------------------------------------
+def fingerprint(config: PIIConfig) -> str:
+    """The configuration's fingerprint in ``run.json``: a rerun resumes only a folder of the same one.
 
+    Args:
+      config: the experiment.
 
-def _fingerprint(config: PIIConfig) -> str:
+    Returns:
+      16 hex digits of the SHA-256 of the configuration's JSON (sorted keys).
+    """
     return hashlib.sha256(json.dumps(_config_json(config), sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -554,7 +298,7 @@ def _check_run_folder(config: PIIConfig, out_dir: str) -> None:
     resume files (``run.json``, ``variants/*.json``)."""
     if not os.path.isdir(out_dir):
         return
-    stamp = {"version": _VERSION, "config": _fingerprint(config)}
+    stamp = {"version": RESUME_VERSION, "config": fingerprint(config)}
     stamp_path = os.path.join(out_dir, "run.json")
     if os.path.exists(stamp_path):
         old = _read_resume_json(stamp_path, "run stamp")
@@ -578,13 +322,26 @@ def _check_run_folder(config: PIIConfig, out_dir: str) -> None:
 
 
 def run_pii(config: PIIConfig, out_dir: str, *, progress: bool = True) -> dict:
-    """Trains the variants, runs every attack and writes the run folder (resuming from it)."""
+    """Trains the variants, runs every attack and writes the run folder (resuming from it).
+
+    Args:
+      config: the experiment (:func:`attacks.config.load_pii_config`).
+      out_dir: the run folder (see the module docstring); finished trainings and attacks in it are not redone.
+      progress: log progress to stderr.
+
+    Returns:
+      ``{"results": {variant: row of RESULT_KEYS}, "full": {variant: every attack's details}, "seconds"}``.
+
+    Raises:
+      ConfigFileError: ``out_dir`` holds a run of another configuration or a corrupted resume file, or a data or
+        config error of :func:`attacks.data.prepare_data` (all raised before anything is written).
+    """
     _check_run_folder(config, out_dir)  # another run's folder or a corrupted resume file: before any work
     log = RunLog(progress)
     t0 = time.perf_counter()
-    data = _prepare(config, log)  # every data/config error is raised before anything is written
+    data = prepare_data(config, log)  # every data/config error is raised before anything is written
     os.makedirs(out_dir, exist_ok=True)
-    stamp = {"version": _VERSION, "config": _fingerprint(config)}
+    stamp = {"version": RESUME_VERSION, "config": fingerprint(config)}
     stamp_path = os.path.join(out_dir, "run.json")
     if os.path.exists(stamp_path):
         with open(stamp_path) as fh:
@@ -595,14 +352,12 @@ def run_pii(config: PIIConfig, out_dir: str, *, progress: bool = True) -> dict:
     else:
         write_json(stamp_path, stamp)
 
-    baseline, _ = _train("baseline", data.public.texts, False, config, data, out_dir, log)
+    baseline, _ = train_variant("baseline", data.public.texts, False, config, data, out_dir, log)
     base_samples_path = os.path.join(out_dir, "variants", "baseline_pii.json")
     if os.path.exists(base_samples_path):
         with open(base_samples_path) as fh:
             baseline_pii = [tuple(x) for x in json.load(fh)]
     else:
-        from attacks.extraction import extraction_samples
-
         n_base = config.extraction.n_baseline_samples or config.extraction.n_samples
         samples = extraction_samples(baseline, data.tokenizer, n_base,
                           jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), 1000), 99),
@@ -621,7 +376,7 @@ def run_pii(config: PIIConfig, out_dir: str, *, progress: bool = True) -> dict:
         else:
             scrubbed = name in ("scrubbed", "dp_scrubbed")
             texts = insert_canaries(data.scrubbed if scrubbed else [r.text for r in data.train], data.canaries)
-            model, report = _train(name, texts, name.startswith("dp"), config, data, out_dir, log)
+            model, report = train_variant(name, texts, name.startswith("dp"), config, data, out_dir, log)
             done = to_json(_attack(name, model, report, config, data, baseline, baseline_pii, log))
             write_json(path, done)
         results[name] = done["row"]
@@ -638,129 +393,6 @@ def run_pii(config: PIIConfig, out_dir: str, *, progress: bool = True) -> dict:
                            "canaries_held_out": int((~data.canaries.inserted).sum())}})
     write_json(os.path.join(out_dir, "config.json"), _config_json(config))
     write_text(os.path.join(out_dir, "table.md"), format_table(results, full, config, data.tagger_quality))
-    _plot(os.path.join(out_dir, "leakage.png"), results, log)
+    plot_leakage(os.path.join(out_dir, "leakage.png"), results, log)
     log(f"done in {seconds:.0f}s -> {out_dir}")
     return {"results": results, "full": full, "seconds": seconds}
-
-
-def _fmt(x, digits=3) -> str:
-    return "-" if x is None else f"{x:.{digits}f}"
-
-
-def format_table(results: Mapping[str, dict], full: Mapping[str, dict], config: PIIConfig, tagger: dict) -> str:
-    """Markdown in the spirit of seed 003's Tables III-VI."""
-    sizes = config.inference.sizes
-    label = _headline_label(config)
-    lines = ["# PII leakage of a small GPT-2 trained four ways", "",
-             f"Extraction (Table III): {label} strings in {config.extraction.n_samples} top-{config.extraction.top_k}"
-             " samples, precision and recall over unique strings against the training PII as the same tagger finds "
-             "it, PII the public baseline model also generates removed. Reconstruction "
-             f"({config.reconstruction.n_samples} sampled candidates) and inference (|C| = {sizes[0]}, chance "
-             f"{1 / sizes[0]:.3f}) of {config.reconstruction.label}: accuracy over the queries the public baseline "
-             "model does not already get right. MIA: loss attack (and the reference-model attack calibrated by the "
-             "public baseline model), members vs held-out records, scrubbed text for the scrubbed variants (as the "
-             "perplexity). Epsilon audited: our one-run lower bound from the canaries inserted once (95%, declared "
-             "guess grid).", "",
-             "| variant | perplexity | extraction precision | extraction recall | reconstruction acc. | "
-             "inference acc. | MIA AUC (loss) | MIA AUC (reference) | epsilon claimed | epsilon audited |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for name, r in results.items():
-        lines.append(f"| {name} | {_fmt(r['perplexity'], 2)} | {_fmt(r['extraction_precision'])} | "
-                     f"{_fmt(r['extraction_recall'])} | {_fmt(r['reconstruction_accuracy'])} | "
-                     f"{_fmt(r['inference_accuracy'])} | {_fmt(r['mia_auc'])} | {_fmt(r['mia_auc_reference'])} | "
-                     f"{_fmt(r['epsilon_claimed'], 2)} | {_fmt(r['epsilon_audited'], 2)} |")
-
-    def pr(rates):
-        return f"{_fmt((rates or {}).get('precision'))} / {_fmt((rates or {}).get('recall'))}"
-
-    lines += ["", "Extra columns. Extraction precision / recall: the headline label against the ground-truth spans "
-              "(counts the tagger's misses), and every attacked label (micro) against tagged and ground-truth PII. "
-              "Accuracy raw: over every query; public model: the baseline model ranking the same lists; agreement "
-              "rule: the reference implementation's (a query is skipped when the public model predicts what the "
-              "target predicts).", "",
-              f"| variant | extraction {label}, ground truth | all labels, tagged | all labels, ground truth | "
-              "reconstruction raw / public model / agreement rule | "
-              + " | ".join(f"inference |C| = {s}: excl. public / raw / public model" for s in sizes) + " |",
-              "|---|---:|---:|---:|---:|" + "---:|" * len(sizes)]
-    for name, f in full.items():
-        ex, rec = f["extraction"], f["reconstruction"]
-        games = {g["n_candidates"]: g for g in f["inference"].get("by_size", [f["inference"]])}
-        cells = [pr(ex["per_label"].get(label)), pr(ex.get("tagged")), pr(ex),
-                 f"{_fmt(rec.get('accuracy'))} / {_fmt(rec.get('baseline_accuracy'))} / "
-                 f"{_fmt(rec.get('accuracy_excluding_agreement'))}"]
-        for size in sizes:
-            g = games.get(size, {})
-            cells.append(f"{_fmt(g.get('accuracy_excluding_baseline'))} / {_fmt(g.get('accuracy'))} / "
-                         f"{_fmt(g.get('baseline_accuracy'))}")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "The public model's reconstruction ranks candidates sampled from each variant's own model, so it "
-              "measures the ranking step only; its inference accuracy is what the data distribution alone gives "
-              "away.", ""]
-    lines += ["", "Accuracy by how many training records hold the attacked PII (DP bounds one record's "
-              "influence; repeated PII is a group):", "",
-              "| variant | game | " + " | ".join(r["records"] + " records" for r in
-                                                  next(iter(full.values()))["by_repetition"]["inference"]) + " |",
-              "|---|---|" + "---:|" * len(REPETITION_BINS)]
-    for name, f in full.items():
-        for game in ("reconstruction", "inference"):
-            cells = [f"{_fmt(r['accuracy'])} (n={r['n_queries']})" for r in f["by_repetition"][game]]
-            lines.append(f"| {name} | {game} | " + " | ".join(cells) + " |")
-    lazy = {n: (f.get("lazy_extraction") or {}).get("expected_recall") for n, f in full.items()}
-    if any(v is not None for v in lazy.values()):
-        lines += ["", "Lazy extractability (Algorithm 4, PERSON): expected share of training names that the "
-                  f"{config.extraction.n_samples} samples generate at least once: "
-                  + ", ".join(f"{n} {_fmt(v)}" for n, v in lazy.items()) + ".", ""]
-    lines += ["", "Canary audit (canaries inserted once): our one-run bound (declared grid of top-k+ / bottom-k- "
-              "guesses, union bound over it) is the reported epsilon_audited; jax_privacy's one-run value is a "
-              "cross-reference (its thresholds are a frontier chosen with the labels, 6.1% false eps > 0 at a "
-              "nominal 5%); our Clopper-Pearson estimators on a separate threshold split (standard eps and the GDP "
-              "mu lower bound) treat the canaries as independent trials, a cross-check, not a one-run bound.", "",
-              "| variant | canary AUC | one-run (ours) | guesses k+/k- (correct) | one-run (jax_privacy, "
-              "cross-reference) | CP split std (ours) | CP split mu_low (ours) | CP Bonferroni (jax_privacy) |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for name, f in full.items():
-        group = next((g for g in f["canary_audit"]["groups"] if g["repetitions"] == 1), None)
-        if group is None or group.get("bounds") is None:
-            continue
-        jp, ours, one = group.get("jax_privacy") or {}, group["bounds"], group.get("one_run") or {}
-        guesses = (f"{one['k_plus']}/{one['k_minus']} ({one['correct_plus'] + one['correct_minus']})"
-                   if one else "-")
-        lines.append(f"| {name} | {_fmt(group['auc'])} | {_fmt(one.get('epsilon'), 2)} | {guesses} | "
-                     f"{_fmt(jp.get('one_run'), 2)} | {_fmt(ours['std']['epsilon_std'], 2)} | "
-                     f"{_fmt(ours['gdp']['mu_lower'], 2)} | {_fmt(jp.get('cp_bonferroni'), 2)} |")
-    lines += ["", f"Tagger (scrubbing) on the training records: recall {tagger['all']['recall']:.3f}, precision "
-              f"{tagger['all']['precision']:.3f}; PII it misses stays in the scrubbed variants' training data.", ""]
-    for name, f in full.items():
-        rep = f.get("report") or {}
-        if rep.get("dp"):
-            lines.append(f"- {name}: (epsilon, delta) = ({rep.get('epsilon_pld', float('nan')):.3g} PLD / "
-                         f"{rep.get('epsilon_rdp', float('nan')):.3g} RDP, {rep.get('delta'):.2g}); protected unit: "
-                         f"{rep.get('protected_unit')}; adjacency: {rep.get('adjacency')}; Poisson sampling q = "
-                         f"{rep.get('sampling_rate', float('nan')):.4g}, {rep.get('steps')} steps, C = "
-                         f"{rep.get('clip_norm')}, sigma = {rep.get('noise_multiplier', float('nan')):.4g}.")
-    return "\n".join(lines) + "\n"
-
-
-def _plot(path: str, results: Mapping[str, dict], log) -> None:
-    from snapaudit_jax.report import pyplot, save_figure
-    from snapaudit_jax.utils.errors import DependencyError
-
-    try:
-        plt = pyplot()
-    except DependencyError:
-        log("matplotlib not installed: no plot")
-        return
-
-    keys = ("extraction_precision", "extraction_recall", "reconstruction_accuracy", "inference_accuracy", "mia_auc")
-    names = list(results)
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    width = 0.8 / max(1, len(names))
-    for i, name in enumerate(names):
-        vals = [results[name][k] if results[name][k] is not None else 0.0 for k in keys]
-        ax.bar(np.arange(len(keys)) + i * width, vals, width, label=name)
-    ax.set_xticks(np.arange(len(keys)) + 0.4 - width / 2, [k.replace("_", "\n") for k in keys], fontsize=8)
-    ax.set_ylim(0, 1.05)
-    ax.legend(fontsize=8)
-    ax.set_title("PII leakage by training variant")
-    fig.tight_layout()
-    save_figure(fig, path, fmt="png", dpi=120)
