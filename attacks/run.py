@@ -21,20 +21,21 @@ Each variant gets, measured as seed 003 measures it (where the CPU-sized setting
 * membership inference AUC of the loss attack and of the reference-model (likelihood-ratio) attack that
   calibrates each loss by the public baseline model's (members: training records as trained on, scrubbed for
   the scrubbed variants; non-members: held-out records, scrubbed alike);
-* a canary audit: canaries
-inserted with probability 1/2 into the training records (after scrubbing: the audit measures the training
-algorithm, not the tagger), scored by loss, turned into an epsilon lower bound by our one-run auditor
-(:mod:`snapaudit_jax.estimation.one_run`, Steinke et al. 2023: a declared grid of guesses, valid for one training run)
--- ``epsilon_audited`` -- with jax_privacy's one-run value beside it as a labelled cross-reference (its
-threshold family is chosen with the labels), and our Clopper-Pearson / GDP estimators on a separate
-threshold-selection split (which treat canaries as independent trials: a heuristic within one run).
+* a canary audit: canaries inserted with probability 1/2 into the training records (after scrubbing: the
+  audit measures the training algorithm, not the tagger), scored by loss, turned into an epsilon lower bound
+  by our one-run auditor (:mod:`snapaudit_jax.estimation.one_run`, Steinke et al. 2023: a declared grid of
+  guesses, valid for one training run) -- ``epsilon_audited`` -- with jax_privacy's one-run value beside it
+  as a labelled cross-reference (its threshold family is chosen with the labels), and our Clopper-Pearson /
+  GDP estimators on a separate threshold-selection split (which treat canaries as independent trials: a
+  heuristic within one run).
 
-The configuration is :mod:`attacks.config`, the data :mod:`attacks.data`, the table and plot :mod:`attacks.report`.
+The configuration is :mod:`attacks.config`, the data :mod:`attacks.data`, the table and the plot
+:mod:`attacks.report`.
 
-Output folder: ``results.json`` (one object per variant with the :data:`~attacks.config.RESULT_KEYS`; ``null`` where not
-applicable), ``results_full.json`` (every attack's details and the DP
-reports), ``table.md``, ``leakage.png``, ``config.json``, and ``checkpoints/`` + ``variants/`` from which a
-rerun into the same folder resumes (finished trainings and attacks are not redone).
+Output folder: ``results.json`` (one object per variant with the :data:`~attacks.config.RESULT_KEYS`;
+``null`` where not applicable), ``results_full.json`` (every attack's details and the DP reports),
+``table.md``, ``leakage.png``, ``config.json``, and ``checkpoints/`` + ``variants/`` from which a rerun into
+the same folder resumes (finished trainings and attacks are not redone).
 
 References:
   Lukas et al., Analyzing Leakage of Personally Identifiable Information in Language Models (IEEE S&P
