@@ -12,6 +12,11 @@ Stages, one module each:
 * :mod:`~attacks.mia` -- loss-based membership inference, ROC AUC, TPR at low FPR;
 * :mod:`~attacks.canary` -- epsilon lower bounds from canary scores (and jax_privacy's auditor).
 
+The ``snapaudit pii`` experiment, config -> run -> report: :mod:`~attacks.config` (:class:`~attacks.config.PIIConfig`,
+``load_pii_config``), :mod:`~attacks.data` (corpora, split, tokenizer, scrubbing), :mod:`~attacks.run` (training
+the four variants, the attacks, resume: ``run_pii``), :mod:`~attacks.report` (``table.md``, ``leakage.png``) and
+:mod:`~attacks.command`.
+
 Every attack takes ``(model, tokenizer, records or texts, config, key)`` -- an NNX decoder from
 :mod:`snapaudit_jax.models.decoders`, its :class:`~snapaudit_jax.models.tokenizer.Tokenizer`, a frozen config --
 and returns a plain dict of metrics with per-item details.

@@ -72,13 +72,26 @@ class SequenceScores(NamedTuple):
 
 
 def max_positions(model) -> int:
-    """Longest sequence the model embeds (``n_positions`` or ``max_position_embeddings``)."""
+    """Longest sequence the model embeds (``n_positions`` or ``max_position_embeddings``).
+
+    Args:
+      model: an NNX decoder with a ``cfg``.
+
+    Returns:
+      The number of positions.
+    """
     cfg = model.cfg
     return int(getattr(cfg, "n_positions", None) or cfg.max_position_embeddings)
 
 
 def start_id(tokenizer) -> int:
     """The token every framed sequence starts with: BOS, else the first EOS id.
+
+    Args:
+      tokenizer: the tokenizer.
+
+    Returns:
+      The start token id.
 
     Raises:
       ValueError: the tokenizer has neither.
@@ -96,7 +109,19 @@ def _encode(tokenizer, text: str) -> list[int]:
 
 
 def frame(tokenizer, text: str, *, eos: bool = True) -> list[int]:
-    """``[start] + tokens(text) (+ [eos])`` (see the module docstring)."""
+    """``[start] + tokens(text) (+ [eos])`` (see the module docstring).
+
+    Args:
+      tokenizer: the tokenizer.
+      text: the text.
+      eos: append the first EOS id (whole records; prompts and prefixes go without).
+
+    Returns:
+      The framed token ids.
+
+    Raises:
+      ValueError: the tokenizer has neither a BOS nor an EOS id.
+    """
     ids = [start_id(tokenizer)] + _encode(tokenizer, text)
     if eos and tokenizer.eos_ids:
         ids.append(int(tokenizer.eos_ids[0]))
@@ -205,6 +230,16 @@ def continuation_logprobs(
 
     Prefix and continuation are tokenised separately (the continuation as the model would emit it after the
     prefix), so include any leading space in the continuation.
+
+    Args:
+      model: an NNX decoder (``GPT2`` or ``Llama``).
+      tokenizer: its tokenizer.
+      prefixes: ``n`` prefixes, framed with the start token and no EOS.
+      continuations: ``n`` continuations; only their tokens are scored.
+      batch_size: rows per forward pass.
+
+    Returns:
+      ``(n,)`` float64 summed log-probabilities of the continuation tokens.
 
     Raises:
       ValueError: different lengths, an empty continuation, or a pair longer than the model's context.

@@ -144,7 +144,18 @@ class CanaryAuditConfig:
 
 def canary_scores(model, tokenizer, canaries: CanarySet | Sequence[Canary], *, reference_model=None,
                   batch_size: int = 32) -> np.ndarray:
-    """``(n,)`` scores ``log P(continuation | prefix)`` (minus the reference model's), higher = member."""
+    """``(n,)`` scores ``log P(continuation | prefix)`` (minus the reference model's), higher = member.
+
+    Args:
+      model: the target NNX decoder.
+      tokenizer: its tokenizer (shared with the reference model).
+      canaries: the ``n`` canaries (a :class:`~attacks.corpus.CanarySet` or a sequence of canaries).
+      reference_model: optional reference model whose log-probability is subtracted (calibrated score).
+      batch_size: rows per scoring pass.
+
+    Returns:
+      ``(n,)`` float64 scores, in canary order.
+    """
     items = canaries.canaries if isinstance(canaries, CanarySet) else tuple(canaries)
     prefixes = [c.prefix for c in items]
     conts = [c.continuation for c in items]
@@ -224,7 +235,18 @@ def epsilon_lower_bound(
 
 
 def one_run_insert_probability(insert_probability) -> float:
-    """``insert_probability`` if the one-run bound's design allows it (exactly 1/2), else ``ValueError``."""
+    """``insert_probability`` if the one-run bound's design allows it (exactly 1/2), else ``ValueError``.
+
+    Args:
+      insert_probability: the probability with which each canary was inserted.
+
+    Returns:
+      ``insert_probability`` as a float (0.5).
+
+    Raises:
+      ValueError: ``insert_probability`` outside ``(0, 1)`` or not 1/2 (Steinke, Nasr, Jagielski 2023,
+        Algorithm 1).
+    """
     p = validate.open_unit("insert_probability", insert_probability)
     if p != 0.5:  # Steinke, Nasr, Jagielski 2023, Algorithm 1: S uniform on {-1, +1}^m
         raise InputError(

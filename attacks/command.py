@@ -8,13 +8,13 @@ __all__ = ["COMMAND"]
 
 
 def _load(path):
-    from attacks.experiment import load_pii_config
+    from attacks.config import load_pii_config
 
     return load_pii_config(path)
 
 
 def _run(config, out_dir, *, progress=True):
-    from attacks.experiment import run_pii
+    from attacks.run import run_pii
 
     return run_pii(config, out_dir, progress=progress)
 

@@ -402,14 +402,23 @@ class Corpus:
 
     @property
     def texts(self) -> list[str]:
+        """The records' texts, in record order."""
         return [r.text for r in self.records]
 
     @property
     def spans(self) -> list[tuple[Span, ...]]:
+        """The records' ground-truth spans, in record order."""
         return [r.spans for r in self.records]
 
     def pii_record_counts(self, labels: Iterable[str] | None = None) -> Counter:
-        """``(label, value) -> number of records containing it`` (see :func:`pii_record_counts`)."""
+        """``(label, value) -> number of records containing it`` (see :func:`pii_record_counts`).
+
+        Args:
+          labels: count only these labels (``None``: all).
+
+        Returns:
+          A :class:`collections.Counter` over ``(label, value)``.
+        """
         return pii_record_counts(self.records, labels)
 
 
@@ -484,18 +493,30 @@ class PublicFiller:
     here a Faker instance with an attacker-chosen seed draws a value of the same label and shape instead (a
     postal address for an address, a city for a city, the same date format). It shares no state with the
     corpus generator.
-
-    Args:
-      seed: seed of the filler's Faker instance.
-      locale: Faker locale.
     """
 
     def __init__(self, seed: int, locale: str = "en_US"):
+        """Seeds the filler's own Faker instance and random stream.
+
+        Args:
+          seed: seed of the filler's Faker instance (an integer >= 0).
+          locale: Faker locale.
+
+        Raises:
+          ValueError: a negative or non-integer ``seed``.
+        """
         self._fake = _faker(locale, validate.positive_int("seed", seed, minimum=0))
         self._rng = np.random.default_rng(seed)
 
     def value(self, label: str, like: str = "") -> str:
         """A fresh value for ``label`` shaped like ``like``.
+
+        Args:
+          label: one of :data:`LABELS`.
+          like: the value it replaces (its shape, e.g. a date format, is kept).
+
+        Returns:
+          The value.
 
         Raises:
           ValueError: ``label`` is not one of :data:`LABELS`.
@@ -590,6 +611,7 @@ class CanarySet:
 
     @property
     def repetitions(self) -> np.ndarray:
+        """``(n_canaries,)`` int64 times each canary is inserted if it is inserted."""
         return np.array([c.repetitions for c in self.canaries], np.int64)
 
     @property
@@ -600,6 +622,9 @@ class CanarySet:
 
 def make_canaries(config: CanaryConfig = CanaryConfig()) -> CanarySet:
     """Unique random secrets in ``config.template``, each inserted independently with ``insert_probability``.
+
+    Args:
+      config: the canaries' configuration.
 
     Returns:
       A :class:`CanarySet`. Secrets are distinct, uniform over ``digits``-digit strings (leading zeros allowed).
@@ -628,6 +653,13 @@ def insert_canaries(texts: Sequence[str], canaries: CanarySet) -> list[str]:
     """Training texts followed by every inserted canary, each ``repetitions`` times (as separate records).
 
     Order does not matter under Poisson sampling; the original texts keep their indices.
+
+    Args:
+      texts: the training texts.
+      canaries: the canaries; the inserted ones are appended.
+
+    Returns:
+      ``texts`` followed by the inserted canaries' texts.
     """
     out = list(texts)
     for c in canaries.canaries:

@@ -97,12 +97,28 @@ class ExtractionConfig:
 
 
 def normalize_pii(text: str) -> str:
-    """The comparison form of a PII string: surrounding whitespace stripped, inner runs collapsed."""
+    """The comparison form of a PII string: surrounding whitespace stripped, inner runs collapsed.
+
+    Args:
+      text: the PII string.
+
+    Returns:
+      Its normalised form.
+    """
     return " ".join(text.split())
 
 
 def tagged_pii(texts: Sequence[str], tagger: Tagger, labels: Iterable[str] = LABELS) -> Counter:
-    """``(label, normalised string) -> number of tagged occurrences`` in ``texts``."""
+    """``(label, normalised string) -> number of tagged occurrences`` in ``texts``.
+
+    Args:
+      texts: the texts to tag (e.g. generated samples).
+      tagger: the PII tagger.
+      labels: count only these labels.
+
+    Returns:
+      A :class:`collections.Counter` over ``(label, normalised string)``.
+    """
     keep = set(labels)
     out: Counter = Counter()
     for spans in tagger.tag(list(texts)):
@@ -163,7 +179,21 @@ def extraction_metrics(
 
 
 def extraction_samples(model, tokenizer, n: int, key, config: ExtractionConfig) -> list[str]:
-    """``n`` unconditional top-k samples with ``config``'s budget (what :func:`extraction_attack` draws)."""
+    """``n`` unconditional top-k samples with ``config``'s budget (what :func:`extraction_attack` draws).
+
+    Args:
+      model: an NNX decoder.
+      tokenizer: its tokenizer.
+      n: number of samples.
+      key: PRNG key; sample ``i`` uses ``fold_in(key, i)``.
+      config: ``top_k``, ``max_new_tokens``, ``temperature`` and ``batch_size`` of the sampler.
+
+    Returns:
+      ``n`` decoded samples.
+
+    Raises:
+      ValueError: invalid sizes (see :func:`attacks.blackbox.sample_texts`).
+    """
     return sample_texts(model, tokenizer, [""] * n, key, top_k=config.top_k, max_new_tokens=config.max_new_tokens,
                         temperature=config.temperature, batch_size=config.batch_size)
 

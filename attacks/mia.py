@@ -60,9 +60,16 @@ def membership_scores(model, tokenizer, texts: Sequence[str], *, reference_model
 def roc_curve(member_scores, nonmember_scores) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The empirical ROC curve of the rule ``score >= threshold``.
 
+    Args:
+      member_scores: ``(n1,)`` finite scores of members (higher = member).
+      nonmember_scores: ``(n0,)`` finite scores of non-members.
+
     Returns:
       ``(fpr, tpr, thresholds)``, thresholds decreasing from ``+inf`` (nothing flagged) through every distinct
       score (the last one flags everything).
+
+    Raises:
+      ValueError: scores that are not finite or not 1-dimensional.
     """
     m = np.sort(_scores("member_scores", member_scores))
     n = np.sort(_scores("nonmember_scores", nonmember_scores))
@@ -75,8 +82,16 @@ def roc_curve(member_scores, nonmember_scores) -> tuple[np.ndarray, np.ndarray, 
 def roc_point(member_scores, nonmember_scores, fpr: float) -> dict:
     """Largest empirical TPR over thresholds whose empirical FPR is ``<= fpr`` (same data: optimistic).
 
+    Args:
+      member_scores: ``(n1,)`` finite scores of members.
+      nonmember_scores: ``(n0,)`` finite scores of non-members.
+      fpr: the target false-positive rate, in ``(0, 1)``.
+
     Returns:
       ``{"fpr_target", "tpr", "fpr", "threshold", "rule": "score >= threshold", "kind": "empirical curve point"}``.
+
+    Raises:
+      ValueError: ``fpr`` outside ``(0, 1)``, or scores that are not finite or not 1-dimensional.
     """
     fpr = validate.open_unit("fpr", fpr)
     f, t, th = roc_curve(member_scores, nonmember_scores)
@@ -92,9 +107,18 @@ def tpr_at_fpr_heldout(member_scores, nonmember_eval_scores, nonmember_calibrati
     The threshold is the ``(k + 1)``-th largest calibration score with ``k = floor(fpr * m)``, and the rule is
     ``score > threshold`` (strict), so at most ``k`` calibration scores are flagged, ties included.
 
+    Args:
+      member_scores: ``(n1,)`` finite scores of members.
+      nonmember_eval_scores: ``(n0,)`` scores of the non-members that measure the FPR.
+      nonmember_calibration_scores: ``(m,)`` scores of the non-members that set the threshold.
+      fpr: the target false-positive rate, in ``(0, 1)``.
+
     Returns:
       ``{"fpr_target", "threshold", "rule", "tpr", "fpr", "n_members", "n_nonmembers_eval", "n_calibration",
       "kind": "held-out threshold, empirical rates"}``.
+
+    Raises:
+      ValueError: ``fpr`` outside ``(0, 1)``, or scores that are not finite or not 1-dimensional.
     """
     fpr = validate.open_unit("fpr", fpr)
     m = _scores("member_scores", member_scores)

@@ -51,21 +51,20 @@ _WORD = re.compile(rf"\b{_CAP}\b")
 class Tagger(Protocol):
     """A PII tagger: one list of non-overlapping :class:`~attacks.corpus.Span` per text, sorted by start."""
 
-    def tag(self, texts: Sequence[str]) -> list[list[Span]]: ...
+    def tag(self, texts: Sequence[str]) -> list[list[Span]]:
+        """Tags every text.
+
+        Args:
+          texts: ``n`` texts.
+
+        Returns:
+          ``n`` lists of non-overlapping spans, each sorted by start.
+        """
+        ...
 
 
 class GazetteerTagger:
-    """Regex + gazetteer PII tagger (see the module docstring).
-
-    Args:
-      first_names / last_names: person-name gazetteers.
-      city_prefixes / city_suffixes: city-name affixes (cities are ``[prefix] name[suffix]`` with a name from
-        the gazetteers and at least one affix).
-      street_suffixes: last word of a street name (``Avenue``, ``Forks`` ...).
-      company_suffixes: ``Inc``, ``LLC`` ...; organisations are ``Last Suffix``, ``Last-Last`` or
-        ``Last, Last and Last``.
-      labels: the labels it reports (a subset of :data:`~attacks.corpus.LABELS`).
-    """
+    """Regex + gazetteer PII tagger (see the module docstring)."""
 
     def __init__(
         self,
@@ -77,6 +76,22 @@ class GazetteerTagger:
         company_suffixes: Iterable[str],
         labels: Iterable[str] = LABELS,
     ):
+        """Compiles the tagger's patterns from its gazetteers.
+
+        Args:
+          first_names: person first-name gazetteer.
+          last_names: person last-name gazetteer.
+          city_prefixes: city-name prefixes (cities are ``[prefix] name[suffix]`` with a name from the
+            gazetteers and at least one affix).
+          city_suffixes: city-name suffixes.
+          street_suffixes: last word of a street name (``Avenue``, ``Forks`` ...).
+          company_suffixes: ``Inc``, ``LLC`` ...; organisations are ``Last Suffix``, ``Last-Last`` or
+            ``Last, Last and Last``.
+          labels: the labels it reports (a subset of :data:`~attacks.corpus.LABELS`).
+
+        Raises:
+          ValueError: a label outside :data:`~attacks.corpus.LABELS`.
+        """
         self.first_names = frozenset(first_names)
         self.last_names = frozenset(last_names)
         self.names = self.first_names | self.last_names
@@ -140,7 +155,14 @@ class GazetteerTagger:
         return out
 
     def tag_one(self, text: str) -> list[Span]:
-        """Spans of one text (non-overlapping, sorted by start)."""
+        """Spans of one text (non-overlapping, sorted by start).
+
+        Args:
+          text: the text.
+
+        Returns:
+          Its spans of the reported labels; overlapping candidates are resolved by label priority, then length.
+        """
         chosen: list[tuple[int, int, str]] = []
         for start, end, kind in sorted(self._candidates(text), key=lambda c: (_PRIORITY[c[2]], c[0] - c[1], c[0])):
             if all(end <= s or start >= e for s, e, _ in chosen):
@@ -154,6 +176,12 @@ class GazetteerTagger:
 
     def tag(self, texts: Sequence[str]) -> list[list[Span]]:
         """Spans of every text.
+
+        Args:
+          texts: ``n`` texts (a sequence of strings, not one string).
+
+        Returns:
+          ``n`` lists of spans (:meth:`tag_one` of each text).
 
         Raises:
           ValueError: an element of ``texts`` is not a string.
@@ -169,7 +197,18 @@ class GazetteerTagger:
 
 
 def default_tagger(locale: str = "en_US", labels: Iterable[str] = LABELS) -> GazetteerTagger:
-    """A :class:`GazetteerTagger` whose gazetteers are the word lists of Faker's ``locale`` providers."""
+    """A :class:`GazetteerTagger` whose gazetteers are the word lists of Faker's ``locale`` providers.
+
+    Args:
+      locale: the Faker locale (its ``person``, ``address`` and ``company`` providers).
+      labels: the labels it reports.
+
+    Returns:
+      The tagger.
+
+    Raises:
+      ValueError: ``locale`` has no Faker person, address or company provider, or a label is unknown.
+    """
     import importlib
 
     def provider(kind: str):
@@ -226,6 +265,14 @@ def evaluate_tagger(predicted: Sequence[Sequence[Span]], truth: Sequence[Sequenc
 
 def scrub_text(text: str, spans: Iterable[Span], mask: str = MASK) -> str:
     """``text`` with every span replaced by ``mask`` (spans must not overlap).
+
+    Args:
+      text: the text.
+      spans: spans of ``text`` (any order).
+      mask: the replacement of each span.
+
+    Returns:
+      The scrubbed text.
 
     Raises:
       ValueError: spans overlap or fall outside the text.

@@ -76,9 +76,18 @@ class Query:
 
     @property
     def text(self) -> str:
+        """The query as the attacker sees it: the target replaced by :data:`T_MASK`."""
         return self.prefix + T_MASK + self.suffix
 
     def filled(self, candidate: str) -> str:
+        """The query with ``candidate`` in the target's place.
+
+        Args:
+          candidate: a PII string.
+
+        Returns:
+          ``prefix + candidate + suffix``.
+        """
         return self.prefix + candidate + self.suffix
 
 
@@ -196,8 +205,19 @@ def sample_candidates(
     the tagger sees prefix + continuation and only spans starting inside the continuation count.
     Continuation ``j`` of query ``t`` uses ``fold_in(key, t * n_samples + j)``.
 
+    Args:
+      model: the target NNX decoder.
+      tokenizer: its tokenizer.
+      queries: the queries (:func:`make_queries`).
+      config: the label, ``n_samples`` and the sampler's budget.
+      key: PRNG key.
+      tagger: PII tagger of the continuations (default: :func:`attacks.ner.default_tagger`).
+
     Returns:
       For each query, its distinct normalised candidates, most frequent first (then lexicographic).
+
+    Raises:
+      ValueError: an invalid ``config``.
     """
     config.validate()
     tagger = default_tagger() if tagger is None else tagger
@@ -222,8 +242,15 @@ def sample_candidates(
 def pick_candidate(candidates: Sequence[str], perplexity: Sequence[float]) -> tuple[str | None, int]:
     """The prediction of the ranking: lowest perplexity, exact ties to the lexicographically smallest string.
 
+    Args:
+      candidates: ``k`` candidate strings.
+      perplexity: ``(k,)`` their perplexities.
+
     Returns:
       ``(prediction, number of candidates tied at the minimum)``; ``(None, 0)`` without candidates.
+
+    Raises:
+      ValueError: ``candidates`` and ``perplexity`` of different lengths.
     """
     if len(candidates) != len(perplexity):
         raise InputError(f"candidates and perplexity must have the same length, got {len(candidates)} and "

@@ -22,48 +22,13 @@ import numpy as np
 import pytest
 
 from snapaudit_jax.cli import main
+from tests.helpers.pii import tiny_pii_toml
 
 NO_LLM = '[model]\nllm = "/no/such/model"\n'  # never loaded: every case fails before the model
 AUDIT_OK = NO_LLM + "[pipelines.pv]\n"
 CPA_OK = ('[run]\nn_cal = 10\nn_test = 10\n\n[data.synthetic]\nn_people = 50\nn_documents = 30\n\n'
           '[attackers.r]\nkind = "retrieval"\n')
-PII_OK = """
-[run]
-seed = 1
-n_test = 16
-public_records = 60
-
-[corpus]
-n_records = 80
-n_people = 20
-
-[canaries]
-n_canaries = 16
-
-[model]
-n_layer = 1
-n_embd = 32
-n_head = 2
-max_length = 192
-vocab_size = 400
-
-[training]
-steps = 6
-batch_size = 8
-learning_rate = 1e-2
-
-[extraction]
-n_samples = 8
-max_new_tokens = 16
-
-[reconstruction]
-n_samples = 4
-max_queries = 4
-
-[inference]
-n_candidates = 5
-max_queries = 4
-"""
+PII_OK = tiny_pii_toml()  # the tiny experiment of the PII tests (every variant)
 HASH = "0" * 64  # a well-formed answer-cache key
 
 
@@ -191,11 +156,12 @@ def _snapshot_pair(out: Path, npz: bytes | None = None, manifest: str | None = N
 
 def _pii_stamp(tmp: Path, toml: str) -> str:
     """The ``run.json`` a run of ``toml`` writes (its version and config fingerprint)."""
-    from attacks.experiment import _VERSION, _fingerprint, load_pii_config
+    from attacks.config import load_pii_config
+    from attacks.run import RESUME_VERSION, fingerprint
 
     cfg = load_pii_config(_write(tmp / "stamp.toml", toml))
     (tmp / "stamp.toml").unlink()
-    return json.dumps({"version": _VERSION, "config": _fingerprint(cfg)})
+    return json.dumps({"version": RESUME_VERSION, "config": fingerprint(cfg)})
 
 
 # --- the table --------------------------------------------------------------------------------------------------

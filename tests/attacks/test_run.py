@@ -1,75 +1,31 @@
 """The PII leakage experiment runner (``snapaudit pii``) on a tiny configuration.
 
-What is under test is the orchestration: the four variants' training setup (DP or not, scrubbed or
-not), the result keys and their null rules, the claimed-vs-audited epsilon relation, resume, refusal of
-a folder of another run, and configuration errors raised before anything is written. The attacks and
-DP-SGD themselves are tested against their oracles in test_attacks.py and test_dpsgd.py.
+What is under test is the orchestration (:mod:`attacks.run`, with :mod:`attacks.report`'s table): the four
+variants' training setup (DP or not, scrubbed or not), the result keys and their null rules, the
+claimed-vs-audited epsilon relation, resume, and refusal of a folder of another run. Configuration and data
+errors are in test_config.py and test_data.py; the attacks and DP-SGD themselves are tested against their
+oracles in the other modules of tests/attacks/ and in tests/snapaudit_jax/dpsgd/test_dpsgd.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import re
-import subprocess
-import sys
 
 import pytest
 
-from attacks.experiment import RESULT_KEYS, load_pii_config, run_pii
+from attacks.config import RESULT_KEYS, load_pii_config
+from attacks.run import run_pii
 from snapaudit_jax.utils.config import ConfigFileError
+from tests.helpers.pii import tiny_pii_toml, write_toml
 
-TINY = """
-[run]
-seed = 1
-n_test = 16
-public_records = 60
-{variants}
-
-[corpus]
-n_records = 80
-n_people = 20
-
-[canaries]
-n_canaries = 16
-
-[model]
-n_layer = 1
-n_embd = 32
-n_head = 2
-max_length = 192
-vocab_size = 400
-
-[training]
-steps = 6
-batch_size = 8
-learning_rate = 1e-2
-
-[extraction]
-n_samples = 8
-max_new_tokens = 16
-
-[reconstruction]
-n_samples = 4
-max_queries = 4
-
-[inference]
-n_candidates = 5
-max_queries = 4
-"""
-
-
-def write(tmp_path, text, name="pii.toml"):
-    path = tmp_path / name
-    path.write_text(text)
-    return str(path)
+TINY = tiny_pii_toml("{variants}")
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pii")
-    cfg = load_pii_config(write(tmp, TINY.format(variants="")))
+    cfg = load_pii_config(write_toml(tmp, TINY.format(variants="")))
     out = str(tmp / "out")
     return cfg, out, run_pii(cfg, out, progress=False)
 
@@ -113,66 +69,9 @@ def test_rerun_resumes_without_retraining(tiny_run, capfd):
 
 def test_other_configuration_refuses_the_folder(tiny_run, tmp_path):
     _, out, _ = tiny_run
-    other = load_pii_config(write(tmp_path, TINY.format(variants="").replace("seed = 1", "seed = 2")))
+    other = load_pii_config(write_toml(tmp_path, TINY.format(variants="").replace("seed = 1", "seed = 2")))
     with pytest.raises(ConfigFileError, match="another configuration"):
         run_pii(other, out, progress=False)
-
-
-@pytest.mark.parametrize("old, new, match", [
-    ("n_layer = 1", "n_layer = 0", "model: n_layer"),
-    ("steps = 6", "steps = 6\nbogus = 1", "training: unknown key"),
-    ("n_test = 16", "n_test = 80", "run.n_test"),
-    ("{variants}", 'variants = ["dp", "nope"]', "variants"),
-    ("n_canaries = 16", "n_canaries = 1", "canaries: n_canaries"),
-    ("n_candidates = 5", "n_candidates = 1", "inference: n_candidates"),
-    ("learning_rate = 1e-2", "learning_rate = -1.0", "training: learning_rate"),
-])
-def test_config_errors_name_the_field(tmp_path, old, new, match):
-    text = TINY.replace(old, new) if old != "{variants}" else TINY.format(variants=new)
-    with pytest.raises(ConfigFileError, match=match):
-        load_pii_config(write(tmp_path, text.replace("{variants}", "")))
-
-
-def test_too_short_max_length_fails_before_writing(tmp_path):
-    cfg = load_pii_config(write(tmp_path, TINY.format(variants="").replace("max_length = 192", "max_length = 24")))
-    out = tmp_path / "out"
-    with pytest.raises(ConfigFileError, match="model.max_length: must be >= "):
-        run_pii(cfg, str(out), progress=False)
-    assert not out.exists()
-
-
-def test_cli_exit_code_on_bad_config(tmp_path):
-    path = write(tmp_path, TINY.format(variants="").replace("n_embd = 32", "n_embd = 33"))
-    proc = subprocess.run([sys.executable, "-m", "snapaudit_jax", "pii", path, "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0 and "n_embd" in proc.stderr and "33" in proc.stderr
-    assert not (tmp_path / "o").exists()
-
-
-def test_one_run_audit_refuses_unfair_canary_insertion_before_writing(tmp_path):
-    """epsilon_audited is our one-run bound of an (eps, delta) claim, and jax_privacy's one-run value its
-    cross-reference: both need canaries inserted with probability 1/2 (Steinke et al. 2023), so any other
-    insert_probability is a config error at load time (and in run_pii for a config built in code), before
-    anything is written; with audit.one_run and audit.jax_privacy off it is allowed."""
-    unfair = TINY.format(variants="").replace("n_canaries = 16", "n_canaries = 16\ninsert_probability = 0.8")
-    ours = ("canaries.insert_probability: must be 1/2 for our one-run bound of an (eps, delta) claim with delta = ")
-    with pytest.raises(ConfigFileError, match=re.escape(ours) + r".*got 0.8; set it to 0.5 or set audit.one_run"):
-        load_pii_config(write(tmp_path, unfair))
-    message = ("canaries.insert_probability: the one-run bound (Steinke et al. 2023) requires each canary inserted "
-               "independently with probability 1/2, got 0.8; set it to 0.5 or set audit.jax_privacy = false")
-    with pytest.raises(ConfigFileError, match=re.escape(message)):
-        load_pii_config(write(tmp_path, unfair + "\n[audit]\none_run = false\n", "jp.toml"))
-    allowed = load_pii_config(write(tmp_path, unfair + "\n[audit]\njax_privacy = false\none_run = false\n",
-                                    "off.toml"))
-    assert allowed.canaries.insert_probability == 0.8 and not allowed.audit.jax_privacy
-    built = dataclasses.replace(allowed, audit=dataclasses.replace(allowed.audit, jax_privacy=True))
-    with pytest.raises(ConfigFileError, match=re.escape(message)):
-        run_pii(built, str(tmp_path / "out"), progress=False)
-    assert not (tmp_path / "out").exists()
-    proc = subprocess.run([sys.executable, "-m", "snapaudit_jax", "pii", write(tmp_path, unfair), "--out",
-                           str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0 and "canaries.insert_probability" in proc.stderr and "got 0.8" in proc.stderr
-    assert not (tmp_path / "o").exists()
 
 
 def test_headline_columns_follow_the_paper(tiny_run):
@@ -215,18 +114,19 @@ def test_scrubbed_variants_are_evaluated_on_scrubbed_text(tiny_run):
 
     from attacks.blackbox import score_texts
     from attacks.corpus import insert_canaries
-    from attacks.experiment import _perplexity, _prepare, _train
+    from attacks.data import prepare_data
+    from attacks.run import perplexity, train_variant
     from attacks.ner import MASK
     from snapaudit_jax.utils.progress import RunLog
 
     cfg, out, result = tiny_run
     quiet = RunLog(False)
-    data = _prepare(cfg, quiet)
+    data = prepare_data(cfg, quiet)
     assert any(MASK in t for t in data.scrubbed_test) and data.scrubbed_test != [r.text for r in data.test]
-    model, _ = _train("scrubbed", insert_canaries(data.scrubbed, data.canaries), False, cfg, data, out, quiet)
+    model, _ = train_variant("scrubbed", insert_canaries(data.scrubbed, data.canaries), False, cfg, data, out, quiet)
     bs = cfg.eval_batch_size
-    scrubbed_ppl = _perplexity(model, data, data.scrubbed_test, bs)
-    raw_ppl = _perplexity(model, data, [r.text for r in data.test], bs)
+    scrubbed_ppl = perplexity(model, data.tokenizer, data.scrubbed_test, bs)
+    raw_ppl = perplexity(model, data.tokenizer, [r.text for r in data.test], bs)
     assert result["results"]["scrubbed"]["perplexity"] == pytest.approx(scrubbed_ppl, rel=1e-5)
     assert abs(scrubbed_ppl - raw_ppl) > 1e-3 * raw_ppl  # the two texts give different figures
     idx = np.random.default_rng([cfg.seed, 13]).choice(len(data.train), len(data.test), replace=False)
@@ -239,11 +139,3 @@ def test_scrubbed_variants_are_evaluated_on_scrubbed_text(tiny_run):
                                rtol=1e-5)
 
 
-def test_inference_pool_too_small_fails_before_writing(tmp_path):
-    cfg = load_pii_config(write(tmp_path, TINY.format(variants="").replace("n_candidates = 5",
-                                                                           "n_candidates = [5, 500]")))
-    assert cfg.inference.sizes == (5, 500)
-    out = tmp_path / "out"
-    with pytest.raises(ConfigFileError, match=r"inference.n_candidates: \|C\| = 500 needs at least that many"):
-        run_pii(cfg, str(out), progress=False)
-    assert not out.exists()

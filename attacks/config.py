@@ -1,0 +1,285 @@
+"""The PII leakage experiment's configuration (``snapaudit pii CONFIG.toml``): what to train, attack and report.
+
+:class:`PIIConfig` gathers each stage's frozen config -- the corpus and canaries (:mod:`attacks.corpus`), the
+GPT-2 (:class:`ModelConfig`), its training (:class:`TrainingConfig`), the attacks (:mod:`attacks.extraction`,
+:mod:`attacks.reconstruction`, :mod:`attacks.inference`) and the canary audit (:mod:`attacks.canary`).
+:func:`load_pii_config` reads it from TOML (``examples/pii_small.toml`` documents every key); every error names
+``section.key``, the rule and the value. :mod:`attacks.run` runs it, :mod:`attacks.report` writes its table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from attacks.canary import CanaryAuditConfig, one_run_insert_probability
+from attacks.corpus import CanaryConfig, CorpusConfig
+from attacks.extraction import ExtractionConfig
+from attacks.inference import InferenceConfig
+from attacks.reconstruction import ReconstructionConfig
+from snapaudit_jax.estimation.one_run import check_design
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.config import ConfigFileError, read_toml, reject_unknown, table, take
+from snapaudit_jax.utils.errors import InputError
+
+__all__ = ["VARIANTS", "RESULT_KEYS", "HEADLINE_LABEL", "REPETITION_BINS", "ModelConfig", "TrainingConfig",
+           "PIIConfig", "load_pii_config", "check_one_run_design", "headline_label"]
+
+VARIANTS = ("undefended", "dp", "scrubbed", "dp_scrubbed")
+RESULT_KEYS = ("perplexity", "extraction_precision", "extraction_recall", "reconstruction_accuracy",
+               "reconstruction_accuracy_raw", "inference_accuracy", "inference_accuracy_raw", "mia_auc",
+               "mia_auc_reference", "epsilon_claimed", "epsilon_audited")
+HEADLINE_LABEL = "PERSON"  # Table III's entity class (the first attacked label when PERSON is not attacked)
+REPETITION_BINS = ((1, 3), (4, 15), (16, None))  # training records holding the attacked PII string
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """The GPT-2 trained in every variant (and the BPE vocabulary it reads).
+
+    Attributes:
+      n_layer, n_embd, n_head: transformer shape (``n_inner = 4 n_embd``).
+      max_length: positions; every framed record and canary must fit.
+      vocab_size: BPE vocabulary size (trained on the public corpus).
+      init_seed: seed of the shared initialisation.
+    """
+
+    n_layer: int = 2
+    n_embd: int = 128
+    n_head: int = 4
+    max_length: int = 128
+    vocab_size: int = 1024
+    init_seed: int = 0
+
+    def validate(self) -> "ModelConfig":
+        """Checks every field.
+
+        Returns:
+          ``self``, unchanged.
+
+        Raises:
+          ValueError: a size that is not a positive integer, ``vocab_size < 300``, a negative ``init_seed``, or
+            ``n_embd`` not divisible by ``n_head`` (naming the field, the rule and the value).
+        """
+        for name in ("n_layer", "n_embd", "n_head", "max_length"):
+            validate.positive_int(name, getattr(self, name))
+        validate.positive_int("vocab_size", self.vocab_size, minimum=300)
+        validate.positive_int("init_seed", self.init_seed, minimum=0)
+        if self.n_embd % self.n_head:
+            raise InputError(f"n_embd must be divisible by n_head = {self.n_head}, got {self.n_embd}")
+        return self
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingConfig:
+    """Optimisation shared by every variant, and the DP variants' privacy parameters.
+
+    Attributes:
+      steps, batch_size (expected Poisson batch), learning_rate, optimizer: the run.
+      clip_norm: per-record clipping norm ``C`` of the DP variants.
+      epsilon, delta: the DP variants' target ``(epsilon, delta)`` (``delta`` default: ``1 / (10 N)``).
+      accountant: accountant the noise is calibrated with (``rdp`` or ``pld``; both are reported).
+    """
+
+    steps: int = 400
+    batch_size: int = 32
+    learning_rate: float = 3e-3
+    optimizer: str = "adamw"
+    clip_norm: float = 1.0
+    epsilon: float = 8.0
+    delta: float | None = None
+    accountant: str = "pld"
+
+    def validate(self) -> "TrainingConfig":
+        """Checks every field.
+
+        Returns:
+          ``self``, unchanged.
+
+        Raises:
+          ValueError: a non-positive size, rate or norm, ``delta`` outside ``(0, 1)``, or an unknown optimizer or
+            accountant (naming the field, the rule and the value).
+        """
+        validate.positive_int("steps", self.steps)
+        validate.positive_int("batch_size", self.batch_size)
+        validate.positive_float("learning_rate", self.learning_rate)
+        validate.choice("optimizer", self.optimizer, ("sgd", "adam", "adamw"))
+        validate.positive_float("clip_norm", self.clip_norm)
+        validate.positive_float("epsilon", self.epsilon)
+        if self.delta is not None:
+            validate.open_unit("delta", self.delta)
+        validate.choice("accountant", self.accountant, ("rdp", "pld"))
+        return self
+
+
+@dataclasses.dataclass(frozen=True)
+class PIIConfig:
+    """A PII leakage experiment (``examples/pii_small.toml`` documents every key).
+
+    Attributes:
+      seed: seed of the train/test split and of every attack's key.
+      n_test: held-out records (non-members: perplexity and membership inference).
+      public_records: records of the public corpus (tokenizer and baseline model).
+      variants: which of :data:`VARIANTS` to run.
+      corpus: the private corpus (``n_records`` includes the ``n_test`` held-out ones).
+      canaries, model, training, extraction, reconstruction, inference, audit: each stage's settings.
+      mia_fprs: false-positive rates of the reported membership TPRs (empirical).
+      eval_batch_size: rows per scoring pass.
+      lazy_slots: PERSON slots of the extraction samples scored by the lazy extractability estimate
+        (Algorithm 4) for every training name; ``0`` turns it off.
+    """
+
+    seed: int = 0
+    n_test: int = 100
+    public_records: int = 400
+    variants: tuple[str, ...] = VARIANTS
+    corpus: CorpusConfig = CorpusConfig(n_records=500, n_people=100)
+    canaries: CanaryConfig = CanaryConfig(n_canaries=64)
+    model: ModelConfig = ModelConfig()
+    training: TrainingConfig = TrainingConfig()
+    extraction: ExtractionConfig = ExtractionConfig(n_samples=200, max_new_tokens=96)
+    reconstruction: ReconstructionConfig = ReconstructionConfig(n_samples=64, max_queries=100)
+    inference: InferenceConfig = InferenceConfig(n_candidates=(100, 500), max_queries=100)
+    audit: CanaryAuditConfig = CanaryAuditConfig()
+    mia_fprs: tuple[float, ...] = (0.1, 0.01)
+    eval_batch_size: int = 32
+    lazy_slots: int = 32
+
+
+_SECTIONS = {
+    "corpus": CorpusConfig, "canaries": CanaryConfig, "model": ModelConfig, "training": TrainingConfig,
+    "extraction": ExtractionConfig, "reconstruction": ReconstructionConfig, "inference": InferenceConfig,
+    "audit": CanaryAuditConfig,
+}
+
+
+def _section(default, body: Any, where: str):
+    """``dataclasses.replace(default, **body)`` with lists as tuples, then ``validate()``; errors name ``where``."""
+    if not isinstance(body, dict):
+        raise ConfigFileError(f"{where}: must be a table, got {body!r}")
+    names = {f.name for f in dataclasses.fields(default)}
+    unknown = sorted(set(body) - names)
+    if unknown:
+        raise ConfigFileError(f"{where}: unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(names))})")
+    values = {k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
+              for k, v in body.items()}
+    try:
+        return dataclasses.replace(default, **values).validate()
+    except (TypeError, ValueError) as err:
+        msg = str(err)
+        field = msg.split(" ", 1)[0].split("[", 1)[0]
+        raise ConfigFileError(f"{where}: {msg}" + (f" ({where}.{field})" if field in names else "")) from None
+
+
+def check_one_run_design(config: PIIConfig) -> None:
+    """Refuses, before any training, a canary design the configured one-run bounds do not cover (pitfall 11).
+
+    Our one-run bound of an ``(eps, delta)`` claim with ``delta > 0`` and jax_privacy's one-run value both
+    need each canary inserted independently with probability 1/2 (Steinke, Nasr, Jagielski 2023).
+
+    Args:
+      config: the experiment (read by :func:`load_pii_config` or built in code).
+
+    Raises:
+      ConfigFileError: ``canaries.insert_probability`` is not 1/2 while ``audit.one_run`` or
+        ``audit.jax_privacy`` is on.
+    """
+    p = config.canaries.insert_probability
+    if config.audit.one_run:
+        d = config.training.delta or config.audit.delta
+        try:
+            check_design(p, d)  # the library's rule (delta > 0 needs fair coins)
+        except ValueError:
+            raise ConfigFileError(
+                f"canaries.insert_probability: must be 1/2 for our one-run bound of an (eps, delta) claim with "
+                f"delta = {d} > 0 (Steinke, Nasr, Jagielski 2023 prove the delta term for fair coins), got {p}; set "
+                f"it to 0.5 or set audit.one_run = false (epsilon_audited is then null)") from None
+    if not config.audit.jax_privacy:
+        return
+    try:
+        one_run_insert_probability(p)  # the library's rule (Steinke, Nasr, Jagielski 2023, Algorithm 1)
+    except ValueError:
+        raise ConfigFileError(
+            f"canaries.insert_probability: the one-run bound (Steinke et al. 2023) requires each canary inserted "
+            f"independently with probability 1/2, got {p}; set it to 0.5 or set audit.jax_privacy = false "
+            f"(epsilon_audited is then null; the Clopper-Pearson bounds allow any insert_probability)") from None
+
+
+def load_pii_config(path: str | os.PathLike) -> PIIConfig:
+    """Reads and validates a TOML PII experiment.
+
+    Args:
+      path: the TOML file: a ``[run]`` table (``seed``, ``n_test``, ``public_records``, ``eval_batch_size``,
+        ``variants``, ``mia_fprs``, ``lazy_slots``) and one table per stage (``corpus``, ``canaries``, ``model``,
+        ``training``, ``extraction``, ``reconstruction``, ``inference``, ``audit``); absent keys keep
+        :class:`PIIConfig`'s defaults.
+
+    Returns:
+      The validated :class:`PIIConfig`.
+
+    Raises:
+      ConfigFileError: an unknown section or key, a value breaking its rule, ``run.n_test`` not below
+        ``corpus.n_records``, an ``audit.delta`` other than ``training.delta``, or a canary design the one-run
+        bounds do not cover (errors name ``section.key``, the rule and the value), or a file that cannot be
+        read or is not valid TOML.
+    """
+    raw = read_toml(path)
+    run = table(raw, "run", "run", {})
+    base = PIIConfig()
+    kw: dict[str, Any] = {}
+    kw["seed"] = take(run, "seed", "run", lambda v: validate.positive_int("seed", v, minimum=0), 0)
+    kw["n_test"] = take(run, "n_test", "run", lambda v: validate.positive_int("n_test", v, minimum=4), base.n_test)
+    kw["public_records"] = take(run, "public_records", "run",
+                                lambda v: validate.positive_int("public_records", v, minimum=10), base.public_records)
+    kw["eval_batch_size"] = take(run, "eval_batch_size", "run",
+                                 lambda v: validate.positive_int("eval_batch_size", v), base.eval_batch_size)
+
+    def variants(v):
+        if isinstance(v, str) or not isinstance(v, list) or not v:
+            raise InputError(f"must be a non-empty list of {', '.join(VARIANTS)}, got {v!r}")
+        for x in v:
+            validate.choice("variants[...]", x, VARIANTS)
+        if len(set(v)) != len(v):
+            raise InputError(f"must not repeat a variant, got {v!r}")
+        return tuple(x for x in VARIANTS if x in v)
+
+    kw["variants"] = take(run, "variants", "run", variants, VARIANTS)
+
+    def fprs(v):
+        if isinstance(v, str) or not isinstance(v, list) or not v:
+            raise InputError(f"must be a non-empty list of rates in (0, 1), got {v!r}")
+        return tuple(validate.open_unit("mia_fprs[...]", x) for x in v)
+
+    kw["mia_fprs"] = take(run, "mia_fprs", "run", fprs, base.mia_fprs)
+    kw["lazy_slots"] = take(run, "lazy_slots", "run", lambda v: validate.positive_int("lazy_slots", v, minimum=0),
+                            base.lazy_slots)
+    reject_unknown(run, "run")
+    for name in _SECTIONS:
+        kw[name] = _section(getattr(base, name), raw.pop(name, {}), name)
+    reject_unknown(raw, os.fspath(path))
+    config = PIIConfig(**kw)
+    if config.n_test >= config.corpus.n_records:
+        raise ConfigFileError(f"run.n_test: must be < corpus.n_records = {config.corpus.n_records}, "
+                              f"got {config.n_test}")
+    if config.audit.delta != base.audit.delta and config.training.delta is not None \
+            and config.audit.delta != config.training.delta:
+        raise ConfigFileError(f"audit.delta: must equal training.delta = {config.training.delta} (the audited "
+                              f"claim), got {config.audit.delta}")
+    check_one_run_design(config)
+    return config
+
+
+
+def headline_label(config: PIIConfig) -> str:
+    """The entity class of the headline extraction columns: :data:`HEADLINE_LABEL` if attacked, else the first
+    attacked label.
+
+    Args:
+      config: the experiment.
+
+    Returns:
+      A label of ``config.extraction.labels``.
+    """
+    labels = config.extraction.labels
+    return HEADLINE_LABEL if HEADLINE_LABEL in labels else labels[0]

@@ -1,0 +1,68 @@
+"""The PII experiment's configuration (:mod:`attacks.config`): every bad key is refused at load time, naming the
+field, and the canary design the one-run bounds need is enforced before anything is written (also for a
+configuration built in code and on the command line)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import sys
+
+import pytest
+
+from attacks.config import load_pii_config
+from attacks.run import run_pii
+from snapaudit_jax.utils.config import ConfigFileError
+from tests.helpers.pii import tiny_pii_toml, write_toml
+
+TINY = tiny_pii_toml("{variants}")
+
+
+@pytest.mark.parametrize("old, new, match", [
+    ("n_layer = 1", "n_layer = 0", "model: n_layer"),
+    ("steps = 6", "steps = 6\nbogus = 1", "training: unknown key"),
+    ("n_test = 16", "n_test = 80", "run.n_test"),
+    ("{variants}", 'variants = ["dp", "nope"]', "variants"),
+    ("n_canaries = 16", "n_canaries = 1", "canaries: n_canaries"),
+    ("n_candidates = 5", "n_candidates = 1", "inference: n_candidates"),
+    ("learning_rate = 1e-2", "learning_rate = -1.0", "training: learning_rate"),
+])
+def test_config_errors_name_the_field(tmp_path, old, new, match):
+    text = TINY.replace(old, new) if old != "{variants}" else TINY.format(variants=new)
+    with pytest.raises(ConfigFileError, match=match):
+        load_pii_config(write_toml(tmp_path, text.replace("{variants}", "")))
+
+
+def test_cli_exit_code_on_bad_config(tmp_path):
+    path = write_toml(tmp_path, TINY.format(variants="").replace("n_embd = 32", "n_embd = 33"))
+    proc = subprocess.run([sys.executable, "-m", "snapaudit_jax", "pii", path, "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "n_embd" in proc.stderr and "33" in proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_one_run_audit_refuses_unfair_canary_insertion_before_writing(tmp_path):
+    """epsilon_audited is our one-run bound of an (eps, delta) claim, and jax_privacy's one-run value its
+    cross-reference: both need canaries inserted with probability 1/2 (Steinke et al. 2023), so any other
+    insert_probability is a config error at load time (and in run_pii for a config built in code), before
+    anything is written; with audit.one_run and audit.jax_privacy off it is allowed."""
+    unfair = TINY.format(variants="").replace("n_canaries = 16", "n_canaries = 16\ninsert_probability = 0.8")
+    ours = ("canaries.insert_probability: must be 1/2 for our one-run bound of an (eps, delta) claim with delta = ")
+    with pytest.raises(ConfigFileError, match=re.escape(ours) + r".*got 0.8; set it to 0.5 or set audit.one_run"):
+        load_pii_config(write_toml(tmp_path, unfair))
+    message = ("canaries.insert_probability: the one-run bound (Steinke et al. 2023) requires each canary inserted "
+               "independently with probability 1/2, got 0.8; set it to 0.5 or set audit.jax_privacy = false")
+    with pytest.raises(ConfigFileError, match=re.escape(message)):
+        load_pii_config(write_toml(tmp_path, unfair + "\n[audit]\none_run = false\n", "jp.toml"))
+    allowed = load_pii_config(write_toml(tmp_path, unfair + "\n[audit]\njax_privacy = false\none_run = false\n",
+                                         "off.toml"))
+    assert allowed.canaries.insert_probability == 0.8 and not allowed.audit.jax_privacy
+    built = dataclasses.replace(allowed, audit=dataclasses.replace(allowed.audit, jax_privacy=True))
+    with pytest.raises(ConfigFileError, match=re.escape(message)):
+        run_pii(built, str(tmp_path / "out"), progress=False)
+    assert not (tmp_path / "out").exists()
+    proc = subprocess.run([sys.executable, "-m", "snapaudit_jax", "pii", write_toml(tmp_path, unfair), "--out",
+                           str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "canaries.insert_probability" in proc.stderr and "got 0.8" in proc.stderr
+    assert not (tmp_path / "o").exists()
