@@ -57,6 +57,7 @@ from attacks.extraction import (
     normalize_pii,
     tagged_pii,
 )
+from attacks.config import ModelConfig, PIIConfig, TrainingConfig, load_pii_config
 from attacks.inference import InferenceConfig, candidate_sets, inference_attack
 from attacks.mia import membership_scores, mia_attack, roc_auc, roc_curve, roc_point, tpr_at_fpr_heldout
 from attacks.ner import MASK, GazetteerTagger, Tagger, default_tagger, evaluate_tagger, scrub, scrub_text
@@ -70,6 +71,7 @@ from attacks.reconstruction import (
     reconstruction_attack,
     sample_candidates,
 )
+from attacks.run import run_pii
 
 __all__ = [
     "LABELS",
@@ -84,6 +86,8 @@ __all__ = [
     "ExtractionConfig",
     "GazetteerTagger",
     "InferenceConfig",
+    "ModelConfig",
+    "PIIConfig",
     "Person",
     "PublicFiller",
     "Query",
@@ -92,6 +96,7 @@ __all__ = [
     "SequenceScores",
     "Span",
     "Tagger",
+    "TrainingConfig",
     "canary_audit",
     "canary_scores",
     "candidate_sets",
@@ -108,6 +113,7 @@ __all__ = [
     "insert_canaries",
     "jax_privacy_bounds",
     "lazy_extractability",
+    "load_pii_config",
     "make_canaries",
     "make_corpus",
     "make_queries",
@@ -121,6 +127,7 @@ __all__ = [
     "roc_auc",
     "roc_curve",
     "roc_point",
+    "run_pii",
     "sample_candidates",
     "sample_texts",
     "score_texts",

@@ -6,19 +6,6 @@ from snapaudit_jax.utils.commands import ConfigCommand
 
 __all__ = ["COMMAND"]
 
-
-def _load(path):
-    from attacks.config import load_pii_config
-
-    return load_pii_config(path)
-
-
-def _run(config, out_dir, *, progress=True):
-    from attacks.run import run_pii
-
-    return run_pii(config, out_dir, progress=progress)
-
-
 COMMAND = ConfigCommand(
     name="pii",
     help="PII leakage of a small GPT-2 trained undefended, with DP-SGD, scrubbed and both",
@@ -26,7 +13,7 @@ COMMAND = ConfigCommand(
                 "reconstruction, inference, membership and canary attacks, and writes results.json, "
                 "results_full.json, table.md and leakage.png to the output folder (a rerun resumes).",
     example="pii_small.toml",
-    load=_load,
-    run=_run,
+    load="attacks.config:load_pii_config",
+    run="attacks.run:run_pii",
     report="table.md",
 )
