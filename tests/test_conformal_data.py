@@ -899,7 +899,7 @@ def test_blog_corpus_bad_input(tmp_path):
 # load_source (the CPA runner's adapter)
 # ------------------------------------------------------------------------------------------------
 
-RUNNER_PARAMS = {  # what conformal.runner passes, defaults filled in
+RUNNER_PARAMS = {  # what conformal.run passes, defaults filled in
     "tab": {"path": str(TAB), "levels": ["K1", "K2", "K3"], "releases": ["direct"]},
     "textwash": {"path": str(TEXTWASH), "categories": None},
     "wikibio": {"path": str(WIKIBIO / "raw"), "levels": ["K1", "K2"]},
@@ -975,7 +975,8 @@ def test_load_source_bad_seed():
 
 
 def test_runner_builds_dataset_suites(tmp_path):
-    from conformal.runner import build_suites, load_cpa_config
+    from conformal.config import load_cpa_config
+    from conformal.run import build_suites
 
     toml = tmp_path / "cpa.toml"
     toml.write_text(f"""

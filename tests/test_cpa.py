@@ -22,7 +22,8 @@ from conformal import candidate_scores
 from conformal.attackers import RetrievalAttacker
 from conformal.data import synthetic_ladder
 from conformal.profile import attribute_sets, identity_scores
-from conformal.runner import load_cpa_config, run_cpa
+from conformal.config import load_cpa_config
+from conformal.run import run_cpa
 from snapaudit_jax.utils.config import ConfigFileError
 
 REQUIRED_KEYS = {"suite", "knowledge_level", "alpha", "n_cal", "n_test", "coverage", "coverage_conditional",

@@ -72,6 +72,8 @@ __all__ = [
     "blog_suite",
     "blog_ladder",
     "blog_demo_profile",
+    "blog_suite_from_posts",
+    "parse_blog_level",
 ]
 
 KNOWLEDGE_LEVELS = ("K1", "K2", "K3")
@@ -819,7 +821,18 @@ def make_blog_authors(n_authors: int, *, posts_per_author: int, seed: int) -> tu
     return tuple(authors)
 
 
-def _blog_level(W) -> tuple[str, int | None]:
+def parse_blog_level(W) -> tuple[str, int | None]:
+    """The knowledge level of a blog suite and its number of profile posts.
+
+    Args:
+      W: profile posts per author: an integer ``k >= 1``, ``"W<k>"``, or ``"demo"`` (demographic profiles).
+
+    Returns:
+      ``("W<k>", k)``, or ``("demo", None)``.
+
+    Raises:
+      ValueError: for any other value.
+    """
     if isinstance(W, str):
         if W == "demo":
             return "demo", None
@@ -870,7 +883,7 @@ def blog_suite(
       ValueError: for a bad ``W``, sizes, seed, or an author with too few posts for ``W``.
     """
     return blog_ladder(n_authors, posts_per_author=posts_per_author, levels=(W,),
-                       n_released_per_author=n_released_per_author, seed=seed)[_blog_level(W)[0]]
+                       n_released_per_author=n_released_per_author, seed=seed)[parse_blog_level(W)[0]]
 
 
 def blog_ladder(
@@ -889,7 +902,7 @@ def blog_ladder(
     Raises:
       ValueError: as :func:`blog_suite`.
     """
-    parsed = [_blog_level(W) for W in levels]
+    parsed = [parse_blog_level(W) for W in levels]
     if not parsed:
         raise InputError("levels must name at least one W, got ()")
     n_released_per_author = _check_count("n_released_per_author", n_released_per_author)
@@ -902,7 +915,7 @@ def blog_ladder(
     authors = make_blog_authors(n_authors, posts_per_author=posts_per_author, seed=seed)
     rows = [(a.aid, a.gender, a.age, a.industry, a.sign, a.posts) for a in authors]
     return {
-        level: _blog_suite_from(
+        level: blog_suite_from_posts(
             rows, level=level, w=w, n_released=n_released_per_author, seed=seed, name_prefix="blog",
             meta={"generator": "conformal.data.synthetic.blog_suite", "seed": int(seed), "n_authors": n_authors,
                   "posts_per_author": posts_per_author, "W": level,
@@ -912,7 +925,7 @@ def blog_ladder(
     }
 
 
-def _blog_suite_from(
+def blog_suite_from_posts(
     authors: Sequence[tuple[str, str, int, str, str, Sequence[str]]],
     *,
     level: str,
@@ -922,7 +935,26 @@ def _blog_suite_from(
     name_prefix: str,
     meta: Mapping,
 ) -> LinkageSuite:
-    """Shared by the synthetic generator and the corpus loader: posts already in release order."""
+    """A blog linkage suite from authors whose posts are already in release order.
+
+    Shared by the synthetic generator (:func:`blog_ladder`) and the corpus loader
+    (:func:`conformal.data.loaders.load_blog_authorship`). Each author's first ``n_released`` posts
+    are released (the documents, shuffled with ``seed``); the next ``w`` posts, joined, are the
+    profile (``w=None``: the demographic profile of :func:`blog_demo_profile`).
+
+    Args:
+      authors: ``(author id, gender, age, industry, sign, posts)`` per author; the pool, in order.
+      level: the knowledge level (``"W3"``, ``"demo"``), the suite name's last part.
+      w: profile posts per author, or ``None`` for ``"demo"``.
+      n_released: released posts per author; every author must have ``n_released + (w or 0)`` posts.
+      seed: seed of the document order.
+      name_prefix: the suite name's first part (``"blog"``, ``"blog_corpus"``).
+      meta: the suite's ``meta`` (copied).
+
+    Returns:
+      A closed-world :class:`LinkageSuite` named ``"{name_prefix}/{level}"``, release ``"post"``,
+      attributes ``gender``, ``age_range``, ``industry``, ``sign``.
+    """
     docs, doc_ids, ids = [], [], []
     for aid, *_rest, posts in authors:
         for j in range(n_released):
