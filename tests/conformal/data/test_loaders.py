@@ -4,7 +4,7 @@ Fixtures (``tests/fixtures/conformal``) are tiny files in the published formats:
 ``tab/`` (TAB ECHR JSON) and ``textwash/`` (orig/anon trees and a CSV) are written by hand;
 ``wikibio/`` (raw ``.box/.nb/.sent/.title/.id`` and Hugging Face JSON lines) and ``blog/``
 (Blog Authorship ``id.gender.age.industry.sign.xml`` files, Latin-1, not well-formed XML) are
-written by :func:`write_generated_fixtures` below; ``python tests/test_conformal_data.py``
+written by :func:`write_generated_fixtures` below; ``python -m tests.conformal.data.test_loaders``
 rewrites them, and :func:`test_generated_fixtures_are_up_to_date` checks the committed copies.
 
 Oracles: the fixtures' known contents (which spans are DIRECT/QUASI, which words are names, which
@@ -43,7 +43,9 @@ from conformal.data import (
     textwash_name_tokens,
 )
 
-FIX = Path(__file__).parent / "fixtures" / "conformal"
+from tests.helpers.paths import FIXTURES
+
+FIX = FIXTURES / "conformal"
 TAB = FIX / "tab"
 TEXTWASH = FIX / "textwash"
 WIKIBIO = FIX / "wikibio"
