@@ -172,7 +172,19 @@ def _data_section(source: str, body: dict, where: str) -> dict:
 
 
 def load_cpa_config(path: str | os.PathLike) -> CPAConfig:
-    """Reads and validates a TOML CPA configuration (errors name ``section.key``, the rule and the value)."""
+    """Reads and validates a TOML CPA configuration (errors name ``section.key``, the rule and the value).
+
+    Args:
+      path: the TOML file.
+
+    Returns:
+      The validated, frozen configuration.
+
+    Raises:
+      ConfigFileError: for a file that cannot be read or is not valid TOML, and, naming ``section.key``,
+        for an unknown section or key, a missing required key, or a value that breaks its rule (also a
+        ``ValueError``).
+    """
     path = os.fspath(path)
     raw = read_toml(path)
     run = table(raw, "run", "run", {})

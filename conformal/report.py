@@ -31,7 +31,15 @@ def safe_name(name: str) -> str:
 
 
 def format_report(rows: list[dict], config: CPAConfig) -> str:
-    """Markdown tables at ``report_alpha``: standard suites, then the stress tests."""
+    """Markdown tables at ``report_alpha``: standard suites, then the stress tests.
+
+    Args:
+      rows: the rows of ``summary.json``.
+      config: the run's configuration (``report_alpha``, ``score``, split sizes, ``confidence``).
+
+    Returns:
+      The Markdown text of ``report.md``.
+    """
     a = config.report_alpha
     lines = [f"# Conformal privacy audit (alpha = {a}, score = {config.score}, n_cal = {config.n_cal}, "
              f"n_test = {config.n_test}, splits = {config.splits})", ""]
@@ -66,7 +74,17 @@ def _save(fig, path) -> None:
 
 
 def plot_alpha_dial(path: str | os.PathLike, rows: Sequence[Mapping], *, title: str | None = None) -> None:
-    """Coverage (with the 1 - alpha target), median set size and E[1/|C|] against alpha, one line per suite."""
+    """Coverage (with the 1 - alpha target), median set size and E[1/|C|] against alpha, one line per suite.
+
+    Args:
+      path: the PNG file.
+      rows: standard rows of one attacker (``suite``, ``alpha``, ``coverage``, ``median_set_size``,
+        ``leakage_proxy``).
+      title: the figure title.
+
+    Raises:
+      DependencyError: matplotlib is not installed.
+    """
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), dpi=110)
     suites = sorted({r["suite"] for r in rows})
@@ -93,7 +111,16 @@ def plot_alpha_dial(path: str | os.PathLike, rows: Sequence[Mapping], *, title: 
 
 
 def plot_set_sizes(path: str | os.PathLike, sizes: Mapping[str, np.ndarray], *, title: str | None = None) -> None:
-    """Box plots of test-document set sizes per suite (log scale; empty sets drawn at 0.5)."""
+    """Box plots of test-document set sizes per suite (log scale; empty sets drawn at 0.5).
+
+    Args:
+      path: the PNG file.
+      sizes: ``{suite: (n_test,) set sizes}``.
+      title: the axes title.
+
+    Raises:
+      DependencyError: matplotlib is not installed.
+    """
     plt = pyplot()
     names = sorted(sizes)
     fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(names)), 4.2), dpi=110)

@@ -51,7 +51,18 @@ __all__ = ["build_suites", "check_references", "run_cpa"]
 
 
 def build_suites(config: CPAConfig) -> dict[str, Any]:
-    """``{suite name: LinkageSuite}`` of every configured data source."""
+    """``{suite name: LinkageSuite}`` of every configured data source.
+
+    Args:
+      config: the run's configuration (its ``data`` sections and ``seed``).
+
+    Returns:
+      ``{suite name: LinkageSuite}`` in the order of the sections.
+
+    Raises:
+      ConfigFileError: naming ``data.<source>.<key>``, for sizes or values a generator or loader refuses, a
+        path that does not exist or a dataset file in a wrong format.
+    """
     from conformal.data.synthetic import blog_suite, synthetic_ladder
 
     suites = {}
@@ -324,7 +335,18 @@ def _write_jsonl(path: str, records: list[dict]) -> None:
 
 
 def check_references(config: CPAConfig, suites: Mapping[str, Any]) -> None:
-    """Raises :class:`ConfigFileError` for split sizes, suite names and attacker kinds the suites cannot serve."""
+    """Raises :class:`ConfigFileError` for split sizes, suite names and attacker kinds the suites cannot serve.
+
+    Args:
+      config: the run's configuration.
+      suites: the suites of :func:`build_suites`.
+
+    Raises:
+      ConfigFileError: for split sizes above a suite's documents, an attacker whose ``suites`` match none,
+        a ``profile`` attacker on a suite without attribute vocabularies (or asking about attributes it lacks),
+        an unknown suite in ``[[drift]]``, ``[truncation]`` or ``[mondrian]``, or a truncation attacker that
+        is a profile attacker or has ``top_k``.
+    """
     names = ", ".join(suites)
     need = config.n_cal + config.n_test
     for name, s in suites.items():
@@ -363,7 +385,24 @@ def check_references(config: CPAConfig, suites: Mapping[str, Any]) -> None:
 
 
 def run_cpa(config: CPAConfig, out_dir: str, *, progress: bool = True) -> dict:
-    """Runs every configured attacker on its suites, the stress tests, and writes the run folder."""
+    """Runs every configured attacker on its suites, the stress tests, and writes the run folder.
+
+    Every error a configuration can cause (:func:`check_references`, a model that does not load, a
+    corrupted answer cache) is raised before the output folder is made.
+
+    Args:
+      config: the run's configuration.
+      out_dir: the run folder (made if missing; an ``llm_cache.jsonl`` in it is reused).
+      progress: log progress lines on stderr.
+
+    Returns:
+      ``{"rows": summary rows, "checks": validity checks, "seconds": float, "suites": {name: summary}}``.
+
+    Raises:
+      ConfigFileError: as :func:`build_suites` and :func:`check_references`, or for a language model that
+        cannot be loaded.
+      InputError: for a corrupted ``llm_cache.jsonl`` in ``out_dir``.
+    """
     log = RunLog(progress)
     t0 = time.perf_counter()
     suites = build_suites(config)

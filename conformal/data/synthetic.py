@@ -113,7 +113,14 @@ def _check_count(field: str, value, lo: int = 1) -> int:
 
 
 def age_range(age: int) -> str:
-    """10-year bracket of an age, e.g. ``37 -> "30-39"``."""
+    """10-year bracket of an age, e.g. ``37 -> "30-39"``.
+
+    Args:
+      age: an age in years.
+
+    Returns:
+      The bracket ``"{lo}-{lo + 9}"``.
+    """
     lo = (int(age) // 10) * 10
     return f"{lo}-{lo + 9}"
 
@@ -325,6 +332,13 @@ def make_people(n: int, *, seed: int) -> tuple[Person, ...]:
 
 def profile_text(person: Person, knowledge_level: str) -> str:
     """The candidate profile of ``person`` at a knowledge level (``K1``, ``K2``, ``K3``; see module doc).
+
+    Args:
+      person: a person of :func:`make_people`.
+      knowledge_level: ``"K1"``, ``"K2"`` or ``"K3"``.
+
+    Returns:
+      The profile text; each level's text holds the previous level's information.
 
     Raises:
       ValueError: for an unknown knowledge level.
@@ -696,6 +710,14 @@ def synthetic_ladder(
 ) -> dict[tuple[str, str], LinkageSuite]:
     """The knowledge ladder x release grid over the SAME people, subjects and narratives.
 
+    Args:
+      n_people: Number of people drawn by :func:`make_people`.
+      n_documents: Released subjects, ``1 <= n_documents <= n_people``.
+      seed: Non-negative integer.
+      releases: Release mechanisms, each one of :data:`RELEASES`.
+      levels: Knowledge levels, each one of :data:`KNOWLEDGE_LEVELS`.
+      pool: ``None`` (closed world) or the fraction of released subjects kept in the pool.
+
     Returns:
       ``{(level, release): LinkageSuite}`` for every level in ``levels`` and release in ``releases``.
 
@@ -784,6 +806,14 @@ def _post(rng: np.random.Generator, mix: np.ndarray, signature: Sequence[str], a
 def make_blog_authors(n_authors: int, *, posts_per_author: int, seed: int) -> tuple[BlogAuthor, ...]:
     """Draws ``n_authors`` synthetic blog authors with ``posts_per_author`` posts each.
 
+    Args:
+      n_authors: Number of authors, >= 1.
+      posts_per_author: Posts per author, >= 1.
+      seed: Non-negative integer.
+
+    Returns:
+      ``(n_authors,)`` :class:`BlogAuthor` values, ids ``"a00000"``, ``"a00001"``, ...
+
     Raises:
       ValueError: if a count is < 1 or the seed is not a non-negative integer.
     """
@@ -847,7 +877,17 @@ def parse_blog_level(W) -> tuple[str, int | None]:
 
 
 def blog_demo_profile(gender: str, age: int, industry: str, sign: str) -> str:
-    """The ``demo`` profile: the four Blog Authorship Corpus file-name fields."""
+    """The ``demo`` profile: the four Blog Authorship Corpus file-name fields.
+
+    Args:
+      gender: ``"male"`` or ``"female"``.
+      age: age in years.
+      industry: the industry field.
+      sign: the astrological sign field.
+
+    Returns:
+      ``"gender: ... age: ... (<age range>). industry: ... sign: ..."``.
+    """
     return f"gender: {gender}. age: {age} ({age_range(age)}). industry: {industry}. sign: {sign}."
 
 
@@ -895,6 +935,13 @@ def blog_ladder(
     seed: int,
 ) -> dict[str, LinkageSuite]:
     """:func:`blog_suite` for several ``W`` over the same authors and released posts.
+
+    Args:
+      n_authors: Number of authors (the pool; closed world).
+      posts_per_author: Posts generated per author; must be >= ``n_released_per_author + W`` for every level.
+      levels: The ``W`` of each suite (see :func:`blog_suite`), at least one.
+      n_released_per_author: Released posts per author.
+      seed: Non-negative integer.
 
     Returns:
       ``{"W1": suite, "W3": suite, "W10": suite, "demo": suite}`` (keys from ``levels``).

@@ -37,6 +37,9 @@ def parse_blog_xml(path: PathLike) -> tuple[dict[str, Any], list[str]]:
     the next ``<post>``/``<date>``/``</Blog>``), HTML entities unescaped, whitespace collapsed;
     empty posts are dropped. Bytes are decoded as UTF-8, else Latin-1.
 
+    Args:
+      path: one ``{id}.{gender}.{age}.{industry}.{sign}.xml`` file.
+
     Returns:
       ``(fields, posts)`` with ``fields = {"id", "gender", "age", "industry", "sign"}`` from the file
       name ``{id}.{gender}.{age}.{industry}.{sign}.xml``.
@@ -109,7 +112,23 @@ def load_blog_authorship_suites(
     min_profile_posts: int | None,
     seed: int,
 ) -> list[LinkageSuite]:
-    """One suite per ``W`` in ``levels`` over the same authors and released posts (see :func:`load_blog_authorship`)."""
+    """One suite per ``W`` in ``levels`` over the same authors and released posts (see :func:`load_blog_authorship`).
+
+    Args:
+      path: A folder of Blog Authorship ``.xml`` files.
+      levels: The ``W`` of each suite (``1``, ``"W3"``, ``"demo"``, ...), at least one, none repeated.
+      max_authors: Authors sampled (``None``: every eligible author).
+      n_released_per_author: Released posts per author, >= 1.
+      min_profile_posts: Profile posts an author needs to be eligible (``None``: ``max(10, max W)``).
+      seed: Seed of the file order and of each author's post shuffle.
+
+    Returns:
+      One closed-world suite per level, in the order of ``levels``, named ``"blog_corpus/W{k}"``.
+
+    Raises:
+      FileNotFoundError: if the folder does not exist or has no ``.xml`` file.
+      ValueError: for bad arguments, a malformed file name, a repeated author id or no eligible author.
+    """
     if isinstance(levels, (str, int)) or not isinstance(levels, Sequence) or not levels:
         raise InputError(f"W must be a non-empty list of post counts (or 'demo'), got {levels!r}")
     parsed = [parse_blog_level(W) for W in levels]

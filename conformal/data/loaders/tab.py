@@ -191,7 +191,25 @@ def load_tab_suites(
     n_documents: int | None,
     seed: int,
 ) -> list[LinkageSuite]:
-    """Every (level, release) TAB suite over one read of the files (see :func:`load_tab`)."""
+    """Every (level, release) TAB suite over one read of the files (see :func:`load_tab`).
+
+    Args:
+      paths: A TAB JSON file, a directory (all its ``*.json`` files) or a sequence of files.
+      levels: Knowledge levels, each ``"K1"``, ``"K2"`` or ``"K3"``.
+      releases: Releases, each ``"direct"`` or ``"quasi_id_redaction"``.
+      annotator: Mask with this annotator's mentions only; ``None``: union.
+      split_fraction: Where to cut the text, in ``(0, 1)``.
+      n_keywords: Keywords per ``K2``/``K3`` profile.
+      n_documents: Released cases (``None``: all).
+      seed: Seed of the document subsample.
+
+    Returns:
+      One suite per (level, release), level-major, named ``"tab/{level}/{release}"``.
+
+    Raises:
+      FileNotFoundError: as :func:`load_tab`.
+      ValueError: as :func:`load_tab`.
+    """
     for lv in levels:
         if lv not in TAB_LEVELS:
             raise InputError(f"knowledge_level must be one of {TAB_LEVELS}, got {lv!r}")

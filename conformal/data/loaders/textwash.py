@@ -57,6 +57,13 @@ def textwash_name_tokens(orig: str, anon: str) -> list[str]:
     unequal lengths whose anonymised side holds a person placeholder, every original word that does
     not occur in ``anon`` is taken. The result is a superset of the subject's name (other people's
     names are included, and in unequal blocks any other replaced word).
+
+    Args:
+      orig: the original description.
+      anon: its anonymised version.
+
+    Returns:
+      The name words, in order of appearance, without repeats.
     """
     a, b = _TOKEN.findall(orig), _TOKEN.findall(anon)
     in_anon = {t.lower() for t in b}
@@ -170,6 +177,12 @@ def load_textwash(
     ``PERSON_FIRSTNAME_k``/``PERSON_LASTNAME_k`` (see :func:`textwash_name_tokens`), removed
     everywhere (whole word, case-insensitive). Pool = every description of the same category
     (closed world); documents: all, or ``n_documents`` sampled per category with ``seed``.
+
+    Args:
+      path: The tree (a folder) or a CSV file.
+      categories: Categories to build (``None``: every category found).
+      n_documents: Released descriptions per category (``None``: all).
+      seed: Seed of the document subsample.
 
     Returns:
       ``{category: LinkageSuite}`` named ``"textwash/{category}"``, knowledge level ``"orig"``,

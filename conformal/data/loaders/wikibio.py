@@ -59,6 +59,12 @@ def parse_wikibio_box(line: str) -> dict[str, str]:
     Each tab-separated token is ``fieldname_position:word`` or ``fieldname:<none>``; the words of
     a field are joined in position order.
 
+    Args:
+      line: one line of a ``SET.box`` file.
+
+    Returns:
+      ``{field: words joined by spaces}``.
+
     Raises:
       ValueError: naming the token, if one has no ``:``, an empty field name or a repeated position.
     """
@@ -220,7 +226,24 @@ def load_wikibio_suites(
     n_documents: int | None,
     seed: int,
 ) -> list[LinkageSuite]:
-    """Every (level, release) WikiBio suite over one read of the files (see :func:`load_wikibio`)."""
+    """Every (level, release) WikiBio suite over one read of the files (see :func:`load_wikibio`).
+
+    Args:
+      path: As :func:`load_wikibio`.
+      levels: Knowledge levels, each ``"K1"`` or ``"K2"``.
+      releases: Releases, each ``"direct"`` or ``"name_removed"``.
+      k1_fields: Infobox fields of the ``K1`` profile, in order.
+      max_candidates: Articles sampled into the pool (``None``: all).
+      n_documents: Released articles (``None``: all pool articles).
+      seed: Seed of both samples.
+
+    Returns:
+      One suite per (level, release), level-major, named ``"wikibio/{level}/{release}"``.
+
+    Raises:
+      FileNotFoundError: as :func:`load_wikibio`.
+      ValueError: as :func:`load_wikibio`.
+    """
     for lv in levels:
         if lv not in WIKIBIO_LEVELS:
             raise InputError(f"knowledge_level must be one of {WIKIBIO_LEVELS}, got {lv!r}")
@@ -311,6 +334,15 @@ def load_wikibio(
     infobox field, in infobox order (the K1 text is a prefix of the K2 text); each as
     ``"field: value."``. Pool: all articles, or ``max_candidates`` sampled with ``seed``; documents:
     all pool articles, or ``n_documents`` of them sampled with ``seed`` (closed world).
+
+    Args:
+      path: A ``.box`` file, a folder holding one ``SET.box`` with its companions, or a ``.json``/``.jsonl`` file.
+      knowledge_level: ``"K1"`` or ``"K2"``.
+      release: ``"name_removed"`` or ``"direct"``.
+      k1_fields: Infobox fields of the ``K1`` profile, in order.
+      max_candidates: Articles sampled into the pool (``None``: all).
+      n_documents: Released articles (``None``: all pool articles).
+      seed: Seed of both samples.
 
     Returns:
       A suite named ``"wikibio/{level}/{release}"`` with attributes ``nationality`` and
