@@ -94,7 +94,7 @@ MAPIE_EPSILON = 1e-8
 
 
 def tol_score(m: int) -> float:
-    """Fixed-point error of an APS mass over ``m`` candidates (see tests/test_conformal.py)."""
+    """Fixed-point error of an APS mass over ``m`` candidates (see tests/conformal/test_kernels.py)."""
     return m * 2.0**-30 + 2.0**-23
 
 

@@ -38,7 +38,16 @@ __all__ = ["Attacker", "RetrievalAttacker", "ClueAttacker", "softmax_posterior",
 class Attacker(Protocol):
     """Anything that maps documents to ``(n, m)`` distributions over a fixed candidate pool."""
 
-    def posterior(self, documents: Sequence[str]) -> np.ndarray: ...
+    def posterior(self, documents: Sequence[str]) -> np.ndarray:
+        """The attacker's distribution over the pool for each document.
+
+        Args:
+          documents: ``(n,)`` released document texts.
+
+        Returns:
+          ``(n, m)`` rows summing to 1.
+        """
+        ...
 
 
 @functools.partial(jax.jit, static_argnames=())
@@ -58,7 +67,15 @@ def ell_similarity(queries: jax.Array, terms: jax.Array, weights: jax.Array) -> 
 
 @jax.jit
 def softmax_posterior(similarities: jax.Array, temperature: jax.Array) -> jax.Array:
-    """``softmax(similarities / temperature)`` per row: the retrieval pseudo-posterior (CPA B.1)."""
+    """``softmax(similarities / temperature)`` per row: the retrieval pseudo-posterior (CPA B.1).
+
+    Args:
+      similarities: ``(n, m)`` similarities.
+      temperature: ``()`` softmax temperature (> 0).
+
+    Returns:
+      ``(n, m)`` rows summing to 1.
+    """
     return jax.nn.softmax(similarities / temperature, axis=-1)
 
 
@@ -94,6 +111,18 @@ class RetrievalAttacker:
 
     def __init__(self, profiles: Sequence[str], *, temperature: float = 0.5, chunk: int = 16,
                  vectorizer: dict | None = None):
+        """Fits the TF-IDF vectoriser on the profiles.
+
+        Args:
+          profiles: see :class:`RetrievalAttacker`.
+          temperature: see :class:`RetrievalAttacker`.
+          chunk: see :class:`RetrievalAttacker`.
+          vectorizer: see :class:`RetrievalAttacker`.
+
+        Raises:
+          ValueError: for no profile, a profile that is not a string, ``temperature <= 0``, ``chunk < 1``, or
+            profiles with no vocabulary (empty or only stop words).
+        """
         from sklearn.feature_extraction.text import TfidfVectorizer
 
         profiles = list(profiles)
@@ -120,7 +149,17 @@ class RetrievalAttacker:
         self._terms, self._weights = jnp.asarray(terms), jnp.asarray(weights)
 
     def similarities(self, documents: Sequence[str]) -> np.ndarray:
-        """Cosine similarities ``(n, m)`` (TF-IDF rows are L2-normalised)."""
+        """Cosine similarities ``(n, m)`` (TF-IDF rows are L2-normalised).
+
+        Args:
+          documents: ``(n,)`` query texts, ``n >= 1``.
+
+        Returns:
+          ``(n, m)`` float32 similarities in ``[0, 1]``.
+
+        Raises:
+          ValueError: for no document.
+        """
         documents = list(documents)
         if not documents:
             raise InputError("documents must not be empty")
@@ -137,7 +176,17 @@ class RetrievalAttacker:
         return out
 
     def posterior(self, documents: Sequence[str]) -> np.ndarray:
-        """Pseudo-posterior ``(n, m)``: temperature softmax of the similarities."""
+        """Pseudo-posterior ``(n, m)``: temperature softmax of the similarities.
+
+        Args:
+          documents: ``(n,)`` query texts, ``n >= 1``.
+
+        Returns:
+          ``(n, m)`` float32 rows summing to 1.
+
+        Raises:
+          ValueError: for no document.
+        """
         sims = self.similarities(documents)
         return np.asarray(softmax_posterior(jnp.asarray(sims), jnp.float32(self.temperature)))
 
@@ -163,6 +212,17 @@ class ClueAttacker:
 
     def __init__(self, retrieval: RetrievalAttacker, oracle, *, max_new_tokens: int = 48,
                  prompt: str = CLUE_PROMPT):
+        """Checks the prompt template and the clue length.
+
+        Args:
+          retrieval: see :class:`ClueAttacker`.
+          oracle: see :class:`ClueAttacker`.
+          max_new_tokens: see :class:`ClueAttacker`.
+          prompt: see :class:`ClueAttacker`.
+
+        Raises:
+          ValueError: if ``prompt`` has no ``{document}`` field or ``max_new_tokens < 1``.
+        """
         if "{document}" not in prompt:
             raise InputError("prompt must contain the field {document}")
         if max_new_tokens < 1:
@@ -173,12 +233,35 @@ class ClueAttacker:
         self.prompt = prompt
 
     def clues(self, documents: Sequence[str]) -> list[str]:
-        """The clue list the LLM extracts from each document."""
+        """The clue list the LLM extracts from each document.
+
+        Args:
+          documents: ``(n,)`` document texts.
+
+        Returns:
+          ``(n,)`` clue lists (greedy decoding, stripped).
+        """
         prompts = [self.oracle.lm.chat_prompt(self.prompt.format(document=d)) for d in documents]
         return [c.strip() for c in self.oracle.generate(prompts, self.max_new_tokens)]
 
     def queries(self, documents: Sequence[str]) -> list[str]:
+        """The retrieval queries: each document followed by its clue list on a new line.
+
+        Args:
+          documents: ``(n,)`` document texts.
+
+        Returns:
+          ``(n,)`` query texts.
+        """
         return [f"{d}\n{c}" for d, c in zip(documents, self.clues(documents))]
 
     def posterior(self, documents: Sequence[str]) -> np.ndarray:
+        """The retrieval pseudo-posterior of the clue-augmented queries.
+
+        Args:
+          documents: ``(n,)`` document texts.
+
+        Returns:
+          ``(n, m)`` float32 rows summing to 1.
+        """
         return self.retrieval.posterior(self.queries(list(documents)))

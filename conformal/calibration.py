@@ -32,6 +32,17 @@ def miss_rate_upper(n_missing: int, n_total: int, confidence: float) -> float:
 
     Holds with probability ``>= confidence`` when the ``n_total`` documents are
     i.i.d. draws of the release/attacker configuration.
+
+    Args:
+      n_missing: documents whose identity is not in the pool, ``0 <= n_missing <= n_total``.
+      n_total: documents observed, ``>= 1``.
+      confidence: one-sided confidence level in ``(0, 1)``.
+
+    Returns:
+      The upper bound in ``(0, 1]`` (``1.0`` when every document missed).
+
+    Raises:
+      ValueError: for ``n_total < 1``, ``n_missing`` outside ``[0, n_total]`` or ``confidence`` outside ``(0, 1)``.
     """
     if n_total < 1:
         raise InputError(f"n_total must be >= 1, got {n_total}")
@@ -79,6 +90,7 @@ class Calibration:
 
     @property
     def mondrian(self) -> bool:
+        """Whether the thresholds are per stratum (Mondrian) rather than one for all documents."""
         return set(self.qhat) != {None}
 
     def thresholds(self, alpha: float, strata: Sequence[Any] | None = None):
@@ -88,6 +100,17 @@ class Calibration:
         float32 value (always so for the kernels' scores), else float64: the
         calibrated values exactly, never rounded (a float32 copy of a float64
         threshold could fall below it and lose coverage).
+
+        Args:
+          alpha: a calibrated miscoverage level.
+          strata: ``(k,)`` strata of the test documents (Mondrian only; ``None`` otherwise).
+
+        Returns:
+          The threshold (a float; ``inf`` means full sets), or ``(k,)`` thresholds, one per test document.
+
+        Raises:
+          ValueError: for an ``alpha`` that was not calibrated, strata given to a non-Mondrian calibration, strata
+            missing for a Mondrian one, or a stratum that was not calibrated.
         """
         try:
             j = self.alphas.index(alpha)
@@ -109,12 +132,27 @@ class Calibration:
         return narrow if np.array_equal(narrow, out) else out
 
     def certified_coverage(self, alpha: float) -> float:
-        """Lower bound ``(1 - miss_rate_upper)(1 - alpha)`` on unconditional coverage (CPA Cor. 5.3)."""
+        """Lower bound ``(1 - miss_rate_upper)(1 - alpha)`` on unconditional coverage (CPA Cor. 5.3).
+
+        Args:
+          alpha: a calibrated miscoverage level.
+
+        Returns:
+          The lower bound, a float in ``[0, 1)``.
+
+        Raises:
+          ValueError: for an ``alpha`` that was not calibrated.
+        """
         if alpha not in self.alphas:
             raise InputError(f"alpha {alpha!r} was not calibrated (calibrated: {list(self.alphas)})")
         return (1.0 - self.miss_rate_upper) * (1.0 - alpha)
 
     def to_json(self) -> dict:
+        """The calibration as JSON-ready values (the stratum ``None`` is named ``"all"``).
+
+        Returns:
+          ``{"score", "alphas", "qhat", "n_cal", "n_missing", "miss_rate_upper", "confidence"}``.
+        """
         def key(s):
             return "all" if s is None else str(s)
 

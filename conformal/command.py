@@ -8,13 +8,13 @@ __all__ = ["COMMAND"]
 
 
 def _load(path):
-    from conformal.runner import load_cpa_config
+    from conformal.config import load_cpa_config
 
     return load_cpa_config(path)
 
 
 def _run(config, out_dir, *, progress=True):
-    from conformal.runner import run_cpa
+    from conformal.run import run_cpa
 
     return run_cpa(config, out_dir, progress=progress)
 

@@ -128,7 +128,14 @@ def _check_labels(labels, n: int, m: int) -> None:
 
 
 def quantize(probs: jax.Array) -> jax.Array:
-    """``floor(p * 2**30)`` as ``uint32`` (``p`` clipped to ``[0, 1]``): the fixed point all scores use."""
+    """``floor(p * 2**30)`` as ``uint32`` (``p`` clipped to ``[0, 1]``): the fixed point all scores use.
+
+    Args:
+      probs: probabilities of any shape.
+
+    Returns:
+      ``uint32`` array of the shape of ``probs``.
+    """
     p = jnp.clip(jnp.asarray(probs, jnp.float32), 0.0, 1.0)
     return jnp.floor(p * float(_ONE)).astype(jnp.uint32)
 
@@ -213,12 +220,27 @@ def rank_scores(probs: jax.Array, labels: jax.Array) -> jax.Array:
     Needs only the attacker's ranking: any monotone transform of ``probs``
     gives the same scores, and ties are ties of the float32 values (not of
     the fixed point), so tiny probabilities keep their order.
+
+    Args:
+      probs: ``(n, m)`` attacker weights (only their order matters).
+      labels: ``(n,)`` int, positions of the true identities.
+
+    Returns:
+      ``(n,)`` float32 ranks in ``[1, m]``.
     """
     return _scores(_rank, probs, labels)
 
 
 def prob_scores(probs: jax.Array, labels: jax.Array) -> jax.Array:
-    """Raw-probability score: ``1 - p_y``, ``(n,)`` float32."""
+    """Raw-probability score: ``1 - p_y``, ``(n,)`` float32.
+
+    Args:
+      probs: ``(n, m)`` rows summing to 1.
+      labels: ``(n,)`` int, positions of the true identities.
+
+    Returns:
+      ``(n,)`` float32 scores in ``[0, 1]``.
+    """
     return _scores(_prob, probs, labels)
 
 
@@ -226,7 +248,19 @@ _SCORE_FNS = {"aps": aps_scores, "rank": rank_scores, "prob": prob_scores}
 
 
 def scores(probs: jax.Array, labels: jax.Array, score: str = "aps") -> jax.Array:
-    """The score named ``score`` (one of :data:`SCORES`) of the true candidates."""
+    """The score named ``score`` (one of :data:`SCORES`) of the true candidates.
+
+    Args:
+      probs: ``(n, m)`` rows summing to 1.
+      labels: ``(n,)`` int, positions of the true identities.
+      score: ``"aps"``, ``"rank"`` or ``"prob"``.
+
+    Returns:
+      ``(n,)`` float32 scores, as :func:`aps_scores`, :func:`rank_scores` or :func:`prob_scores`.
+
+    Raises:
+      ValueError: for an unknown ``score``.
+    """
     if score not in _SCORE_FNS:
         raise InputError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
     return _SCORE_FNS[score](probs, labels)
@@ -256,6 +290,17 @@ def candidate_scores(probs: jax.Array, score: str = "aps") -> jax.Array:
 
     Sorts each row (``O(m log m)``): meant for small pools (attribute
     vocabularies); for large pools use :func:`prediction_sets`, which never sorts.
+
+    Args:
+      probs: ``(n, m)`` rows summing to 1.
+      score: one of :data:`SCORES`.
+
+    Returns:
+      ``(n, m)`` float32 scores of every candidate.
+
+    Raises:
+      ValueError: for an unknown ``score``, or (concrete input) probabilities that are not ``(n, m)`` non-negative rows
+        summing to 1.
     """
     if score not in SCORES:
         raise InputError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
@@ -579,12 +624,26 @@ def _float32_at_most(qhat) -> jax.Array:
 
 
 def set_sizes(sets: jax.Array) -> jax.Array:
-    """``|C(x)|`` per document: ``(n,)`` int32."""
+    """``|C(x)|`` per document: ``(n,)`` int32.
+
+    Args:
+      sets: ``(n, m)`` boolean membership, as :func:`prediction_sets` returns.
+
+    Returns:
+      ``(n,)`` int32 set sizes.
+    """
     return jnp.sum(jnp.asarray(sets), axis=-1, dtype=jnp.int32)
 
 
 def leakage_proxy(sizes: jax.Array) -> jax.Array:
-    """``L = 1 / max(1, |C|)`` (CPA eq. 4): a monotone transform of set size, not a probability."""
+    """``L = 1 / max(1, |C|)`` (CPA eq. 4): a monotone transform of set size, not a probability.
+
+    Args:
+      sizes: ``(n,)`` set sizes.
+
+    Returns:
+      ``(n,)`` float32 values in ``(0, 1]`` (an empty set counts as size 1).
+    """
     return 1.0 / jnp.maximum(1, jnp.asarray(sizes)).astype(jnp.float32)
 
 
@@ -656,6 +715,16 @@ def pvalues(cal_scores: jax.Array, test_scores: jax.Array) -> jax.Array:
       holds for float64 scores too. Concrete float64 scores that JAX cannot
       hold (no ``jax_enable_x64``) are counted on the host; float32 scores as
       before, in JAX.
+
+    Args:
+      cal_scores: ``(n,)`` calibration scores of the true identities, ``n >= 1``.
+      test_scores: ``(k,)`` test scores.
+
+    Returns:
+      ``(k,)`` float32 p-values in ``[1 / (n + 1), 1]``.
+
+    Raises:
+      ValueError: (concrete input) an empty calibration set or a NaN score.
     """
     dtype = _score_dtype(cal_scores, test_scores)
     concrete = _concrete(cal_scores, test_scores)
@@ -715,7 +784,18 @@ def sample_frequencies(key: jax.Array, probs: jax.Array, m: int, *, example_ids:
 
 
 def frequencies_from_samples(samples: jax.Array, n_candidates: int) -> jax.Array:
-    """``(n, m)`` answers (candidate positions) of a sampling-only attacker -> ``(n, n_candidates)`` frequencies."""
+    """``(n, m)`` answers (candidate positions) of a sampling-only attacker -> ``(n, n_candidates)`` frequencies.
+
+    Args:
+      samples: ``(n, m)`` int candidate positions, ``m >= 1`` answers per document.
+      n_candidates: the pool size ``C``.
+
+    Returns:
+      ``(n, C)`` float32 answer frequencies (each row sums to 1).
+
+    Raises:
+      ValueError: (concrete input) a wrong shape, a non-integer dtype or a position outside ``[0, C)``.
+    """
     s = jnp.asarray(samples)
     if _concrete(samples):
         a = np.asarray(samples)
@@ -748,6 +828,11 @@ def _top_k(probs, labels, k):
 def truncate_top_k(probs: jax.Array, k: int, labels: jax.Array | None = None):
     """Restricts each document's pool to its ``k`` most likely candidates (renormalised).
 
+    Args:
+      probs: ``(n, m)`` rows summing to 1.
+      k: the truncated pool size, ``1 <= k <= m``.
+      labels: ``(n,)`` int positions of the true identities, or ``None``.
+
     Returns:
       ``(indices (n, k), probs (n, k), positions (n,))``: pool indices kept,
       the renormalised distribution over them, and where the true identity
@@ -755,6 +840,9 @@ def truncate_top_k(probs: jax.Array, k: int, labels: jax.Array | None = None):
       ``-1`` when ``labels`` is None). Coverage conditional on inclusion is
       what calibration on the kept documents guarantees; unconditionally it is
       at least ``(1 - miss rate)(1 - alpha)`` (CPA Corollary 5.3).
+
+    Raises:
+      ValueError: for ``k`` not an integer >= 1, or (concrete input) bad probabilities or ``k > m``.
     """
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise InputError(f"k (top-K pool size) must be an integer >= 1, got {k!r}")

@@ -17,7 +17,15 @@ _PERCENTILES = (5, 10, 25, 75, 90, 95, 99)
 
 
 def true_ranks(probs, labels) -> np.ndarray:
-    """Rank of the true identity, ties counted against it (``#{j : p_j >= p_y}``, float32); 0 where missing."""
+    """Rank of the true identity, ties counted against it (``#{j : p_j >= p_y}``, float32); 0 where missing.
+
+    Args:
+      probs: ``(n, m)`` attacker weights (compared in float32).
+      labels: ``(n,)`` pool position of the truth, ``-1`` if absent.
+
+    Returns:
+      ``(n,)`` int64 ranks in ``[1, m]``, 0 for an absent truth.
+    """
     p = np.asarray(probs, np.float32)
     y = np.asarray(labels)
     out = np.zeros(y.shape[0], np.int64)
@@ -28,7 +36,17 @@ def true_ranks(probs, labels) -> np.ndarray:
 
 
 def ranking_metrics(probs, labels, ks=(1, 5, 10)) -> dict:
-    """Non-conformal baselines: Top-k accuracy (strict: ties count against), MRR, mean rank of the truth."""
+    """Non-conformal baselines: Top-k accuracy (strict: ties count against), MRR, mean rank of the truth.
+
+    Args:
+      probs: ``(n, m)`` attacker weights.
+      labels: ``(n,)`` pool position of the truth, ``-1`` if absent (never ranked: a miss).
+      ks: the ``k`` of each Top-k accuracy.
+
+    Returns:
+      ``{"top<k>": float for each k, "mrr": float, "mean_rank": float or None}`` (``mean_rank`` over the
+      documents whose truth is in the pool; ``None`` if there is none).
+    """
     ranks = true_ranks(probs, labels)
     found = ranks > 0
     out = {f"top{k}": float(np.mean(found & (ranks <= k))) for k in ks}
@@ -43,6 +61,14 @@ def set_metrics(sets, labels) -> dict:
     Args:
       sets: ``(n, m)`` bool membership.
       labels: ``(n,)`` pool position of the truth, ``-1`` if absent.
+
+    Returns:
+      ``{"n", "coverage", "coverage_conditional" (None if no truth is in the pool), "candidate_miss_rate",
+      "median_set_size", "mean_set_size", "min_set_size", "max_set_size", "leakage_proxy", "empty_set_rate",
+      "singleton_rate", "pool_size", "p<q>_set_size" for q in 5, 10, 25, 75, 90, 95, 99}``.
+
+    Raises:
+      ValueError: if the shapes of ``sets`` and ``labels`` disagree or there is no document.
     """
     sets = np.asarray(sets, bool)
     y = np.asarray(labels)

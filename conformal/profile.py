@@ -43,7 +43,14 @@ ATTRIBUTE_QUESTIONS = {
 
 
 def example_id(doc_id: str) -> int:
-    """A stable 31-bit id of a document (its sampling stream: the same in every split and batch)."""
+    """A stable 31-bit id of a document (its sampling stream: the same in every split and batch).
+
+    Args:
+      doc_id: the document's id.
+
+    Returns:
+      An integer in ``[0, 2**31)``.
+    """
     return zlib.crc32(doc_id.encode()) & 0x7FFFFFFF
 
 
@@ -61,6 +68,19 @@ class ProfileAttacker:
 
     def __init__(self, oracle, attributes: Mapping[str, Sequence[str]], *, samples: int, key: jax.Array,
                  questions: Mapping[str, str] | None = None):
+        """Checks the vocabularies and the sampling budget.
+
+        Args:
+          oracle: see :class:`ProfileAttacker`.
+          attributes: see :class:`ProfileAttacker`.
+          samples: see :class:`ProfileAttacker`.
+          key: see :class:`ProfileAttacker`.
+          questions: see :class:`ProfileAttacker`.
+
+        Raises:
+          ValueError: if ``attributes`` is empty, an attribute has fewer than 2 values or repeats one, or
+            ``samples`` is not an integer >= 1.
+        """
         if not attributes:
             raise InputError("attributes must name at least one attribute with its values")
         for name, values in attributes.items():
@@ -83,7 +103,14 @@ class ProfileAttacker:
         return self.oracle.lm.chat_prompt(user)
 
     def distributions(self, documents: Sequence[str]) -> dict[str, np.ndarray]:
-        """The LLM's forced-choice distribution over each attribute's values: ``{a: (n, V_a)}``."""
+        """The LLM's forced-choice distribution over each attribute's values: ``{a: (n, V_a)}``.
+
+        Args:
+          documents: ``(n,)`` document texts.
+
+        Returns:
+          ``{attribute: (n, V_a) float32}``, rows summing to 1.
+        """
         out = {}
         for name, values in self.attributes.items():
             prompts = [self._prompt(d, name) for d in documents]
@@ -98,6 +125,16 @@ class ProfileAttacker:
         Document ``d`` of attribute number ``j`` draws with
         ``fold_in(fold_in(key, j), example_id(d))``: independent of the data,
         of the other documents and of how documents are split or batched.
+
+        Args:
+          documents: ``(n,)`` document texts.
+          doc_ids: ``(n,)`` their ids (the sampling streams, see :func:`example_id`).
+
+        Returns:
+          ``{attribute: (n, V_a) float32}`` sample frequencies, rows summing to 1.
+
+        Raises:
+          ValueError: if ``documents`` and ``doc_ids`` differ in length.
         """
         if len(documents) != len(doc_ids):
             raise InputError(f"got {len(documents)} documents but {len(doc_ids)} doc_ids")
@@ -129,6 +166,13 @@ def identity_scores(frequencies: Mapping[str, np.ndarray], attributes: Mapping[s
       attributes: ``{a: values}`` vocabularies (column order of ``frequencies``).
       candidate_values: ``{a: (m,)}`` each candidate's value (``None``: unknown, score 0).
       score: attribute score (one of :data:`~conformal.kernels.SCORES`).
+
+    Returns:
+      ``(n, m)`` float32 identity scores (smaller: more plausible).
+
+    Raises:
+      ValueError: for an unknown ``score``, no attribute, an attribute without vocabulary or candidate
+        values, or a candidate value outside the vocabulary.
     """
     if score not in SCORES:
         raise InputError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
@@ -146,5 +190,14 @@ def identity_scores(frequencies: Mapping[str, np.ndarray], attributes: Mapping[s
 
 
 def attribute_sets(frequencies: Mapping[str, np.ndarray], qhat: float, score: str = "aps") -> dict[str, np.ndarray]:
-    """The certified attribute sets ``{a: (n, V_a) bool}`` at a joint threshold ``qhat``."""
+    """The certified attribute sets ``{a: (n, V_a) bool}`` at a joint threshold ``qhat``.
+
+    Args:
+      frequencies: ``{a: (n, V_a)}`` per-document attribute distributions.
+      qhat: the threshold calibrated on :func:`identity_scores`.
+      score: attribute score (one of :data:`~conformal.kernels.SCORES`).
+
+    Returns:
+      ``{a: (n, V_a) bool}``: the values whose score is ``<= qhat``.
+    """
     return {name: np.asarray(candidate_scores(freq, score)) <= qhat for name, freq in frequencies.items()}

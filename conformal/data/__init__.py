@@ -6,7 +6,7 @@
   :func:`synthetic_ladder` (knowledge ladder K1/K2/K3 x releases direct / quasi_id_redaction /
   rewrite) and blog-style authors :func:`blog_suite`, :func:`blog_ladder` (W1/W3/W10/demo).
 * Loaders of the published formats, from local paths: :func:`load_tab`, :func:`load_textwash`,
-  :func:`load_wikibio`, :func:`load_blog_authorship`, and :func:`load_source`, the CPA runner's
+  :func:`load_wikibio`, :func:`load_blog_authorship`, and :func:`load_source`, the CPA run's
   adapter (``[data.<source>]`` parameters -> suites).
 
 References:

@@ -186,10 +186,12 @@ class LinkageSuite:
 
     @property
     def n_documents(self) -> int:
+        """The number of released documents."""
         return len(self.documents)
 
     @property
     def n_candidates(self) -> int:
+        """The size of the candidate pool."""
         return len(self.candidates)
 
     def label_indices(self) -> np.ndarray:
@@ -254,6 +256,12 @@ class LinkageSuite:
         """The same documents with the candidate pool restricted to ``indices`` (in that order).
 
         Documents whose identity is dropped become open-world misses (label ``-1``).
+
+        Args:
+          indices: ``(k,)`` distinct positions in ``candidates``.
+
+        Returns:
+          A new suite with ``k`` candidates and the same documents.
 
         Raises:
           ValueError: if an index is out of range or repeated, or the pool becomes empty.
@@ -329,6 +337,12 @@ class LinkageSuite:
     def from_dict(cls, data: Mapping[str, Any]) -> LinkageSuite:
         """Inverse of :meth:`to_dict`.
 
+        Args:
+          data: a record of :meth:`to_dict` (``format_version`` included).
+
+        Returns:
+          The suite.
+
         Raises:
           ValueError: if ``data`` is not a mapping, has another ``format_version``, lacks a
             required field, or fails the constructor's validation.
@@ -349,10 +363,26 @@ class LinkageSuite:
         return cls(**kwargs)
 
     def to_json(self) -> str:
+        """The suite as a JSON string (:meth:`to_dict`; non-ASCII kept, NaN refused).
+
+        Returns:
+          The JSON text.
+        """
         return json.dumps(self.to_dict(), ensure_ascii=False, allow_nan=False)
 
     @classmethod
     def from_json(cls, text: str) -> LinkageSuite:
+        """Inverse of :meth:`to_json`.
+
+        Args:
+          text: the JSON text.
+
+        Returns:
+          The suite.
+
+        Raises:
+          ValueError: if ``text`` is not valid JSON, or as :meth:`from_dict`.
+        """
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
@@ -360,7 +390,11 @@ class LinkageSuite:
         return cls.from_dict(data)
 
     def save(self, path: str | os.PathLike) -> None:
-        """Writes the suite as JSON atomically (temporary file in the same folder + ``os.replace``)."""
+        """Writes the suite as JSON atomically (temporary file in the same folder + ``os.replace``).
+
+        Args:
+          path: the output file.
+        """
         from snapaudit_jax.utils.io import atomic_write
 
         data = self.to_json().encode("utf-8")
@@ -369,6 +403,12 @@ class LinkageSuite:
     @classmethod
     def load(cls, path: str | os.PathLike) -> LinkageSuite:
         """Reads a suite written by :meth:`save`.
+
+        Args:
+          path: a file written by :meth:`save`.
+
+        Returns:
+          The suite.
 
         Raises:
           FileNotFoundError: if ``path`` does not exist.

@@ -72,6 +72,8 @@ __all__ = [
     "blog_suite",
     "blog_ladder",
     "blog_demo_profile",
+    "blog_suite_from_posts",
+    "parse_blog_level",
 ]
 
 KNOWLEDGE_LEVELS = ("K1", "K2", "K3")
@@ -111,7 +113,14 @@ def _check_count(field: str, value, lo: int = 1) -> int:
 
 
 def age_range(age: int) -> str:
-    """10-year bracket of an age, e.g. ``37 -> "30-39"``."""
+    """10-year bracket of an age, e.g. ``37 -> "30-39"``.
+
+    Args:
+      age: an age in years.
+
+    Returns:
+      The bracket ``"{lo}-{lo + 9}"``.
+    """
     lo = (int(age) // 10) * 10
     return f"{lo}-{lo + 9}"
 
@@ -323,6 +332,13 @@ def make_people(n: int, *, seed: int) -> tuple[Person, ...]:
 
 def profile_text(person: Person, knowledge_level: str) -> str:
     """The candidate profile of ``person`` at a knowledge level (``K1``, ``K2``, ``K3``; see module doc).
+
+    Args:
+      person: a person of :func:`make_people`.
+      knowledge_level: ``"K1"``, ``"K2"`` or ``"K3"``.
+
+    Returns:
+      The profile text; each level's text holds the previous level's information.
 
     Raises:
       ValueError: for an unknown knowledge level.
@@ -694,6 +710,14 @@ def synthetic_ladder(
 ) -> dict[tuple[str, str], LinkageSuite]:
     """The knowledge ladder x release grid over the SAME people, subjects and narratives.
 
+    Args:
+      n_people: Number of people drawn by :func:`make_people`.
+      n_documents: Released subjects, ``1 <= n_documents <= n_people``.
+      seed: Non-negative integer.
+      releases: Release mechanisms, each one of :data:`RELEASES`.
+      levels: Knowledge levels, each one of :data:`KNOWLEDGE_LEVELS`.
+      pool: ``None`` (closed world) or the fraction of released subjects kept in the pool.
+
     Returns:
       ``{(level, release): LinkageSuite}`` for every level in ``levels`` and release in ``releases``.
 
@@ -782,6 +806,14 @@ def _post(rng: np.random.Generator, mix: np.ndarray, signature: Sequence[str], a
 def make_blog_authors(n_authors: int, *, posts_per_author: int, seed: int) -> tuple[BlogAuthor, ...]:
     """Draws ``n_authors`` synthetic blog authors with ``posts_per_author`` posts each.
 
+    Args:
+      n_authors: Number of authors, >= 1.
+      posts_per_author: Posts per author, >= 1.
+      seed: Non-negative integer.
+
+    Returns:
+      ``(n_authors,)`` :class:`BlogAuthor` values, ids ``"a00000"``, ``"a00001"``, ...
+
     Raises:
       ValueError: if a count is < 1 or the seed is not a non-negative integer.
     """
@@ -819,7 +851,18 @@ def make_blog_authors(n_authors: int, *, posts_per_author: int, seed: int) -> tu
     return tuple(authors)
 
 
-def _blog_level(W) -> tuple[str, int | None]:
+def parse_blog_level(W) -> tuple[str, int | None]:
+    """The knowledge level of a blog suite and its number of profile posts.
+
+    Args:
+      W: profile posts per author: an integer ``k >= 1``, ``"W<k>"``, or ``"demo"`` (demographic profiles).
+
+    Returns:
+      ``("W<k>", k)``, or ``("demo", None)``.
+
+    Raises:
+      ValueError: for any other value.
+    """
     if isinstance(W, str):
         if W == "demo":
             return "demo", None
@@ -834,7 +877,17 @@ def _blog_level(W) -> tuple[str, int | None]:
 
 
 def blog_demo_profile(gender: str, age: int, industry: str, sign: str) -> str:
-    """The ``demo`` profile: the four Blog Authorship Corpus file-name fields."""
+    """The ``demo`` profile: the four Blog Authorship Corpus file-name fields.
+
+    Args:
+      gender: ``"male"`` or ``"female"``.
+      age: age in years.
+      industry: the industry field.
+      sign: the astrological sign field.
+
+    Returns:
+      ``"gender: ... age: ... (<age range>). industry: ... sign: ..."``.
+    """
     return f"gender: {gender}. age: {age} ({age_range(age)}). industry: {industry}. sign: {sign}."
 
 
@@ -870,7 +923,7 @@ def blog_suite(
       ValueError: for a bad ``W``, sizes, seed, or an author with too few posts for ``W``.
     """
     return blog_ladder(n_authors, posts_per_author=posts_per_author, levels=(W,),
-                       n_released_per_author=n_released_per_author, seed=seed)[_blog_level(W)[0]]
+                       n_released_per_author=n_released_per_author, seed=seed)[parse_blog_level(W)[0]]
 
 
 def blog_ladder(
@@ -883,13 +936,20 @@ def blog_ladder(
 ) -> dict[str, LinkageSuite]:
     """:func:`blog_suite` for several ``W`` over the same authors and released posts.
 
+    Args:
+      n_authors: Number of authors (the pool; closed world).
+      posts_per_author: Posts generated per author; must be >= ``n_released_per_author + W`` for every level.
+      levels: The ``W`` of each suite (see :func:`blog_suite`), at least one.
+      n_released_per_author: Released posts per author.
+      seed: Non-negative integer.
+
     Returns:
       ``{"W1": suite, "W3": suite, "W10": suite, "demo": suite}`` (keys from ``levels``).
 
     Raises:
       ValueError: as :func:`blog_suite`.
     """
-    parsed = [_blog_level(W) for W in levels]
+    parsed = [parse_blog_level(W) for W in levels]
     if not parsed:
         raise InputError("levels must name at least one W, got ()")
     n_released_per_author = _check_count("n_released_per_author", n_released_per_author)
@@ -902,7 +962,7 @@ def blog_ladder(
     authors = make_blog_authors(n_authors, posts_per_author=posts_per_author, seed=seed)
     rows = [(a.aid, a.gender, a.age, a.industry, a.sign, a.posts) for a in authors]
     return {
-        level: _blog_suite_from(
+        level: blog_suite_from_posts(
             rows, level=level, w=w, n_released=n_released_per_author, seed=seed, name_prefix="blog",
             meta={"generator": "conformal.data.synthetic.blog_suite", "seed": int(seed), "n_authors": n_authors,
                   "posts_per_author": posts_per_author, "W": level,
@@ -912,7 +972,7 @@ def blog_ladder(
     }
 
 
-def _blog_suite_from(
+def blog_suite_from_posts(
     authors: Sequence[tuple[str, str, int, str, str, Sequence[str]]],
     *,
     level: str,
@@ -922,7 +982,26 @@ def _blog_suite_from(
     name_prefix: str,
     meta: Mapping,
 ) -> LinkageSuite:
-    """Shared by the synthetic generator and the corpus loader: posts already in release order."""
+    """A blog linkage suite from authors whose posts are already in release order.
+
+    Shared by the synthetic generator (:func:`blog_ladder`) and the corpus loader
+    (:func:`conformal.data.loaders.load_blog_authorship`). Each author's first ``n_released`` posts
+    are released (the documents, shuffled with ``seed``); the next ``w`` posts, joined, are the
+    profile (``w=None``: the demographic profile of :func:`blog_demo_profile`).
+
+    Args:
+      authors: ``(author id, gender, age, industry, sign, posts)`` per author; the pool, in order.
+      level: the knowledge level (``"W3"``, ``"demo"``), the suite name's last part.
+      w: profile posts per author, or ``None`` for ``"demo"``.
+      n_released: released posts per author; every author must have ``n_released + (w or 0)`` posts.
+      seed: seed of the document order.
+      name_prefix: the suite name's first part (``"blog"``, ``"blog_corpus"``).
+      meta: the suite's ``meta`` (copied).
+
+    Returns:
+      A closed-world :class:`LinkageSuite` named ``"{name_prefix}/{level}"``, release ``"post"``,
+      attributes ``gender``, ``age_range``, ``industry``, ``sign``.
+    """
     docs, doc_ids, ids = [], [], []
     for aid, *_rest, posts in authors:
         for j in range(n_released):

@@ -1,4 +1,4 @@
-"""``snapaudit cpa CONFIG.toml``: conformal privacy audits of declared attacker configurations.
+"""``snapaudit cpa CONFIG.toml``: the run of a conformal privacy audit of declared attacker configurations.
 
 A run builds linkage suites (synthetic K1-K3 ladder x release mechanisms,
 Blog-style authors with W profile posts, or real datasets from local files),
@@ -38,276 +38,31 @@ import jax
 import numpy as np
 
 from conformal.calibration import Calibration, calibrate, coverage_check
-from conformal.kernels import SCORES, prediction_sets, scores, truncate_top_k
+from conformal.config import DATA_DEFAULTS, AttackerConfig, CPAConfig
+from conformal.kernels import prediction_sets, scores, truncate_top_k
 from conformal.metrics import ranking_metrics, set_metrics
-from snapaudit_jax.utils import validate
-from snapaudit_jax.utils.config import ConfigFileError, choice, pos_int, read_toml, reject_unknown, table, take
+from conformal.report import format_report, safe_name, write_plots
+from snapaudit_jax.utils.config import ConfigFileError
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.io import atomic_write, dumps, to_json, write_json, write_text
 from snapaudit_jax.utils.progress import RunLog
 
-__all__ = ["CPAConfig", "AttackerSettings", "load_cpa_config", "run_cpa", "build_suites"]
-
-ATTACKER_KINDS = ("retrieval", "clues", "profile")
-DATA_SOURCES = ("synthetic", "blog", "tab", "textwash", "wikibio", "blog_corpus")
-
-
-@dataclasses.dataclass(frozen=True)
-class AttackerSettings:
-    """``[attackers.<name>]``: one declared attacker configuration.
-
-    Attributes:
-      name: label in reports.
-      kind: ``retrieval`` (TF-IDF), ``clues`` (LLM clues + retrieval) or ``profile`` (LLM attributes).
-      suites: glob patterns of the suites it attacks (default every suite).
-      temperature: retrieval softmax temperature.
-      top_k: restrict each pool to the top-K retrieved candidates (0: whole pool).
-      model: language model (``smollm2`` or a checkpoint path) of LLM attackers.
-      samples: forced-choice samples per document and attribute (``profile``).
-      max_new_tokens: length of the clue list (``clues``).
-      attributes: the attributes a ``profile`` attacker asks about (default: every attribute of the
-        suite); the identity set is every profile consistent with all of their certified sets.
-    """
-
-    name: str
-    kind: str
-    suites: tuple[str, ...] = ("*",)
-    temperature: float = 0.5
-    top_k: int = 0
-    model: str = "smollm2"
-    samples: int = 10
-    max_new_tokens: int = 48
-    attributes: tuple[str, ...] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class CPAConfig:
-    """A conformal privacy audit run (``examples/cpa_synthetic.toml`` documents every key).
-
-    Attributes:
-      seed: seed of the calibration/test splits and of sampling attackers.
-      alphas: miscoverage levels.
-      report_alpha: the level of the per-document sets and the set-size plots.
-      n_cal / n_test: declared split sizes (documents).
-      splits: independent random splits (metrics are averaged; ``coverage_sd`` is their spread).
-      score: nonconformity score (``aps``, ``rank``, ``prob``).
-      confidence: confidence of the miss-rate bounds and of the validity check.
-      data: ``{source: parameters}``.
-      attackers: the attacker configurations.
-      drift: ``(attacker, calibrate_suite, test_suite)`` stress tests.
-      truncation: ``(attacker, suite, (K, ...))`` or ``None``.
-      mondrian: ``(attacker, (suite, ...))`` or ``None``: pooled vs per-suite calibration.
-      batch_size: LLM batch size.
-    """
-
-    seed: int = 0
-    alphas: tuple[float, ...] = (0.01, 0.05, 0.1, 0.2)
-    report_alpha: float = 0.05
-    n_cal: int = 200
-    n_test: int = 200
-    splits: int = 1
-    score: str = "aps"
-    confidence: float = 0.95
-    data: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
-    attackers: tuple[AttackerSettings, ...] = ()
-    drift: tuple[tuple[str, str, str], ...] = ()
-    truncation: tuple[str, str, tuple[int, ...]] | None = None
-    mondrian: tuple[str, tuple[str, ...]] | None = None
-    batch_size: int = 8
-
-
-# ---------------------------------------------------------------------------
-# Configuration
-# ---------------------------------------------------------------------------
-
-
-def _alphas(values):
-    if isinstance(values, str) or not isinstance(values, list) or not values:
-        raise InputError(f"must be a non-empty list of levels in (0, 1), got {values!r}")
-    out = tuple(validate.open_unit("alpha", v) for v in values)
-    if len(set(out)) != len(out):
-        raise InputError(f"must not repeat a level, got {values!r}")
-    return tuple(sorted(out))
-
-
-def _string(value):
-    if not isinstance(value, str) or not value:
-        raise InputError(f"must be a non-empty string, got {value!r}")
-    return value
-
-
-def _str_list(values):
-    if isinstance(values, str) or not isinstance(values, list) or not values or \
-            not all(isinstance(v, str) and v for v in values):
-        raise InputError(f"must be a non-empty list of strings, got {values!r}")
-    return tuple(values)
-
-
-def _int_list(name):
-    def convert(values):
-        if isinstance(values, str) or not isinstance(values, list) or not values:
-            raise InputError(f"must be a non-empty list of integers >= 1, got {values!r}")
-        return tuple(validate.positive_int(name, v) for v in values)
-
-    return convert
-
-
-_DATA_KEYS = {
-    "synthetic": {"n_people": 1000, "n_documents": 400, "levels": ["K1", "K2", "K3"],
-                  "releases": ["direct", "quasi_id_redaction", "rewrite"], "pool": None},
-    "blog": {"n_authors": 300, "posts_per_author": 12, "W": [1, 3, 10], "n_released_per_author": 1},
-    "tab": {"path": None, "levels": ["K1", "K2", "K3"], "releases": ["direct"]},
-    "textwash": {"path": None, "categories": None},
-    "wikibio": {"path": None, "levels": ["K1", "K2"]},
-    "blog_corpus": {"path": None, "W": [1, 3, 10], "max_authors": 500},
-}
-
-
-_LOADER_SOURCES = ("tab", "textwash", "wikibio", "blog_corpus")
-
-
-def _data_section(source: str, body: dict, where: str) -> dict:
-    body = dict(body)
-    out = {}
-    for key, default in _DATA_KEYS[source].items():
-        if key in body:
-            out[key] = body.pop(key)
-        elif key == "path" and default is None:
-            raise ConfigFileError(f"{where}.path: required (a local file or folder of the {source} data)")
-        else:
-            out[key] = default
-    if source in _LOADER_SOURCES:
-        out.update(body)  # loader-specific options, validated by conformal.data.load_source
-    else:
-        reject_unknown(body, where)
-    for key, value in out.items():
-        if key in ("n_people", "n_documents", "n_authors", "posts_per_author", "n_released_per_author",
-                   "max_authors"):
-            take({key: value}, key, where, pos_int(key), None)
-        elif key in ("levels", "releases", "categories") and value is not None:
-            out[key] = take({key: value}, key, where, _str_list, None)
-        elif key == "W":
-            take({key: value}, key, where, _int_list("W"), None)
-        elif key == "pool" and value is not None:
-            take({key: value}, key, where, lambda v: validate.positive_float("pool", v), None)
-            if not 0 < float(value) <= 1:
-                raise ConfigFileError(f"{where}.pool: must be in (0, 1], got {value!r}")
-        elif key == "path" and not isinstance(value, str):
-            raise ConfigFileError(f"{where}.path: must be a string, got {value!r}")
-    return out
-
-
-def load_cpa_config(path: str | os.PathLike) -> CPAConfig:
-    """Reads and validates a TOML CPA configuration (errors name ``section.key``, the rule and the value)."""
-    path = os.fspath(path)
-    raw = read_toml(path)
-    run = table(raw, "run", "run", {})
-    data = table(raw, "data", "data", {})
-    attackers = table(raw, "attackers", "attackers", {})
-    drift = raw.pop("drift", [])
-    truncation = table(raw, "truncation", "truncation")
-    mondrian = table(raw, "mondrian", "mondrian")
-    reject_unknown(raw, path)
-    kw: dict[str, Any] = {}
-    kw["seed"] = take(run, "seed", "run", pos_int("seed", 0), 0)
-    kw["alphas"] = take(run, "alphas", "run", _alphas, (0.01, 0.05, 0.1, 0.2))
-    kw["report_alpha"] = take(run, "report_alpha", "run", lambda v: validate.open_unit("report_alpha", v),
-                              0.05 if 0.05 in kw["alphas"] else kw["alphas"][0])
-    if kw["report_alpha"] not in kw["alphas"]:
-        raise ConfigFileError(f"run.report_alpha: must be one of run.alphas {list(kw['alphas'])}, "
-                              f"got {kw['report_alpha']!r}")
-    kw["n_cal"] = take(run, "n_cal", "run", pos_int("n_cal"), 200)
-    kw["n_test"] = take(run, "n_test", "run", pos_int("n_test"), 200)
-    kw["splits"] = take(run, "splits", "run", pos_int("splits"), 1)
-    kw["score"] = take(run, "score", "run", choice(SCORES), "aps")
-    kw["confidence"] = take(run, "confidence", "run", lambda v: validate.open_unit("confidence", v), 0.95)
-    kw["batch_size"] = take(run, "batch_size", "run", pos_int("batch_size"), 8)
-    reject_unknown(run, "run")
-    if not data:
-        raise ConfigFileError(f"{path}: no [data.<source>] section (choose from {', '.join(DATA_SOURCES)})")
-    sections = {}
-    for source, body in data.items():
-        if source not in DATA_SOURCES:
-            raise ConfigFileError(f"data.{source}: unknown data source (choose from {', '.join(DATA_SOURCES)})")
-        if not isinstance(body, dict):
-            raise ConfigFileError(f"data.{source}: must be a table")
-        sections[source] = _data_section(source, body, f"data.{source}")
-    kw["data"] = sections
-    if not attackers:
-        raise ConfigFileError(f"{path}: no [attackers.<name>] section")
-    settings = []
-    for name, body in attackers.items():
-        where = f"attackers.{name}"
-        if not isinstance(body, dict):
-            raise ConfigFileError(f"{where}: must be a table")
-        body = dict(body)
-        if "kind" not in body:
-            raise ConfigFileError(f"{where}.kind: required (one of {', '.join(ATTACKER_KINDS)})")
-        s = AttackerSettings(
-            name=name,
-            kind=take(body, "kind", where, choice(ATTACKER_KINDS), None),
-            suites=take(body, "suites", where, _str_list, ("*",)),
-            temperature=take(body, "temperature", where, lambda v: validate.positive_float("temperature", v), 0.5),
-            top_k=take(body, "top_k", where, pos_int("top_k", 0), 0),
-            model=take(body, "model", where, _string, "smollm2"),
-            samples=take(body, "samples", where, pos_int("samples"), 10),
-            max_new_tokens=take(body, "max_new_tokens", where, pos_int("max_new_tokens"), 48),
-            attributes=take(body, "attributes", where, _str_list, None),
-        )
-        if s.attributes is not None and s.kind != "profile":
-            raise ConfigFileError(f"{where}.attributes: only for kind 'profile', got kind {s.kind!r}")
-        reject_unknown(body, where)
-        if s.kind != "retrieval" and s.model != "smollm2" and not os.path.exists(s.model):
-            raise ConfigFileError(f"{where}.model: must be 'smollm2' or an existing .gguf file or model folder, "
-                                  f"got {s.model!r}")
-        settings.append(s)
-    kw["attackers"] = tuple(settings)
-    attacker_name = choice(tuple(sorted(a.name for a in settings)))
-
-    if not isinstance(drift, list):
-        raise ConfigFileError("drift: must be an array of tables ([[drift]])")
-    drifts = []
-    for i, body in enumerate(drift):
-        where = f"drift[{i}]"
-        if not isinstance(body, dict):
-            raise ConfigFileError(f"{where}: must be a table ([[drift]]), got {body!r}")
-        body = dict(body)
-        for key in ("attacker", "calibrate", "test"):
-            if key not in body:
-                raise ConfigFileError(f"{where}.{key}: required")
-        drifts.append((take(body, "attacker", where, attacker_name, None),
-                       take(body, "calibrate", where, _string, None), take(body, "test", where, _string, None)))
-        reject_unknown(body, where)
-    kw["drift"] = tuple(drifts)
-    if truncation is not None:
-        body = truncation
-        for key in ("attacker", "suite", "top_k"):
-            if key not in body:
-                raise ConfigFileError(f"truncation.{key}: required")
-        kw["truncation"] = (take(body, "attacker", "truncation", attacker_name, None),
-                            take(body, "suite", "truncation", _string, None),
-                            take(body, "top_k", "truncation", _int_list("top_k"), None))
-        reject_unknown(body, "truncation")
-    if mondrian is not None:
-        body = mondrian
-        for key in ("attacker", "suites"):
-            if key not in body:
-                raise ConfigFileError(f"mondrian.{key}: required")
-        kw["mondrian"] = (take(body, "attacker", "mondrian", attacker_name, None),
-                          take(body, "suites", "mondrian", _str_list, None))
-        if len(kw["mondrian"][1]) < 2:
-            raise ConfigFileError("mondrian.suites: must list at least 2 suites (the strata)")
-        reject_unknown(body, "mondrian")
-    return CPAConfig(**kw)
-
-
-# ---------------------------------------------------------------------------
-# Suites
-# ---------------------------------------------------------------------------
+__all__ = ["build_suites", "check_references", "run_cpa"]
 
 
 def build_suites(config: CPAConfig) -> dict[str, Any]:
-    """``{suite name: LinkageSuite}`` of every configured data source."""
+    """``{suite name: LinkageSuite}`` of every configured data source.
+
+    Args:
+      config: the run's configuration (its ``data`` sections and ``seed``).
+
+    Returns:
+      ``{suite name: LinkageSuite}`` in the order of the sections.
+
+    Raises:
+      ConfigFileError: naming ``data.<source>.<key>``, for sizes or values a generator or loader refuses, a
+        path that does not exist or a dataset file in a wrong format.
+    """
     from conformal.data.synthetic import blog_suite, synthetic_ladder
 
     suites = {}
@@ -349,7 +104,7 @@ def _generator_error(source: str, err: ValueError) -> ConfigFileError:
     msg = str(err)
     head = msg.split(" ", 1)[0]
     key = {"knowledge_level": "levels", "release": "releases"}.get(head, head)
-    return ConfigFileError(f"data.{source}.{key}: {msg}" if key in _DATA_KEYS[source] else f"data.{source}: {msg}")
+    return ConfigFileError(f"data.{source}.{key}: {msg}" if key in DATA_DEFAULTS[source] else f"data.{source}: {msg}")
 
 
 def _match(patterns, names) -> list[str]:
@@ -408,7 +163,7 @@ class _Models:
         return self._oracles[model]
 
 
-def _attack(settings: AttackerSettings, suite, rows: np.ndarray, config: CPAConfig, models: _Models) -> _Attack:
+def _attack(settings: AttackerConfig, suite, rows: np.ndarray, config: CPAConfig, models: _Models) -> _Attack:
     from conformal.attackers import ClueAttacker, RetrievalAttacker
     from conformal.profile import ProfileAttacker, identity_scores
 
@@ -579,12 +334,19 @@ def _write_jsonl(path: str, records: list[dict]) -> None:
     atomic_write(path, lambda fh: fh.write(data))
 
 
-def _safe(name: str) -> str:
-    return name.replace("/", "__").replace("->", "_to_").replace("*", "all")
-
-
 def check_references(config: CPAConfig, suites: Mapping[str, Any]) -> None:
-    """Raises :class:`ConfigFileError` for split sizes, suite names and attacker kinds the suites cannot serve."""
+    """Raises :class:`ConfigFileError` for split sizes, suite names and attacker kinds the suites cannot serve.
+
+    Args:
+      config: the run's configuration.
+      suites: the suites of :func:`build_suites`.
+
+    Raises:
+      ConfigFileError: for split sizes above a suite's documents, an attacker whose ``suites`` match none,
+        a ``profile`` attacker on a suite without attribute vocabularies (or asking about attributes it lacks),
+        an unknown suite in ``[[drift]]``, ``[truncation]`` or ``[mondrian]``, or a truncation attacker that
+        is a profile attacker or has ``top_k``.
+    """
     names = ", ".join(suites)
     need = config.n_cal + config.n_test
     for name, s in suites.items():
@@ -623,7 +385,24 @@ def check_references(config: CPAConfig, suites: Mapping[str, Any]) -> None:
 
 
 def run_cpa(config: CPAConfig, out_dir: str, *, progress: bool = True) -> dict:
-    """Runs every configured attacker on its suites, the stress tests, and writes the run folder."""
+    """Runs every configured attacker on its suites, the stress tests, and writes the run folder.
+
+    Every error a configuration can cause (:func:`check_references`, a model that does not load, a
+    corrupted answer cache) is raised before the output folder is made.
+
+    Args:
+      config: the run's configuration.
+      out_dir: the run folder (made if missing; an ``llm_cache.jsonl`` in it is reused).
+      progress: log progress lines on stderr.
+
+    Returns:
+      ``{"rows": summary rows, "checks": validity checks, "seconds": float, "suites": {name: summary}}``.
+
+    Raises:
+      ConfigFileError: as :func:`build_suites` and :func:`check_references`, or for a language model that
+        cannot be loaded.
+      InputError: for a corrupted ``llm_cache.jsonl`` in ``out_dir``.
+    """
     log = RunLog(progress)
     t0 = time.perf_counter()
     suites = build_suites(config)
@@ -644,7 +423,7 @@ def run_cpa(config: CPAConfig, out_dir: str, *, progress: bool = True) -> dict:
     attacks: dict[tuple[str, str], tuple[_Attack, np.ndarray]] = {}
     by_name = {a.name: a for a in config.attackers}
 
-    def attack_of(attacker: AttackerSettings, suite_name: str):
+    def attack_of(attacker: AttackerConfig, suite_name: str):
         key = (attacker.name, suite_name)
         if key not in attacks:
             suite = suites[suite_name]
@@ -748,7 +527,7 @@ def run_cpa(config: CPAConfig, out_dir: str, *, progress: bool = True) -> dict:
     write_json(os.path.join(out_dir, "summary.json"), rows)
     write_json(os.path.join(out_dir, "validity_checks.json"), checks)
     write_text(os.path.join(out_dir, "report.md"), format_report(rows, config))
-    _plots(out_dir, rows, config, attacks, suites, log)
+    write_plots(out_dir, rows, config, _set_sizes(config, attacks, suites))
     log(f"done in {seconds:.1f}s -> {out_dir}")
     return {"rows": rows, "checks": checks, "seconds": seconds, "suites": {n: s.summary() for n, s in suites.items()}}
 
@@ -762,7 +541,7 @@ def _write_documents(out_dir, attacker, suite_name, att, rows_used, suite, cal, 
             sets = {a: _sets(att, pos, calibration.thresholds(a), config.score) for a in config.alphas}
         per_doc = [{a: sets[a][j] for a in config.alphas} for j in range(len(pos))]
         records += _doc_lines(att, suite, rows_used, pos, split_name, per_doc, config.report_alpha, config.score)
-    _write_jsonl(os.path.join(out_dir, "documents", _safe(attacker), _safe(suite_name) + ".jsonl"), records)
+    _write_jsonl(os.path.join(out_dir, "documents", safe_name(attacker), safe_name(suite_name) + ".jsonl"), records)
 
 
 def _mondrian(config, suites, by_name, attack_of, positions) -> list[dict]:
@@ -812,49 +591,10 @@ def _config_json(config: CPAConfig) -> dict:
     return d
 
 
-def format_report(rows: list[dict], config: CPAConfig) -> str:
-    """Markdown tables at ``report_alpha``: standard suites, then the stress tests."""
-    a = config.report_alpha
-    lines = [f"# Conformal privacy audit (alpha = {a}, score = {config.score}, n_cal = {config.n_cal}, "
-             f"n_test = {config.n_test}, splits = {config.splits})", ""]
-    header = ("| attacker | suite | level | Top-1 | coverage | cond. coverage | miss rate | median abs(C) | "
-              "mean abs(C) | E[1/abs(C)] | qhat | alarm |")
-    for kind, title in (("standard", "Suites"), ("drift", "Drift (calibrate -> test)"),
-                        ("truncation", "Top-K truncation"), ("pooled", "Pooled calibration over strata"),
-                        ("mondrian", "Mondrian (per-stratum) calibration")):
-        mine = [r for r in rows if r["kind"] == kind and r["alpha"] == a]
-        if not mine:
-            continue
-        lines += [f"## {title}", "", header, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-        for r in mine:
-            qhat = "inf" if r["qhat"] is None else f"{r['qhat']:.4g}"
-            cond = "-" if r["coverage_conditional"] is None else f"{r['coverage_conditional']:.3f}"
-            alarm = {True: "yes", False: "no", None: "-"}[r.get("validity_alarm")]
-            lines.append(f"| {r['attacker']} | {r['suite']} | {r['knowledge_level']} | {r['top1']:.3f} | "
-                         f"{r['coverage']:.3f} | {cond} | {r['candidate_miss_rate']:.3f} | "
-                         f"{r['median_set_size']:g} | {r['mean_set_size']:.1f} | {r['leakage_proxy']:.4f} | "
-                         f"{qhat} | {alarm} |")
-        lines.append("")
-    lines.append("Coverage holds for the declared configuration under exchangeability of calibration and test "
-                 "documents; qhat = inf means full sets. 'alarm': the exact Beta-Binomial validity check of the test "
-                 "scores against the calibration scores rejected exchangeability (one-sided: under-coverage; "
-                 f"false-alarm probability <= {1 - config.confidence:g} per row, Bonferroni over the levels and "
-                 "splits).")
-    return "\n".join(lines) + "\n"
-
-
-def _plots(out_dir, rows, config, attacks, suites, log) -> None:
-    try:
-        from conformal.plots import plot_alpha_dial, plot_set_sizes
-    except RuntimeError as err:  # matplotlib missing
-        log(f"plots skipped: {err}")
-        return
+def _set_sizes(config: CPAConfig, attacks, suites) -> dict[str, dict[str, np.ndarray]]:
+    """``{attacker: {suite: (n_test,) set sizes}}`` at ``report_alpha`` on the first split, for the plots."""
+    out: dict[str, dict[str, np.ndarray]] = {}
     for attacker in config.attackers:
-        mine = [r for r in rows if r["kind"] == "standard" and r["attacker"] == attacker.name]
-        if not mine:
-            continue
-        plot_alpha_dial(os.path.join(out_dir, f"alpha_dial_{_safe(attacker.name)}.png"), mine,
-                        title=f"{attacker.name}: the alpha dial")
         sizes = {}
         for (name, suite_name), (att, rows_used) in attacks.items():
             if name != attacker.name or suite_name not in suites:
@@ -869,6 +609,5 @@ def _plots(out_dir, rows, config, attacks, suites, log) -> None:
             qhat = calibrate(cal_scores, [config.report_alpha], score=config.score,
                              n_missing=n_missing).thresholds(config.report_alpha)
             sizes[suite_name] = _sets(att, test, qhat, config.score).sum(axis=1)
-        if sizes:
-            plot_set_sizes(os.path.join(out_dir, f"set_sizes_{_safe(attacker.name)}.png"), sizes,
-                           title=f"{attacker.name}: set sizes at alpha = {config.report_alpha}")
+        out[attacker.name] = sizes
+    return out

@@ -1,79 +1,36 @@
-"""The CPA runner (``snapaudit cpa``) and its attackers, end to end on small synthetic suites.
+"""The CPA run (``conformal.run``: ``build_suites``, ``run_cpa``), end to end on small synthetic suites and the
+dataset fixtures.
 
-Oracles: scikit-learn TF-IDF + NumPy cosine/softmax for the retrieval attacker;
-a per-attribute loop for the profile attacker's identity scores; the exact
-split-conformal identities (coverage = conditional coverage x inclusion with
-one split) for the report rows. The LLM attackers run on a tiny random Llama
-folder (tests/helpers/tiny_llm.py): their mechanics (calls, caching, determinism,
-validity of the sets) are under test, not their accuracy.
+Oracles: the exact split-conformal identities (coverage = conditional coverage x inclusion with one split)
+for the report rows. The LLM attackers run on a tiny random Llama folder (tests/helpers/tiny_llm.py): their
+mechanics (calls, caching, determinism, validity of the sets) are under test, not their accuracy.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from conformal import candidate_scores
-from conformal.attackers import RetrievalAttacker
+from conformal.config import load_cpa_config
 from conformal.data import synthetic_ladder
-from conformal.profile import attribute_sets, identity_scores
-from conformal.runner import load_cpa_config, run_cpa
+from conformal.run import build_suites, run_cpa
 from snapaudit_jax.utils.config import ConfigFileError
+
+from tests.helpers.cpa import BLOG, LLM_CONFIG, SMALL, TAB, TEXTWASH, WIKIBIO, write_config
+
 
 REQUIRED_KEYS = {"suite", "knowledge_level", "alpha", "n_cal", "n_test", "coverage", "coverage_conditional",
                  "candidate_miss_rate", "median_set_size", "mean_set_size", "leakage_proxy", "qhat", "top1"}
-
-SMALL = """
-[run]
-seed = 3
-alphas = [0.05, 0.1, 0.2]
-report_alpha = 0.1
-n_cal = 60
-n_test = 60
-splits = 1
-score = "aps"
-
-[data.synthetic]
-n_people = 200
-n_documents = 120
-levels = ["K1", "K2", "K3"]
-releases = ["direct", "quasi_id_redaction"]
-
-[attackers.retrieval]
-kind = "retrieval"
-temperature = 0.5
-
-[[drift]]
-attacker = "retrieval"
-calibrate = "synthetic/K2/direct"
-test = "synthetic/K2/quasi_id_redaction"
-
-[truncation]
-attacker = "retrieval"
-suite = "synthetic/K2/direct"
-top_k = [2, 10]
-
-[mondrian]
-attacker = "retrieval"
-suites = ["synthetic/K2/direct", "synthetic/K2/quasi_id_redaction"]
-"""
-
-
-def write(tmp_path, text, name="cfg.toml"):
-    path = tmp_path / name
-    path.write_text(text)
-    return str(path)
 
 
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cpa")
-    cfg = load_cpa_config(write(tmp, SMALL))
+    cfg = load_cpa_config(write_config(tmp, SMALL))
     out = str(tmp / "out")
     result = run_cpa(cfg, out, progress=False)
     return cfg, out, result
@@ -175,7 +132,7 @@ def test_runner_coverage_over_splits_is_valid(tmp_path):
     text = SMALL.split("[[drift]]")[0].replace("splits = 1", "splits = 40").replace(
         'levels = ["K1", "K2", "K3"]', 'levels = ["K2"]').replace(
         'releases = ["direct", "quasi_id_redaction"]', 'releases = ["direct"]')
-    result = run_cpa(load_cpa_config(write(tmp_path, text)), str(tmp_path / "out"), progress=False)
+    result = run_cpa(load_cpa_config(write_config(tmp_path, text)), str(tmp_path / "out"), progress=False)
     for r in rows_of(result["rows"], "standard"):
         n = r["n_cal"]
         floor = np.ceil((n + 1) * (1 - r["alpha"])) / (n + 1)
@@ -185,81 +142,7 @@ def test_runner_coverage_over_splits_is_valid(tmp_path):
         assert r["coverage"] <= floor + 1 / (n + 1) + 4.3 * sd, r
 
 
-# --------------------------------------------------------------------------- attackers vs oracles
-
-
-def test_retrieval_posterior_matches_sklearn_numpy_oracle():
-    from sklearn.feature_extraction.text import TfidfVectorizer
-
-    profiles = ["nurse in Leeds who runs marathons", "baker from Cardiff, keeps bees",
-                "Leeds baker and marathon runner", "retired pilot in Bath",
-                "teacher in Cardiff who sings", "surgeon, York, rows"]
-    docs = ["the marathon runner from Leeds", "a pilot who retired to Bath", "bees and bread in Cardiff",
-            "nothing matching at all"]
-    att = RetrievalAttacker(profiles, temperature=0.3, chunk=3)  # chunk 3: a padded last chunk
-    vec = TfidfVectorizer(sublinear_tf=True, stop_words="english", lowercase=True).fit(profiles)
-    p, q = vec.transform(profiles).toarray(), vec.transform(docs).toarray()
-    sims = q @ p.T
-    np.testing.assert_allclose(att.similarities(docs), sims, atol=1e-6)
-    z = sims / 0.3
-    expected = np.exp(z - z.max(1, keepdims=True))
-    expected /= expected.sum(1, keepdims=True)
-    np.testing.assert_allclose(att.posterior(docs), expected, atol=1e-6)
-    np.testing.assert_allclose(att.posterior(docs)[3], np.full(6, 1 / 6), atol=1e-6)  # no overlap: uniform
-    with pytest.raises(ValueError, match="temperature"):
-        RetrievalAttacker(profiles, temperature=0.0)
-    with pytest.raises(ValueError, match="profiles must not be empty"):
-        RetrievalAttacker([])
-
-
-def test_identity_scores_match_attribute_loop_and_sets():
-    rng = np.random.default_rng(5)
-    attributes = {"city": ("Leeds", "York", "Bath"), "job": ("nurse", "baker", "pilot", "teacher")}
-    n, m = 7, 11
-    freqs = {a: rng.dirichlet(np.ones(len(v)), n).astype(np.float32) for a, v in attributes.items()}
-    cand = {"city": [attributes["city"][i % 3] for i in range(m)],
-            "job": [None if i == 4 else attributes["job"][(i * 7) % 4] for i in range(m)]}
-    for score in ("aps", "rank", "prob"):
-        got = identity_scores(freqs, attributes, cand, score)
-        per = {a: np.asarray(candidate_scores(freqs[a], score)) for a in attributes}
-        for i in range(n):
-            for y in range(m):
-                expect = max(0.0 if cand[a][y] is None else float(per[a][i, attributes[a].index(cand[a][y])])
-                             for a in attributes)
-                assert got[i, y] == np.float32(expect)
-        # identity set at qhat == the candidates whose known attributes all lie in the certified attribute sets
-        qhat = float(np.quantile(got, 0.6))
-        sets = attribute_sets(freqs, qhat, score)
-        for i in range(n):
-            consistent = [all(cand[a][y] is None or sets[a][i, attributes[a].index(cand[a][y])] for a in attributes)
-                          for y in range(m)]
-            np.testing.assert_array_equal(got[i] <= qhat, consistent)
-    with pytest.raises(ValueError, match="not in the vocabulary"):
-        identity_scores(freqs, attributes, {"city": ["Paris"] * m, "job": cand["job"]})
-
-
 # --------------------------------------------------------------------------- configuration errors
-
-
-@pytest.mark.parametrize("edit, match", [
-    (("alphas = [0.05, 0.1, 0.2]", "alphas = [0.05, 1.5]"), "alpha"),
-    (("n_cal = 60", "n_cal = 0"), "n_cal"),
-    (("splits = 1", "splits = 1\nbogus = 2"), "bogus"),
-    (('score = "aps"', 'score = "lac"'), "score"),
-    (('kind = "retrieval"\ntemperature', 'kind = "oracle"\ntemperature'), "kind"),
-    (("temperature = 0.5", "temperature = -1"), "temperature"),
-    (("[data.synthetic]", "[data.nonsense]"), "data.nonsense"),
-    (('calibrate = "synthetic/K2/direct"', 'calibrate = 3'), "calibrate"),
-    (('attacker = "retrieval"\nsuite', 'attacker = "nobody"\nsuite'), "truncation"),
-    (('suites = ["synthetic/K2/direct", "synthetic/K2/quasi_id_redaction"]', 'suites = ["synthetic/K2/direct"]'),
-     "mondrian.suites"),
-    (("report_alpha = 0.1", "report_alpha = 0.3"), "report_alpha"),
-])
-def test_config_errors_name_the_field(tmp_path, edit, match):
-    old, new = edit
-    assert old in SMALL
-    with pytest.raises(ConfigFileError, match=match):
-        load_cpa_config(write(tmp_path, SMALL.replace(old, new, 1)))
 
 
 @pytest.mark.parametrize("edit, match", [
@@ -269,20 +152,10 @@ def test_config_errors_name_the_field(tmp_path, edit, match):
 ])
 def test_reference_errors_write_nothing(tmp_path, edit, match):
     old, new = edit
-    cfg = load_cpa_config(write(tmp_path, SMALL.replace(old, new, 1)))
+    cfg = load_cpa_config(write_config(tmp_path, SMALL.replace(old, new, 1)))
     out = tmp_path / "out"
     with pytest.raises(ConfigFileError, match=match):
         run_cpa(cfg, str(out), progress=False)
-    assert not out.exists()
-
-
-def test_cli_error_exit_code_and_no_output(tmp_path):
-    path = write(tmp_path, SMALL.replace("n_test = 60", "n_test = -4"))
-    out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "snapaudit_jax", "cpa", path, "--out", str(out), "--quiet"],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0
-    assert "n_test" in proc.stderr and "-4" in proc.stderr
     assert not out.exists()
 
 
@@ -299,40 +172,8 @@ def tiny_model(tmp_path_factory):
     return make_tiny_llm_folder(str(tmp_path_factory.mktemp("tiny") / "llm"), texts)
 
 
-LLM_CONFIG = """
-[run]
-seed = 2
-alphas = [0.2]
-n_cal = 20
-n_test = 16
-batch_size = 8
-
-[data.synthetic]
-n_people = 60
-n_documents = 40
-levels = ["K2"]
-releases = ["direct"]
-
-[attackers.clues]
-kind = "clues"
-model = "{model}"
-max_new_tokens = 4
-
-[attackers.profile]
-kind = "profile"
-model = "{model}"
-samples = 5
-
-[attackers.profile_gender]
-kind = "profile"
-model = "{model}"
-samples = 5
-attributes = ["gender"]
-"""
-
-
 def test_llm_attackers_run_cache_and_resume(tiny_model, tmp_path):
-    cfg = load_cpa_config(write(tmp_path, LLM_CONFIG.format(model=tiny_model)))
+    cfg = load_cpa_config(write_config(tmp_path, LLM_CONFIG.format(model=tiny_model)))
     out = str(tmp_path / "out")
     first = run_cpa(cfg, out, progress=False)
     rows = {r["attacker"]: r for r in first["rows"] if r["kind"] == "standard"}
@@ -353,14 +194,49 @@ def test_llm_attackers_run_cache_and_resume(tiny_model, tmp_path):
 def test_profile_attributes_option_is_checked(tmp_path):
     text = LLM_CONFIG.format(model="smollm2")
     with pytest.raises(ConfigFileError, match="attackers.clues.attributes: only for kind 'profile'"):
-        load_cpa_config(write(tmp_path, text.replace("max_new_tokens = 4", 'max_new_tokens = 4\nattributes = ["a"]')))
-    cfg = load_cpa_config(write(tmp_path, text.replace("samples = 5", 'samples = 5\nattributes = ["shoe_size"]', 1)))
+        load_cpa_config(write_config(tmp_path, text.replace("max_new_tokens = 4",
+                                                            'max_new_tokens = 4\nattributes = ["a"]')))
+    cfg = load_cpa_config(write_config(tmp_path, text.replace("samples = 5",
+                                                              'samples = 5\nattributes = ["shoe_size"]', 1)))
     assert cfg.attackers[1].attributes == ("shoe_size",)
     with pytest.raises(ConfigFileError, match=r"attackers.profile.attributes: \['shoe_size'\] not attributes"):
         run_cpa(cfg, str(tmp_path / "out"), progress=False)
     assert not (tmp_path / "out").exists()
 
 
-def test_llm_model_path_is_checked(tmp_path):
-    with pytest.raises(ConfigFileError, match="attackers.clues.model"):
-        load_cpa_config(write(tmp_path, LLM_CONFIG.format(model=str(tmp_path / "missing"))))
+# --------------------------------------------------------------------------- the dataset sources
+
+
+def test_runner_builds_dataset_suites(tmp_path):
+    toml = tmp_path / "cpa.toml"
+    toml.write_text(f"""
+[run]
+seed = 1
+n_cal = 2
+n_test = 2
+
+[data.tab]
+path = {json.dumps(str(TAB))}
+releases = ["direct", "quasi_id_redaction"]
+
+[data.textwash]
+path = {json.dumps(str(TEXTWASH / "textwash.csv"))}
+
+[data.wikibio]
+path = {json.dumps(str(WIKIBIO / "mini.jsonl"))}
+levels = ["K2"]
+
+[data.blog_corpus]
+path = {json.dumps(str(BLOG))}
+W = [1, 10]
+max_authors = 3
+
+[attackers.retrieval]
+kind = "retrieval"
+""")
+    suites = build_suites(load_cpa_config(toml))
+    assert sorted(suites) == sorted(
+        [f"tab/{lv}/{r}" for lv in ("K1", "K2", "K3") for r in ("direct", "quasi_id_redaction")]
+        + ["textwash/famous", "textwash/fiction", "wikibio/K2/name_removed", "blog_corpus/W1", "blog_corpus/W10"])
+    assert suites["blog_corpus/W10"].n_candidates == 3
+    assert all(s.miss_rate() == 0.0 for s in suites.values())
