@@ -5,13 +5,16 @@ Calibration layer (pure JAX kernels, usable on their own):
 :func:`threshold`, :func:`prediction_sets`, :func:`pvalues`,
 :func:`sample_frequencies`, :func:`truncate_top_k`; the declared-configuration
 layer: :func:`calibrate` (Mondrian strata, open-world accounting),
-:func:`coverage_check`; metrics: :func:`set_metrics`, :func:`ranking_metrics`.
+:func:`coverage_check`; metrics: :func:`set_metrics`, :func:`ranking_metrics`;
+the ``snapaudit cpa`` application: :class:`CPAConfig`, :func:`load_cpa_config`,
+:func:`run_cpa` (:mod:`conformal.config`, :mod:`conformal.run`, :mod:`conformal.report`).
 
 References:
   Huang et al. 2026, Conformal Privacy Auditing: Calibrated Re-identification
   Attacks with Statistical Guarantees.
 """
 
+from conformal.config import AttackerConfig, CPAConfig, load_cpa_config
 from conformal.calibration import Calibration, CoverageCheck, calibrate, coverage_check, miss_rate_upper
 from conformal.kernels import (
     FIXED_POINT_BITS,
@@ -33,10 +36,13 @@ from conformal.kernels import (
     truncate_top_k,
 )
 from conformal.metrics import ranking_metrics, set_metrics, true_ranks
+from conformal.run import run_cpa
 
 __all__ = [
     "FIXED_POINT_BITS",
     "SCORES",
+    "AttackerConfig",
+    "CPAConfig",
     "Calibration",
     "CoverageCheck",
     "aps_scores",
@@ -46,6 +52,7 @@ __all__ = [
     "coverage_check",
     "frequencies_from_samples",
     "leakage_proxy",
+    "load_cpa_config",
     "miss_rate_upper",
     "prediction_sets",
     "prob_scores",
@@ -53,6 +60,7 @@ __all__ = [
     "quantize",
     "rank_scores",
     "ranking_metrics",
+    "run_cpa",
     "sample_frequencies",
     "scores",
     "set_metrics",

@@ -88,6 +88,13 @@ class MapieSplitAPS:
     """
 
     def __init__(self, table: np.ndarray, n_cal: int, alpha: float):
+        """Builds the prefit table classifier (nothing is conformalized yet).
+
+        Args:
+          table: see :class:`MapieSplitAPS`.
+          n_cal: see :class:`MapieSplitAPS`.
+          alpha: see :class:`MapieSplitAPS`.
+        """
         table_cls, self._score_cls = _classes()
         self.table = np.asarray(table, np.float64)
         if not 1 <= n_cal < self.table.shape[0]:

@@ -144,7 +144,7 @@ def _undocumented(folder: str) -> list[str]:
 @pytest.mark.parametrize("folder", [
     "snapaudit_jax/utils", "snapaudit_jax/mechanisms", "snapaudit_jax/simulation", "snapaudit_jax/estimation",
     "snapaudit_jax/audits", "snapaudit_jax/report", "snapaudit_jax/models", "snapaudit_jax/dpsgd",
-    "snapaudit_jax/dpicl", "attacks",
+    "snapaudit_jax/dpicl", "conformal", "attacks",
 ])
 def test_public_api_has_google_docstrings(folder):
     missing = _undocumented(folder)

@@ -39,7 +39,6 @@ from __future__ import annotations
 import functools
 import math
 import re
-import warnings
 from fractions import Fraction
 
 import jax
@@ -830,62 +829,29 @@ def test_pvalues_are_super_uniform():
 # --------------------------------------------------------------------------- MAPIE parity
 
 
-mapie_classification = pytest.importorskip("mapie.classification")
-
-
+pytest.importorskip("mapie.classification")
 from mapie._machine_precision import EPSILON as MAPIE_EPSILON  # noqa: E402
-
-
-from mapie.conformity_scores import APSConformityScore  # noqa: E402
-
-
 from mapie.utils import _compute_classification_quantile  # noqa: E402
 
-
-from sklearn.base import BaseEstimator, ClassifierMixin  # noqa: E402
-
-
-class TableClassifier(ClassifierMixin, BaseEstimator):
-    """A prefit classifier whose ``predict_proba`` looks up row ``X[i, 0]`` of a fixed probability table."""
-
-    def __init__(self, table=None):
-        self.table = table
-
-    def fit(self, X=None, y=None):
-        self.classes_ = np.arange(self.table.shape[1])
-        return self
-
-    def predict_proba(self, X):
-        return self.table[np.asarray(X)[:, 0].astype(int)]
-
-    def predict(self, X):
-        return np.argmax(self.predict_proba(X), axis=1)
-
-
-class NonRandomAPS(APSConformityScore):
-    """MAPIE 1.6's APS always subtracts ``u * p_y`` (u ~ U(0, 1)) from the calibration scores, with no switch to
-    turn it off; this subclass returns the cumulative mass of the truth (Romano et al.'s non-randomised score)
-    through MAPIE's own ``get_true_label_cumsum_proba``."""
-
-    def get_conformity_scores(self, y, y_pred, y_enc=None, **kwargs):
-        scores, self.cutoff = self.get_true_label_cumsum_proba(y, y_pred, self.classes)
-        return scores
+from conformal.mapie_adapter import MapieSplitAPS  # noqa: E402
+from snapaudit_jax.utils.errors import InputError  # noqa: E402
 
 
 def mapie_fit(table, labels, n_cal, alpha):
-    """SplitConformalClassifier(prefit) conformalised on rows ``[0, n_cal)``; sets of the other rows."""
-    est = TableClassifier(table).fit()
-    clf = mapie_classification.SplitConformalClassifier(
-        estimator=est, confidence_level=float(1 - Fraction(repr(alpha))), conformity_score=NonRandomAPS(),
-        prefit=True,
-    )
-    x = np.arange(table.shape[0])[:, None]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        clf.conformalize(x[:n_cal], labels[:n_cal])
-        sets = {last: clf.predict_set(x[n_cal:], conformity_score_params={"include_last_label": last})[1][:, :, 0]
-                for last in (False, True)}
-    return np.asarray(clf.conformity_scores, np.float64).ravel(), float(clf._mapie_classifier.quantiles_[0]), sets
+    """MAPIE's SplitConformalClassifier (prefit, non-randomised APS: :class:`MapieSplitAPS`) conformalised on
+    rows ``[0, n_cal)``: its calibration scores, its threshold and its sets of the other rows for both
+    ``include_last_label`` settings."""
+    ref = MapieSplitAPS(table, n_cal, alpha).conformalize(labels[:n_cal])
+    sets = {last: ref.predict_sets(include_last_label=last) for last in (False, True)}
+    return ref.scores, ref.quantile, sets
+
+
+def test_the_mapie_reference_refuses_a_split_outside_the_table():
+    table = np.full((4, 2), 0.5)
+    with pytest.raises(InputError, match=r"n_cal must be in \[1, 4\) \(rows of the table\), got 4"):
+        MapieSplitAPS(table, 4, 0.1)
+    with pytest.raises(RuntimeError, match="call conformalize"):
+        _ = MapieSplitAPS(table, 2, 0.1).scores
 
 
 @pytest.mark.parametrize("n_cal,alpha", [(97, 0.05), (97, 0.1), (97, 0.2), (50, 0.3)])
