@@ -110,7 +110,14 @@ class AuditConfig:
     """A full audit run (see ``examples/quickstart.toml``).
 
     Attributes:
-      llm: ``[model] llm``: ``"smollm2"``, a ``.gguf`` file or a Hugging Face folder (GPT-2 or Llama).
+      llm: ``[model] llm``: ``"smollm2"``, a ``.gguf`` file or a Hugging Face folder (GPT-2 or Llama), or
+        ``"openai"``: the model of an OpenAI-compatible server (``[model.server]``).
+      server: ``[model.server]`` with ``llm = "openai"``: the
+        :class:`~snapaudit_jax.models.server.ServerConfig` (``base_url``, ``model``, ``api_key_env``,
+        ``timeout_s``, ``max_concurrency``, ``max_retries``), else ``None``.
+      server_tokenizer: ``[model.server] tokenizer``: the served model's tokenizer, read locally (``"smollm2"``,
+        a ``.gguf`` file or a Hugging Face folder with ``tokenizer.json``); prompts are rendered and tokenised
+        with it and sent as token ids.
       embedder: ``[model] embedder``: ESA's sentence embedder, ``"minilm"`` or a BERT folder (loaded only with an
         ESA pipeline).
       allow_pickle: ``[model] allow_pickle``: accept pickle checkpoints (they can execute code).
@@ -142,6 +149,8 @@ class AuditConfig:
     llm: str = "smollm2"
     embedder: str = "minilm"
     allow_pickle: bool = False
+    server: Any = None
+    server_tokenizer: str | None = None
     epsilons: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0)
     delta: float = 1e-5
     confidence: float = 0.95
@@ -162,6 +171,26 @@ class AuditConfig:
     pipelines: tuple[PipelineConfig, ...] = ()
     mia: MiaConfig | None = None
     one_run: OneRunConfig | None = None
+
+
+def _server_section(body: dict | None):
+    """``[model.server]`` -> ``(ServerConfig, tokenizer)``; its own checks become ConfigFileErrors."""
+    from snapaudit_jax.models.server import ServerConfig
+
+    if body is None:
+        raise ConfigFileError('model.server: [model] llm = "openai" needs a [model.server] table with base_url, '
+                              "model and tokenizer")
+    for key in ("base_url", "model", "tokenizer"):
+        if key not in body:
+            raise ConfigFileError(f"model.server.{key}: required with [model] llm = \"openai\"")
+    tokenizer = _take(body, "tokenizer", "model.server", _string, None)
+    fields = {f.name for f in dataclasses.fields(ServerConfig)} - {"backoff_s", "max_backoff_s"}
+    kw = {k: body.pop(k) for k in list(body) if k in fields}
+    _reject_unknown(body, "model.server")
+    try:
+        return ServerConfig(**kw), tokenizer
+    except InputError as err:
+        raise ConfigFileError(str(err)) from None
 
 
 def load_config(path: str | os.PathLike) -> AuditConfig:
@@ -193,7 +222,12 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
     kw["llm"] = _take(model, "llm", "model", _string, "smollm2")
     kw["embedder"] = _take(model, "embedder", "model", _string, "minilm")
     kw["allow_pickle"] = _take(model, "allow_pickle", "model", _boolean, False)
+    server = _table(model, "server", "model.server")
     _reject_unknown(model, "model")
+    if kw["llm"] == "openai":
+        kw["server"], kw["server_tokenizer"] = _server_section(server)
+    elif server is not None:
+        raise ConfigFileError(f"model.server: only read with [model] llm = \"openai\", got llm = {kw['llm']!r}")
     if audit_s.get("epsilons") == []:
         raise ConfigFileError("audit.epsilons: must list at least one epsilon, got []")
     kw["epsilons"] = _take(audit_s, "epsilons", "audit",

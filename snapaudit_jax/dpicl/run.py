@@ -72,7 +72,7 @@ from snapaudit_jax.dpicl.pipelines import PIPELINES
 from snapaudit_jax.dpicl.report import format_report, plot_pipeline
 
 
-__all__ = ["check_run_folder", "passive_plan", "run_audit"]
+__all__ = ["check_run_folder", "passive_plan", "run_audit", "server_needs"]
 
 # ---------------------------------------------------------------------------
 # Running
@@ -354,6 +354,46 @@ def _load_model(key: str, load, name: str, allow_pickle: bool):
         raise ConfigFileError(f"{key}: {err}") from None
 
 
+def server_needs(config: AuditConfig) -> list[tuple[str, str]]:
+    """The server capabilities a configuration's Phase A needs: ``[("logprobs", who), ...]``.
+
+    Label scoring (PoE; PV outside the copy mode; the ContextLeak filter) and PV's greedy copy checks read
+    echoed log-probabilities; a server without them can still decode, so PV's copy mode falls back to greedy
+    decoding, and ESA and KSA only generate.
+
+    Args:
+      config: the audit configuration.
+
+    Returns:
+      The needed ``(capability, needed_by)`` pairs.
+    """
+    names = {p.name for p in config.pipelines}
+    needs = []
+    if "poe" in names:
+        needs.append(("logprobs", "PoE (label log-probabilities)"))
+    if "pv" in names and config.query != "copy":
+        needs.append(("logprobs", f"PV in the {config.query} query mode (Yes/No log-probabilities)"))
+    if config.defense == "contextleak" and names & {"pv", "poe"}:
+        needs.append(("logprobs", "the ContextLeak filter (Yes/No log-probabilities)"))
+    return needs
+
+
+def _connect_server(config: AuditConfig, log):
+    """The served model of ``[model.server]``: its tokenizer loaded, the server probed, the needs checked."""
+    from snapaudit_jax.models import load_tokenizer
+    from snapaudit_jax.models.server import connect
+
+    try:
+        tokenizer = load_tokenizer(config.server_tokenizer)
+    except (ValueError, OSError) as err:
+        raise ConfigFileError(f"model.server.tokenizer: {err}") from None
+    log(f"connecting to {config.server.base_url} (model {config.server.model})")
+    lm, caps = connect(config.server, tokenizer, needs=server_needs(config))
+    log(f"server: models {list(caps.model_ids)}, log-probs {'yes' if caps.logprobs else 'no'}, "
+        f"context {caps.max_model_len or 'not reported'}")
+    return lm
+
+
 def run_audit(config: AuditConfig, out_dir: str, *, progress: bool = True) -> dict:
     """Runs the configured audits and writes the run folder.
 
@@ -384,8 +424,11 @@ def run_audit(config: AuditConfig, out_dir: str, *, progress: bool = True) -> di
     # resume files of an earlier run, the data files, then the models.
     check_run_folder(out_dir)
     datasets = _load_datasets(config)
-    log(f"loading {config.llm}")
-    lm = _load_model("model.llm", load_language_model, config.llm, config.allow_pickle)
+    if config.llm == "openai":
+        lm = _connect_server(config, log)
+    else:
+        log(f"loading {config.llm}")
+        lm = _load_model("model.llm", load_language_model, config.llm, config.allow_pickle)
     needs_embedder = any(p.name == "esa" for p in config.pipelines)
     embedder = _load_model("model.embedder", load_embedder, config.embedder, config.allow_pickle) \
         if needs_embedder else None

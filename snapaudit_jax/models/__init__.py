@@ -69,6 +69,7 @@ __all__ = [
     "greedy_matches",
     "load_language_model",
     "load_embedder",
+    "load_tokenizer",
     "default_model_path",
     "DEFAULT_LLM",
     "DEFAULT_EMBEDDER",
@@ -153,6 +154,30 @@ def load_language_model(
     if path.endswith(tuple(".bin .pt .pth .pkl .pickle .ckpt".split())):
         raise CheckpointError(f"{path}: pass the checkpoint folder (with config.json), not the weights file")
     raise CheckpointError(f"{path}: not a .gguf file or a checkpoint folder")
+
+
+def load_tokenizer(name_or_path: str = DEFAULT_LLM) -> Tokenizer:
+    """The tokenizer of ``"smollm2"``, a ``.gguf`` file or a Hugging Face folder, without loading its weights.
+
+    Args:
+      name_or_path: as for :func:`load_language_model`.
+
+    Returns:
+      The :class:`Tokenizer` (chat template included).
+
+    Raises:
+      CheckpointError: the path is missing or not a ``.gguf`` file or folder.
+      TokenizerError: the tokenizer cannot be built.
+    """
+    from snapaudit_jax.models.weights import open_gguf
+
+    path = default_model_path(name_or_path) if name_or_path == "smollm2" else os.fspath(name_or_path)
+    if path.endswith(".gguf"):
+        return Tokenizer.from_gguf(open_gguf(path), path)
+    if os.path.isdir(path):
+        cfg, _ = read_config(path) if os.path.isfile(os.path.join(path, "config.json")) else (None, None)
+        return Tokenizer.from_folder(path, eos_token_id=getattr(cfg, "eos_token_id", None))
+    raise CheckpointError(f"{path}: not a .gguf file or a checkpoint folder (a tokenizer source)")
 
 
 def load_embedder(

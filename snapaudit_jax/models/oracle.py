@@ -170,6 +170,13 @@ class LLMOracle:
                 os.fsync(fh.fileno())
 
     def _run(self, kind: str, keys: list[str], payloads: list, compute, label: str) -> list:
+        """Answers of ``keys``: cached ones reused, the others computed once each and stored.
+
+        ``compute(payloads)`` returns one answer per payload. A model that streams its answers (a server
+        backend: ``lm.streams_answers``) is given all of them at once with ``on_result=(i, answer)``, called as
+        each answer arrives, and every answer is stored immediately: a run killed mid-request loses no finished
+        call. Other models compute ``batch_size`` payloads at a time, stored per batch.
+        """
         self.requested.update(keys)
         todo = {}
         for k, p in zip(keys, payloads):
@@ -182,6 +189,20 @@ class LLMOracle:
             self.stats.calls += len(keys)
             self.stats.cached += len(keys) - len(todo)
         items = list(todo.items())
+        model = self.embedder if kind == "embed" else self.lm
+        if items and getattr(model, "streams_answers", False):
+            done = [0]
+
+            def store(i, value):
+                self._store({items[i][0]: value})
+                if kind != "embed":
+                    self.stats.computed += 1
+                done[0] += 1
+                if self.progress:
+                    self.progress(done[0], len(items), label)
+
+            compute([p for _, p in items], on_result=store)
+            return [self._cache[k] for k in keys]
         step = self.batch_size
         for start in range(0, len(items), step):
             chunk = items[start:start + step]
@@ -205,9 +226,13 @@ class LLMOracle:
           ``(n, n_labels)`` float64 log-probabilities.
         """
         keys = [_key("logprobs", self.lm.name, p, *labels) for p in prompts]
-        out = self._run("logprobs", keys, list(prompts),
-                        lambda ps: self.lm.label_logprobs(ps, labels, batch_size=self.batch_size).tolist(),
-                        "label scoring")
+
+        def compute(ps, on_result=None):
+            if on_result is None:
+                return self.lm.label_logprobs(ps, labels, batch_size=self.batch_size).tolist()
+            return self.lm.label_logprobs(ps, labels, on_result=on_result)
+
+        out = self._run("logprobs", keys, list(prompts), compute, "label scoring")
         return np.asarray(out, np.float64).reshape(len(prompts), len(labels))
 
     def continues_with(self, prompts: Sequence[str], continuations: Sequence[str]) -> np.ndarray:
@@ -222,9 +247,11 @@ class LLMOracle:
         """
         keys = [_key("continues", self.lm.name, p, c) for p, c in zip(prompts, continuations)]
 
-        def compute(pairs):
+        def compute(pairs, on_result=None):
             ps, cs = zip(*pairs)
-            return self.lm.greedy_continues_with(ps, cs, batch_size=self.batch_size).tolist()
+            if on_result is None:
+                return self.lm.greedy_continues_with(ps, cs, batch_size=self.batch_size).tolist()
+            return self.lm.greedy_continues_with(ps, cs, on_result=on_result)
 
         out = self._run("continues", keys, list(zip(prompts, continuations)), compute, "copy checks")
         return np.asarray(out, bool)
@@ -240,12 +267,14 @@ class LLMOracle:
           One generated text per prompt, in order.
         """
         keys = [_key("generate", self.lm.name, max_new_tokens, p) for p in prompts]
-        return self._run(
-            "generate", keys, list(prompts),
-            lambda ps: [g.text for g in self.lm.generate(ps, max_new_tokens=max_new_tokens,
-                                                         batch_size=self.batch_size)],
-            "generation",
-        )
+
+        def compute(ps, on_result=None):
+            if on_result is None:
+                return [g.text for g in self.lm.generate(ps, max_new_tokens=max_new_tokens,
+                                                         batch_size=self.batch_size)]
+            return self.lm.generate(ps, max_new_tokens=max_new_tokens, on_result=lambda i, g: on_result(i, g.text))
+
+        return self._run("generate", keys, list(prompts), compute, "generation")
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Unit-norm sentence embeddings, cached.

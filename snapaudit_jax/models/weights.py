@@ -26,7 +26,7 @@ from snapaudit_jax.models.config import BertConfig, ConfigError, GPT2Config, Lla
 from snapaudit_jax.models.decoders import GPT2, Llama
 from snapaudit_jax.utils.errors import InputError
 
-__all__ = ["CheckpointError", "load_hf_folder", "load_gguf", "build_model", "PICKLE_SUFFIXES"]
+__all__ = ["CheckpointError", "load_hf_folder", "load_gguf", "build_model", "open_gguf", "PICKLE_SUFFIXES"]
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
@@ -348,7 +348,18 @@ def _unpermute_rotary(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, out_dim // heads // 2, 2, in_dim).swapaxes(1, 2).reshape(out_dim, in_dim)
 
 
-def _open_gguf(path: str):
+def open_gguf(path: str):
+    """A ``gguf.GGUFReader`` of ``path`` (metadata and memory-mapped tensors; nothing is dequantised).
+
+    Args:
+      path: the ``.gguf`` file.
+
+    Returns:
+      The reader.
+
+    Raises:
+      CheckpointError: the file does not exist or is not a readable GGUF file.
+    """
     from gguf import GGUFReader
 
     if not os.path.isfile(path):
@@ -448,7 +459,7 @@ def load_gguf(path: str | os.PathLike):
     from gguf.quants import dequantize
 
     path = os.fspath(path)
-    reader = _open_gguf(path)
+    reader = open_gguf(path)
     cfg = gguf_llama_config(reader, path)
     by_name = {}
     for tensor in reader.tensors:

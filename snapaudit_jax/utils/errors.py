@@ -12,13 +12,14 @@ class                  status  meaning
 :class:`ConfigFileError` 2     an invalid TOML run configuration (names the key)
 :class:`MissingFileError` 2    an input file or folder that does not exist
 :class:`DependencyError` 2     a missing optional package or embedded model
+:class:`ServerError`     2     a model server that failed, or lacks a capability
 :class:`ClaimViolation`  3     an audit refuted a privacy claim (opt-in)
 other exceptions         1     an internal bug (traceback printed)
 =====================  ======  ==================================================
 
 :class:`InputError` is also a :class:`ValueError`, :class:`MissingFileError` a
-:class:`FileNotFoundError`, and :class:`DependencyError` a
-:class:`RuntimeError`, so ``except ValueError`` in callers keeps working.
+:class:`FileNotFoundError`, and :class:`DependencyError` and
+:class:`ServerError` are :class:`RuntimeError` subclasses, so ``except ValueError`` in callers keeps working.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ __all__ = [
     "DependencyError",
     "InputError",
     "MissingFileError",
+    "ServerError",
     "SnapAuditError",
 ]
 
@@ -65,6 +67,15 @@ class MissingFileError(InputError, FileNotFoundError):
 
 class DependencyError(SnapAuditError, RuntimeError):
     """An optional package or an embedded model is missing; the message gives the install command."""
+
+    exit_code = EXIT_INPUT
+
+
+class ServerError(SnapAuditError, RuntimeError):
+    """A model server failed (after its retries), answered malformed data, or lacks a capability the run needs.
+
+    The message names the request (endpoint and what was asked) and the server's base URL, never credentials.
+    """
 
     exit_code = EXIT_INPUT
 

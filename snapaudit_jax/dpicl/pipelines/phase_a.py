@@ -176,6 +176,9 @@ def generate_snapshots(
         "determinism_check": _verify(pipeline, verify, seed) if verify else None,
         "note": "greedy decoding is deterministic: each distinct prompt is computed once and its answer reused",
     }
+    server = getattr(pipeline.oracle.lm, "server_info", None)
+    if server is not None:  # a served model: its id and base URL (never credentials: the URL may hold none)
+        manifest["server"] = server
     if isinstance(pipeline, EmbeddingPipeline):
         manifest["candidate_pool"] = pipeline.pool.to_dict()
     if isinstance(pipeline, KeywordPipeline):

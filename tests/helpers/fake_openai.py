@@ -1,0 +1,203 @@
+"""A loopback OpenAI-compatible server in vLLM's completions format, backed by one of our Flax models.
+
+``/v1/models`` lists one model (with vLLM's ``max_model_len``); ``/v1/completions`` takes token-id prompts
+(one list or a list of lists) and answers
+
+* ``echo`` + ``max_tokens = 0`` + ``logprobs = k``: for every prompt token ``t >= 1`` its log-probability given
+  the tokens before it, the top-1 token's, keys ``token_id:N`` (vLLM's ``return_tokens_as_token_ids``);
+  the first token's entries are ``null``, as vLLM's are;
+* otherwise greedy (``temperature = 0``) or seeded sampled generation with the model, ``text`` and
+  ``token_ids``.
+
+The log-probabilities come from one full forward pass and a float32 log-softmax over the whole vocabulary, a
+different code path from the client-side kernels they are compared with.
+
+Faults for the transport tests: ``server.faults`` is a list consumed one per request, each ``None`` (answer
+normally) or one of ``"500"``, ``"429"`` (with ``Retry-After: 1``), ``"hang"`` (answer after ``hang_s``),
+``"truncate"`` (a ``Content-Length`` larger than the body sent, then close), ``"garbage"`` (200 with a body
+that is not JSON), ``"reset"`` (close without answering), ``"drop_logprobs"`` (answer without them, as
+``transformers serve`` does).
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from snapaudit_jax.models.layers import positions_from_mask
+
+
+class FakeOpenAI:
+    """The server; ``with FakeOpenAI(lm) as srv: srv.base_url``.
+
+    Args:
+      lm: a :class:`~snapaudit_jax.models.lm.LanguageModel` (its module answers the requests).
+      model_id: the id ``/v1/models`` lists.
+      logprobs: answer echo requests with log-probabilities (``False``: ignore ``logprobs`` and ``echo``).
+      hang_s: seconds a ``"hang"`` fault waits before answering.
+      require_key: the bearer token every request must carry (401 otherwise), or ``None``.
+      token_prompts: take token-id prompts; ``False``: refuse them with 400 "prompt must be a string" and
+        tokenise text prompts with the model's tokenizer (as ``transformers serve`` does).
+    """
+
+    def __init__(self, lm, model_id: str = "tiny", *, logprobs: bool = True, hang_s: float = 3.0,
+                 require_key: str | None = None, token_prompts: bool = True):
+        self.lm = lm
+        self.model_id = model_id
+        self.logprobs = logprobs
+        self.hang_s = hang_s
+        self.require_key = require_key
+        self.token_prompts = token_prompts
+        self.faults: list[str | None] = []
+        self.log: list[tuple[str, dict | None]] = []  # (path, body) of every request that reached a handler
+        self.answered = 0
+        self._lock = threading.Lock()
+        self._model = lm.module
+        self._httpd = None
+
+    # --- model -----------------------------------------------------------------
+    def _logprob_table(self, seq: list[int]) -> np.ndarray:
+        tokens = jnp.asarray([seq], jnp.int32)
+        mask = jnp.ones_like(tokens, bool)
+        hidden, _ = self._model(tokens, positions_from_mask(mask), mask)
+        return np.asarray(jax.nn.log_softmax(self._model.logits(hidden).astype(jnp.float32), axis=-1))[0]
+
+    def _echo(self, seq: list[int]) -> dict:
+        table = self._logprob_table(seq)
+        values, top = [None], [None]
+        for t in range(1, len(seq)):
+            row = table[t - 1]
+            best = int(np.argmax(row))
+            values.append(float(row[seq[t]]))
+            top.append({f"token_id:{seq[t]}": float(row[seq[t]]), f"token_id:{best}": float(row[best])})
+        return {"text": "", "index": 0, "finish_reason": "length",
+                "logprobs": {"tokens": [f"token_id:{t}" for t in seq], "token_logprobs": values,
+                             "top_logprobs": top, "text_offset": [0] * len(seq)}}
+
+    def _generate(self, seq: list[int], body: dict) -> dict:
+        temperature = float(body.get("temperature", 1.0))
+        kw = {}
+        if temperature > 0:
+            kw = {"temperature": temperature, "key": jax.random.key(int(body.get("seed", 0)))}
+        gen = self.lm.generate([seq], max_new_tokens=int(body.get("max_tokens", 16)), batch_size=1, **kw)[0]
+        return {"text": gen.text, "index": 0, "token_ids": list(gen.token_ids), "logprobs": None,
+                "finish_reason": "stop" if gen.token_ids and gen.token_ids[-1] in self.lm.tokenizer.eos_ids
+                else "length"}
+
+    def completions(self, body: dict) -> dict | None:
+        prompt = body["prompt"]
+        if not self.token_prompts:
+            if not isinstance(prompt, str):
+                return None
+            prompt = self.lm.tokenizer.encode(prompt)
+        seqs = prompt if prompt and isinstance(prompt[0], list) else [prompt]
+        echo = self.logprobs and body.get("echo") and body.get("logprobs") is not None
+        choices = []
+        for i, seq in enumerate(seqs):
+            if echo and int(body.get("max_tokens", 16)) == 0:
+                choice = self._echo(seq)
+            elif int(body.get("max_tokens", 16)) == 0:  # echo and logprobs ignored: nothing to say
+                choice = {"text": "", "index": 0, "logprobs": None, "finish_reason": "length"}
+            else:
+                choice = self._generate(seq, body)
+            choice["index"] = i
+            choices.append(choice)
+        return {"id": "cmpl-test", "object": "text_completion", "model": self.model_id, "choices": choices}
+
+    # --- HTTP ------------------------------------------------------------------
+    def _handler(self):
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _send(self, code: int, payload, headers=None):
+                raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def _handle(self, body):
+                with server._lock:
+                    server.log.append((self.path, body))
+                    fault = server.faults.pop(0) if server.faults else None
+                if server.require_key is not None and \
+                        self.headers.get("Authorization") != f"Bearer {server.require_key}":
+                    return self._send(401, {"error": {"message": "invalid api key"}})
+                if fault == "500":
+                    return self._send(500, {"error": {"message": "internal error (injected)"}})
+                if fault == "429":
+                    return self._send(429, {"error": {"message": "rate limited (injected)"}}, {"Retry-After": "1"})
+                if fault == "reset":
+                    self.close_connection = True
+                    return None
+                if fault == "hang":
+                    time.sleep(server.hang_s)
+                if self.path == "/v1/models":
+                    answer = {"object": "list", "data": [{"id": server.model_id, "object": "model",
+                                                          "max_model_len": 4096}]}
+                elif self.path == "/v1/completions" and body is not None:
+                    answer = server.completions(body)
+                    if answer is None:
+                        return self._send(400, {"detail": "prompt must be a string."})
+                    if fault == "drop_logprobs":
+                        for c in answer["choices"]:
+                            c["logprobs"] = None
+                else:
+                    return self._send(404, {"error": {"message": f"no route {self.path}"}})
+                raw = json.dumps(answer).encode()
+                if fault == "garbage":
+                    return self._send(200, b"<html>proxy error</html>")
+                if fault == "truncate":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(raw)))
+                    self.end_headers()
+                    self.wfile.write(raw[: len(raw) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return None
+                with server._lock:
+                    server.answered += 1
+                return self._send(200, raw)
+
+            def do_GET(self):  # noqa: N802
+                self._handle(None)
+
+            def do_POST(self):  # noqa: N802
+                n = int(self.headers.get("Content-Length", 0))
+                self._handle(json.loads(self.rfile.read(n)))
+
+        return Handler
+
+    def __enter__(self):
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._httpd.daemon_threads = True
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT``."""
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+
+    def completions_made(self) -> int:
+        """Requests that reached ``/v1/completions`` (faulted ones included)."""
+        return sum(1 for path, _ in self.log if path == "/v1/completions")
