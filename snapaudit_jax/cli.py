@@ -92,13 +92,19 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
     g = sub.add_parser("generate", help="generate text with a Flax language model")
-    g.add_argument("--model", default="smollm2", help="smollm2, a .gguf file or a Hugging Face folder")
+    g.add_argument("--model", default="smollm2",
+                   help="smollm2, a .gguf file, a Hugging Face folder, or openai (an OpenAI-compatible server)")
     g.add_argument("--prompt", required=True)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=None, help="sample at this temperature (default: greedy)")
     g.add_argument("--seed", type=int, default=None, help="PRNG seed for sampling (required with --temperature)")
     g.add_argument("--allow-pickle", action="store_true", help="accept pickle checkpoints (.bin/.pt)")
+    g.add_argument("--base-url", default=None, help="with --model openai: the server's URL (no credentials)")
+    g.add_argument("--server-model", default=None, help="with --model openai: the served model's id")
+    g.add_argument("--api-key-env", default=None, help="with --model openai: environment variable of the API key")
+    g.add_argument("--tokenizer", default="smollm2",
+                   help="with --model openai: the served model's tokenizer (smollm2, a .gguf file or a folder)")
     g.add_argument("--json", action="store_true")
 
     e = sub.add_parser("embed", help="sentence embeddings (L2-normalised) with a Flax BERT encoder")
@@ -213,8 +219,11 @@ def _simulate(args) -> int:
 def _generate(args) -> int:
     from snapaudit_jax.models.command import generate_text
 
+    server = {k: v for k, v in (("base_url", args.base_url), ("model", args.server_model),
+                                ("api_key_env", args.api_key_env)) if v is not None}
     out = generate_text(args.model, args.prompt, chat=args.chat, max_new_tokens=args.max_new_tokens,
-                        temperature=args.temperature, seed=args.seed, allow_pickle=args.allow_pickle)
+                        temperature=args.temperature, seed=args.seed, allow_pickle=args.allow_pickle,
+                        server=server or None, tokenizer=args.tokenizer)
     print(dumps(out) if args.json else out["text"])
     return EXIT_OK
 

@@ -26,25 +26,54 @@ def _load(load: Callable[..., Any], model: str, allow_pickle: bool):
         raise InputError(f"--model: {err}") from None
 
 
+def _served(server: dict | None, tokenizer: str):
+    """The model of an OpenAI-compatible server (``--model openai``): flags checked, server probed."""
+    from snapaudit_jax.models import load_tokenizer
+    from snapaudit_jax.models.server import ServerConfig, connect
+
+    server = dict(server or {})
+    for key, flag in (("base_url", "--base-url"), ("model", "--server-model")):
+        if not server.get(key):
+            raise InputError(f"{flag} is required with --model openai")
+    try:
+        config = ServerConfig(**server)
+    except InputError as err:
+        raise InputError(str(err).replace("model.server.base_url", "--base-url")
+                         .replace("model.server.model", "--server-model")
+                         .replace("model.server.api_key_env", "--api-key-env")) from None
+    try:
+        tok = load_tokenizer(tokenizer)
+    except (ValueError, OSError) as err:
+        raise InputError(f"--tokenizer: {err}") from None
+    return connect(config, tok)[0]
+
+
 def generate_text(model: str, prompt: str, *, chat: bool = False, max_new_tokens: int = 64,
                   temperature: float | None = None, seed: int | None = None,
-                  allow_pickle: bool = False) -> dict[str, Any]:
+                  allow_pickle: bool = False, server: dict | None = None,
+                  tokenizer: str = "smollm2") -> dict[str, Any]:
     """Greedy or sampled continuation of one prompt.
 
     Args:
-      model: ``"smollm2"``, a ``.gguf`` file or a Hugging Face folder.
+      model: ``"smollm2"``, a ``.gguf`` file or a Hugging Face folder, or ``"openai"``: the model of an
+        OpenAI-compatible server (``server``).
       prompt: the prompt text (not empty).
       chat: wrap the prompt in the model's chat template.
       max_new_tokens: tokens to generate (>= 1; with the prompt within the model's positions).
       temperature: sampling temperature (> 0, finite); ``None`` decodes greedily.
       seed: the PRNG seed, required with ``temperature``.
       allow_pickle: accept pickle checkpoints (``.bin``/``.pt``).
+      server: with ``model = "openai"``: the :class:`~snapaudit_jax.models.server.ServerConfig` fields
+        (``base_url``, ``model``, optionally ``api_key_env``, ``timeout_s``...).
+      tokenizer: with ``model = "openai"``: the served model's tokenizer (``"smollm2"``, a ``.gguf`` file or a
+        Hugging Face folder).
 
     Returns:
       ``{"model", "text", "token_ids", "seconds"}`` (``seconds``: generation time without loading).
 
     Raises:
       InputError: a bad flag value or a model that cannot be loaded (the message names the flag).
+      ServerError: the server cannot be reached or fails (``model = "openai"``).
     """
     import jax
 
@@ -58,7 +87,9 @@ def generate_text(model: str, prompt: str, *, chat: bool = False, max_new_tokens
         raise InputError(f"--temperature must be a finite number > 0, got {temperature}")
     if not prompt.strip():
         raise InputError("--prompt must not be empty")
-    lm = _load(load_language_model, model, allow_pickle)
+    if model != "openai" and server:
+        raise InputError(f"--base-url, --server-model and --api-key-env need --model openai, got --model {model!r}")
+    lm = _served(server, tokenizer) if model == "openai" else _load(load_language_model, model, allow_pickle)
     text = lm.chat_prompt(prompt) if chat else prompt
     n_prompt = len(lm.tokenizer.encode(text))
     if n_prompt + max_new_tokens > lm.max_length:

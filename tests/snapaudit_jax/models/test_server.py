@@ -34,9 +34,13 @@ LABELS = [" positive", " negative", " neutral answer"]  # the last one spans sev
 
 
 @pytest.fixture(scope="module")
-def lm(tmp_path_factory):
-    return load_language_model(make_tiny_llm_folder(str(tmp_path_factory.mktemp("tiny")), TEXTS),
-                               data_parallel=False)
+def tiny_folder(tmp_path_factory):
+    return make_tiny_llm_folder(str(tmp_path_factory.mktemp("tiny")), TEXTS)
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_folder):
+    return load_language_model(tiny_folder, data_parallel=False)
 
 
 @pytest.fixture
@@ -333,3 +337,24 @@ def test_a_run_killed_mid_phase_a_resumes_without_repeating_a_call(lm, server, t
     assert server.completions_made() == 7
     texts = again.generate(prompts[:2], 4)
     assert texts == LLMOracle(lm).generate(prompts[:2], 4)
+
+
+# --------------------------------------------------------------------------- snapaudit generate --model openai
+
+
+def test_generate_command_through_the_server(lm, tiny_folder, server, capsys):
+    from snapaudit_jax.cli import main
+
+    argv = ["generate", "--model", "openai", "--base-url", server.base_url, "--server-model", "tiny",
+            "--tokenizer", tiny_folder, "--prompt", PROMPTS[0], "--max-new-tokens", "5", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["text"] == lm.generate([PROMPTS[0]], max_new_tokens=5)[0].text
+    assert main(["generate", "--model", "openai", "--base-url", server.base_url, "--prompt", "x"]) == 2
+    assert "--server-model is required with --model openai" in capsys.readouterr().err
+    assert main(["generate", "--base-url", server.base_url, "--prompt", "x"]) == 2
+    assert "need --model openai, got --model 'smollm2'" in capsys.readouterr().err
+    assert main(["generate", "--model", "openai", "--base-url", "http://u:pw@127.0.0.1:1", "--server-model", "m",
+                 "--prompt", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "--base-url must not embed credentials" in err and "pw" not in err
