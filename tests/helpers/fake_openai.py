@@ -9,8 +9,8 @@
 * otherwise greedy (``temperature = 0``) or seeded sampled generation with the model, ``text`` and
   ``token_ids``.
 
-The log-probabilities come from one full forward pass and a float32 log-softmax over the whole vocabulary, a
-different code path from the client-side kernels they are compared with.
+The log-probabilities come from one full forward pass (right-padded, jitted) and a float32 log-softmax over the
+whole vocabulary, a different code path from the client-side kernels they are compared with.
 
 Faults for the transport tests: ``server.faults`` is a list consumed one per request, each ``None`` (answer
 normally) or one of ``"500"``, ``"429"`` (with ``Retry-After: 1``), ``"hang"`` (answer after ``hang_s``),
@@ -29,6 +29,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from snapaudit_jax.models.layers import positions_from_mask
 
@@ -58,15 +59,27 @@ class FakeOpenAI:
         self.log: list[tuple[str, dict | None]] = []  # (path, body) of every request that reached a handler
         self.answered = 0
         self._lock = threading.Lock()
-        self._model = lm.module
+        graphdef, state = lm.graphdef, lm.state
+
+        @jax.jit
+        def table(tokens, mask):  # one compilation per length bucket
+            model = nnx.merge(graphdef, state)
+            hidden, _ = model(tokens, positions_from_mask(mask), mask)
+            return jax.nn.log_softmax(model.logits(hidden).astype(jnp.float32), axis=-1)
+
+        self._table = table
         self._httpd = None
 
     # --- model -----------------------------------------------------------------
     def _logprob_table(self, seq: list[int]) -> np.ndarray:
-        tokens = jnp.asarray([seq], jnp.int32)
-        mask = jnp.ones_like(tokens, bool)
-        hidden, _ = self._model(tokens, positions_from_mask(mask), mask)
-        return np.asarray(jax.nn.log_softmax(self._model.logits(hidden).astype(jnp.float32), axis=-1))[0]
+        """``(len(seq), vocab)`` next-token log-probabilities: right-padded to a multiple of 32 (causal attention:
+        the padding changes no real position)."""
+        length = -(-len(seq) // 32) * 32
+        tokens = np.zeros((1, length), np.int32)
+        tokens[0, :len(seq)] = seq
+        mask = np.zeros((1, length), bool)
+        mask[0, :len(seq)] = True
+        return np.asarray(self._table(jnp.asarray(tokens), jnp.asarray(mask)))[0, :len(seq)]
 
     def _echo(self, seq: list[int]) -> dict:
         table = self._logprob_table(seq)
