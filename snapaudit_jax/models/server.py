@@ -46,7 +46,7 @@ from snapaudit_jax.models.lm import Generation
 from snapaudit_jax.models.tokenizer import Tokenizer
 from snapaudit_jax.utils.errors import InputError, ServerError
 
-__all__ = ["Capabilities", "OpenAIClient", "ServerConfig", "ServerLanguageModel", "connect", "probe"]
+__all__ = ["Capabilities", "OpenAIClient", "ServerConfig", "ServerLanguageModel", "connect", "echoed_logprobs", "probe"]
 
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
@@ -345,8 +345,23 @@ def _choices(answer: Any, n: int, what: str) -> list[dict]:
     return choices
 
 
-def _echo_logprobs(choice: dict, ids: Sequence[int], what: str) -> tuple[list, list]:
-    """``(token_logprobs, top_logprobs)`` of an echoed prompt of ``len(ids)`` tokens, checked against ``ids``."""
+def echoed_logprobs(choice: dict, ids: Sequence[int], what: str) -> tuple[list, list]:
+    """The echoed log-probabilities of one completion choice in vLLM's format, checked against the ids sent.
+
+    Args:
+      choice: one ``choices[i]`` of an ``echo`` + ``logprobs`` answer (``logprobs.token_logprobs``, optionally
+        ``tokens`` as ``"token_id:N"`` and ``top_logprobs``).
+      ids: the prompt's token ids as sent.
+      what: the request's description in error messages.
+
+    Returns:
+      ``(token_logprobs, top_logprobs)``, one entry per prompt token (the first ``None``: it has no context;
+      vLLM writes ``-inf`` as ``-9999.0``); ``top_logprobs`` is all ``None`` when the answer has none.
+
+    Raises:
+      ServerError: no echoed log-probabilities, a different number of tokens than sent, echoed token ids that
+        differ from those sent, or a value that is not a log-probability.
+    """
     lp = choice.get("logprobs")
     if not isinstance(lp, dict) or not isinstance(lp.get("token_logprobs"), list):
         raise ServerError(f"{what}: the answer has no echoed token log-probabilities (choices[].logprobs."
@@ -558,7 +573,7 @@ class ServerLanguageModel:
                                       return_tokens_as_token_ids=True)
             out = []
             for j, (choice, seq) in enumerate(zip(_choices(answer, len(seqs), what), seqs)):
-                values, _ = _echo_logprobs(choice, seq, f"{what}, label {labels[j]!r}")
+                values, _ = echoed_logprobs(choice, seq, f"{what}, label {labels[j]!r}")
                 out.append(float(np.sum(values[len(rows[i]):], dtype=np.float64)))
             if normalize:
                 out = (np.asarray(out) - np.logaddexp.reduce(out)).tolist()
@@ -617,7 +632,7 @@ class ServerLanguageModel:
             seq = rows[i] + conts[i]
             answer = self._completion(seq, what, max_tokens=0, echo=True, logprobs=1, temperature=0.0,
                                       return_tokens_as_token_ids=True)
-            _, top = _echo_logprobs(_choices(answer, 1, what)[0], seq, what)
+            _, top = echoed_logprobs(_choices(answer, 1, what)[0], seq, what)
             for pos in range(len(rows[i]), len(seq)):
                 step = top[pos]
                 if not isinstance(step, dict) or not step:
@@ -687,7 +702,7 @@ def probe(config: ServerConfig, tokenizer: Tokenizer, *, client: OpenAIClient | 
             answer = client.request("/completions", {"model": config.model, "prompt": seq, "max_tokens": 0,
                                                      "echo": True, "logprobs": 1, "temperature": 0.0,
                                                      "return_tokens_as_token_ids": True}, what="probe log-probs")
-            _echo_logprobs(_choices(answer, 1, "probe log-probs")[0], seq, "probe log-probs")
+            echoed_logprobs(_choices(answer, 1, "probe log-probs")[0], seq, "probe log-probs")
     except ServerError as err:
         logprobs = False
         notes["logprobs"] = f"an echo request with logprobs = 1 failed ({err})"

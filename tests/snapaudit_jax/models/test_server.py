@@ -18,7 +18,7 @@ from snapaudit_jax.models.server import (
     OpenAIClient,
     ServerConfig,
     ServerLanguageModel,
-    _echo_logprobs,
+    echoed_logprobs,
     connect,
     probe,
 )
@@ -167,20 +167,20 @@ VLLM_ECHO = {  # an echo + max_tokens=0 + logprobs=1 answer as vLLM writes it (r
 }
 
 
-def test_echo_logprobs_are_read_at_their_positions_in_vllms_format():
-    values, top = _echo_logprobs(VLLM_ECHO["choices"][0], [5, 9, 11], "t")
+def testechoed_logprobs_are_read_at_their_positions_in_vllms_format():
+    values, top = echoed_logprobs(VLLM_ECHO["choices"][0], [5, 9, 11], "t")
     assert values == [None, -1.25, -9999.0]  # the first token has no context; vLLM clamps -inf to -9999
     assert max(top[1], key=top[1].get) == "token_id:4"
     with pytest.raises(ServerError, match="echoed token 9 at position 1 where 8 was sent"):
-        _echo_logprobs(VLLM_ECHO["choices"][0], [5, 8, 11], "t")
+        echoed_logprobs(VLLM_ECHO["choices"][0], [5, 8, 11], "t")
     with pytest.raises(ServerError, match="echoed 3 tokens for a prompt of 4 token ids"):
-        _echo_logprobs(VLLM_ECHO["choices"][0], [5, 9, 11, 12], "t")
+        echoed_logprobs(VLLM_ECHO["choices"][0], [5, 9, 11, 12], "t")
     bad = json.loads(json.dumps(VLLM_ECHO["choices"][0]))
     bad["logprobs"]["token_logprobs"][1] = 0.5
     with pytest.raises(ServerError, match=r"token_logprobs\[1\] = 0.5 is not a log-probability"):
-        _echo_logprobs(bad, [5, 9, 11], "t")
+        echoed_logprobs(bad, [5, 9, 11], "t")
     with pytest.raises(ServerError, match="ignores 'echo' or 'logprobs'"):
-        _echo_logprobs({"index": 0, "text": "", "logprobs": None}, [5, 9, 11], "t")
+        echoed_logprobs({"index": 0, "text": "", "logprobs": None}, [5, 9, 11], "t")
 
 
 # --------------------------------------------------------------------------- capabilities
