@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import pytest
 
-from tests.helpers.served import TransformersServe, serving_available, smollm2_folder
+from snapaudit_jax.models.serving import TransformersServe, serving_available, write_hf_folder
 
 pytestmark = pytest.mark.skipif(serving_available() is not None, reason=str(serving_available()))
 
@@ -20,7 +20,7 @@ QUESTIONS = ["What is the capital of France?", "Name a primary colour.", "Say he
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    folder = smollm2_folder(str(tmp_path_factory.mktemp("served") / "smollm2"))
+    folder = write_hf_folder(str(tmp_path_factory.mktemp("served") / "smollm2"))
     with TransformersServe(folder) as srv:
         yield srv
 
