@@ -33,6 +33,7 @@ import json
 import os
 import random
 import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -171,10 +172,12 @@ class OpenAIClient:
         self.attempts = 0
         self.retries = 0
         self.delays: list[float] = []
+        self._lock = threading.Lock()  # the counters and the jitter generator are shared by the worker threads
 
     def _delay(self, retry: int, retry_after: float | None) -> float:
         cap = min(self.config.max_backoff_s, self.config.backoff_s * 2 ** retry)
-        delay = self._rng.uniform(0.0, cap)
+        with self._lock:
+            delay = self._rng.uniform(0.0, cap)
         if retry_after is not None:
             delay = max(delay, min(retry_after, self.config.max_backoff_s))
         return delay
@@ -199,7 +202,8 @@ class OpenAIClient:
         last = ""
         for attempt in range(self.config.max_retries + 1):
             retry_after = None
-            self.attempts += 1
+            with self._lock:
+                self.attempts += 1
             try:
                 req = urllib.request.Request(url, data=data, headers=self._headers,
                                              method="GET" if body is None else "POST")
@@ -222,8 +226,9 @@ class OpenAIClient:
             if attempt == self.config.max_retries:
                 break
             delay = self._delay(attempt, retry_after)
-            self.retries += 1
-            self.delays.append(delay)
+            with self._lock:
+                self.retries += 1
+                self.delays.append(delay)
             self._sleep(delay)
         raise ServerError(f"{what}: {url} failed after {self.config.max_retries + 1} attempts; last: {last}")
 
