@@ -21,7 +21,6 @@ from attacks import (  # noqa: E402
     encode_texts,
     extraction_attack,
     frame,
-    make_corpus,
     sample_texts,
     score_texts,
 )
@@ -31,9 +30,8 @@ from snapaudit_jax.models import LanguageModel  # noqa: E402
 from tests.helpers.attack_lm import (  # noqa: E402
     BATCH,
     SHORT,
-    SMALL,
     slow_logprobs,
-    tiny_lm,
+    small_lm,
 )
 
 ALPHA = 1e-6  # false-failure probability of each statistical check
@@ -43,7 +41,7 @@ ALPHA = 1e-6  # false-failure probability of each statistical check
 def lm():
     """``(model, tokenizer)``: random GPT-2 (width 32, 2 layers, 64 positions) and a BPE trained on the small
     corpus."""
-    return tiny_lm(make_corpus(SMALL))
+    return small_lm()
 
 
 def test_scores_match_slow_loop_training_loss_and_do_not_recompile(lm):

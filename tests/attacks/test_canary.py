@@ -26,14 +26,12 @@ from attacks import (  # noqa: E402
     epsilon_lower_bound,
     jax_privacy_bounds,
     make_canaries,
-    make_corpus,
     roc_auc,
 )
 from snapaudit_jax.mechanisms.noise import gdp_epsilon  # noqa: E402
 from tests.helpers.attack_lm import (  # noqa: E402
     BATCH,
-    SMALL,
-    tiny_lm,
+    small_lm,
 )
 
 ALPHA = 1e-6  # false-failure probability of each statistical check
@@ -43,7 +41,7 @@ ALPHA = 1e-6  # false-failure probability of each statistical check
 def lm():
     """``(model, tokenizer)``: random GPT-2 (width 32, 2 layers, 64 positions) and a BPE trained on the small
     corpus."""
-    return tiny_lm(make_corpus(SMALL))
+    return small_lm()
 
 
 def test_fixed_threshold_bound_equals_jax_privacy():

@@ -18,14 +18,12 @@ from attacks import (  # noqa: E402
     extraction_attack,
     extraction_metrics,
     lazy_extractability,
-    make_corpus,
 )
 from tests.helpers.attack_lm import (  # noqa: E402
     BATCH,
     SHORT,
-    SMALL,
     FixedTagger,
-    tiny_lm,
+    small_lm,
 )
 
 
@@ -33,7 +31,7 @@ from tests.helpers.attack_lm import (  # noqa: E402
 def lm():
     """``(model, tokenizer)``: random GPT-2 (width 32, 2 layers, 64 positions) and a BPE trained on the small
     corpus."""
-    return tiny_lm(make_corpus(SMALL))
+    return small_lm()
 
 
 def test_extraction_metrics_on_hand_built_sets():

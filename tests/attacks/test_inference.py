@@ -16,17 +16,15 @@ from attacks import (  # noqa: E402
     InferenceConfig,
     candidate_sets,
     inference_attack,
-    make_corpus,
     make_queries,
     rank_candidates,
 )
 from tests.helpers.attack_lm import (  # noqa: E402
     BATCH,
     SHORT,
-    SMALL,
     gpt2,
     record,
-    tiny_lm,
+    small_lm,
 )
 
 
@@ -34,7 +32,7 @@ from tests.helpers.attack_lm import (  # noqa: E402
 def lm():
     """``(model, tokenizer)``: random GPT-2 (width 32, 2 layers, 64 positions) and a BPE trained on the small
     corpus."""
-    return tiny_lm(make_corpus(SMALL))
+    return small_lm()
 
 
 def test_inference_candidate_sets_and_attack(lm):

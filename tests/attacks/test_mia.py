@@ -14,7 +14,6 @@ pytest.importorskip("faker")
 sklearn_metrics = pytest.importorskip("sklearn.metrics")
 
 from attacks import (  # noqa: E402
-    make_corpus,
     membership_scores,
     mia_attack,
     roc_auc,
@@ -26,9 +25,8 @@ from attacks import (  # noqa: E402
 from tests.helpers.attack_lm import (  # noqa: E402
     BATCH,
     SHORT,
-    SMALL,
     gpt2,
-    tiny_lm,
+    small_lm,
 )
 
 
@@ -36,7 +34,7 @@ from tests.helpers.attack_lm import (  # noqa: E402
 def lm():
     """``(model, tokenizer)``: random GPT-2 (width 32, 2 layers, 64 positions) and a BPE trained on the small
     corpus."""
-    return tiny_lm(make_corpus(SMALL))
+    return small_lm()
 
 
 def test_mia_reference_attack_subtracts_the_reference_loss(lm):

@@ -18,7 +18,6 @@ from attacks import (  # noqa: E402
     ReconstructionConfig,
     Span,
     frame,
-    make_corpus,
     make_queries,
     pick_candidate,
     rank_candidates,
@@ -28,10 +27,9 @@ from attacks import (  # noqa: E402
 from tests.helpers.attack_lm import (  # noqa: E402
     BATCH,
     SHORT,
-    SMALL,
     FixedTagger,
     slow_logprobs,
-    tiny_lm,
+    small_lm,
 )
 
 
@@ -39,7 +37,7 @@ from tests.helpers.attack_lm import (  # noqa: E402
 def lm():
     """``(model, tokenizer)``: random GPT-2 (width 32, 2 layers, 64 positions) and a BPE trained on the small
     corpus."""
-    return tiny_lm(make_corpus(SMALL))
+    return small_lm()
 
 
 def test_queries_mask_the_target_and_fill_the_rest():

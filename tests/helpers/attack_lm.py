@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attacks import CanaryConfig, CorpusConfig, Record, Span, make_canaries
+from attacks import CanaryConfig, CorpusConfig, Record, Span, make_canaries, make_corpus
 from snapaudit_jax.models import Tokenizer
 from snapaudit_jax.models.config import GPT2Config
 from snapaudit_jax.models.decoders import GPT2
@@ -55,6 +55,17 @@ def tiny_lm(corpus):
     """
     tok = bpe_tokenizer(corpus.texts + [c.text for c in make_canaries(CanaryConfig(n_canaries=50)).canaries])
     return gpt2(tok, 7), tok
+
+
+@functools.cache
+def small_lm():
+    """:func:`tiny_lm` of the ``SMALL`` corpus, built once per test process and shared by every attacks test module
+    (none of them changes the model; one model object also lets them share the jitted kernels' compilations).
+
+    Returns:
+      ``(model, tokenizer)``.
+    """
+    return tiny_lm(make_corpus(SMALL))
 
 
 def gpt2(tok, seed: int):
