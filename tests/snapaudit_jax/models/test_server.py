@@ -200,7 +200,7 @@ def test_a_server_that_ignores_logprobs_cannot_run_poe(lm):
         assert caps.completions and not caps.logprobs
         with pytest.raises(ServerError, match="PoE needs logprobs from the model server.*PoE cannot run through"):
             caps.require("logprobs", "PoE", srv.base_url)
-        remote, _ = _remote(srv, lm)
+        remote, _ = _remote(srv, lm, max_concurrency=1)  # the first prompt fails first: one request at a time
         with pytest.raises(ServerError, match="label log-probs of prompt 0, label ' positive': the answer has no "
                                               "echoed token log-probabilities"):
             remote.label_logprobs(PROMPTS, LABELS)
