@@ -29,7 +29,7 @@ from snapaudit_jax.models.parallel import DataParallel
 from snapaudit_jax.models.tokenizer import Tokenizer
 from snapaudit_jax.utils.errors import InputError
 
-__all__ = ["LanguageModel", "Generation", "length_bucket", "batch_bucket"]
+__all__ = ["LanguageModel", "Generation", "chat_prompt", "prompt_ids", "length_bucket", "batch_bucket"]
 
 _LENGTHS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 
@@ -158,6 +158,52 @@ def _last_logprobs(graphdef, state, tokens, mask, label_ids):
     return last_token_logprobs(nnx.merge(graphdef, state), tokens, mask, label_ids)
 
 
+def chat_prompt(tokenizer: Tokenizer, user: str, system: str | None = None) -> str:
+    """The chat-template rendering of one user turn (with an optional system prompt).
+
+    Args:
+      tokenizer: the model's tokenizer (its chat template).
+      user: the user message.
+      system: a system message, or ``None`` (none is added).
+
+    Returns:
+      The rendered prompt, ending with the generation prompt of the assistant turn.
+
+    Raises:
+      TokenizerError: the tokenizer has no chat template, or the template fails.
+    """
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+
+def prompt_ids(tokenizer: Tokenizer, prompts, max_length: int) -> list[list[int]]:
+    """Token ids of prompts given as texts (tokenised) or as id lists, checked against the position limit.
+
+    Args:
+      tokenizer: the model's tokenizer.
+      prompts: texts or token id lists (not empty).
+      max_length: the model's position limit.
+
+    Returns:
+      One id list per prompt.
+
+    Raises:
+      InputError: no prompts, a prompt empty after tokenisation, or one longer than ``max_length``.
+    """
+    if not prompts:
+        raise InputError("prompts must not be empty")
+    if all(isinstance(p, str) for p in prompts):
+        rows = tokenizer.encode_batch(list(prompts))
+    else:
+        rows = [list(map(int, p)) for p in prompts]
+    for i, ids in enumerate(rows):
+        if not ids:
+            raise InputError(f"prompts[{i}] is empty after tokenisation")
+        if len(ids) > max_length:
+            raise InputError(f"prompts[{i}] has {len(ids)} tokens, more than the model's {max_length}")
+    return rows
+
+
 class LanguageModel:
     """A decoder model (GPT-2 or Llama) with its tokenizer: batched, jitted generation and scoring.
 
@@ -221,22 +267,10 @@ class LanguageModel:
         Raises:
           TokenizerError: the tokenizer has no chat template, or the template fails.
         """
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return chat_prompt(self.tokenizer, user, system)
 
     def _ids(self, prompts) -> list[list[int]]:
-        if not prompts:
-            raise InputError("prompts must not be empty")
-        if all(isinstance(p, str) for p in prompts):
-            rows = self.tokenizer.encode_batch(prompts)
-        else:
-            rows = [list(map(int, p)) for p in prompts]
-        for i, ids in enumerate(rows):
-            if not ids:
-                raise InputError(f"prompts[{i}] is empty after tokenisation")
-            if len(ids) > self.max_length:
-                raise InputError(f"prompts[{i}] has {len(ids)} tokens, more than the model's {self.max_length}")
-        return rows
+        return prompt_ids(self.tokenizer, prompts, self.max_length)
 
     # --- generation ----------------------------------------------------------
     def generate(

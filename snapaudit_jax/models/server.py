@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from snapaudit_jax.models.lm import Generation
+from snapaudit_jax.models.lm import Generation, chat_prompt, prompt_ids
 from snapaudit_jax.models.tokenizer import Tokenizer
 from snapaudit_jax.utils.errors import InputError, ServerError
 
@@ -455,20 +455,10 @@ class ServerLanguageModel:
         Returns:
           The rendered prompt, ending with the assistant turn's generation prompt.
         """
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return chat_prompt(self.tokenizer, user, system)
 
     def _ids(self, prompts) -> list[list[int]]:
-        if not prompts:
-            raise InputError("prompts must not be empty")
-        rows = (self.tokenizer.encode_batch(list(prompts)) if all(isinstance(p, str) for p in prompts)
-                else [list(map(int, p)) for p in prompts])
-        for i, ids in enumerate(rows):
-            if not ids:
-                raise InputError(f"prompts[{i}] is empty after tokenisation")
-            if len(ids) > self.max_length:
-                raise InputError(f"prompts[{i}] has {len(ids)} tokens, more than the model's {self.max_length}")
-        return rows
+        return prompt_ids(self.tokenizer, prompts, self.max_length)
 
     def _wire(self, prompt, ids: list[int]):
         """What goes into the request's ``prompt``: the token ids, or text where the server takes only text."""
