@@ -34,7 +34,8 @@ class AttackerConfig:
       suites: glob patterns of the suites it attacks (default every suite).
       temperature: retrieval softmax temperature.
       top_k: restrict each pool to the top-K retrieved candidates (0: whole pool).
-      model: language model (``smollm2`` or a checkpoint path) of LLM attackers.
+      model: language model of LLM attackers: ``smollm2``, a checkpoint path, or ``openai`` (the model of the
+        OpenAI-compatible server in ``[server]``).
       samples: forced-choice samples per document and attribute (``profile``).
       max_new_tokens: length of the clue list (``clues``).
       attributes: the attributes a ``profile`` attacker asks about (default: every attribute of the
@@ -70,6 +71,11 @@ class CPAConfig:
       truncation: ``(attacker, suite, (K, ...))`` or ``None``.
       mondrian: ``(attacker, (suite, ...))`` or ``None``: pooled vs per-suite calibration.
       batch_size: LLM batch size.
+      server: ``[server]``, read when an attacker has ``model = "openai"``: the
+        :class:`~snapaudit_jax.models.server.ServerConfig` of the OpenAI-compatible server (``base_url``,
+        ``model``, ``api_key_env``, ``timeout_s``, ``max_concurrency``, ``max_retries``), or ``None``.
+      server_tokenizer: ``[server] tokenizer``: the served model's tokenizer, read locally (``"smollm2"``, a
+        ``.gguf`` file or a model folder), or ``None``.
     """
 
     seed: int = 0
@@ -86,6 +92,8 @@ class CPAConfig:
     truncation: tuple[str, str, tuple[int, ...]] | None = None
     mondrian: tuple[str, tuple[str, ...]] | None = None
     batch_size: int = 8
+    server: Any = None
+    server_tokenizer: str | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -193,6 +201,7 @@ def load_cpa_config(path: str | os.PathLike) -> CPAConfig:
     drift = raw.pop("drift", [])
     truncation = table(raw, "truncation", "truncation")
     mondrian = table(raw, "mondrian", "mondrian")
+    server = table(raw, "server", "server")
     reject_unknown(raw, path)
     kw: dict[str, Any] = {}
     kw["seed"] = take(run, "seed", "run", pos_int("seed", 0), 0)
@@ -243,11 +252,19 @@ def load_cpa_config(path: str | os.PathLike) -> CPAConfig:
         if s.attributes is not None and s.kind != "profile":
             raise ConfigFileError(f"{where}.attributes: only for kind 'profile', got kind {s.kind!r}")
         reject_unknown(body, where)
-        if s.kind != "retrieval" and s.model != "smollm2" and not os.path.exists(s.model):
-            raise ConfigFileError(f"{where}.model: must be 'smollm2' or an existing .gguf file or model folder, "
-                                  f"got {s.model!r}")
+        if s.kind != "retrieval" and s.model not in ("smollm2", "openai") and not os.path.exists(s.model):
+            raise ConfigFileError(f"{where}.model: must be 'smollm2', 'openai' (the [server] model) or an existing "
+                                  f".gguf file or model folder, got {s.model!r}")
         settings.append(s)
     kw["attackers"] = tuple(settings)
+    served = [s.name for s in settings if s.kind != "retrieval" and s.model == "openai"]
+    if served:
+        from snapaudit_jax.models.server import server_from_table
+
+        kw["server"], kw["server_tokenizer"] = server_from_table(
+            server, "server", f'attackers.{served[0]}.model = "openai"')
+    elif server is not None:
+        raise ConfigFileError('server: only read when an LLM attacker has model = "openai", and none has')
     attacker_name = choice(tuple(sorted(a.name for a in settings)))
 
     if not isinstance(drift, list):

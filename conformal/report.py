@@ -43,6 +43,13 @@ def format_report(rows: list[dict], config: CPAConfig) -> str:
     a = config.report_alpha
     lines = [f"# Conformal privacy audit (alpha = {a}, score = {config.score}, n_cal = {config.n_cal}, "
              f"n_test = {config.n_test}, splits = {config.splits})", ""]
+    if config.server is not None:
+        served = ", ".join(a.name for a in config.attackers if a.kind != "retrieval" and a.model == "openai")
+        lines += [f"LLM attackers {served}: model `{config.server.model}` of the OpenAI-compatible server at "
+                  f"{config.server.base_url} (prompts tokenised locally with `{config.server_tokenizer}`). Coverage "
+                  "does not assume the server is deterministic: every document is attacked once, by the same "
+                  "requests, before the calibration/test split is applied, so server noise cannot tell the two "
+                  "apart.", ""]
     header = ("| attacker | suite | level | Top-1 | coverage | cond. coverage | miss rate | median abs(C) | "
               "mean abs(C) | E[1/abs(C)] | qhat | alarm |")
     for kind, title in (("standard", "Suites"), ("drift", "Drift (calibrate -> test)"),

@@ -141,11 +141,32 @@ class _Attack:
 
 
 class _Models:
-    """Lazily loaded language models and their cached, counted oracles (shared by all attackers)."""
+    """Lazily loaded language models and their cached, counted oracles (shared by all attackers).
 
-    def __init__(self, out_dir: str, batch_size: int, log):
-        self.out_dir, self.batch_size, self.log = out_dir, batch_size, log
+    ``model = "openai"`` is the model of ``config.server``: probed once, with the capabilities its attackers
+    need checked before any output exists (a profile attacker reads forced-choice label log-probabilities).
+    """
+
+    def __init__(self, out_dir: str, config: CPAConfig, log):
+        self.out_dir, self.config, self.log = out_dir, config, log
+        self.batch_size = config.batch_size
         self._oracles = {}
+
+    def _served(self):
+        from snapaudit_jax.models import load_tokenizer
+        from snapaudit_jax.models.server import connect
+
+        config = self.config
+        try:
+            tokenizer = load_tokenizer(config.server_tokenizer)
+        except (ValueError, OSError) as err:
+            raise ConfigFileError(f"server.tokenizer: {err}") from None
+        needs = [("logprobs", f"the profile attacker {a.name!r} (forced-choice label log-probabilities)")
+                 for a in config.attackers if a.kind == "profile" and a.model == "openai"]
+        self.log(f"connecting to {config.server.base_url} (model {config.server.model})")
+        lm, caps = connect(config.server, tokenizer, needs=needs)
+        self.log(f"server: models {list(caps.model_ids)}, log-probs {'yes' if caps.logprobs else 'no'}")
+        return lm
 
     def oracle(self, model: str, key: str = "model"):
         """The cached oracle of ``model``; a checkpoint that cannot be loaded names ``key`` (a config key)."""
@@ -153,14 +174,21 @@ class _Models:
             from snapaudit_jax.models import load_language_model
             from snapaudit_jax.models.oracle import LLMOracle
 
-            self.log(f"loading language model {model}")
-            try:
-                lm = load_language_model(model)
-            except (ValueError, OSError) as err:
-                raise ConfigFileError(f"{key}: {err}") from None
+            if model == "openai":
+                lm = self._served()
+            else:
+                self.log(f"loading language model {model}")
+                try:
+                    lm = load_language_model(model)
+                except (ValueError, OSError) as err:
+                    raise ConfigFileError(f"{key}: {err}") from None
             cache = os.path.join(self.out_dir, "llm_cache.jsonl")
             self._oracles[model] = LLMOracle(lm, cache_path=cache, batch_size=self.batch_size, progress=self.log.bar)
         return self._oracles[model]
+
+    def servers(self) -> list[dict]:
+        """What the run's manifest records of the model servers it used (``server_info`` of each)."""
+        return [o.lm.server_info for o in self._oracles.values() if hasattr(o.lm, "server_info")]
 
 
 def _attack(settings: AttackerConfig, suite, rows: np.ndarray, config: CPAConfig, models: _Models) -> _Attack:
@@ -387,8 +415,9 @@ def check_references(config: CPAConfig, suites: Mapping[str, Any]) -> None:
 def run_cpa(config: CPAConfig, out_dir: str, *, progress: bool = True) -> dict:
     """Runs every configured attacker on its suites, the stress tests, and writes the run folder.
 
-    Every error a configuration can cause (:func:`check_references`, a model that does not load, a
-    corrupted answer cache) is raised before the output folder is made.
+    Every error a configuration can cause (:func:`check_references`, a model that does not load, a model
+    server that cannot be reached or lacks a capability an attacker needs, a corrupted answer cache) is
+    raised before the output folder is made.
 
     Args:
       config: the run's configuration.
@@ -396,11 +425,14 @@ def run_cpa(config: CPAConfig, out_dir: str, *, progress: bool = True) -> dict:
       progress: log progress lines on stderr.
 
     Returns:
-      ``{"rows": summary rows, "checks": validity checks, "seconds": float, "suites": {name: summary}}``.
+      ``{"rows": summary rows, "checks": validity checks, "seconds": float, "suites": {name: summary},
+      "servers": [{"backend", "base_url", "model"}, ...]}`` (``servers``: the model servers the LLM attackers
+      used, none for in-process models).
 
     Raises:
       ConfigFileError: as :func:`build_suites` and :func:`check_references`, or for a language model that
         cannot be loaded.
+      ServerError: the ``[server]`` probe failed or lacks log-probs a profile attacker needs.
       InputError: for a corrupted ``llm_cache.jsonl`` in ``out_dir``.
     """
     log = RunLog(progress)
@@ -414,7 +446,7 @@ def run_cpa(config: CPAConfig, out_dir: str, *, progress: bool = True) -> dict:
         from snapaudit_jax.models.oracle import read_cache
 
         read_cache(cache)  # a corrupted answer cache of an earlier run: refused before any model is loaded
-    models = _Models(out_dir, config.batch_size, log)
+    models = _Models(out_dir, config, log)
     for attacker in config.attackers:  # models load before the folder is made: a bad checkpoint writes nothing
         if attacker.kind != "retrieval":
             models.oracle(attacker.model, f"attackers.{attacker.name}.model")
@@ -529,7 +561,8 @@ def run_cpa(config: CPAConfig, out_dir: str, *, progress: bool = True) -> dict:
     write_text(os.path.join(out_dir, "report.md"), format_report(rows, config))
     write_plots(out_dir, rows, config, _set_sizes(config, attacks, suites))
     log(f"done in {seconds:.1f}s -> {out_dir}")
-    return {"rows": rows, "checks": checks, "seconds": seconds, "suites": {n: s.summary() for n, s in suites.items()}}
+    return {"rows": rows, "checks": checks, "seconds": seconds, "suites": {n: s.summary() for n, s in suites.items()},
+            "servers": models.servers()}
 
 
 def _write_documents(out_dir, attacker, suite_name, att, rows_used, suite, cal, test, calibration, config, test_sets):
@@ -588,6 +621,10 @@ def _mondrian(config, suites, by_name, attack_of, positions) -> list[dict]:
 def _config_json(config: CPAConfig) -> dict:
     d = dataclasses.asdict(config)
     d["data"] = {k: dict(v) for k, v in config.data.items()}
+    if config.server is not None:  # the URL holds no credentials (refused); the key is named, never read here
+        d["server"] = {"backend": "openai", **config.server.public(), "tokenizer": config.server_tokenizer,
+                       "api_key_env": config.server.api_key_env, "timeout_s": config.server.timeout_s,
+                       "max_concurrency": config.server.max_concurrency, "max_retries": config.server.max_retries}
     return d
 
 

@@ -173,26 +173,6 @@ class AuditConfig:
     one_run: OneRunConfig | None = None
 
 
-def _server_section(body: dict | None):
-    """``[model.server]`` -> ``(ServerConfig, tokenizer)``; its own checks become ConfigFileErrors."""
-    from snapaudit_jax.models.server import ServerConfig
-
-    if body is None:
-        raise ConfigFileError('model.server: [model] llm = "openai" needs a [model.server] table with base_url, '
-                              "model and tokenizer")
-    for key in ("base_url", "model", "tokenizer"):
-        if key not in body:
-            raise ConfigFileError(f"model.server.{key}: required with [model] llm = \"openai\"")
-    tokenizer = _take(body, "tokenizer", "model.server", _string, None)
-    fields = {f.name for f in dataclasses.fields(ServerConfig)} - {"backoff_s", "max_backoff_s"}
-    kw = {k: body.pop(k) for k in list(body) if k in fields}
-    _reject_unknown(body, "model.server")
-    try:
-        return ServerConfig(**kw), tokenizer
-    except InputError as err:
-        raise ConfigFileError(str(err)) from None
-
-
 def load_config(path: str | os.PathLike) -> AuditConfig:
     """Reads and validates a TOML audit configuration.
 
@@ -225,7 +205,9 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
     server = _table(model, "server", "model.server")
     _reject_unknown(model, "model")
     if kw["llm"] == "openai":
-        kw["server"], kw["server_tokenizer"] = _server_section(server)
+        from snapaudit_jax.models.server import server_from_table
+
+        kw["server"], kw["server_tokenizer"] = server_from_table(server, "model.server", '[model] llm = "openai"')
     elif server is not None:
         raise ConfigFileError(f"model.server: only read with [model] llm = \"openai\", got llm = {kw['llm']!r}")
     if audit_s.get("epsilons") == []:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["format_report", "mia_summary", "plot_pipeline"]
+__all__ = ["determinism_line", "format_report", "mia_summary", "plot_pipeline"]
 
 
 def plot_pipeline(path: str, name: str, rows: list[dict]) -> None:
@@ -46,6 +46,30 @@ def _pool_lines(info: dict) -> list[str]:
     return out
 
 
+def determinism_line(check: Mapping[str, Any] | None, clean: str | None = None) -> str:
+    """The report's sentence on Phase A's determinism check and the clean model the active audits used.
+
+    Args:
+      check: the manifest's ``determinism_check`` (``checked``, ``mismatches`` and, for label scoring,
+        ``max_abs_diff``), or ``None`` when it did not run (``verify = 0``).
+      clean: the clean model of the active audits (``fixed``, ``sampled``, ...), or ``None`` if unknown.
+
+    Returns:
+      One Markdown line: the measured mismatch rate, and how the active audits treated the snapshots.
+    """
+    used = f" Active audits used clean = `{clean}`." if clean else ""
+    if not check:
+        return f"Phase A determinism check: not run (`verify = 0`).{used}"
+    n, bad = int(check["checked"]), int(check["mismatches"])
+    rate = bad / n if n else 0.0
+    what = "arg-max labels changed" if "max_abs_diff" in check else "answers changed"
+    line = (f"Phase A determinism check: {n} prompts recomputed one at a time against their batched answers; "
+            f"{bad} {what} (mismatch rate {rate:.1%})")
+    if "max_abs_diff" in check:
+        line += f", largest log-probability difference {check['max_abs_diff']:.2g}"
+    return line + "." + used
+
+
 def format_report(rows: list[dict], summaries: dict, mia: dict | None, one_run: dict | None = None) -> str:
     """The ``table.md`` report of a run.
 
@@ -71,8 +95,9 @@ def format_report(rows: list[dict], summaries: dict, mia: dict | None, one_run: 
             f"query `{m['query']}`, defense `{m['defense']}`, model `{m['model']}`; phase A: {m['snapshots']} calls "
             f"of M' per context = {m['llm_calls']} model calls, {m['unique_computations']} computed "
             f"(the rest reused: greedy decoding is deterministic), {m['seconds']:.1f} s; distinct snapshots "
-            f"{m['distinct_snapshots']}; determinism check {m['determinism_check']}."
+            f"{m['distinct_snapshots']}."
         )
+        lines.append(determinism_line(m.get("determinism_check"), info.get("clean")))
         if "signals" in info:
             lines.append(f"ESA signals: {info['signals']}.")
         if "candidate_pool" in info:

@@ -530,7 +530,7 @@ def run_audit(config: AuditConfig, out_dir: str, *, progress: bool = True) -> di
                 rows.append(_row(settings.name, "passive", res, calls, seconds))
                 full.append({"pipeline": settings.name, "mode": "passive", **res.to_dict()})
         summaries[settings.name] = {"manifest": run.manifest, **extra, "active_llm_calls": active_calls,
-                                    "passive_runs": runs, "passive_llm_calls": passive_calls,
+                                    "passive_runs": runs, "passive_llm_calls": passive_calls, "clean": clean,
                                     "target": None if snaps.target is None else int(snaps.target)}
         plot_rows = [r for r in rows if r["pipeline"] == settings.name]
         plot_pipeline(os.path.join(out_dir, f"{settings.name}.png"), settings.name, plot_rows)

@@ -47,7 +47,8 @@ from snapaudit_jax.models.lm import Generation, chat_prompt, prompt_ids
 from snapaudit_jax.models.tokenizer import Tokenizer
 from snapaudit_jax.utils.errors import InputError, ServerError
 
-__all__ = ["Capabilities", "OpenAIClient", "ServerConfig", "ServerLanguageModel", "connect", "echoed_logprobs", "probe"]
+__all__ = ["Capabilities", "OpenAIClient", "ServerConfig", "ServerLanguageModel", "connect", "echoed_logprobs", "probe",
+           "server_from_table"]
 
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
@@ -67,6 +68,8 @@ class ServerConfig:
       backoff_s: the first retry's delay cap; the cap doubles per retry, up to ``max_backoff_s``, and the delay
         is drawn uniformly below it (full jitter).
       max_backoff_s: the largest delay between two attempts (a longer ``Retry-After`` is honoured up to it).
+      section: the configuration table these fields come from, named by every error (``model.server`` in
+        ``snapaudit audit``, ``server`` in ``snapaudit cpa``); not part of the server's identity.
     """
 
     base_url: str
@@ -77,9 +80,10 @@ class ServerConfig:
     max_retries: int = 5
     backoff_s: float = 0.5
     max_backoff_s: float = 30.0
+    section: str = dataclasses.field(default="model.server", compare=False, repr=False)
 
     def __post_init__(self):
-        where = "model.server"
+        where = self.section
         if not isinstance(self.base_url, str) or not self.base_url:
             raise InputError(f"{where}.base_url must be a non-empty http(s) URL, got {self.base_url!r}")
         parts = urllib.parse.urlsplit(self.base_url)
@@ -117,6 +121,43 @@ class ServerConfig:
           The two fields.
         """
         return {"base_url": self.base_url, "model": self.model}
+
+
+def server_from_table(body: dict | None, where: str, needed_by: str) -> tuple[ServerConfig, str]:
+    """A configuration file's server table -> ``(ServerConfig, tokenizer)``.
+
+    The table holds the :class:`ServerConfig` fields users set (``base_url``, ``model``, ``api_key_env``,
+    ``timeout_s``, ``max_concurrency``, ``max_retries``) and ``tokenizer``: the served model's tokenizer, read
+    locally (``"smollm2"``, a ``.gguf`` file or a model folder), which renders and tokenises the prompts.
+
+    Args:
+      body: the parsed table (consumed), or ``None`` when the file has none.
+      where: the table's name in the file (``model.server``, ``server``); every error names ``where.key``.
+      needed_by: what asked for a server, for the message when the table is missing.
+
+    Returns:
+      The server's configuration and the tokenizer's name.
+
+    Raises:
+      ConfigFileError: a missing table or key, an unknown key, or a value :class:`ServerConfig` refuses.
+    """
+    from snapaudit_jax.utils.config import ConfigFileError, reject_unknown, string, take
+
+    if body is None:
+        raise ConfigFileError(f"{where}: {needed_by} needs a [{where}] table with base_url, model and tokenizer")
+    if not isinstance(body, dict):
+        raise ConfigFileError(f"{where}: must be a table, got {body!r}")
+    for key in ("base_url", "model", "tokenizer"):
+        if key not in body:
+            raise ConfigFileError(f"{where}.{key}: required with {needed_by}")
+    tokenizer = take(body, "tokenizer", where, string, None)
+    fields = {f.name for f in dataclasses.fields(ServerConfig)} - {"backoff_s", "max_backoff_s", "section"}
+    kw = {k: body.pop(k) for k in list(body) if k in fields}
+    reject_unknown(body, where)
+    try:
+        return ServerConfig(**kw, section=where), tokenizer
+    except InputError as err:
+        raise ConfigFileError(str(err)) from None
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -172,10 +172,17 @@ def tiny_model(tmp_path_factory):
     return make_tiny_llm_folder(str(tmp_path_factory.mktemp("tiny") / "llm"), texts)
 
 
-def test_llm_attackers_run_cache_and_resume(tiny_model, tmp_path):
-    cfg = load_cpa_config(write_config(tmp_path, LLM_CONFIG.format(model=tiny_model)))
-    out = str(tmp_path / "out")
-    first = run_cpa(cfg, out, progress=False)
+@pytest.fixture(scope="module")
+def llm_run(tiny_model, tmp_path_factory):
+    """The LLM attackers' run in process: ``(config, run folder, result)`` (shared by the cache and server tests)."""
+    tmp = tmp_path_factory.mktemp("llm_run")
+    cfg = load_cpa_config(write_config(tmp, LLM_CONFIG.format(model=tiny_model)))
+    out = str(tmp / "out")
+    return cfg, out, run_cpa(cfg, out, progress=False)
+
+
+def test_llm_attackers_run_cache_and_resume(llm_run):
+    cfg, out, first = llm_run
     rows = {r["attacker"]: r for r in first["rows"] if r["kind"] == "standard"}
     assert set(rows) == {"clues", "profile", "profile_gender"}
     n_docs = 36
@@ -240,3 +247,86 @@ kind = "retrieval"
         + ["textwash/famous", "textwash/fiction", "wikibio/K2/name_removed", "blog_corpus/W1", "blog_corpus/W10"])
     assert suites["blog_corpus/W10"].n_candidates == 3
     assert all(s.miss_rate() == 0.0 for s in suites.values())
+
+
+def _served_llm_config(tmp_path, tiny_model, base_url: str, attackers=("clues", "profile", "profile_gender")) -> str:
+    text = LLM_CONFIG.format(model="openai")
+    for name in {"clues", "profile", "profile_gender"} - set(attackers):
+        start = text.index(f"[attackers.{name}]")
+        end = text.find("[attackers.", start + 1)
+        text = text[:start] + (text[end:] if end > 0 else "")
+    text += (f'\n[server]\nbase_url = "{base_url}"\nmodel = "tiny"\ntokenizer = "{tiny_model}"\n'
+             "max_concurrency = 2\n")
+    return write_config(tmp_path, text, "served.toml")
+
+
+def test_llm_attackers_through_a_model_server_match_the_in_process_model(tiny_model, llm_run, tmp_path):
+    """``model = "openai"``: the clue attacker's greedy clues and the profile attackers' forced-choice
+    log-probabilities come from a loopback server in vLLM's format serving the same tiny model; the run's
+    rows equal the in-process run's (clues exactly; profiles to one document's set per row, the sampled
+    choices reading log-probabilities that agree to 2e-4), with the same counted calls and the server in
+    config.json and report.md."""
+    from snapaudit_jax.models import load_language_model
+
+    from tests.helpers.fake_openai import FakeOpenAI
+
+    local = llm_run[2]
+    with FakeOpenAI(load_language_model(tiny_model, data_parallel=False)) as srv:
+        out = tmp_path / "served"
+        cfg = load_cpa_config(_served_llm_config(tmp_path, tiny_model, srv.base_url))
+        assert cfg.server.model == "tiny" and cfg.server_tokenizer == tiny_model
+        served = run_cpa(cfg, str(out), progress=False)
+        assert srv.completions_made() > 0
+    assert served["servers"] == [{"backend": "openai", "base_url": srv.base_url, "model": "tiny"}]
+    assert len(served["rows"]) == len(local["rows"])
+    for a, b in zip(local["rows"], served["rows"]):
+        assert (a["kind"], a["attacker"], a["suite"], a["alpha"]) == (b["kind"], b["attacker"], b["suite"], b["alpha"])
+        assert a["llm_calls"] == b["llm_calls"]
+        if a["attacker"] == "clues":
+            assert a == b
+        else:
+            for key in ("coverage", "top1"):
+                assert abs(a[key] - b[key]) <= 1 / a["n_test"] + 1e-12, (key, a, b)
+    written = json.loads((out / "config.json").read_text())
+    assert written["server"]["base_url"] == srv.base_url and written["server"]["tokenizer"] == tiny_model
+    report = (out / "report.md").read_text()
+    assert f"model `tiny` of the OpenAI-compatible server at {srv.base_url}" in report
+    with open(out / "llm_cache.jsonl") as fh:
+        assert sum(1 for _ in fh) > 0
+
+
+def test_a_profile_attacker_needs_log_probs_and_stops_before_any_output(tiny_model, tmp_path):
+    """A server without log-probabilities (as ``transformers serve``) runs the clue attacker, but a profile
+    attacker stops with the capability error before the run folder exists."""
+    from snapaudit_jax.models import load_language_model
+    from snapaudit_jax.utils.errors import ServerError
+
+    from tests.helpers.fake_openai import FakeOpenAI
+
+    lm = load_language_model(tiny_model, data_parallel=False)
+    with FakeOpenAI(lm, logprobs=False) as srv:
+        out = tmp_path / "profile"
+        cfg = load_cpa_config(_served_llm_config(tmp_path, tiny_model, srv.base_url, ("clues", "profile")))
+        with pytest.raises(ServerError, match=r"the profile attacker 'profile' \(forced-choice label "
+                                              r"log-probabilities\) needs logprobs from the model server"):
+            run_cpa(cfg, str(out), progress=False)
+        assert not out.exists()
+        cfg = load_cpa_config(_served_llm_config(tmp_path, tiny_model, srv.base_url, ("clues",)))
+        rows = run_cpa(cfg, str(tmp_path / "clues"), progress=False)["rows"]
+        assert {r["attacker"] for r in rows} == {"clues"} and all(r["llm_calls"] == 36 for r in rows)
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda t: t.replace("[server]", "[serverx]"), "serverx"),
+    (lambda t: t[:t.index("[server]")], r'server: attackers.clues.model = "openai" needs a \[server\] table'),
+    (lambda t: t.replace('model = "tiny"\n', ""), "server.model: required"),
+    (lambda t: t.replace("max_concurrency = 2", "max_concurrency = 0"),
+     "server.max_concurrency must be an integer >= 1, got 0"),
+    (lambda t: t.replace("http://", "http://u:pw@"), "server.base_url must not embed credentials"),
+    (lambda t: t.replace('model = "openai"', 'model = "smollm2"'), 'server: only read when an LLM attacker'),
+])
+def test_bad_server_sections_name_the_key(tmp_path, edit, match):
+    text = open(_served_llm_config(tmp_path, "smollm2", "http://127.0.0.1:9")).read()
+    with pytest.raises(ConfigFileError, match=match) as err:
+        load_cpa_config(write_config(tmp_path, edit(text), "bad.toml"))
+    assert "pw" not in str(err.value)

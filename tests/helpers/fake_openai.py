@@ -17,6 +17,10 @@ normally) or one of ``"500"``, ``"429"`` (with ``Retry-After: 1``), ``"hang"`` (
 ``"truncate"`` (a ``Content-Length`` larger than the body sent, then close), ``"garbage"`` (200 with a body
 that is not JSON), ``"reset"`` (close without answering), ``"drop_logprobs"`` (answer without them, as
 ``transformers serve`` does).
+
+``noise`` > 0 makes the server non-deterministic, as batched GPU servers are at temperature 0: every echo
+request adds fresh Gaussian noise of that scale (seeded by ``noise_seed``, drawn in request order) to its
+logits (then renormalised), so a recomputed answer can differ from the first one.
 """
 
 from __future__ import annotations
@@ -45,16 +49,21 @@ class FakeOpenAI:
       require_key: the bearer token every request must carry (401 otherwise), or ``None``.
       token_prompts: take token-id prompts; ``False``: refuse them with 400 "prompt must be a string" and
         tokenise text prompts with the model's tokenizer (as ``transformers serve`` does).
+      noise: scale of the Gaussian noise added to every echo request's log-probabilities (0: deterministic).
+      noise_seed: seed of that noise.
     """
 
     def __init__(self, lm, model_id: str = "tiny", *, logprobs: bool = True, hang_s: float = 3.0,
-                 require_key: str | None = None, token_prompts: bool = True):
+                 require_key: str | None = None, token_prompts: bool = True, noise: float = 0.0,
+                 noise_seed: int = 0):
         self.lm = lm
         self.model_id = model_id
         self.logprobs = logprobs
         self.hang_s = hang_s
         self.require_key = require_key
         self.token_prompts = token_prompts
+        self.noise = noise
+        self._noise_rng = np.random.default_rng(noise_seed)
         self.faults: list[str | None] = []
         self.log: list[tuple[str, dict | None]] = []  # (path, body) of every request that reached a handler
         self.answered = 0
@@ -79,7 +88,13 @@ class FakeOpenAI:
         tokens[0, :len(seq)] = seq
         mask = np.zeros((1, length), bool)
         mask[0, :len(seq)] = True
-        return np.asarray(self._table(jnp.asarray(tokens), jnp.asarray(mask)))[0, :len(seq)]
+        table = np.asarray(self._table(jnp.asarray(tokens), jnp.asarray(mask)))[0, :len(seq)]
+        if self.noise:
+            with self._lock:
+                noisy = table + self._noise_rng.normal(scale=self.noise, size=table.shape)
+            top = noisy.max(axis=-1, keepdims=True)  # renormalised: still log-probabilities
+            table = noisy - top - np.log(np.exp(noisy - top).sum(axis=-1, keepdims=True))
+        return table
 
     def _echo(self, seq: list[int]) -> dict:
         table = self._logprob_table(seq)

@@ -297,3 +297,97 @@ def test_exact_method_refuses_a_sampled_pool_of_other_than_two(tmp_path, scripte
     result = run_audit(load_config(fixed), str(tmp_path / "exact"), progress=False)
     full = json.load(open(os.path.join(tmp_path / "exact", "results_full.json")))["results"]
     assert {r["method"] for r in full if r["mode"] == "active"} == {"exact"} and len(result["rows"]) == 4
+
+
+# --------------------------------------------------------------------------- Phase A through a model server
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tiny_folder):
+    from snapaudit_jax.models import load_language_model
+
+    return load_language_model(tiny_folder, data_parallel=False)
+
+
+def _served_config(tmp_path, tiny_folder, base_url: str, audit: str = "", body: str = "") -> str:
+    """The ``_config`` audit (PV and PoE) with its model behind ``base_url``, tokenised with the tiny tokenizer;
+    ``audit`` lines replace its ``verify = 2``."""
+    text = open(_config(tmp_path, tiny_folder, body)).read()
+    server = (f'[model]\nllm = "openai"\n[model.server]\nbase_url = "{base_url}"\nmodel = "tiny"\n'
+              f'tokenizer = "{tiny_folder}"\nmax_concurrency = 1\n')
+    text = text.replace(f'[model]\nllm = "{tiny_folder}"\n', server).replace("verify = 2\n", audit or "verify = 2\n")
+    path = tmp_path / "served.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_pv_and_poe_audits_through_a_vllm_format_server_match_the_flax_backend(tmp_path, tiny_folder, tiny_lm):
+    """The same audit, in process and through a loopback server in vLLM's format: the same snapshots (PoE's
+    label probabilities to 1e-3, the server's float32 full-vocabulary log-softmax against our packed kernels),
+    the same counted calls, the server in the manifest, and the determinism check on the server's answers."""
+    import numpy as np
+
+    from tests.helpers.fake_openai import FakeOpenAI
+
+    clip = "clip = 200\n"  # PoE's label log-probs of the random model lie far below the default clip of 5
+    local = run_audit(load_config(_config(tmp_path, tiny_folder, clip)), str(tmp_path / "local"), progress=False)
+    with FakeOpenAI(tiny_lm) as srv:
+        out = tmp_path / "served"
+        served = run_audit(load_config(_served_config(tmp_path, tiny_folder, srv.base_url, body=clip)), str(out),
+                           progress=False)
+        assert srv.completions_made() > 0
+    for name in ("pv", "poe"):
+        a = np.load(tmp_path / "local" / "snapshots" / f"{name}.npz")
+        b = np.load(out / "snapshots" / f"{name}.npz")
+        assert sorted(a.files) == sorted(b.files)
+        for key in a.files:
+            if name == "pv":
+                np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+            else:
+                np.testing.assert_allclose(a[key], b[key], atol=1e-3, err_msg=key)
+                assert key == "target" or (np.ptp(a[key]) > 1.0 and a[key].min() > -200 * 4), key  # not clipped
+    by_key = {(r["pipeline"], r["mode"], r["threat"], r["epsilon_theory"]): r for r in local["rows"]}
+    for r in served["rows"]:
+        twin = by_key[(r["pipeline"], r["mode"], r["threat"], r["epsilon_theory"])]
+        assert r["llm_calls"] == twin["llm_calls"]
+        if r["pipeline"] == "pv":  # identical snapshots, seeds and trials: identical bounds
+            assert r["epsilon_emp"] == twin["epsilon_emp"], r
+    for name in ("pv", "poe"):
+        manifest = served["summary"]["pipelines"][name]["manifest"]
+        assert manifest["server"] == {"backend": "openai", "base_url": srv.base_url, "model": "tiny"}
+        assert manifest["determinism_check"]["mismatches"] == 0
+        assert served["summary"]["pipelines"][name]["clean"] == "fixed"
+    table = (out / "table.md").read_text()
+    assert table.count("determinism check: 2 prompts recomputed one at a time against their batched answers; "
+                       "0 ") == 2 and "(mismatch rate 0.0%)" in table and "clean = `fixed`" in table
+    assert served["summary"]["llm_calls"]["calls"] == local["summary"]["llm_calls"]["calls"]
+
+
+def test_a_non_deterministic_server_is_measured_and_audited_as_sampled_or_stopped(tmp_path, tiny_folder, tiny_lm):
+    """Noise on the server's logits: the determinism check measures the mismatches on the server's own answers
+    (PV's Yes/No votes of the direct query), the report prints the rate, and clean = fixed falls back to
+    sampled or stops, as configured."""
+    from snapaudit_jax.utils.errors import InputError
+
+    from tests.helpers.fake_openai import FakeOpenAI
+
+    with FakeOpenAI(tiny_lm, noise=3.0, noise_seed=1) as srv:
+        out = tmp_path / "noisy"
+        path = _served_config(tmp_path, tiny_folder, srv.base_url, 'verify = 8\nquery = "direct"\n')
+        result = run_audit(load_config(path), str(out), progress=False)
+        checks = {n: p["manifest"]["determinism_check"] for n, p in result["summary"]["pipelines"].items()}
+        assert checks["pv"]["checked"] == 8 and checks["pv"]["mismatches"] >= 1, checks
+        bad = checks["pv"]["mismatches"]
+        assert result["summary"]["pipelines"]["pv"]["clean"] == "sampled"
+        table = (out / "table.md").read_text()
+        assert f"{bad} answers changed (mismatch rate {bad / 8:.1%})" in table
+        assert "Active audits used clean = `sampled`." in table
+        full = json.loads((out / "results_full.json").read_text())["results"]
+        pv_active = [r for r in full if r["pipeline"] == "pv" and r["mode"] == "active"]
+        assert pv_active and all(any("audited as clean = sampled" in w for w in r["warnings"]) for r in pv_active)
+        stop = tmp_path / "stop"
+        path = _served_config(tmp_path, tiny_folder, srv.base_url, 'verify = 8\nquery = "direct"\n'
+                              'on_mismatch = "fail"\n')
+        with pytest.raises(InputError, match=r"audit.clean: determinism check: \d+ of 8 answers changed"):
+            run_audit(load_config(path), str(stop), progress=False)
+        assert not (stop / "results.json").exists() and not (stop / "table.md").exists()
