@@ -52,6 +52,11 @@ class AttackerConfig:
     max_new_tokens: int = 48
     attributes: tuple[str, ...] | None = None
 
+    @property
+    def uses_server(self) -> bool:
+        """Whether this attacker calls the ``[server]`` model (an LLM attacker with ``model = "openai"``)."""
+        return self.kind != "retrieval" and self.model == "openai"
+
 
 @dataclasses.dataclass(frozen=True)
 class CPAConfig:
@@ -257,7 +262,7 @@ def load_cpa_config(path: str | os.PathLike) -> CPAConfig:
                                   f".gguf file or model folder, got {s.model!r}")
         settings.append(s)
     kw["attackers"] = tuple(settings)
-    served = [s.name for s in settings if s.kind != "retrieval" and s.model == "openai"]
+    served = [s.name for s in settings if s.uses_server]
     if served:
         from snapaudit_jax.models.server import server_from_table
 

@@ -44,7 +44,7 @@ def format_report(rows: list[dict], config: CPAConfig) -> str:
     lines = [f"# Conformal privacy audit (alpha = {a}, score = {config.score}, n_cal = {config.n_cal}, "
              f"n_test = {config.n_test}, splits = {config.splits})", ""]
     if config.server is not None:
-        served = ", ".join(a.name for a in config.attackers if a.kind != "retrieval" and a.model == "openai")
+        served = ", ".join(a.name for a in config.attackers if a.uses_server)
         lines += [f"LLM attackers {served}: model `{config.server.model}` of the OpenAI-compatible server at "
                   f"{config.server.base_url} (prompts tokenised locally with `{config.server_tokenizer}`). Coverage "
                   "does not assume the server is deterministic: every document is attacked once, by the same "

@@ -152,22 +152,6 @@ class _Models:
         self.batch_size = config.batch_size
         self._oracles = {}
 
-    def _served(self):
-        from snapaudit_jax.models import load_tokenizer
-        from snapaudit_jax.models.server import connect
-
-        config = self.config
-        try:
-            tokenizer = load_tokenizer(config.server_tokenizer)
-        except (ValueError, OSError) as err:
-            raise ConfigFileError(f"server.tokenizer: {err}") from None
-        needs = [("logprobs", f"the profile attacker {a.name!r} (forced-choice label log-probabilities)")
-                 for a in config.attackers if a.kind == "profile" and a.model == "openai"]
-        self.log(f"connecting to {config.server.base_url} (model {config.server.model})")
-        lm, caps = connect(config.server, tokenizer, needs=needs)
-        self.log(f"server: models {list(caps.model_ids)}, log-probs {'yes' if caps.logprobs else 'no'}")
-        return lm
-
     def oracle(self, model: str, key: str = "model"):
         """The cached oracle of ``model``; a checkpoint that cannot be loaded names ``key`` (a config key)."""
         if model not in self._oracles:
@@ -175,7 +159,11 @@ class _Models:
             from snapaudit_jax.models.oracle import LLMOracle
 
             if model == "openai":
-                lm = self._served()
+                from snapaudit_jax.models.server import connect_configured
+
+                needs = [("logprobs", f"the profile attacker {a.name!r} (forced-choice label log-probabilities)")
+                         for a in self.config.attackers if a.kind == "profile" and a.uses_server]
+                lm = connect_configured(self.config.server, self.config.server_tokenizer, needs=needs, log=self.log)
             else:
                 self.log(f"loading language model {model}")
                 try:

@@ -378,22 +378,6 @@ def server_needs(config: AuditConfig) -> list[tuple[str, str]]:
     return needs
 
 
-def _connect_server(config: AuditConfig, log):
-    """The served model of ``[model.server]``: its tokenizer loaded, the server probed, the needs checked."""
-    from snapaudit_jax.models import load_tokenizer
-    from snapaudit_jax.models.server import connect
-
-    try:
-        tokenizer = load_tokenizer(config.server_tokenizer)
-    except (ValueError, OSError) as err:
-        raise ConfigFileError(f"model.server.tokenizer: {err}") from None
-    log(f"connecting to {config.server.base_url} (model {config.server.model})")
-    lm, caps = connect(config.server, tokenizer, needs=server_needs(config))
-    log(f"server: models {list(caps.model_ids)}, log-probs {'yes' if caps.logprobs else 'no'}, "
-        f"context {caps.max_model_len or 'not reported'}")
-    return lm
-
-
 def run_audit(config: AuditConfig, out_dir: str, *, progress: bool = True) -> dict:
     """Runs the configured audits and writes the run folder.
 
@@ -425,7 +409,9 @@ def run_audit(config: AuditConfig, out_dir: str, *, progress: bool = True) -> di
     check_run_folder(out_dir)
     datasets = _load_datasets(config)
     if config.llm == "openai":
-        lm = _connect_server(config, log)
+        from snapaudit_jax.models.server import connect_configured
+
+        lm = connect_configured(config.server, config.server_tokenizer, needs=server_needs(config), log=log)
     else:
         log(f"loading {config.llm}")
         lm = _load_model("model.llm", load_language_model, config.llm, config.allow_pickle)

@@ -48,7 +48,7 @@ from snapaudit_jax.models.tokenizer import Tokenizer
 from snapaudit_jax.utils.errors import InputError, ServerError
 
 __all__ = ["Capabilities", "OpenAIClient", "ServerConfig", "ServerLanguageModel", "connect", "echoed_logprobs", "probe",
-           "server_from_table"]
+           "connect_configured", "server_from_table"]
 
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
@@ -158,6 +158,37 @@ def server_from_table(body: dict | None, where: str, needed_by: str) -> tuple[Se
         return ServerConfig(**kw, section=where), tokenizer
     except InputError as err:
         raise ConfigFileError(str(err)) from None
+
+
+def connect_configured(config: ServerConfig, tokenizer: str, *, needs: Sequence[tuple[str, str]] = (),
+                       log: Callable[[str], None] = lambda message: None) -> ServerLanguageModel:
+    """The served model of a configuration file's server table: tokenizer loaded, server probed, needs checked.
+
+    Args:
+      config: the server (its ``section`` names the table in errors).
+      tokenizer: the served model's tokenizer (``"smollm2"``, a ``.gguf`` file or a model folder).
+      needs: ``(capability, needed_by)`` pairs the run requires (see :func:`connect`).
+      log: progress lines.
+
+    Returns:
+      The backend.
+
+    Raises:
+      ConfigFileError: the tokenizer cannot be loaded (naming ``<section>.tokenizer``).
+      ServerError: as :func:`connect`.
+    """
+    from snapaudit_jax.models import load_tokenizer
+    from snapaudit_jax.utils.config import ConfigFileError
+
+    try:
+        tok = load_tokenizer(tokenizer)
+    except (ValueError, OSError) as err:
+        raise ConfigFileError(f"{config.section}.tokenizer: {err}") from None
+    log(f"connecting to {config.base_url} (model {config.model})")
+    lm, caps = connect(config, tok, needs=needs)
+    log(f"server: models {list(caps.model_ids)}, log-probs {'yes' if caps.logprobs else 'no'}, "
+        f"context {caps.max_model_len or 'not reported'}")
+    return lm
 
 
 def _retry_after(value: str | None) -> float | None:
