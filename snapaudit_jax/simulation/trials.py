@@ -39,7 +39,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec
 
-from snapaudit_jax.mechanisms import Attack, Mechanism
+from snapaudit_jax.mechanisms import Attack, Mechanism, variates
 from snapaudit_jax.simulation.snapshots import dedupe
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.progress import Counter
@@ -160,40 +160,73 @@ def _combine(a, b):
     return out
 
 
-def _trial_last(tree, index=None, shared=None):
-    """Prepared leaves ``(D, ...)`` -> ``(..., T)``: rows ``index`` (one per trial), or row 0 with ``T = 1``.
+def _columns(plan: _Plan, prepared, unit_of_snapshot):
+    """Prepared leaves ``(D, ...)`` -> trial-last tables, once per call (outside the scan over blocks).
 
-    Leaves flagged in ``shared`` (equal for every snapshot, e.g. a basis that
-    only depends on the attack) stay at ``T = 1`` instead of being gathered.
+    Shared leaves (equal for every distinct snapshot, e.g. a basis that only depends on the attack) become
+    ``(..., 1)``; under ``"stratified"`` the others become ``(..., rounds * n)``, the columns of a whole block;
+    under ``"bootstrap"`` ``(..., D)``, one column per distinct snapshot, gathered per block.
     """
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    shared = shared or (False,) * len(leaves)
-    out = [
-        x[0][..., None] if (index is None or same) else jnp.moveaxis(x[index], 0, -1)
-        for x, same in zip(leaves, shared)
-    ]
+    leaves, treedef = jax.tree_util.tree_flatten(prepared)
+    out = []
+    for x, same in zip(leaves, plan.shared_leaves):
+        if same or not (plan.scheme == "stratified" or plan.sample_index):
+            out.append(x[0][..., None])
+        elif plan.scheme == "stratified":  # trial j * n + i of a block is round j of snapshot i
+            per_snapshot = _gather_columns(jnp.moveaxis(x, 0, -1), unit_of_snapshot)
+            out.append(jnp.tile(per_snapshot, (1,) * (x.ndim - 1) + (plan.rounds,)))
+        else:
+            out.append(jnp.moveaxis(x, 0, -1))
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def _block_outcomes(plan: _Plan, mechanism: Mechanism, attack: Attack, prepared, unit_of_snapshot, block_key, b, total):
+def _gather_columns(table: jax.Array, index: jax.Array) -> jax.Array:
+    """``table[..., index]`` as one 1-D gather per row of ``table`` ``(..., D)``: ``(..., T)``.
+
+    XLA's CPU gather of multi-element slices (``x[index]`` on ``(D, m)``, or ``take`` along the last axis) runs
+    several times slower than ``m`` scalar gathers.
+    """
+    flat = table.reshape(-1, table.shape[-1])
+    return lax.optimization_barrier(jnp.stack([row[index] for row in flat])).reshape(*table.shape[:-1], index.shape[0])
+
+
+def _uniform_index(key: jax.Array, num: int, n: int) -> jax.Array:
+    """``(num,)`` int32 indices uniform on ``[0, n)``, exactly: one word each, rejection above ``n floor(2^32 / n)``.
+
+    A rejected word (probability below ``n / 2^32``) is redrawn from ``fold_in(key, round)`` until none is left.
+    """
+    words = variates.random_words(key, (num,))
+    if n & (n - 1) == 0:
+        return (words & jnp.uint32(n - 1)).astype(jnp.int32)
+    limit = jnp.uint32((1 << 32) - (1 << 32) % n)
+
+    def redraw(state):
+        w, rnd = state
+        fresh = variates.random_words(jax.random.fold_in(key, rnd), (num,))
+        return jnp.where(w >= limit, fresh, w), rnd + 1
+
+    words, _ = lax.while_loop(lambda state: jnp.any(state[0] >= limit), redraw, (words, jnp.int32(1)))
+    return (words % jnp.uint32(n)).astype(jnp.int32)
+
+
+def _block_outcomes(plan: _Plan, mechanism: Mechanism, attack: Attack, example, columns, unit_of_snapshot,
+                    block_key, b, total):
     """Runs one block: returns ``(hit, score, valid, unit)``."""
-    example = jax.tree_util.tree_map(lambda x: x[0], prepared)
     if plan.scheme == "stratified":
-        # Trial j * n + i of the block is round j of snapshot i.
         r, n = plan.rounds, plan.n
-        rows = _trial_last(prepared, jnp.tile(unit_of_snapshot, r), plan.shared_leaves)
-        hit, score = mechanism.outcomes(mechanism.noise(block_key, r * n, example), rows, attack)
+        hit, score = mechanism.outcomes(mechanism.noise(block_key, r * n, example), columns, attack)
         rounds = b * r + jnp.arange(r)
         valid = jnp.broadcast_to((rounds < total)[:, None], (r, n))
         return hit.reshape(r, n), score.reshape(r, n), valid, None
     key_index, key_noise = jax.random.split(block_key)
     noise = mechanism.noise(key_noise, plan.block, example)
     if plan.sample_index:
-        unit = unit_of_snapshot[jax.random.randint(key_index, (plan.block,), 0, plan.n)]
-        hit, score = mechanism.outcomes(noise, _trial_last(prepared, unit, plan.shared_leaves), attack)
+        unit = unit_of_snapshot[_uniform_index(key_index, plan.block, plan.n)]
+        rows = jax.tree_util.tree_map(lambda x: x if x.shape[-1] == 1 else _gather_columns(x, unit), columns)
     else:
         unit = jnp.zeros((plan.block,), jnp.int32)
-        hit, score = mechanism.outcomes(noise, _trial_last(prepared), attack)
+        rows = columns
+    hit, score = mechanism.outcomes(noise, rows, attack)
     valid = (b * plan.block + jnp.arange(plan.block)) < total
     return hit, score, valid, unit
 
@@ -215,13 +248,16 @@ def _run_chunk(args, *, plan: _Plan):
     def local(args):
         stream_key, base, total, num_blocks, mechanism, attack, prepared, unit_of_snapshot, threshold, lo, width = args
         dev = lax.axis_index(_AXIS)
+        example = jax.tree_util.tree_map(lambda x: x[0], prepared)
+        columns = _columns(plan, prepared, unit_of_snapshot)
 
         def body(acc, j):
             b = base + dev * plan.blocks_per_device + j
 
             def run_block(acc):
                 hit, score, valid, unit = _block_outcomes(
-                    plan, mechanism, attack, prepared, unit_of_snapshot, jax.random.fold_in(stream_key, b), b, total
+                    plan, mechanism, attack, example, columns, unit_of_snapshot, jax.random.fold_in(stream_key, b), b,
+                    total,
                 )
                 return _combine(acc, _accumulate(plan, hit, score, valid, unit, threshold, lo, width))
 

@@ -14,7 +14,8 @@ from scipy import stats
 
 import snapaudit_jax as sa
 from snapaudit_jax.audits.active import make_attack
-from snapaudit_jax.simulation.trials import _run_chunk, simulate
+from snapaudit_jax.mechanisms import variates
+from snapaudit_jax.simulation.trials import _run_chunk, _uniform_index, simulate
 
 from tests.helpers.paths import ROOT as _ROOT
 
@@ -53,6 +54,42 @@ def test_bootstrap_units_are_distinct_snapshots_sampled_by_multiplicity():
     assert out.unit_index.tolist() == [0, 0, 1, 0, 2]
     assert out.trials.sum() == 200_000
     assert stats.chisquare(out.trials, 200_000 * np.array([3, 1, 1]) / 5).pvalue > 1e-6
+
+
+@pytest.mark.parametrize("n", [1, 3, 2048, 3 * 2**29])
+def test_uniform_index_is_exactly_uniform(n):
+    """Snapshot indices are uniform on [0, n): chi-square over 3 equal-probability cells (false-failure prob 1e-6).
+    n = 3 * 2^29 rejects a quarter of the words, so the redraw loop runs; power: the plain modulo of one word
+    (no rejection) is rejected there, since it doubles the probability of the indices below 2^32 - n."""
+    num = 300_001
+    index = np.asarray(jax.jit(_uniform_index, static_argnums=(1, 2))(jax.random.key(n), num, n), np.int64)
+    assert index.min() >= 0 and index.max() < n
+    if n == 1:
+        return
+    cells = np.bincount(index * 3 // n, minlength=3)
+    assert stats.chisquare(cells).pvalue > 1e-6
+    if n == 3 * 2**29:
+        plain = np.asarray(variates.random_words(jax.random.key(n), (num,)), np.int64) % n
+        assert stats.chisquare(np.bincount(plain * 3 // n, minlength=3)).pvalue < 1e-6
+
+
+def test_pv_outcomes_are_the_arg_max_of_the_noisy_votes():
+    """PV's per-row outcome equals jnp.argmax of votes + sigma * basis @ noise (ties to the first maximum) and the
+    score <noisy, direction>, for a target in the middle of 7 classes and noise rows that make exact ties."""
+    k, target = 7, 3
+    mech = sa.PrivateVoting(sigma=np.float32(0.8))
+    votes = np.array([2.0, 1.0, 3.0, 3.0, 0.5, 3.0, 1.0], np.float32)
+    attack = make_attack(mech, votes + np.eye(k)[target], votes, target=target)
+    prepared = mech.prepare(votes, attack)
+    noise = np.array(jax.random.normal(jax.random.key(3), (k - 1, 4001)), np.float32)
+    noise[:, :7] = 0.0  # noisy = votes: classes 2, 3 and 5 tie, so the release is 2, not the target
+    hit, score = mech.outcomes(noise, jax.tree_util.tree_map(lambda x: x[..., None], prepared), attack)
+    basis = np.asarray(prepared.basis)
+    noisy = votes[:, None] + np.float32(0.8) * (basis @ noise)
+    assert not np.asarray(hit)[:7].any()
+    assert np.array_equal(np.asarray(hit), np.argmax(noisy, axis=0) == target)
+    np.testing.assert_allclose(np.asarray(score), np.asarray(prepared.direction) @ noisy, rtol=1e-5, atol=1e-5)
+    assert 0.1 < np.asarray(hit).mean() < 0.6
 
 
 def test_histogram_and_threshold_counts_agree():
