@@ -92,7 +92,7 @@ from snapaudit_jax.utils.io import write_json  # noqa: E402
 from snapaudit_jax.audits.active import make_attack  # noqa: E402
 from snapaudit_jax.mechanisms.ksa import bucket_num_values  # noqa: E402
 from snapaudit_jax.audits.command import DEFAULT_CLEAN, esa_unit_pair  # noqa: E402
-from snapaudit_jax.simulation.trials import CHUNK_TRIALS, simulate  # noqa: E402
+from snapaudit_jax.simulation.trials import ACCELERATOR_CHUNK_TRIALS, CHUNK_TRIALS, simulate  # noqa: E402
 
 EPSILON, DELTA = 4.0, 1e-5
 SNAPSHOTS = 2000
@@ -377,9 +377,11 @@ def binomial_z(hits1: int, n1: int, hits2: int, n2: int) -> float:
     return abs(diff) / math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2))
 
 
-def benchmark(name: str, trials: int, seed: int, chunk: int, classes: int | None = None,
+def benchmark(name: str, trials: int, seed: int, chunk: int | None = None, classes: int | None = None,
               snapshots: int | None = None, scheme: str = "stratified") -> dict:
     stream = jax.random.key(seed)
+    if chunk is None:  # the simulator's default for the backend
+        chunk = CHUNK_TRIALS if jax.default_backend() == "cpu" else ACCELERATOR_CHUNK_TRIALS
     if snapshots is None:
         mech, attack, cleans = build_case(name)
         engine_snapshots = [np.tile(clean, (SNAPSHOTS, 1)) for clean in cleans]
@@ -481,7 +483,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a readable line")
     parser.add_argument("--out", help="also write the JSON object to this file (atomically)")
     parser.add_argument("--seed", type=int_at_least(0), default=0)
-    parser.add_argument("--chunk-trials", type=int_at_least(1), default=CHUNK_TRIALS, help="trials per jitted call")
+    parser.add_argument("--chunk-trials", type=int_at_least(1), default=None,
+                        help="trials per jitted call (default: the simulator's for the backend)")
     parser.add_argument("--snapshots", type=int_at_least(2), help="PV only: this many sampled snapshots per hypothesis")
     parser.add_argument("--classes", type=int_at_least(2), help="PV with --snapshots: number of classes (default 4)")
     parser.add_argument("--scheme", choices=("stratified", "bootstrap"), default="stratified",

@@ -44,10 +44,12 @@ from snapaudit_jax.simulation.snapshots import dedupe
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.progress import Counter
 
-__all__ = ["SimulationCounts", "simulate", "BLOCK_TRIALS", "MAX_TRIALS"]
+__all__ = ["SimulationCounts", "simulate", "BLOCK_TRIALS", "CHUNK_TRIALS", "ACCELERATOR_CHUNK_TRIALS", "MAX_TRIALS"]
 
 BLOCK_TRIALS = 1 << 14
-CHUNK_TRIALS = 1 << 22
+CHUNK_TRIALS = 1 << 22  # trials per jitted call on CPU (memory bound)
+ACCELERATOR_CHUNK_TRIALS = 1 << 28  # on GPU/TPU: fewer host round trips
+ACCELERATOR_STEP_TRIALS = 1 << 22  # on GPU/TPU: trials of the blocks vectorised in one scan step
 MAX_TRIALS = 2_000_000_000
 _AXIS = "devices"
 
@@ -93,7 +95,8 @@ class _Plan:
     n: int  # snapshots (for index sampling / stratification)
     rounds: int  # stratified: rounds per block
     block: int  # trials per block
-    blocks_per_device: int
+    blocks_per_device: int  # a multiple of parallel_blocks
+    parallel_blocks: int  # blocks vectorised together in one scan step (1 on CPU)
     sample_index: bool  # bootstrap with more than one distinct snapshot
     per_unit: bool
     want_threshold: bool
@@ -157,6 +160,19 @@ def _combine(a, b):
             out[name] = jnp.maximum(a[name], b[name])
         else:
             out[name] = a[name] + b[name]
+    return out
+
+
+def _reduce_blocks(per_block):
+    """Accumulators with a leading block axis -> one accumulator (integer sums are exact in any order)."""
+    out = {}
+    for name, value in per_block.items():
+        if name == "score_min":
+            out[name] = jnp.min(value, axis=0)
+        elif name == "score_max":
+            out[name] = jnp.max(value, axis=0)
+        else:
+            out[name] = jnp.sum(value, axis=0)
     return out
 
 
@@ -251,20 +267,27 @@ def _run_chunk(args, *, plan: _Plan):
         example = jax.tree_util.tree_map(lambda x: x[0], prepared)
         columns = _columns(plan, prepared, unit_of_snapshot)
 
-        def body(acc, j):
-            b = base + dev * plan.blocks_per_device + j
+        def one_block(b):
+            hit, score, valid, unit = _block_outcomes(
+                plan, mechanism, attack, example, columns, unit_of_snapshot, jax.random.fold_in(stream_key, b), b, total
+            )
+            return _accumulate(plan, hit, score, valid, unit, threshold, lo, width)
 
-            def run_block(acc):
-                hit, score, valid, unit = _block_outcomes(
-                    plan, mechanism, attack, example, columns, unit_of_snapshot, jax.random.fold_in(stream_key, b), b,
-                    total,
-                )
-                return _combine(acc, _accumulate(plan, hit, score, valid, unit, threshold, lo, width))
+        def body(acc, j):
+            first = base + dev * plan.blocks_per_device + j * plan.parallel_blocks
+
+            def run_blocks(acc):
+                if plan.parallel_blocks == 1:
+                    return _combine(acc, one_block(first))
+                # Blocks past the end have no valid trial, so they add nothing.
+                per_block = jax.vmap(one_block)(first + jnp.arange(plan.parallel_blocks))
+                return _combine(acc, _reduce_blocks(per_block))
 
             # The last call of a run is padded with blocks past the end: skip their work.
-            return lax.cond(b < num_blocks, run_block, lambda acc: acc, acc), None
+            return lax.cond(first < num_blocks, run_blocks, lambda acc: acc, acc), None
 
-        acc, _ = lax.scan(body, _zeros(plan), jnp.arange(plan.blocks_per_device))
+        steps = plan.blocks_per_device // plan.parallel_blocks
+        acc, _ = lax.scan(body, _zeros(plan), jnp.arange(steps))
         out = {}
         for name, value in acc.items():
             if name == "score_min":
@@ -304,7 +327,8 @@ def simulate(
     histogram: tuple[float, float, int] | None = None,
     track_scores: bool = False,
     devices=None,
-    chunk_trials: int = CHUNK_TRIALS,
+    chunk_trials: int | None = None,
+    parallel_blocks: int | None = None,
     progress: str | None = None,
 ) -> SimulationCounts:
     """Simulates ``trials`` DP-noise trials for one hypothesis.
@@ -322,7 +346,11 @@ def simulate(
       histogram: ``(lo, hi, bins)`` for a score histogram of ``bins`` equal bins on ``[lo, hi)``; ``None``: none.
       track_scores: record the min and max score.
       devices: devices of the 1-D mesh (default: all global devices).
-      chunk_trials: trials per jitted call (memory bound; the counts do not depend on it).
+      chunk_trials: trials per jitted call (memory bound; the counts do not depend on it); ``None``:
+        :data:`CHUNK_TRIALS` on CPU, :data:`ACCELERATOR_CHUNK_TRIALS` on accelerators.
+      parallel_blocks: blocks vectorised (``vmap``) in one step of the scan over blocks, a power of two; ``None``: 1
+        on CPU (one block of :data:`BLOCK_TRIALS` stays in cache), enough for :data:`ACCELERATOR_STEP_TRIALS`
+        trials per step on accelerators (one block is far too small to fill a GPU). The counts do not depend on it.
       progress: a label to show a progress bar on stderr; ``None`` is silent.
 
     Returns:
@@ -330,7 +358,8 @@ def simulate(
 
     Raises:
       InputError: ``trials`` out of range, an unknown ``scheme``, a ``threshold`` that is not a number or a
-        non-empty 1-D array, or a histogram with ``lo >= hi``.
+        non-empty 1-D array, a histogram with ``lo >= hi``, ``chunk_trials < 1``, or a ``parallel_blocks`` that is
+        not a power of two.
     """
     snaps = np.asarray(snapshots, np.float32)
     n = snaps.shape[0]
@@ -348,6 +377,13 @@ def simulate(
         distinct = np.concatenate([distinct, np.repeat(distinct[:1], padded - num_distinct, axis=0)])
     mesh = _mesh(devices)
     num_devices = mesh.devices.size
+    on_cpu = mesh.devices.flat[0].platform == "cpu"
+    if chunk_trials is None:
+        chunk_trials = CHUNK_TRIALS if on_cpu else ACCELERATOR_CHUNK_TRIALS
+    if chunk_trials < 1:
+        raise InputError(f"chunk_trials must be >= 1, got {chunk_trials}")
+    if parallel_blocks is not None and (parallel_blocks < 1 or parallel_blocks & (parallel_blocks - 1)):
+        raise InputError(f"parallel_blocks must be a power of two >= 1, got {parallel_blocks}")
 
     if scheme == "stratified":
         rounds = max(1, BLOCK_TRIALS // n)
@@ -361,9 +397,12 @@ def simulate(
         num_blocks = -(-trials // block)
         sample_index = num_distinct > 1
         units = padded if (per_unit and sample_index) else 1
-    # Blocks per device per call: the chunk size, or fewer (rounded up to a power
-    # of two, so that nearby trial counts share one compiled function) for short runs.
+    if parallel_blocks is None:
+        parallel_blocks = 1 if on_cpu else _bucket(max(1, ACCELERATOR_STEP_TRIALS // block))
+    # Blocks per device per call: the chunk size, or fewer (rounded up to a power of two, so that nearby trial
+    # counts share one compiled function) for short runs; a whole number of vectorised steps.
     per_device = max(1, min(chunk_trials // (block * num_devices), _bucket(-(-num_blocks // num_devices))))
+    per_device = -(-per_device // parallel_blocks) * parallel_blocks
     prepared = _prepare_all(mechanism, attack, jnp.asarray(distinct))
     shared = tuple(
         bool(np.all(leaf[:num_distinct] == leaf[:1]))
@@ -376,6 +415,7 @@ def simulate(
         rounds=rounds,
         block=block,
         blocks_per_device=per_device,
+        parallel_blocks=parallel_blocks,
         sample_index=sample_index,
         per_unit=per_unit,
         want_threshold=threshold is not None,
