@@ -425,8 +425,8 @@ def summary(result: dict) -> str:
         p = row["prefill"]
         lines.append(
             head + f"{_count(row['params'])} params | prefill {p['batch']}x{p['prompt_tokens']}: ours "
-            f"{p['ours']['tokens_per_s']:,.0f} tok/s, torch {p['torch']['tokens_per_s']:,.0f} (x{p['ratio_ours_over_torch']}), "
-            f"compile {p['ours']['compile_seconds']:.1f} s, max |dlogp| {p['max_abs_logprob_diff']:.3f}")
+            f"{p['ours']['tokens_per_s']:,.0f} tok/s, torch {p['torch']['tokens_per_s']:,.0f} "
+            f"(x{p['ratio_ours_over_torch']}), compile {p['ours']['compile_seconds']:.1f} s, max |dlogp| {p['max_abs_logprob_diff']:.3f}")
         d = row["decode"]
         if d.get("status") == "skipped":
             lines.append(f"  decode skipped ({d['reason']})")
@@ -437,7 +437,8 @@ def summary(result: dict) -> str:
                 f"{d['ours']['new_tokens_per_s']:,.0f} new tok/s, torch {d['torch']['new_tokens_per_s']:,.0f} "
                 f"(x{d['ratio_ours_over_torch']}), compile {d['ours']['compile_seconds']:.1f} s | identical tokens "
                 f"{a['fraction_identical']:.0%}, rows {a['rows_identical']}/{d['batch']}, first divergence "
-                f"{a['first_divergence']}, torch agrees on our prefixes {a['torch_teacher_forced_on_ours']['agreement']:.0%}")
+                f"{a['first_divergence']}, torch agrees on our prefixes "
+                f"{a['torch_teacher_forced_on_ours']['agreement']:.0%}")
         memory = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in row["memory"].items() if "peak" in k or "max" in k)
         lines.append(f"  jax compiles timed {row['jax_compiles_timed']} | {memory or 'no device memory stats'} | "
                      f"weights {row['weights']['transfer']} (embedding aliases torch: "
@@ -508,13 +509,16 @@ def main(argv=None) -> int:
         "architectures": [],
     }
     failed = False
+    spent, planned = 0.0, 0.0  # wall and estimated seconds of the architectures run so far
     for name in args.archs:
         fields = archs[name]
         left = time_left()
-        if left is not None and left < args.estimate[name]:
+        # A machine slower than the estimates so far is assumed to stay that much slower.
+        need = args.estimate[name] * max(1.0, spent / planned if planned else 1.0)
+        if left is not None and left < need:
             result["architectures"].append({"arch": name, "status": "skipped", "config": fields,
                                             "reason": f"deadline: {left:.0f} s left, this architecture needs about "
-                                                      f"{args.estimate[name]} s"})
+                                                      f"{need:.0f} s"})
             continue
         arch_start = time.perf_counter()
         try:
@@ -526,6 +530,7 @@ def main(argv=None) -> int:
             print(f"error in {name}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
         row["config"] = fields
         row["wall_seconds"] = round(time.perf_counter() - arch_start, 2)
+        spent, planned = spent + row["wall_seconds"], planned + args.estimate[name]
         result["architectures"].append(row)
         bench.free()
         print(f"[{time.perf_counter() - start:.0f} s] {name}: {row['status']}", file=sys.stderr, flush=True)

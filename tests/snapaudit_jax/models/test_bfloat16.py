@@ -23,8 +23,8 @@ The RMSNorm itself is checked bit for bit against ``LlamaRMSNorm`` (which also c
 its scale before rounding, as Flax's does). Greedy tokens are compared only over the
 steps where the float32 model's top-2 logit gap is at least ``MARGIN = 0.1``, more than twice the largest
 bfloat16 logit error of either implementation (asserted), so a tie cannot flip them; the prompts are chosen
-so that these steps are at least half of all steps (asserted). Everything is deterministic (fixed seeds): no test here has a
-false-failure probability.
+so that these steps are at least half of all steps (asserted). Everything is deterministic (fixed seeds): no
+test here has a false-failure probability.
 """
 
 from __future__ import annotations
