@@ -426,7 +426,8 @@ def summary(result: dict) -> str:
         lines.append(
             head + f"{_count(row['params'])} params | prefill {p['batch']}x{p['prompt_tokens']}: ours "
             f"{p['ours']['tokens_per_s']:,.0f} tok/s, torch {p['torch']['tokens_per_s']:,.0f} "
-            f"(x{p['ratio_ours_over_torch']}), compile {p['ours']['compile_seconds']:.1f} s, max |dlogp| {p['max_abs_logprob_diff']:.3f}")
+            f"(x{p['ratio_ours_over_torch']}), compile {p['ours']['compile_seconds']:.1f} s, "
+            f"max |dlogp| {p['max_abs_logprob_diff']:.3f}")
         d = row["decode"]
         if d.get("status") == "skipped":
             lines.append(f"  decode skipped ({d['reason']})")
