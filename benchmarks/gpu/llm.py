@@ -458,9 +458,10 @@ def main(argv=None) -> int:
     os.environ.setdefault("TQDM_DISABLE", "1")
     if args.cpu_smoke:
         os.environ["JAX_PLATFORMS"] = "cpu"
-    for path in (os.path.dirname(HERE), ROOT):  # benchmarks/_common.py, and the package (not installed there)
-        if path not in sys.path:
-            sys.path.insert(0, path)
+    if os.path.dirname(HERE) not in sys.path:  # benchmarks/_common.py
+        sys.path.insert(0, os.path.dirname(HERE))
+    if ROOT not in sys.path:  # the package, unless it is installed
+        sys.path.append(ROOT)
     if args.out:
         from snapaudit_jax.utils.errors import InputError
         from snapaudit_jax.utils.io import check_output_file
