@@ -40,7 +40,9 @@ default: every snapshot gets ``ceil(N / S)`` trials, the audit's scheme for samp
 ``bootstrap`` (a uniform snapshot per trial, counts per distinct snapshot: ``clean = "fixed"``).
 The ``numpy`` baseline is plain chunked float32 NumPy of the same trials: the chunk's vote rows
 (tiled rounds of all snapshots, or uniformly drawn ones), plus ``K`` normals each, the arg-max,
-hits counted per snapshot (``np.bincount``); ``numpy_same_noise`` draws ``K - 1`` contrast normals.
+hits counted per snapshot (``np.bincount``). ``numpy_same_noise`` runs the engine's black-box draw:
+from 4 classes on the target's normal and a coin on ``prod_j Phi((v_t - v_j) / sigma + z)``
+(``scipy.special.log_ndtr``, float64), below that ``K - 1`` contrast normals.
 
 * ``numpy_same_noise`` (extra key, ``ratio_same_noise``): NumPy drawing only
   the *sufficient noise* the engine draws (see
@@ -85,12 +87,14 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from scipy import special  # noqa: E402
 
 import snapaudit_jax as sa  # noqa: E402
 from _common import CompileCounter, int_at_least, timed  # noqa: E402
 from snapaudit_jax.utils.io import write_json  # noqa: E402
 from snapaudit_jax.audits.active import make_attack  # noqa: E402
 from snapaudit_jax.mechanisms.ksa import bucket_num_values  # noqa: E402
+from snapaudit_jax.mechanisms.pv import _CONDITIONAL_FROM as PV_CONDITIONAL_FROM  # noqa: E402
 from snapaudit_jax.audits.command import DEFAULT_CLEAN, esa_unit_pair  # noqa: E402
 from snapaudit_jax.simulation.trials import ACCELERATOR_CHUNK_TRIALS, CHUNK_TRIALS, simulate  # noqa: E402
 
@@ -325,8 +329,22 @@ def plain_pv_snapshots(mech, attack, clean: np.ndarray, scheme: str) -> Sampler:
 def same_pv_snapshots(mech, attack, clean: np.ndarray, scheme: str) -> Sampler:
     votes = clean.astype(np.float32)
     n, k = votes.shape
-    proj = (float(mech.sigma) * np.asarray(sa.mechanisms.pv.contrast_basis(k), np.float64).T).astype(np.float32)
     rows = _snapshot_rows(scheme, n)
+    sigma = float(mech.sigma)
+    if k >= PV_CONDITIONAL_FROM:
+        # The engine's black-box draw: the target's normal, then a coin on P(hit | z) = prod_j Phi(...).
+        t = attack.target
+        gaps = (votes[:, t : t + 1] - np.delete(votes, t, axis=1)) / sigma  # (n, k - 1)
+
+        def sampler(rng, m):
+            idx = rows(rng, m)
+            z = rng.standard_normal(m)
+            log_p = special.log_ndtr(gaps[idx] + z[:, None]).sum(axis=1)
+            hit = rng.random(m) < np.exp(log_p)
+            return np.bincount(idx[hit], minlength=n).sum()
+
+        return sampler
+    proj = (sigma * np.asarray(sa.mechanisms.pv.contrast_basis(k), np.float64).T).astype(np.float32)
 
     def sampler(rng, m):
         idx = rows(rng, m)

@@ -19,8 +19,9 @@ backend's defaults (on a GPU: ``ACCELERATOR_CHUNK_TRIALS`` per call, blocks vect
 The physical limit is the device's own random-bit throughput, measured in the same process:
 ``jax.random.bits`` (JAX's default, partitionable Threefry) and the simulator's counter-mode
 :func:`snapaudit_jax.mechanisms.variates.random_words`, each as 32-bit words per second over one
-large array. A case's *words per trial* count what its noise consumes (two words per normal or
-logistic variate, one per KSA word, one per bootstrap snapshot index), so
+large array. A case's *words per trial* count what its black-box draw consumes (``hit_noise``: two words per
+normal or logistic variate, one per uint32 word -- PV from 4 classes on draws the target's normal
+and a coin, four words --, one per bootstrap snapshot index), so
 ``limit_trials_per_s = words_per_s / words_per_trial`` and ``fraction_of_limit`` is the share of
 the random-bit throughput the whole simulation (noise transform, release, counting) reaches.
 """
@@ -63,9 +64,10 @@ def case_inputs(name: str, seed: int):
 
 
 def words_per_trial(mech, attack, snapshots: np.ndarray, scheme: str) -> int:
-    """32-bit words one trial consumes: two per float variate, one per integer word, one per snapshot index."""
+    """32-bit words one black-box trial consumes (``hit_noise``): two per float variate, one per integer word, one
+    per snapshot index."""
     prepared = mech.prepare(jnp.asarray(snapshots[0], jnp.float32), attack)
-    noise = jax.eval_shape(lambda key: mech.noise(key, 1, prepared), jax.random.key(0))
+    noise = jax.eval_shape(lambda key: mech.hit_noise(key, 1, prepared), jax.random.key(0))
     words = sum(leaf.size * (1 if jnp.issubdtype(leaf.dtype, jnp.integer) else 2) for leaf in jax.tree.leaves(noise))
     if scheme == "bootstrap" and len(np.unique(snapshots, axis=0)) > 1:
         words += 1

@@ -133,6 +133,38 @@ class PrivateVoting(Mechanism):
         return hit, score
 
 
+    def hit_noise(self, key, num, prepared):
+        """From 4 classes on: ``(2, 2, num)`` uint32, the words of the target's normal and of a uniform coin (two
+        words each, whatever ``k``); fewer classes: :meth:`noise`. See :meth:`Mechanism.hit_noise`."""
+        if prepared.votes.shape[0] < _CONDITIONAL_FROM:
+            return self.noise(key, num, prepared)
+        return variates.random_words(key, (2, 2, num))
+
+    def hit_outcomes(self, noise, prepared, attack):
+        """The arg-max is the target, sampled from its exact conditional law given the target's noise.
+
+        With ``k`` i.i.d. normals ``Z`` (the arg-max ignores the all-ones direction, so this is the release's law),
+        ``P(hit | Z_t = z) = prod_{j != t} Phi((v_t - v_j) / sigma + z)``; the coin ``V`` decides ``V < p``, as
+        ``u < p`` or ``u > 1 - p`` for ``V = u`` or ``1 - u``, with ``p = exp(L)`` and ``1 - p = -expm1(L)`` from
+        ``L = sum_j log Phi(.)`` (``log_ndtr``), so both tails keep their relative precision. Four words per trial
+        instead of ``2 (k - 1)``. Fewer than 4 classes: the hit of :meth:`outcomes`.
+
+        See :meth:`Mechanism.hit_outcomes`.
+        """
+        k = prepared.votes.shape[0]
+        if k < _CONDITIONAL_FROM:
+            return self.outcomes(noise, prepared, attack)[0]
+        z = variates.normal_from_bits(noise[0])
+        heads, u = variates.sign_and_half_uniform(noise[1])
+        top = prepared.votes[attack.target]
+        log_p = sum(jax.scipy.special.log_ndtr((top - prepared.votes[j]) / self.sigma + z)
+                    for j in range(k) if j != attack.target)
+        return jnp.where(heads, u < jnp.exp(log_p), u > -jnp.expm1(log_p))
+
+
+_CONDITIONAL_FROM = 4  # classes from which the conditional hit draws fewer words than k - 1 normals
+
+
 def _householder_coefficients(k: int) -> tuple[float, float]:
     # H = I - 2 v v^T / (v^T v), v = e_k - 1 / sqrt(k), maps e_k to 1 / sqrt(k) and e_k^perp onto 1^perp; for
     # x in R^(k-1), H (x, 0) = (x - a sum(x), b sum(x)) with a = 1 / (sqrt(k) (sqrt(k) - 1)), b = 1 / sqrt(k).

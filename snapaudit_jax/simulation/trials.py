@@ -225,24 +225,31 @@ def _uniform_index(key: jax.Array, num: int, n: int) -> jax.Array:
     return (words % jnp.uint32(n)).astype(jnp.int32)
 
 
+def _outcomes(plan: _Plan, mechanism: Mechanism, attack: Attack, key, num: int, example, rows):
+    """``(hit, score)`` of ``num`` trials; without white-box counts, the mechanism's black-box-only draw and
+    ``score = None`` (an override of ``hit_noise``/``hit_outcomes`` may draw less randomness per trial)."""
+    if plan.want_threshold or plan.bins or plan.track_scores:
+        return mechanism.outcomes(mechanism.noise(key, num, example), rows, attack)
+    return mechanism.hit_outcomes(mechanism.hit_noise(key, num, example), rows, attack), None
+
+
 def _block_outcomes(plan: _Plan, mechanism: Mechanism, attack: Attack, example, columns, unit_of_snapshot,
                     block_key, b, total):
     """Runs one block: returns ``(hit, score, valid, unit)``."""
     if plan.scheme == "stratified":
         r, n = plan.rounds, plan.n
-        hit, score = mechanism.outcomes(mechanism.noise(block_key, r * n, example), columns, attack)
+        hit, score = _outcomes(plan, mechanism, attack, block_key, r * n, example, columns)
         rounds = b * r + jnp.arange(r)
         valid = jnp.broadcast_to((rounds < total)[:, None], (r, n))
-        return hit.reshape(r, n), score.reshape(r, n), valid, None
+        return hit.reshape(r, n), None if score is None else score.reshape(r, n), valid, None
     key_index, key_noise = jax.random.split(block_key)
-    noise = mechanism.noise(key_noise, plan.block, example)
     if plan.sample_index:
         unit = unit_of_snapshot[_uniform_index(key_index, plan.block, plan.n)]
         rows = jax.tree_util.tree_map(lambda x: x if x.shape[-1] == 1 else _gather_columns(x, unit), columns)
     else:
         unit = jnp.zeros((plan.block,), jnp.int32)
         rows = columns
-    hit, score = mechanism.outcomes(noise, rows, attack)
+    hit, score = _outcomes(plan, mechanism, attack, key_noise, plan.block, example, rows)
     valid = (b * plan.block + jnp.arange(plan.block)) < total
     return hit, score, valid, unit
 

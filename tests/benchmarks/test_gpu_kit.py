@@ -37,9 +37,10 @@ def test_cpu_smoke_runs_every_part_and_writes_their_json(tmp_path):
     rows = {row["case"]: row for row in sim["cases"]}
     assert {name: row["status"] for name, row in rows.items()} == dict.fromkeys(
         ["pv_k2", "pv_k16", "poe", "esa", "ksa"], "ok")
-    # Words per trial: 2 per normal or logistic variate (PV: k - 1 contrasts, ESA: 2 basis normals), KSA K + 2.
+    # Words per black-box trial: 2 per normal or logistic variate (PV k = 2: one contrast; k = 16: the target's
+    # normal and a coin; ESA: 2 basis normals), KSA K + 2 words.
     assert {name: row["words_per_trial"] for name, row in rows.items()} == {
-        "pv_k2": 2, "pv_k16": 30, "poe": 2, "esa": 4, "ksa": 6}
+        "pv_k2": 2, "pv_k16": 4, "poe": 2, "esa": 4, "ksa": 6}
     assert rows["pv_k16"]["scheme"] == "stratified" and min(rows["pv_k16"]["distinct_snapshots"]) > 1000
     for row in rows.values():
         assert row["jax_compiles_timed"] == 0
