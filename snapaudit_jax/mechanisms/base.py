@@ -187,6 +187,39 @@ class Mechanism(abc.ABC):
           keyword is selected") and ``(num,)`` float32 white-box statistics (larger means "canary present").
         """
 
+    def hit_noise(self, key: jax.Array, num: int, prepared: Any) -> Any:
+        """Draws the randomness of ``num`` black-box decisions only (the simulator's draw when it counts no
+        white-box statistic); by default :meth:`noise`.
+
+        Args:
+          key: PRNG key of the batch.
+          num: number of trials (static).
+          prepared: the output of :meth:`prepare` for one snapshot (used for shapes only).
+
+        Returns:
+          A pytree of arrays whose leaves end with an axis of size ``num``, for :meth:`hit_outcomes`.
+        """
+        return self.noise(key, num, prepared)
+
+    def hit_outcomes(self, noise: Any, prepared: Any, attack: Attack) -> jax.Array:
+        """Black-box decisions of a batch of trials from :meth:`hit_noise`'s draw; by default the ``hit`` of
+        :meth:`outcomes`.
+
+        Guarantees:
+          An override must give every trial's decision exactly the law of :meth:`outcomes`' ``hit`` (it may draw
+          less randomness, e.g. by sampling the decision from its exact conditional probability given part of the
+          noise); the joint law with the white-box score is not kept, and the simulator never needs it.
+
+        Args:
+          noise: the output of :meth:`hit_noise`.
+          prepared: the output of :meth:`prepare` with a trailing trial axis (size 1 or ``num``).
+          attack: the attack.
+
+        Returns:
+          ``(num,)`` bool: the release is ``attack.target`` (KSA: the target keyword is selected).
+        """
+        return self.outcomes(noise, prepared, attack)[0]
+
     def outcome(self, noise: Any, prepared: Any, attack: Attack) -> tuple[jax.Array, jax.Array]:
         """Attack outcome of one trial: :meth:`outcomes` without the trial axis.
 

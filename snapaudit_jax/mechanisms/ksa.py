@@ -38,7 +38,7 @@ import numpy as np
 
 from snapaudit_jax.mechanisms.noise import exponential_mechanism_scale
 from snapaudit_jax.mechanisms.base import Mechanism, Release, pytree_dataclass, static_field
-from snapaudit_jax.mechanisms.variates import AliasTable, alias_draw, alias_table
+from snapaudit_jax.mechanisms.variates import AliasTable, alias_draw, alias_table, random_words
 from snapaudit_jax.utils import validate
 
 __all__ = [
@@ -144,7 +144,7 @@ def jem_noise(key: jax.Array, num: int, k: int) -> jax.Array:
     Returns:
       ``(num, K + 2)`` uint32 words per draw: two for the alias-table pair, then one per position.
     """
-    return jax.random.bits(key, (num, k + 2), jnp.uint32)
+    return random_words(key, (num, k + 2))
 
 
 def jem_select(words: jax.Array, table: JemTable, k: int) -> jax.Array:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar, NamedTuple
 
 import jax
@@ -11,7 +12,7 @@ from snapaudit_jax.mechanisms import variates
 from snapaudit_jax.mechanisms.base import SQRT2, Attack, Mechanism, Release, pytree_dataclass
 from snapaudit_jax.mechanisms.noise import gaussian_sigma
 
-__all__ = ["PrivateVoting", "contrast_direction"]
+__all__ = ["PrivateVoting", "contrast_basis", "contrast_direction"]
 
 
 class _PvPrepared(NamedTuple):
@@ -107,17 +108,82 @@ class PrivateVoting(Mechanism):
         See :meth:`Mechanism.prepare`.
         """
         votes = jnp.asarray(clean, jnp.float32)
-        k = votes.shape[-1]
-        contrasts = jnp.eye(k, k - 1).at[k - 1].set(-1.0)  # columns e_i - e_{k-1}, a basis of 1^perp
-        basis, _ = jnp.linalg.qr(contrasts)
-        return _PvPrepared(votes, basis, contrast_direction(attack))
+        return _PvPrepared(votes, contrast_basis(votes.shape[-1]), contrast_direction(attack))
 
     def noise(self, key, num, prepared):
         """``(k - 1, num)`` float32 standard normals in the contrast space. See :meth:`Mechanism.noise`."""
         return variates.normal(key, (prepared.basis.shape[-1], num))
 
     def outcomes(self, noise, prepared, attack):
-        # votes (k, T), basis (k, k-1, T), noise (k-1, num): noisy (k, num).
         """Hit: the noisy arg-max is the target; score: ``<noisy, w - mean(w)>``. See :meth:`Mechanism.outcomes`."""
-        noisy = prepared.votes + self.sigma * jnp.sum(prepared.basis * noise[None], axis=1)
-        return jnp.argmax(noisy, axis=0) == attack.target, jnp.sum(noisy * prepared.direction, axis=0)
+        # noisy = votes + sigma * basis @ noise, one class row at a time: the Householder basis is a rank-one update
+        # of the identity (O(k) per trial), and per-row expressions keep XLA from recomputing the noise once per
+        # consumer, which a concatenated (k, num) array provokes on CPU.
+        k = noise.shape[0] + 1
+        a, b = _householder_coefficients(k)
+        s = jnp.sum(noise, axis=0)
+        rows = [prepared.votes[i] + self.sigma * (noise[i] - a * s) for i in range(k - 1)]
+        rows.append(prepared.votes[k - 1] + self.sigma * (b * s))
+        top = rows[attack.target]
+        hit = jnp.ones(top.shape, bool)
+        for j, row in enumerate(rows):  # jnp.argmax's ties: the first maximum wins
+            if j != attack.target:
+                hit &= (row < top) if j < attack.target else (row <= top)
+        score = sum(row * prepared.direction[i] for i, row in enumerate(rows))
+        return hit, score
+
+
+    def hit_noise(self, key, num, prepared):
+        """From 4 classes on: ``(2, 2, num)`` uint32, the words of the target's normal and of a uniform coin (two
+        words each, whatever ``k``); fewer classes: :meth:`noise`. See :meth:`Mechanism.hit_noise`."""
+        if prepared.votes.shape[0] < _CONDITIONAL_FROM:
+            return self.noise(key, num, prepared)
+        return variates.random_words(key, (2, 2, num))
+
+    def hit_outcomes(self, noise, prepared, attack):
+        """The arg-max is the target, sampled from its exact conditional law given the target's noise.
+
+        With ``k`` i.i.d. normals ``Z`` (the arg-max ignores the all-ones direction, so this is the release's law),
+        ``P(hit | Z_t = z) = prod_{j != t} Phi((v_t - v_j) / sigma + z)``; the coin ``V`` decides ``V < p``, as
+        ``u < p`` or ``u > 1 - p`` for ``V = u`` or ``1 - u``, with ``p = exp(L)`` and ``1 - p = -expm1(L)`` from
+        ``L = sum_j log Phi(.)`` (``log_ndtr``), so both tails keep their relative precision. Four words per trial
+        instead of ``2 (k - 1)``. Fewer than 4 classes: the hit of :meth:`outcomes`.
+
+        See :meth:`Mechanism.hit_outcomes`.
+        """
+        k = prepared.votes.shape[0]
+        if k < _CONDITIONAL_FROM:
+            return self.outcomes(noise, prepared, attack)[0]
+        z = variates.normal_from_bits(noise[0])
+        heads, u = variates.sign_and_half_uniform(noise[1])
+        top = prepared.votes[attack.target]
+        log_p = sum(jax.scipy.special.log_ndtr((top - prepared.votes[j]) / self.sigma + z)
+                    for j in range(k) if j != attack.target)
+        return jnp.where(heads, u < jnp.exp(log_p), u > -jnp.expm1(log_p))
+
+
+_CONDITIONAL_FROM = 4  # classes from which the conditional hit draws fewer words than k - 1 normals
+
+
+def _householder_coefficients(k: int) -> tuple[float, float]:
+    # H = I - 2 v v^T / (v^T v), v = e_k - 1 / sqrt(k), maps e_k to 1 / sqrt(k) and e_k^perp onto 1^perp; for
+    # x in R^(k-1), H (x, 0) = (x - a sum(x), b sum(x)) with a = 1 / (sqrt(k) (sqrt(k) - 1)), b = 1 / sqrt(k).
+    r = math.sqrt(k)
+    return 1.0 / (r * (r - 1.0)), 1.0 / r
+
+
+def contrast_basis(k: int) -> jax.Array:
+    """PV's orthonormal basis of the contrast space ``1^perp`` of ``R^k``: the first ``k - 1`` columns of the
+    Householder reflection that maps ``e_k`` to ``1 / sqrt(k)``.
+
+    :meth:`PrivateVoting.outcomes` applies it in ``O(k)`` per trial (a rank-one update), not as a matrix product.
+
+    Args:
+      k: number of classes (>= 2).
+
+    Returns:
+      ``(k, k - 1)`` float32 ``B`` with ``B^T B = I`` and ``1^T B = 0``.
+    """
+    a, b = _householder_coefficients(k)
+    head = jnp.eye(k - 1, dtype=jnp.float32) - jnp.float32(a)
+    return jnp.concatenate([head, jnp.full((1, k - 1), b, jnp.float32)], axis=0)

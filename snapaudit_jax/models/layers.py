@@ -6,6 +6,12 @@ Shapes: ``B`` batch, ``L`` new tokens, ``S`` cache slots, ``H`` query heads,
 A KV cache holds ``S`` slots per sequence; new tokens are written at slot
 ``index`` onwards. Prompts are left-padded, so slot order is time order and a
 query at slot ``q`` may attend to slots ``<= q`` whose ``key_mask`` is set.
+
+Dtypes: queries, keys, values and the cache are in the model's compute dtype
+(its parameters' dtype). In a lower precision (bfloat16) the attention scores
+and their softmax are float32, as in transformers, and the RoPE tables are
+cast to the compute dtype as ``LlamaRotaryEmbedding`` does; float32 models
+compute exactly as before these rules.
 """
 
 from __future__ import annotations
@@ -74,26 +80,46 @@ def attention_bias(allowed: jax.Array) -> jax.Array:
     return jnp.where(allowed, 0.0, _NEG).astype(jnp.float32)[:, None, None]
 
 
-def _group_queries(q, kv_heads):
-    """``(B, L, H, D)`` -> scaled ``(B*K, G, L, D)`` (the ``G = H/K`` query heads of each key/value head)."""
+def _low_precision(dtype) -> bool:
+    """Whether ``dtype`` is a floating dtype narrower than float32 (bfloat16, float16)."""
+    return jnp.dtype(dtype).itemsize < 4
+
+
+def _group_queries(q, kv_heads, scale: bool):
+    """``(B, L, H, D)`` -> ``(B*K, G, L, D)`` (the ``G = H/K`` query heads of each key/value head), scaled by
+    ``1 / sqrt(D)`` if ``scale``."""
     b, length, heads, dim = q.shape
-    q = (q * (1.0 / math.sqrt(dim))).reshape(b, length, kv_heads, heads // kv_heads, dim)
+    if scale:
+        q = q * (1.0 / math.sqrt(dim))
+    q = q.reshape(b, length, kv_heads, heads // kv_heads, dim)
     return q.transpose(0, 2, 3, 1, 4).reshape(b * kv_heads, heads // kv_heads, length, dim)
 
 
 def _attend_grouped(q, k, v, bias):
     """Attention of grouped queries ``(N, G, L, D)`` over ``(N, S, D)`` keys/values; bias ``(B, 1, 1, L, S)``.
 
-    The softmax is normalised after the value product (``L x D`` divisions instead of ``L x S``).
+    The softmax is normalised after the value product (``L x D`` divisions instead of ``L x S``). float32
+    (or wider) inputs come scaled by ``1 / sqrt(D)``; narrower ones unscaled: their scores, softmax and the value
+    product's accumulation are float32 (the scale applied to the float32 scores), and the output is rounded
+    to the inputs' dtype once.
     """
     n, groups, length, dim = q.shape
     b, slots = bias.shape[0], k.shape[1]
-    scores = jnp.einsum("nqd,nsd->nqs", q.reshape(n, groups * length, dim), k)
+    low = _low_precision(q.dtype)
+    scores = jnp.einsum("nqd,nsd->nqs", q.reshape(n, groups * length, dim), k,
+                        preferred_element_type=jnp.float32 if low else None)
+    if low:
+        scores = scores * (1.0 / math.sqrt(dim))
     scores = scores.reshape(b, n // b, groups, length, slots) + bias
     weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
     total = jnp.sum(weights, axis=-1)
-    out = jnp.einsum("nqs,nsd->nqd", weights.reshape(n, groups * length, slots), v)
-    return out.reshape(b, n // b, groups, length, dim) / total[..., None]
+    if not low:
+        out = jnp.einsum("nqs,nsd->nqd", weights.reshape(n, groups * length, slots), v)
+        return out.reshape(b, n // b, groups, length, dim) / total[..., None]
+    # Unnormalised weights lie in [0, 1]: rounded to the value dtype like transformers' softmax(...).to(dtype).
+    out = jnp.einsum("nqs,nsd->nqd", weights.reshape(n, groups * length, slots).astype(v.dtype), v,
+                     preferred_element_type=jnp.float32)
+    return (out.reshape(b, n // b, groups, length, dim) / total[..., None]).astype(v.dtype)
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array, *, causal_blocks: int = 1) -> jax.Array:
@@ -104,8 +130,8 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array, *, causal_
 
     Args:
       q: ``(B, L, H, D)`` queries (unscaled; scaled by ``1 / sqrt(D)`` here).
-      k: ``(B, S, K, D)`` keys.
-      v: ``(B, S, K, D)`` values.
+      k: ``(B, S, K, D)`` keys, in the dtype of ``q``.
+      v: ``(B, S, K, D)`` values, in the dtype of ``q``.
       bias: ``(B, 1, 1, L, S)`` additive mask from :func:`attention_bias`.
       causal_blocks: for a causal pass whose first query sits at slot 0 (a prefill), split the queries into
         this many blocks; block ``[a, e)`` only reads slots ``[0, e)``, skipping keys the mask hides anyway
@@ -113,11 +139,12 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array, *, causal_
         unsplit result; their outputs are never used. ``1``: no split.
 
     Returns:
-      ``(B, L, H, D)`` attention outputs.
+      ``(B, L, H, D)`` attention outputs in the dtype of ``q``. Below float32 the scores, their softmax and
+      the value product's sums are float32 (transformers upcasts the softmax alike).
     """
     b, length, heads, dim = q.shape
     slots, kv_heads = k.shape[1], k.shape[2]
-    qg = _group_queries(q, kv_heads)
+    qg = _group_queries(q, kv_heads, scale=not _low_precision(q.dtype))
     k = k.transpose(0, 2, 1, 3).reshape(b * kv_heads, slots, dim)
     v = v.transpose(0, 2, 1, 3).reshape(b * kv_heads, slots, dim)
     blocks = max(1, min(causal_blocks, length))
@@ -218,8 +245,10 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
       sin: ``(B, L, 1, D/2)`` from :func:`rope_tables`.
 
     Returns:
-      ``(B, L, heads, D)`` rotated vectors.
+      ``(B, L, heads, D)`` rotated vectors in the dtype of ``x`` (the float32 tables are rounded to it first,
+      as transformers' ``LlamaRotaryEmbedding`` does).
     """
+    cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)

@@ -17,6 +17,7 @@ import json
 import os
 from collections.abc import Callable, Iterable
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -26,7 +27,8 @@ from snapaudit_jax.models.config import BertConfig, ConfigError, GPT2Config, Lla
 from snapaudit_jax.models.decoders import GPT2, Llama
 from snapaudit_jax.utils.errors import InputError
 
-__all__ = ["CheckpointError", "load_hf_folder", "load_gguf", "build_model", "open_gguf", "PICKLE_SUFFIXES"]
+__all__ = ["CheckpointError", "load_hf_folder", "load_gguf", "build_model", "cast_model", "open_gguf",
+           "PICKLE_SUFFIXES"]
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
@@ -114,28 +116,81 @@ _MODELS: dict[type, tuple[type, Callable, tuple[str, ...]]] = {
 }
 
 
-def _concat_parts(parts, names, source):
-    """Concatenates the tensors of a fused parameter along their output axis."""
+def _concat_parts(parts, names, source, dtype):
+    """Concatenates the tensors of a fused parameter along their output axis (on the device if one of them is a
+    ``jax.Array``, on the host otherwise)."""
     lead = parts[0].shape[:-1]
     for name, part in zip(names, parts):
         if part.shape[:-1] != lead:
             raise CheckpointError(
                 f"{source}: tensor {name!r} has input size {part.shape[:-1]}, but {names[0]!r} has {lead}"
             )
+    if any(isinstance(part, jax.Array) for part in parts):
+        return jnp.concatenate([jnp.asarray(part, dtype) for part in parts], axis=-1)
     return np.concatenate(parts, axis=-1)
 
 
-def build_model(cfg, get_tensor: Callable[[str], np.ndarray | None], source: str):
+def _float_dtype(name: str, dtype) -> np.dtype:
+    """``dtype`` as a NumPy dtype, refused unless it is a floating-point one."""
+    try:
+        out = jnp.dtype(dtype)
+    except TypeError:
+        out = None
+    if out is None or not jnp.issubdtype(out, jnp.floating):
+        raise InputError(f"{name} must be a floating-point dtype (e.g. float32, bfloat16), got {dtype!r}")
+    return out
+
+
+def cast_model(model, dtype):
+    """The model with its floating-point parameters cast to ``dtype`` (integer state is kept).
+
+    :class:`~snapaudit_jax.models.decoders.GPT2` and :class:`~snapaudit_jax.models.decoders.Llama` compute in
+    their parameters' dtype: cast to ``jnp.bfloat16``, they run in bfloat16 with a bfloat16 KV cache and keep
+    float32 where transformers does (norm statistics, attention softmax, logits).
+
+    Args:
+      model: an NNX module (e.g. a loaded decoder); it is not modified.
+      dtype: the floating-point dtype (``jnp.bfloat16``, ``"bfloat16"``, ``jnp.float32`` ...).
+
+    Returns:
+      A new module of the same structure whose floating parameters are ``dtype`` arrays (on their devices).
+
+    Raises:
+      InputError: ``dtype`` is not a floating-point dtype.
+    """
+    dtype = _float_dtype("dtype", dtype)
+    graphdef, state = nnx.split(model)
+    state = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+    return nnx.merge(graphdef, state)
+
+
+def _read_tensor(tensor, transpose: bool, dtype):
+    """A checkpoint tensor as a float32 NumPy array, or a ``dtype`` array on its device if it is a ``jax.Array``,
+    transposed if asked."""
+    if isinstance(tensor, jax.Array):
+        array = jnp.asarray(tensor, dtype)
+        return array.T if transpose else array
+    array = np.asarray(tensor, np.float32)
+    return array.T if transpose else array
+
+
+def build_model(cfg, get_tensor: Callable[[str], "np.ndarray | jax.Array | None"], source: str, *,
+                dtype=jnp.float32):
     """Builds the NNX model of ``cfg`` from named tensors (no random initialisation).
 
     Each parameter's checkpoint name is tried with and without the architecture's prefix (``transformer.``,
-    ``model.``, ``bert.``); tensors are cast to float32 and transposed or concatenated (fused projections) as the
-    name map says.
+    ``model.``, ``bert.``); tensors are transposed or concatenated (fused projections) as the name map says.
+    Host tensors (NumPy arrays, or anything ``np.asarray`` reads) are read as float32, arranged on the host and
+    placed on the default device as ``dtype``. A ``jax.Array`` stays on its device, with no host round trip
+    (e.g. ``jax.dlpack.from_dlpack`` of a PyTorch CUDA tensor): it is cast to ``dtype`` there and transposed or
+    concatenated there; a parameter taken as is (same dtype, no transpose) shares the array's memory.
 
     Args:
       cfg: a model config (:class:`GPT2Config`, :class:`LlamaConfig` or :class:`BertConfig`).
       get_tensor: returns the checkpoint tensor of a name, or ``None`` if absent.
       source: the file(s) the tensors come from (for error messages).
+      dtype: the parameters' floating-point dtype; the decoders compute in it (float32, the default, or
+        bfloat16).
 
     Returns:
       The :class:`~snapaudit_jax.models.decoders.GPT2`, :class:`~snapaudit_jax.models.decoders.Llama` or
@@ -143,7 +198,9 @@ def build_model(cfg, get_tensor: Callable[[str], np.ndarray | None], source: str
 
     Raises:
       CheckpointError: a missing tensor or a shape mismatch (naming the tensor).
+      InputError: ``dtype`` is not a floating-point dtype.
     """
+    dtype = _float_dtype("dtype", dtype)
     cls, name_map, prefixes = _MODELS[type(cfg)]
     abstract = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
@@ -164,9 +221,8 @@ def build_model(cfg, get_tensor: Callable[[str], np.ndarray | None], source: str
                     break
             if tensor is None:
                 raise CheckpointError(f"{source}: missing tensor {name!r}")
-            array = np.asarray(tensor, np.float32)
-            parts.append(array.T if transpose else array)
-        array = parts[0] if len(parts) == 1 else _concat_parts(parts, found, source)
+            parts.append(_read_tensor(tensor, transpose, dtype))
+        array = parts[0] if len(parts) == 1 else _concat_parts(parts, found, source, dtype)
         expected = tuple(var.shape)
         if array.shape != expected:
             shown = " + ".join(f"{n!r} {tuple(p.shape[::-1] if transpose else p.shape)}" for n, p in zip(found, parts))
@@ -174,7 +230,7 @@ def build_model(cfg, get_tensor: Callable[[str], np.ndarray | None], source: str
                 f"{source}: tensor {shown} has shape {tuple(array.shape[::-1] if transpose else array.shape)} "
                 f"in all, expected {expected[::-1] if transpose else expected} for this config"
             )
-        pairs.append((path, var.replace(jnp.asarray(array))))
+        pairs.append((path, var.replace(jnp.asarray(array, dtype))))
     return nnx.merge(graphdef, nnx.from_flat_state(pairs))
 
 

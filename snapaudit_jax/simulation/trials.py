@@ -39,15 +39,17 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec
 
-from snapaudit_jax.mechanisms import Attack, Mechanism
+from snapaudit_jax.mechanisms import Attack, Mechanism, variates
 from snapaudit_jax.simulation.snapshots import dedupe
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.progress import Counter
 
-__all__ = ["SimulationCounts", "simulate", "BLOCK_TRIALS", "MAX_TRIALS"]
+__all__ = ["SimulationCounts", "simulate", "BLOCK_TRIALS", "CHUNK_TRIALS", "ACCELERATOR_CHUNK_TRIALS", "MAX_TRIALS"]
 
 BLOCK_TRIALS = 1 << 14
-CHUNK_TRIALS = 1 << 22
+CHUNK_TRIALS = 1 << 22  # trials per jitted call on CPU (memory bound)
+ACCELERATOR_CHUNK_TRIALS = 1 << 28  # on GPU/TPU: fewer host round trips
+ACCELERATOR_STEP_TRIALS = 1 << 22  # on GPU/TPU: trials of the blocks vectorised in one scan step
 MAX_TRIALS = 2_000_000_000
 _AXIS = "devices"
 
@@ -93,7 +95,8 @@ class _Plan:
     n: int  # snapshots (for index sampling / stratification)
     rounds: int  # stratified: rounds per block
     block: int  # trials per block
-    blocks_per_device: int
+    blocks_per_device: int  # a multiple of parallel_blocks
+    parallel_blocks: int  # blocks vectorised together in one scan step (1 on CPU)
     sample_index: bool  # bootstrap with more than one distinct snapshot
     per_unit: bool
     want_threshold: bool
@@ -160,40 +163,93 @@ def _combine(a, b):
     return out
 
 
-def _trial_last(tree, index=None, shared=None):
-    """Prepared leaves ``(D, ...)`` -> ``(..., T)``: rows ``index`` (one per trial), or row 0 with ``T = 1``.
+def _reduce_blocks(per_block):
+    """Accumulators with a leading block axis -> one accumulator (integer sums are exact in any order)."""
+    out = {}
+    for name, value in per_block.items():
+        if name == "score_min":
+            out[name] = jnp.min(value, axis=0)
+        elif name == "score_max":
+            out[name] = jnp.max(value, axis=0)
+        else:
+            out[name] = jnp.sum(value, axis=0)
+    return out
 
-    Leaves flagged in ``shared`` (equal for every snapshot, e.g. a basis that
-    only depends on the attack) stay at ``T = 1`` instead of being gathered.
+
+def _columns(plan: _Plan, prepared, unit_of_snapshot):
+    """Prepared leaves ``(D, ...)`` -> trial-last tables, once per call (outside the scan over blocks).
+
+    Shared leaves (equal for every distinct snapshot, e.g. a basis that only depends on the attack) become
+    ``(..., 1)``; under ``"stratified"`` the others become ``(..., rounds * n)``, the columns of a whole block;
+    under ``"bootstrap"`` ``(..., D)``, one column per distinct snapshot, gathered per block.
     """
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    shared = shared or (False,) * len(leaves)
-    out = [
-        x[0][..., None] if (index is None or same) else jnp.moveaxis(x[index], 0, -1)
-        for x, same in zip(leaves, shared)
-    ]
+    leaves, treedef = jax.tree_util.tree_flatten(prepared)
+    out = []
+    for x, same in zip(leaves, plan.shared_leaves):
+        if same or not (plan.scheme == "stratified" or plan.sample_index):
+            out.append(x[0][..., None])
+        elif plan.scheme == "stratified":  # trial j * n + i of a block is round j of snapshot i
+            per_snapshot = _gather_columns(jnp.moveaxis(x, 0, -1), unit_of_snapshot)
+            out.append(jnp.tile(per_snapshot, (1,) * (x.ndim - 1) + (plan.rounds,)))
+        else:
+            out.append(jnp.moveaxis(x, 0, -1))
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def _block_outcomes(plan: _Plan, mechanism: Mechanism, attack: Attack, prepared, unit_of_snapshot, block_key, b, total):
+def _gather_columns(table: jax.Array, index: jax.Array) -> jax.Array:
+    """``table[..., index]`` as one 1-D gather per row of ``table`` ``(..., D)``: ``(..., T)``.
+
+    XLA's CPU gather of multi-element slices (``x[index]`` on ``(D, m)``, or ``take`` along the last axis) runs
+    several times slower than ``m`` scalar gathers.
+    """
+    flat = table.reshape(-1, table.shape[-1])
+    return lax.optimization_barrier(jnp.stack([row[index] for row in flat])).reshape(*table.shape[:-1], index.shape[0])
+
+
+def _uniform_index(key: jax.Array, num: int, n: int) -> jax.Array:
+    """``(num,)`` int32 indices uniform on ``[0, n)``, exactly: one word each, rejection above ``n floor(2^32 / n)``.
+
+    A rejected word (probability below ``n / 2^32``) is redrawn from ``fold_in(key, round)`` until none is left.
+    """
+    words = variates.random_words(key, (num,))
+    if n & (n - 1) == 0:
+        return (words & jnp.uint32(n - 1)).astype(jnp.int32)
+    limit = jnp.uint32((1 << 32) - (1 << 32) % n)
+
+    def redraw(state):
+        w, rnd = state
+        fresh = variates.random_words(jax.random.fold_in(key, rnd), (num,))
+        return jnp.where(w >= limit, fresh, w), rnd + 1
+
+    words, _ = lax.while_loop(lambda state: jnp.any(state[0] >= limit), redraw, (words, jnp.int32(1)))
+    return (words % jnp.uint32(n)).astype(jnp.int32)
+
+
+def _outcomes(plan: _Plan, mechanism: Mechanism, attack: Attack, key, num: int, example, rows):
+    """``(hit, score)`` of ``num`` trials; without white-box counts, the mechanism's black-box-only draw and
+    ``score = None`` (an override of ``hit_noise``/``hit_outcomes`` may draw less randomness per trial)."""
+    if plan.want_threshold or plan.bins or plan.track_scores:
+        return mechanism.outcomes(mechanism.noise(key, num, example), rows, attack)
+    return mechanism.hit_outcomes(mechanism.hit_noise(key, num, example), rows, attack), None
+
+
+def _block_outcomes(plan: _Plan, mechanism: Mechanism, attack: Attack, example, columns, unit_of_snapshot,
+                    block_key, b, total):
     """Runs one block: returns ``(hit, score, valid, unit)``."""
-    example = jax.tree_util.tree_map(lambda x: x[0], prepared)
     if plan.scheme == "stratified":
-        # Trial j * n + i of the block is round j of snapshot i.
         r, n = plan.rounds, plan.n
-        rows = _trial_last(prepared, jnp.tile(unit_of_snapshot, r), plan.shared_leaves)
-        hit, score = mechanism.outcomes(mechanism.noise(block_key, r * n, example), rows, attack)
+        hit, score = _outcomes(plan, mechanism, attack, block_key, r * n, example, columns)
         rounds = b * r + jnp.arange(r)
         valid = jnp.broadcast_to((rounds < total)[:, None], (r, n))
-        return hit.reshape(r, n), score.reshape(r, n), valid, None
+        return hit.reshape(r, n), None if score is None else score.reshape(r, n), valid, None
     key_index, key_noise = jax.random.split(block_key)
-    noise = mechanism.noise(key_noise, plan.block, example)
     if plan.sample_index:
-        unit = unit_of_snapshot[jax.random.randint(key_index, (plan.block,), 0, plan.n)]
-        hit, score = mechanism.outcomes(noise, _trial_last(prepared, unit, plan.shared_leaves), attack)
+        unit = unit_of_snapshot[_uniform_index(key_index, plan.block, plan.n)]
+        rows = jax.tree_util.tree_map(lambda x: x if x.shape[-1] == 1 else _gather_columns(x, unit), columns)
     else:
         unit = jnp.zeros((plan.block,), jnp.int32)
-        hit, score = mechanism.outcomes(noise, _trial_last(prepared), attack)
+        rows = columns
+    hit, score = _outcomes(plan, mechanism, attack, key_noise, plan.block, example, rows)
     valid = (b * plan.block + jnp.arange(plan.block)) < total
     return hit, score, valid, unit
 
@@ -215,20 +271,30 @@ def _run_chunk(args, *, plan: _Plan):
     def local(args):
         stream_key, base, total, num_blocks, mechanism, attack, prepared, unit_of_snapshot, threshold, lo, width = args
         dev = lax.axis_index(_AXIS)
+        example = jax.tree_util.tree_map(lambda x: x[0], prepared)
+        columns = _columns(plan, prepared, unit_of_snapshot)
+
+        def one_block(b):
+            hit, score, valid, unit = _block_outcomes(
+                plan, mechanism, attack, example, columns, unit_of_snapshot, jax.random.fold_in(stream_key, b), b, total
+            )
+            return _accumulate(plan, hit, score, valid, unit, threshold, lo, width)
 
         def body(acc, j):
-            b = base + dev * plan.blocks_per_device + j
+            first = base + dev * plan.blocks_per_device + j * plan.parallel_blocks
 
-            def run_block(acc):
-                hit, score, valid, unit = _block_outcomes(
-                    plan, mechanism, attack, prepared, unit_of_snapshot, jax.random.fold_in(stream_key, b), b, total
-                )
-                return _combine(acc, _accumulate(plan, hit, score, valid, unit, threshold, lo, width))
+            def run_blocks(acc):
+                if plan.parallel_blocks == 1:
+                    return _combine(acc, one_block(first))
+                # Blocks past the end have no valid trial, so they add nothing.
+                per_block = jax.vmap(one_block)(first + jnp.arange(plan.parallel_blocks))
+                return _combine(acc, _reduce_blocks(per_block))
 
             # The last call of a run is padded with blocks past the end: skip their work.
-            return lax.cond(b < num_blocks, run_block, lambda acc: acc, acc), None
+            return lax.cond(first < num_blocks, run_blocks, lambda acc: acc, acc), None
 
-        acc, _ = lax.scan(body, _zeros(plan), jnp.arange(plan.blocks_per_device))
+        steps = plan.blocks_per_device // plan.parallel_blocks
+        acc, _ = lax.scan(body, _zeros(plan), jnp.arange(steps))
         out = {}
         for name, value in acc.items():
             if name == "score_min":
@@ -268,7 +334,8 @@ def simulate(
     histogram: tuple[float, float, int] | None = None,
     track_scores: bool = False,
     devices=None,
-    chunk_trials: int = CHUNK_TRIALS,
+    chunk_trials: int | None = None,
+    parallel_blocks: int | None = None,
     progress: str | None = None,
 ) -> SimulationCounts:
     """Simulates ``trials`` DP-noise trials for one hypothesis.
@@ -286,7 +353,11 @@ def simulate(
       histogram: ``(lo, hi, bins)`` for a score histogram of ``bins`` equal bins on ``[lo, hi)``; ``None``: none.
       track_scores: record the min and max score.
       devices: devices of the 1-D mesh (default: all global devices).
-      chunk_trials: trials per jitted call (memory bound; the counts do not depend on it).
+      chunk_trials: trials per jitted call (memory bound; the counts do not depend on it); ``None``:
+        :data:`CHUNK_TRIALS` on CPU, :data:`ACCELERATOR_CHUNK_TRIALS` on accelerators.
+      parallel_blocks: blocks vectorised (``vmap``) in one step of the scan over blocks, a power of two; ``None``: 1
+        on CPU (one block of :data:`BLOCK_TRIALS` stays in cache), enough for :data:`ACCELERATOR_STEP_TRIALS`
+        trials per step on accelerators (one block is far too small to fill a GPU). The counts do not depend on it.
       progress: a label to show a progress bar on stderr; ``None`` is silent.
 
     Returns:
@@ -294,7 +365,8 @@ def simulate(
 
     Raises:
       InputError: ``trials`` out of range, an unknown ``scheme``, a ``threshold`` that is not a number or a
-        non-empty 1-D array, or a histogram with ``lo >= hi``.
+        non-empty 1-D array, a histogram with ``lo >= hi``, ``chunk_trials < 1``, or a ``parallel_blocks`` that is
+        not a power of two.
     """
     snaps = np.asarray(snapshots, np.float32)
     n = snaps.shape[0]
@@ -312,6 +384,13 @@ def simulate(
         distinct = np.concatenate([distinct, np.repeat(distinct[:1], padded - num_distinct, axis=0)])
     mesh = _mesh(devices)
     num_devices = mesh.devices.size
+    on_cpu = mesh.devices.flat[0].platform == "cpu"
+    if chunk_trials is None:
+        chunk_trials = CHUNK_TRIALS if on_cpu else ACCELERATOR_CHUNK_TRIALS
+    if chunk_trials < 1:
+        raise InputError(f"chunk_trials must be >= 1, got {chunk_trials}")
+    if parallel_blocks is not None and (parallel_blocks < 1 or parallel_blocks & (parallel_blocks - 1)):
+        raise InputError(f"parallel_blocks must be a power of two >= 1, got {parallel_blocks}")
 
     if scheme == "stratified":
         rounds = max(1, BLOCK_TRIALS // n)
@@ -325,9 +404,12 @@ def simulate(
         num_blocks = -(-trials // block)
         sample_index = num_distinct > 1
         units = padded if (per_unit and sample_index) else 1
-    # Blocks per device per call: the chunk size, or fewer (rounded up to a power
-    # of two, so that nearby trial counts share one compiled function) for short runs.
+    if parallel_blocks is None:
+        parallel_blocks = 1 if on_cpu else _bucket(max(1, ACCELERATOR_STEP_TRIALS // block))
+    # Blocks per device per call: the chunk size, or fewer (rounded up to a power of two, so that nearby trial
+    # counts share one compiled function) for short runs; a whole number of vectorised steps.
     per_device = max(1, min(chunk_trials // (block * num_devices), _bucket(-(-num_blocks // num_devices))))
+    per_device = -(-per_device // parallel_blocks) * parallel_blocks
     prepared = _prepare_all(mechanism, attack, jnp.asarray(distinct))
     shared = tuple(
         bool(np.all(leaf[:num_distinct] == leaf[:1]))
@@ -340,6 +422,7 @@ def simulate(
         rounds=rounds,
         block=block,
         blocks_per_device=per_device,
+        parallel_blocks=parallel_blocks,
         sample_index=sample_index,
         per_unit=per_unit,
         want_threshold=threshold is not None,

@@ -10,6 +10,7 @@ import sys
 
 local_devices = int(sys.argv[1])
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={local_devices}"
+os.environ["JAX_PLATFORMS"] = "cpu"  # host devices, also on a machine with an accelerator
 
 import jax  # noqa: E402
 

@@ -230,3 +230,72 @@ def test_simulator_matches_exact_rates(name, make, x1, x0, threat):
             hits = counts.score_hits.sum()
         assert counts.total_trials == n
         assert abs(_binomial_z(hits, n, float(p[0]))) < Z_1E7, (name, threat, b)
+
+
+PV_CONDITIONAL_CASES = [
+    ([3.0, 1.0, 2.5, 0.0], 0.8, 0),
+    ([2.0, 2.0, 2.0, 2.0, 1.0, 0.0, 3.0], 1.1, 3),
+    (list(np.arange(16.0) % 5), 1.4, 15),
+]
+
+
+@pytest.mark.parametrize("votes,sigma,target", PV_CONDITIONAL_CASES)
+def test_pv_conditional_hit_has_the_arg_max_law(votes, sigma, target):
+    """PV's black-box-only draw (the target's normal and a coin on prod Phi) hits at the exact rate of the arg-max
+    (pv_argmax_probability, checked against mpmath above) on 2^20 trials, like the full draw (z-tests, false-failure
+    prob 1e-7 each); power: a sigma 5% off is rejected by the same test."""
+    n = 1 << 20
+    votes = np.asarray(votes)
+    mech = sa.PrivateVoting(sigma=jnp.float32(sigma))
+    attack = make_attack(mech, votes, votes, target=target)
+    example = mech.prepare(jnp.asarray(votes, jnp.float32), attack)
+    prepared = jax.tree_util.tree_map(lambda x: x[..., None], example)
+
+    @jax.jit
+    def rates(mech, key):
+        words = mech.hit_noise(key, n, example)
+        full = mech.outcomes(mech.noise(jax.random.fold_in(key, 1), n, example), prepared, attack)[0]
+        return jnp.sum(mech.hit_outcomes(words, prepared, attack)), jnp.sum(full), words.dtype == jnp.uint32
+
+    p, _ = pv_argmax_probability(votes, sigma, target)
+    hits, full_hits, conditional = rates(mech, jax.random.key(len(votes)))
+    assert bool(conditional)  # from 4 classes on, the conditional draw is the one used
+    assert abs(_binomial_z(int(hits), n, p)) < Z_1E7
+    assert abs(_binomial_z(int(full_hits), n, p)) < Z_1E7
+    off, _, _ = rates(sa.PrivateVoting(sigma=jnp.float32(sigma * 1.05)), jax.random.key(len(votes)))
+    assert abs(_binomial_z(int(off), n, p)) > Z_1E7
+
+
+def _coin_words(u: np.ndarray, heads: bool) -> np.ndarray:
+    """``(2, m)`` words whose sign_and_half_uniform is ``(heads, u)``."""
+    x = np.asarray(u, np.float64) * 2.0**32
+    hi = np.floor(x)
+    lo = np.floor((x - hi) * 2.0**32)
+    return np.stack([hi.astype(np.uint64) | (np.uint64(1 << 31) if heads else np.uint64(0)),
+                     lo.astype(np.uint64)]).astype(np.uint32)
+
+
+def test_pv_conditional_hit_is_exact_in_both_tails():
+    """Quantile-spaced coins around p = P(hit | z) ~ 1e-12 and around 1 - p ~ 1e-12: the decision flips exactly at
+    p (float64 reference, within 1e-5 relative), so neither tail is lost to float32 rounding of p near 0 or 1."""
+    votes = np.array([3.0, 1.0, 2.5, 0.0, 3.0])
+    sigma, target = 0.3, 0
+    mech = sa.PrivateVoting(sigma=jnp.float32(sigma))
+    attack = make_attack(mech, votes, votes, target=target)
+    prepared = jax.tree_util.tree_map(lambda x: x[..., None], mech.prepare(jnp.asarray(votes, jnp.float32), attack))
+    others = [(votes[target] - v) / sigma for j, v in enumerate(votes) if j != target]
+    for heads, z_target, tail in ((True, -5.5, "p"), (False, 7.0, "q")):
+        # z = -ndtri(u) * (+1 if the sign bit is set): words for the target's normal.
+        u_z = special.ndtr(-abs(z_target))
+        z_words = _coin_words(np.array([u_z]), z_target > 0)
+        z = float(np.asarray(sa.mechanisms.variates.normal_from_bits(jnp.asarray(z_words)))[0])
+        log_p = sum(special.log_ndtr(a + z) for a in others)
+        edge = math.exp(log_p) if tail == "p" else -math.expm1(log_p)
+        assert 1e-14 < edge < 1e-9, edge
+        grid = edge * np.array([1 - 1e-4, 1 - 1e-5, 1 + 1e-5, 1 + 1e-4])
+        coins = _coin_words(grid, heads)
+        words = np.stack([np.repeat(z_words, grid.size, axis=1), coins])
+        hit = np.asarray(mech.hit_outcomes(jnp.asarray(words), prepared, attack))
+        below = grid < edge
+        # heads: hit iff u < p; tails: hit iff u > 1 - p (V = 1 - u < p).
+        assert np.array_equal(hit, below if heads else ~below), (tail, grid, edge, hit)

@@ -95,3 +95,46 @@ def test_alias_draw_frequencies():
 def test_alias_table_needs_power_of_two():
     with pytest.raises(ValueError, match="power-of-two"):
         sampling.alias_table(jnp.zeros(6))
+
+
+def test_random_words_are_jax_counter_mode_threefry():
+    """random_words is the layout of jax.random.bits without partitionable Threefry, per key and under vmap; raw
+    keys of the default implementation give the typed key's words; an rbg key falls back to jax.random.bits."""
+    key = jax.random.key(7)
+    for shape in [(1,), (5,), (3, 1001), (2, 2, 2)]:
+        with jax.threefry_partitionable(False):
+            expected = np.asarray(jax.random.bits(key, shape, jnp.uint32))
+        got = np.asarray(sampling.random_words(key, shape))
+        assert got.shape == shape and got.dtype == np.uint32
+        assert np.array_equal(got, expected), shape
+    keys = jax.random.split(key, 4)
+    looped = np.stack([np.asarray(sampling.random_words(k, (5,))) for k in keys])
+    assert np.array_equal(np.asarray(jax.vmap(lambda k: sampling.random_words(k, (5,)))(keys)), looped)
+    assert np.array_equal(np.asarray(sampling.random_words(jax.random.PRNGKey(7), (9,))),
+                          np.asarray(sampling.random_words(key, (9,))))
+    rbg = jax.random.key(1, impl="rbg")
+    assert np.array_equal(np.asarray(sampling.random_words(rbg, (4,))), np.asarray(jax.random.bits(rbg, (4,), jnp.uint32)))
+    assert sampling.random_words(key, (0, 3)).shape == (0, 3)
+
+
+def _byte_pair_pvalue(words: np.ndarray) -> float:
+    """Chi-square p-value of the joint law of the top bytes of neighbouring words (256 x 256 cells)."""
+    top = (words >> 24).astype(np.int64)
+    cells = np.bincount(top[0::2] * 256 + top[1::2], minlength=65536)
+    return stats.chisquare(cells).pvalue
+
+
+def test_random_words_are_uniform_and_pairwise_independent():
+    """Top bytes of neighbouring words (one Threefry hash) and of words half the array apart (the two halves of
+    one hash) are jointly uniform (chi-square, false-failure prob 1e-6 each); power: a stuck bit is rejected."""
+    n = 1 << 22
+    words = np.asarray(sampling.random_words(jax.random.key(11), (n,)))
+    assert _byte_pair_pvalue(words) > 1e-6
+    halves = np.stack([words[: n // 2], words[n // 2:]], axis=1).reshape(-1)  # word c next to word c + n/2
+    assert _byte_pair_pvalue(halves) > 1e-6
+    assert _byte_pair_pvalue(words | np.uint32(1 << 24)) < 1e-6
+
+
+def test_random_words_refuses_more_than_2_32_words():
+    with pytest.raises(ValueError, match=r"at most 2\^32 words per key, got shape \(65536, 65537\)"):
+        sampling.random_words(jax.random.key(0), (65536, 65537))

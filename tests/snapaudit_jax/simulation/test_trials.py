@@ -14,7 +14,8 @@ from scipy import stats
 
 import snapaudit_jax as sa
 from snapaudit_jax.audits.active import make_attack
-from snapaudit_jax.simulation.trials import _run_chunk, simulate
+from snapaudit_jax.mechanisms import variates
+from snapaudit_jax.simulation.trials import _run_chunk, _uniform_index, simulate
 
 from tests.helpers.paths import ROOT as _ROOT
 
@@ -53,6 +54,42 @@ def test_bootstrap_units_are_distinct_snapshots_sampled_by_multiplicity():
     assert out.unit_index.tolist() == [0, 0, 1, 0, 2]
     assert out.trials.sum() == 200_000
     assert stats.chisquare(out.trials, 200_000 * np.array([3, 1, 1]) / 5).pvalue > 1e-6
+
+
+@pytest.mark.parametrize("n", [1, 3, 2048, 3 * 2**29])
+def test_uniform_index_is_exactly_uniform(n):
+    """Snapshot indices are uniform on [0, n): chi-square over 3 equal-probability cells (false-failure prob 1e-6).
+    n = 3 * 2^29 rejects a quarter of the words, so the redraw loop runs; power: the plain modulo of one word
+    (no rejection) is rejected there, since it doubles the probability of the indices below 2^32 - n."""
+    num = 300_001
+    index = np.asarray(jax.jit(_uniform_index, static_argnums=(1, 2))(jax.random.key(n), num, n), np.int64)
+    assert index.min() >= 0 and index.max() < n
+    if n == 1:
+        return
+    cells = np.bincount(index * 3 // n, minlength=3)
+    assert stats.chisquare(cells).pvalue > 1e-6
+    if n == 3 * 2**29:
+        plain = np.asarray(variates.random_words(jax.random.key(n), (num,)), np.int64) % n
+        assert stats.chisquare(np.bincount(plain * 3 // n, minlength=3)).pvalue < 1e-6
+
+
+def test_pv_outcomes_are_the_arg_max_of_the_noisy_votes():
+    """PV's per-row outcome equals jnp.argmax of votes + sigma * basis @ noise (ties to the first maximum) and the
+    score <noisy, direction>, for a target in the middle of 7 classes and noise rows that make exact ties."""
+    k, target = 7, 3
+    mech = sa.PrivateVoting(sigma=np.float32(0.8))
+    votes = np.array([2.0, 1.0, 3.0, 3.0, 0.5, 3.0, 1.0], np.float32)
+    attack = make_attack(mech, votes + np.eye(k)[target], votes, target=target)
+    prepared = mech.prepare(votes, attack)
+    noise = np.array(jax.random.normal(jax.random.key(3), (k - 1, 4001)), np.float32)
+    noise[:, :7] = 0.0  # noisy = votes: classes 2, 3 and 5 tie, so the release is 2, not the target
+    hit, score = mech.outcomes(noise, jax.tree_util.tree_map(lambda x: x[..., None], prepared), attack)
+    basis = np.asarray(prepared.basis)
+    noisy = votes[:, None] + np.float32(0.8) * (basis @ noise)
+    assert not np.asarray(hit)[:7].any()
+    assert np.array_equal(np.asarray(hit), np.argmax(noisy, axis=0) == target)
+    np.testing.assert_allclose(np.asarray(score), np.asarray(prepared.direction) @ noisy, rtol=1e-5, atol=1e-5)
+    assert 0.1 < np.asarray(hit).mean() < 0.6
 
 
 def test_histogram_and_threshold_counts_agree():
@@ -133,3 +170,34 @@ def test_two_processes_match_one_process():
     for key in single:
         if key != "devices":
             assert single[key] == multi[key], key
+
+
+@pytest.mark.parametrize("name", ["pv", "poe", "esa", "ksa"])
+def test_vectorised_blocks_give_the_same_counts(name):
+    """Blocks vectorised 4 at a time (the accelerator layout) give exactly the counts of one block per scan step
+    (the CPU layout), for every mechanism, with per-unit counts, a threshold grid and a histogram."""
+    from snapaudit_jax.audits.command import DEFAULT_CLEAN, esa_unit_pair
+    from snapaudit_jax.mechanisms.ksa import bucket_num_values
+
+    if name == "esa":
+        u1, u2 = esa_unit_pair(1.3, 16)
+        mech = sa.EmbeddingSpaceAggregation.calibrated(4.0, 1e-5, np.stack([u1, u2]))
+        w, wo = u1, u2
+    else:
+        w, wo = map(np.asarray, DEFAULT_CLEAN[name])
+        mech = {"pv": PV, "poe": sa.ProductOfExperts.calibrated(4.0, clip=5.0),
+                "ksa": sa.KeywordSpaceAggregation.calibrated(4.0, top_k=3, num_values=bucket_num_values(
+                    np.stack([w, wo])))}[name]
+    attack = make_attack(mech, w, wo)
+    snaps = np.stack([w, wo, w, (w + wo) / 2])
+    options = dict(trials=70_001, threshold=np.array([-0.5, 0.0, 0.5]), histogram=(-6.0, 6.0, 24), track_scores=True)
+    key = jax.random.key(13)
+    one = simulate(key, mech, attack, snaps, parallel_blocks=1, **options)
+    many = simulate(key, mech, attack, snaps, parallel_blocks=4, chunk_trials=1 << 15, **options)
+    for field in ("hits", "trials", "score_hits", "histogram"):
+        np.testing.assert_array_equal(getattr(one, field), getattr(many, field), err_msg=f"{name} {field}")
+    assert (one.score_min, one.score_max) == (many.score_min, many.score_max)
+    if name == "pv":
+        strat = [simulate(key, mech, attack, snaps, scheme="stratified", trials=30_000, parallel_blocks=p).hits
+                 for p in (1, 4)]
+        np.testing.assert_array_equal(*strat)

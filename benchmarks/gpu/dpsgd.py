@@ -1,0 +1,230 @@
+"""One DP-SGD step on the GPT-2-small shape against the non-private step of the same model and batch.
+
+Usage::
+
+    python benchmarks/gpu/dpsgd.py --out dpsgd.json [--records 1024] [--batch 64] [--seq 128] \
+        [--microbatch 16] [--repeats 5] [--deadline SECONDS] [--json] [--seed S]
+    python benchmarks/gpu/dpsgd.py --cpu-smoke --out /tmp/dpsgd_smoke.json
+
+What is measured
+----------------
+:class:`snapaudit_jax.models.decoders.GPT2` (float32) of the GPT-2-small shape (12 layers, width
+768, 12 heads, vocabulary 50257; ``--cpu-smoke``: 2 layers x 64, vocabulary 512) on ``--records``
+synthetic records of ``--seq`` tokens (``benchmarks/bench_dpsgd.make_data``), Poisson sampling at
+``q = batch / records``:
+
+* ``dp``: the jitted step of :func:`snapaudit_jax.dpsgd.train` (``_dp_step``): the Poisson batch,
+  per-record gradients vectorised ``--microbatch`` records at a time with ``vmap`` (jax_privacy
+  ``clipped_grad``), each clipped to ``C`` (the mean per-record norm of step 0), summed, Gaussian noise ``sigma C`` (``sigma = 1``),
+  scaled by ``1 / (q N)``, AdamW;
+* ``nonprivate`` (the limit): one jitted ``value_and_grad`` of the summed per-record losses of the
+  *same* batch (padded to a fixed size with zero-weight copies, so it compiles once), scaled by
+  ``1 / (q N)``, the same AdamW -- what the step costs without per-record gradients.
+
+``records_per_s`` is records of the realised batches over the summed step times, timed steps
+alternating after one compiling step each; ``ratio_dp_over_nonprivate`` is the share of the
+non-private throughput DP-SGD keeps.
+
+Check (before timing): with ``C`` far above every per-record norm and the noise off, ``dp``'s
+clipped sum (read back from AdamW's first moment) equals the non-private gradient of the same batch
+up to ``--tolerance`` relative L2 (default ``1e-4`` on CPU, ``2e-2`` on accelerators, whose float32
+matrix products run in TF32 by default); otherwise the script exits 1 and writes no file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # benchmarks/ (_common, bench_*)
+sys.path.append(os.path.dirname(os.path.dirname(HERE)))  # the repository, unless the package is installed
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from _common import CompileCounter, int_at_least  # noqa: E402
+from bench_dpsgd import B1, LEARNING_RATE, NOISE_MULTIPLIER, flat64, make_data, ours_step  # noqa: E402
+from snapaudit_jax.dpsgd import DPSGDConfig, poisson_batch, sequence_losses  # noqa: E402
+from snapaudit_jax.dpsgd.train import _SAMPLE_STREAM, _prepare  # noqa: E402
+from snapaudit_jax.models.config import GPT2Config  # noqa: E402
+from snapaudit_jax.models.decoders import GPT2  # noqa: E402
+from snapaudit_jax.utils.io import write_json  # noqa: E402
+
+SHAPES = {
+    "gpt2-small": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257),
+    "smoke": dict(n_layer=2, n_embd=64, n_head=4, vocab_size=512),
+}
+GPU_DEFAULTS = dict(records=1024, batch=64, seq=128, microbatch=16, repeats=5)
+SMOKE_DEFAULTS = dict(records=64, batch=8, seq=32, microbatch=4, repeats=3)
+HUGE_CLIP = 1e9
+
+
+class NonPrivate:
+    """The non-private step of the same model, batch and optimizer: one batched gradient, no clipping, no noise."""
+
+    def __init__(self, model, tokens, mask, *, normaliser: float, pad_to: int):
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        self.params = jax.tree.map(jnp.array, params)
+        tx = optax.adamw(LEARNING_RATE, b1=B1)
+        self.opt_state = tx.init(self.params)
+        self.pad_to = pad_to
+        scale = 1.0 / normaliser
+
+        def grad(params, idx, weight):
+            def loss(p):
+                losses = sequence_losses(nnx.merge(graphdef, p, rest), tokens[idx], mask[idx])
+                return jnp.sum(weight * losses)
+
+            return jax.grad(loss)(params)
+
+        def step(params, opt_state, idx, weight):
+            g = jax.tree.map(lambda x: x * scale, grad(params, idx, weight))
+            updates, opt_state = tx.update(g, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        self.grad = jax.jit(grad)
+        self._step = jax.jit(step, donate_argnums=(0, 1))
+
+    def padded(self, indices: np.ndarray) -> tuple[jax.Array, jax.Array]:
+        """Indices padded to ``pad_to`` with copies of the first record, and their 0/1 weights."""
+        if indices.size > self.pad_to:
+            raise RuntimeError(f"a Poisson batch of {indices.size} records exceeds the padded size {self.pad_to}")
+        idx = np.full(self.pad_to, indices[0] if indices.size else 0, np.int32)
+        idx[: indices.size] = indices
+        return jnp.asarray(idx), jnp.asarray(np.arange(self.pad_to) < indices.size, jnp.float32)
+
+    def step(self, indices: np.ndarray) -> None:
+        self.params, self.opt_state = self._step(self.params, self.opt_state, *self.padded(indices))
+        jax.block_until_ready(self.params)
+
+
+def benchmark(args, shape: str) -> dict:
+    cfg = GPT2Config(n_positions=args.seq, n_inner=4 * SHAPES[shape]["n_embd"], **SHAPES[shape])
+    model = GPT2(cfg, rngs=nnx.Rngs(args.seed))
+    tokens_np, mask_np = make_data(args.records, args.seq, cfg.vocab_size, args.seed)
+    tokens, mask = jnp.asarray(tokens_np), jnp.asarray(mask_np)
+    q = args.batch / args.records
+    key = jax.random.key(args.seed)
+    sample_key = jax.random.fold_in(key, _SAMPLE_STREAM)
+    batches = [np.flatnonzero(poisson_batch(sample_key, t, args.records, q)) for t in range(args.repeats + 1)]
+    pad_to = -(-max(b.size for b in batches) // 8) * 8
+    nonprivate = NonPrivate(model, tokens, mask, normaliser=args.records * q, pad_to=pad_to)
+    num_params = int(sum(x.size for x in jax.tree.leaves(nonprivate.params)))
+
+    # Check: huge clip, no noise -> dp's sum of per-record gradients equals the batched gradient.
+    check_cfg = DPSGDConfig(steps=1, learning_rate=LEARNING_RATE, clip_norm=HUGE_CLIP, noise_multiplier=1.0,
+                            delta=1e-5, sampling_rate=q, optimizer="adamw", b1=B1, microbatch_size=args.microbatch)
+    run = _prepare(model, (tokens_np, mask_np), check_cfg, key)
+    start = time.perf_counter()
+    _, opt_after, metrics = ours_step(run, 0, jax.tree.map(jnp.array, run.params),
+                                      jax.tree.map(jnp.array, run.opt_state),
+                                      run.hyper._replace(noise_std=jnp.float32(0.0)))
+    dp_compile = time.perf_counter() - start
+    dp_sum = flat64(optax.tree_utils.tree_get(opt_after, "mu")) * (args.records * q) / (1.0 - B1)
+    start = time.perf_counter()
+    batched = flat64(nonprivate.grad(nonprivate.params, *nonprivate.padded(batches[0])))
+    np_compile = time.perf_counter() - start
+    rel_err = float(np.linalg.norm(dp_sum - batched) / np.linalg.norm(batched))
+    if int(metrics["batch_size"]) != batches[0].size:
+        raise RuntimeError(f"dp step 0 has {int(metrics['batch_size'])} records, poisson_batch {batches[0].size}")
+
+    # The timed DP step: clip at the mean per-record norm of step 0 (many records clipped), sigma = 1.
+    clip = float(metrics["norm_sum"]) / max(1, int(metrics["batch_size"]))
+    config = DPSGDConfig(steps=args.repeats + 1, learning_rate=LEARNING_RATE, clip_norm=clip,
+                         noise_multiplier=NOISE_MULTIPLIER, delta=1e-5, sampling_rate=q, optimizer="adamw", b1=B1,
+                         microbatch_size=args.microbatch)
+    run = _prepare(model, (tokens_np, mask_np), config, key)
+    state = ours_step(run, 0, run.params, run.opt_state, run.hyper)[:2]
+    nonprivate.step(batches[0])  # compiles the update
+    wall = {"dp": [], "nonprivate": []}
+    with CompileCounter() as compiles:
+        for t in range(1, args.repeats + 1):
+            start = time.perf_counter()
+            params, opt_state, metrics = ours_step(run, t, *state, run.hyper)
+            state = params, opt_state
+            wall["dp"].append(time.perf_counter() - start)
+            if int(metrics["batch_size"]) != batches[t].size:
+                raise RuntimeError(f"dp step {t} batch differs from poisson_batch")
+            start = time.perf_counter()
+            nonprivate.step(batches[t])
+            wall["nonprivate"].append(time.perf_counter() - start)
+    sizes = [int(b.size) for b in batches[1:]]
+
+    def rates(name):
+        return {"records_per_s": round(sum(sizes) / sum(wall[name]), 2),
+                "median_step_seconds": round(statistics.median(wall[name]), 5), "step_seconds": wall[name]}
+
+    out = {
+        "model": {"kind": "GPT2", "shape": shape, "layers": cfg.n_layer, "dim": cfg.n_embd, "heads": cfg.n_head,
+                  "vocab": cfg.vocab_size, "seq": args.seq, "parameters": num_params},
+        "records": args.records, "expected_batch": args.batch, "sampling_rate": q, "batch_sizes": sizes,
+        "padded_nonprivate_batch": pad_to, "microbatch_size": run.spec.microbatch_size, "clip_norm": clip,
+        "noise_multiplier": NOISE_MULTIPLIER, "optimizer": "adamw",
+        "dp": rates("dp"), "nonprivate": rates("nonprivate"),
+        "check_rel_error": rel_err, "compile_seconds": {"dp": round(dp_compile, 2), "nonprivate": round(np_compile, 2)},
+        "jax_compiles_timed": compiles.count,
+    }
+    out["ratio_dp_over_nonprivate"] = round(out["dp"]["records_per_s"] / out["nonprivate"]["records_per_s"], 4)
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="write the JSON result to this file (atomically)")
+    parser.add_argument("--json", action="store_true", help="print the JSON result instead of a readable summary")
+    parser.add_argument("--cpu-smoke", action="store_true", help="a 2-layer GPT-2 on the CPU, about 20 s")
+    parser.add_argument("--records", type=int_at_least(2))
+    parser.add_argument("--batch", type=int_at_least(1), help="expected (Poisson) batch")
+    parser.add_argument("--seq", type=int_at_least(4), help="tokens per record")
+    parser.add_argument("--microbatch", type=int_at_least(1), help="records per vmapped clipped-gradient call")
+    parser.add_argument("--repeats", type=int_at_least(1), help="timed steps per implementation")
+    parser.add_argument("--tolerance", type=float, help="relative L2 error allowed by the check")
+    parser.add_argument("--deadline", type=float, help="seconds; the part is skipped if fewer than 60 are given")
+    parser.add_argument("--seed", type=int_at_least(0), default=0)
+    args = parser.parse_args(argv)
+    for name, value in (SMOKE_DEFAULTS if args.cpu_smoke else GPU_DEFAULTS).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.batch > args.records:
+        parser.error(f"--batch must be <= --records, got {args.batch} > {args.records}")
+    backend = jax.default_backend()
+    if not args.cpu_smoke and backend == "cpu":
+        print("error: no accelerator (jax.default_backend() is 'cpu'); use --cpu-smoke on a CPU", file=sys.stderr)
+        return 2
+    tolerance = args.tolerance if args.tolerance is not None else (1e-4 if backend == "cpu" else 2e-2)
+    result = {"part": "dpsgd", "backend": backend, "device": str(jax.devices()[0].device_kind), "jax": jax.__version__}
+    start = time.perf_counter()
+    if args.deadline is not None and args.deadline < 60:
+        result.update(status="skipped", reason=f"{args.deadline:.0f} s left before the deadline")
+    else:
+        result.update(status="ok", **benchmark(args, "smoke" if args.cpu_smoke else "gpt2-small"))
+    result["wall_seconds"] = round(time.perf_counter() - start, 2)
+    if args.json:
+        print(json.dumps(result), flush=True)
+    elif result["status"] == "ok":
+        m = result["model"]
+        print(f"DP-SGD GPT-2 {m['shape']} ({m['parameters']:,} params, seq {m['seq']}, batches {result['batch_sizes']}, "
+              f"vmap {result['microbatch_size']}): dp {result['dp']['records_per_s']:,.1f} records/s, non-private "
+              f"{result['nonprivate']['records_per_s']:,.1f} records/s, ratio {result['ratio_dp_over_nonprivate']:.3f}; "
+              f"check rel. error {result['check_rel_error']:.1e}; compile {result['compile_seconds']}", flush=True)
+    else:
+        print(f"DP-SGD: skipped: {result['reason']}", flush=True)
+    if result["status"] == "ok" and not result["check_rel_error"] <= tolerance:
+        print(f"error: dp's clipped sum differs from the batched gradient by {result['check_rel_error']:.2e} > "
+              f"{tolerance:g} (relative L2)", file=sys.stderr)
+        return 1
+    if args.out:
+        write_json(args.out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The accelerator benchmark kit (benchmarks/gpu/) in its CPU smoke mode, so that it cannot rot."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers.paths import ROOT
+
+RUN = os.path.join(str(ROOT), "benchmarks", "gpu", "run.sh")
+
+
+def _env(tmp_path, **extra):
+    env = dict(os.environ, PYTHON=sys.executable, KIT_OUT=str(tmp_path / "out"), KIT_SITE=str(tmp_path / "site"),
+               KIT_WHEELS="0", **extra)
+    env.pop("OUT", None)
+    env.pop("XLA_FLAGS", None)
+    return env
+
+
+@pytest.mark.slow
+def test_cpu_smoke_runs_every_part_and_writes_their_json(tmp_path):
+    proc = subprocess.run(["bash", RUN, "--cpu-smoke"], env=_env(tmp_path), capture_output=True, text=True,
+                          timeout=900, cwd=str(ROOT))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "installed snapaudit-jax" in proc.stdout  # the offline --no-deps install of the project works
+    out = tmp_path / "out"
+    kit = json.loads((out / "kit.json").read_text())
+    assert kit["mode"] == "cpu-smoke"
+    assert {p: r["status"] for p, r in kit["parts"].items()} == dict.fromkeys(["simulation", "dpsgd", "llm", "tests"],
+                                                                              "ok")
+    tests = kit["parts"]["tests"]["summary"]
+    assert tests["tests"] >= 5 and tests["failures"] == tests["errors"] == 0
+    sim = json.loads((out / "simulation.json").read_text())
+    rows = {row["case"]: row for row in sim["cases"]}
+    assert {name: row["status"] for name, row in rows.items()} == dict.fromkeys(
+        ["pv_k2", "pv_k16", "poe", "esa", "ksa"], "ok")
+    # Words per black-box trial: 2 per normal or logistic variate (PV k = 2: one contrast; k = 16: the target's
+    # normal and a coin; ESA: 2 basis normals), KSA K + 2 words.
+    assert {name: row["words_per_trial"] for name, row in rows.items()} == {
+        "pv_k2": 2, "pv_k16": 4, "poe": 2, "esa": 4, "ksa": 6}
+    assert rows["pv_k16"]["scheme"] == "stratified" and min(rows["pv_k16"]["distinct_snapshots"]) > 1000
+    for row in rows.values():
+        assert row["jax_compiles_timed"] == 0
+        assert row["fraction_of_limit_random_words"] > 0 and 0 < row["hit_rates"][1] < row["hit_rates"][0] < 1
+    assert sim["random_bits"]["random_words"]["words_per_s"] > sim["random_bits"]["jax_random_bits"]["words_per_s"]
+    dpsgd = json.loads((out / "dpsgd.json").read_text())
+    assert dpsgd["status"] == "ok" and dpsgd["check_rel_error"] < 1e-4 and dpsgd["jax_compiles_timed"] == 0
+    assert dpsgd["dp"]["records_per_s"] > 0 and dpsgd["nonprivate"]["records_per_s"] > 0
+    llm = json.loads((out / "llm.json").read_text())
+    assert [row["arch"] for row in llm["architectures"]] == ["smollm2-135m", "llama-3.2-1b", "llama-3-8b"]
+    assert all(row["status"] == "ok" for row in llm["architectures"])
+
+
+def test_bad_arguments_exit_2_naming_them(tmp_path):
+    proc = subprocess.run(["bash", RUN, "--fast"], env=_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "unknown argument '--fast'" in proc.stderr
+    kit = os.path.join(str(ROOT), "benchmarks", "gpu", "kit.py")
+    proc = subprocess.run([sys.executable, kit, "--out", str(tmp_path / "o"), "--parts", "simulation,train"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--parts must name some of simulation, dpsgd, llm, tests" in proc.stderr
+    sim = os.path.join(str(ROOT), "benchmarks", "gpu", "simulation.py")
+    proc = subprocess.run([sys.executable, sim, "--out", str(tmp_path / "s.json")], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 2 and "no accelerator" in proc.stderr and not (tmp_path / "s.json").exists()
+    proc = subprocess.run([sys.executable, sim, "--cpu-smoke", "--cases", "pv_k2,lasso"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "--cases must name some of" in proc.stderr
