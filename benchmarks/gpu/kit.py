@@ -43,7 +43,7 @@ TEST_FILES = (
     "tests/snapaudit_jax/models/test_bfloat16.py",
 )
 # The smoke run keeps the kit's plumbing honest, not the tests (CI runs them all): a quick subset.
-SMOKE_TESTS = "chunk_size or vectorised_blocks or random_words_are_jax or kv_cache"
+SMOKE_TESTS = "chunk_size or random_words_are_jax or kv_cache"
 
 
 def _tail(text: str, chars: int = 3000) -> str:

@@ -32,7 +32,7 @@ def test_cpu_smoke_runs_every_part_and_writes_their_json(tmp_path):
     assert {p: r["status"] for p, r in kit["parts"].items()} == dict.fromkeys(["simulation", "dpsgd", "llm", "tests"],
                                                                               "ok")
     tests = kit["parts"]["tests"]["summary"]
-    assert tests["tests"] >= 5 and tests["failures"] == tests["errors"] == 0
+    assert tests["tests"] >= 3 and tests["failures"] == tests["errors"] == 0
     sim = json.loads((out / "simulation.json").read_text())
     rows = {row["case"]: row for row in sim["cases"]}
     assert {name: row["status"] for name, row in rows.items()} == dict.fromkeys(

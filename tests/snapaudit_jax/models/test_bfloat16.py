@@ -29,6 +29,8 @@ test here has a false-failure probability.
 
 from __future__ import annotations
 
+from tests.helpers.batches import left_padded
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -99,14 +101,7 @@ def tiny():
 
 
 def _batch(lengths=LENGTHS, seed=1):
-    rng = np.random.default_rng(seed)
-    width = max(lengths)
-    ids = np.zeros((len(lengths), width), np.int64)
-    mask = np.zeros((len(lengths), width), np.int64)
-    for i, n in enumerate(lengths):
-        ids[i, width - n:] = rng.integers(3, VOCAB, n)
-        mask[i, width - n:] = 1
-    return ids, mask
+    return left_padded(lengths, seed, VOCAB)
 
 
 def _torch_logits(model, ids, mask) -> np.ndarray:

@@ -16,6 +16,7 @@ untruncated long text, exceeds the tolerance by orders of magnitude).
 
 from __future__ import annotations
 
+from tests.helpers.batches import left_padded as _left_padded
 from tests.helpers.paths import ROOT
 from tests.helpers.parallel_inputs import PARALLEL_LABELS, PARALLEL_PROMPTS, PARALLEL_TEXTS
 
@@ -118,18 +119,6 @@ def tiny(tmp_path_factory):
     _word_tokenizer(bert=True).save(str(folder / "tokenizer.json"))
     out["bert"] = (model, folder)
     return out
-
-
-def _left_padded(lengths, seed=0, vocab=VOCAB):
-    """Random ``(B, L)`` ids and ``(B, L)`` 0/1 mask, left-padded (pad id 0)."""
-    rng = np.random.default_rng(seed)
-    width = max(lengths)
-    ids = np.zeros((len(lengths), width), np.int64)
-    mask = np.zeros((len(lengths), width), np.int64)
-    for i, n in enumerate(lengths):
-        ids[i, width - n:] = rng.integers(3, vocab, n)
-        mask[i, width - n:] = 1
-    return ids, mask
 
 
 def _hf_logits(model, ids, mask):
