@@ -126,7 +126,8 @@ def main(argv=None) -> int:
     memory = [run_worker(cores, n, args.seed) for n in sorted(args.trials)]
     for row in memory:
         if not args.json:
-            print(f"memory: {row['trials']:,} trials x 2 on {row['devices']} devices: peak RSS {row['peak_rss_mb']:.0f} MB "
+            print(f"memory: {row['trials']:,} trials x 2 on {row['devices']} devices: "
+                  f"peak RSS {row['peak_rss_mb']:.0f} MB "
                   f"(after start-up {row['baseline_rss_mb']:.0f} MB), {row['trials_per_s'] / 1e6:.1f} M trials/s",
                   flush=True)
     ratio = memory[-1]["peak_rss_mb"] / memory[0]["peak_rss_mb"]
@@ -157,7 +158,8 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(result), flush=True)
     else:
-        print(f"peak RSS {memory[-1]['trials']:,} / {memory[0]['trials']:,} trials: {ratio:.2f}x (goal <= {RSS_GOAL}x); "
+        print(f"peak RSS {memory[-1]['trials']:,} / {memory[0]['trials']:,} trials: {ratio:.2f}x "
+              f"(goal <= {RSS_GOAL}x); "
               f"counts on {args.compare_devices} devices identical: {identical}", flush=True)
     if not identical:
         print("error: the device counts gave different simulation counts", file=sys.stderr)

@@ -15,7 +15,8 @@ synthetic records of ``--seq`` tokens (``benchmarks/bench_dpsgd.make_data``), Po
 
 * ``dp``: the jitted step of :func:`snapaudit_jax.dpsgd.train` (``_dp_step``): the Poisson batch,
   per-record gradients vectorised ``--microbatch`` records at a time with ``vmap`` (jax_privacy
-  ``clipped_grad``), each clipped to ``C`` (the mean per-record norm of step 0), summed, Gaussian noise ``sigma C`` (``sigma = 1``),
+  ``clipped_grad``), each clipped to ``C`` (the mean per-record norm of step 0), summed, Gaussian
+  noise ``sigma C`` (``sigma = 1``),
   scaled by ``1 / (q N)``, AdamW;
 * ``nonprivate`` (the limit): one jitted ``value_and_grad`` of the summed per-record losses of the
   *same* batch (padded to a fixed size with zero-weight copies, so it compiles once), scaled by
@@ -211,9 +212,10 @@ def main(argv=None) -> int:
         print(json.dumps(result), flush=True)
     elif result["status"] == "ok":
         m = result["model"]
-        print(f"DP-SGD GPT-2 {m['shape']} ({m['parameters']:,} params, seq {m['seq']}, batches {result['batch_sizes']}, "
-              f"vmap {result['microbatch_size']}): dp {result['dp']['records_per_s']:,.1f} records/s, non-private "
-              f"{result['nonprivate']['records_per_s']:,.1f} records/s, ratio {result['ratio_dp_over_nonprivate']:.3f}; "
+        dp, nonprivate = result["dp"]["records_per_s"], result["nonprivate"]["records_per_s"]
+        print(f"DP-SGD GPT-2 {m['shape']} ({m['parameters']:,} params, seq {m['seq']}, "
+              f"batches {result['batch_sizes']}, vmap {result['microbatch_size']}): dp {dp:,.1f} records/s, "
+              f"non-private {nonprivate:,.1f} records/s, ratio {result['ratio_dp_over_nonprivate']:.3f}; "
               f"check rel. error {result['check_rel_error']:.1e}; compile {result['compile_seconds']}", flush=True)
     else:
         print(f"DP-SGD: skipped: {result['reason']}", flush=True)

@@ -143,10 +143,12 @@ def main(argv=None) -> int:
                                   capture_output=True, text=True, timeout=left)
             rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
         except subprocess.TimeoutExpired as err:
-            rc, stdout, stderr = "timeout", (err.stdout or b"").decode(errors="replace") if isinstance(
-                err.stdout, bytes) else (err.stdout or ""), f"killed after {left:.0f} s"
+            partial = err.stdout or ""  # bytes in some Python versions, even with text=True
+            stdout = partial.decode(errors="replace") if isinstance(partial, bytes) else partial
+            rc, stderr = "timeout", f"killed after {left:.0f} s"
         row = {"status": "ok" if rc == 0 else "failed", "returncode": rc,
-               "seconds": round(time.perf_counter() - t0, 1), "stdout_tail": _tail(stdout), "stderr_tail": _tail(stderr)}
+               "seconds": round(time.perf_counter() - t0, 1), "stdout_tail": _tail(stdout),
+               "stderr_tail": _tail(stderr)}
         if part == "tests":
             row["summary"] = tests_summary(args.out)
         summary["parts"][part] = row

@@ -30,7 +30,6 @@ script goes on; it then exits with status 1. Bad flags exit with status 2.
 from __future__ import annotations
 
 import argparse
-import functools
 import gc
 import math
 import os
@@ -299,7 +298,7 @@ class Bench:
 
     def teacher_forced(self, model, prompts, ours_tokens) -> dict:
         """torch's greedy choice after each prefix of our continuation, and how close its disagreements are."""
-        torch, np = self.torch, self.np
+        torch = self.torch
         seq = torch.cat([prompts, ours_tokens], dim=1)
         n = ours_tokens.shape[1]
         with torch.inference_mode():

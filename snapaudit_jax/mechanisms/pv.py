@@ -132,7 +132,6 @@ class PrivateVoting(Mechanism):
         score = sum(row * prepared.direction[i] for i, row in enumerate(rows))
         return hit, score
 
-
     def hit_noise(self, key, num, prepared):
         """From 4 classes on: ``(2, 2, num)`` uint32, the words of the target's normal and of a uniform coin (two
         words each, whatever ``k``); fewer classes: :meth:`noise`. See :meth:`Mechanism.hit_noise`."""

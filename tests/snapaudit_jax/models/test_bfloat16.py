@@ -179,7 +179,7 @@ def test_rms_norm_is_bitwise_llama_rms_norm(tiny):
     got = np.asarray(jax.jit(lambda x: decoders._rms_norm(ours.norm, x))(xj), np.float32)
     assert np.array_equal(got, expected)
     for wrong in (_bf16_rms_norm, _scale_before_rounding):  # power: each variant differs in many entries
-        other = np.asarray(jax.jit(lambda x: wrong(ours.norm, x))(xj), np.float32)
+        other = np.asarray(jax.jit(lambda x, wrong=wrong: wrong(ours.norm, x))(xj), np.float32)
         assert np.mean(other != expected) > 0.1
 
 
