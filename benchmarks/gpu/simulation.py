@@ -14,7 +14,8 @@ hypothesis, stratified scheme: the audit of sampled snapshots), ``poe``, ``esa``
 candidates) and ``ksa`` (JEM top-4 of 10 keywords). Each runs ``N`` trials per hypothesis (default
 10^9; ``--cpu-smoke`` 2^20) through :func:`snapaudit_jax.simulation.trials.simulate` with the
 backend's defaults (on a GPU: ``ACCELERATOR_CHUNK_TRIALS`` per call, blocks vectorised to
-``ACCELERATOR_STEP_TRIALS`` per scan step), after a warm-up that compiles the timed functions.
+``ACCELERATOR_STEP_TRIALS`` per scan step, capped at ``ACCELERATOR_STEP_ELEMENTS`` noise elements),
+after a warm-up that compiles the timed functions.
 
 The physical limit is the device's own random-bit throughput, measured in the same process:
 ``jax.random.bits`` (JAX's default, partitionable Threefry) and the simulator's counter-mode

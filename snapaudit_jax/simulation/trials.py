@@ -44,12 +44,16 @@ from snapaudit_jax.simulation.snapshots import dedupe
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.progress import Counter
 
-__all__ = ["SimulationCounts", "simulate", "BLOCK_TRIALS", "CHUNK_TRIALS", "ACCELERATOR_CHUNK_TRIALS", "MAX_TRIALS"]
+__all__ = [
+    "SimulationCounts", "simulate", "accelerator_parallel_blocks", "BLOCK_TRIALS", "CHUNK_TRIALS",
+    "ACCELERATOR_CHUNK_TRIALS", "ACCELERATOR_STEP_TRIALS", "ACCELERATOR_STEP_ELEMENTS", "MAX_TRIALS",
+]
 
 BLOCK_TRIALS = 1 << 14
 CHUNK_TRIALS = 1 << 22  # trials per jitted call on CPU (memory bound)
 ACCELERATOR_CHUNK_TRIALS = 1 << 28  # on GPU/TPU: fewer host round trips
-ACCELERATOR_STEP_TRIALS = 1 << 22  # on GPU/TPU: trials of the blocks vectorised in one scan step
+ACCELERATOR_STEP_TRIALS = 1 << 22  # on GPU/TPU: trials of the blocks vectorised in one scan step, at most
+ACCELERATOR_STEP_ELEMENTS = 1 << 26  # on GPU/TPU: noise elements of one scan step, at most (256 MB of float32)
 MAX_TRIALS = 2_000_000_000
 _AXIS = "devices"
 
@@ -114,6 +118,34 @@ def _mesh(devices) -> jax.sharding.Mesh:
 
 def _bucket(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def _noise_elements(mechanism: Mechanism, attack: Attack, snapshot: np.ndarray, want_scores: bool) -> int:
+    """Noise elements one trial draws (the full draw when scores are counted, else the black-box-only draw)."""
+    def draw(key, snap):
+        example = mechanism.prepare(snap, attack)
+        return (mechanism.noise if want_scores else mechanism.hit_noise)(key, 1, example)
+
+    shapes = jax.eval_shape(draw, jax.random.key(0), jax.ShapeDtypeStruct(snapshot.shape, jnp.float32))
+    return max(1, sum(int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(shapes)))
+
+
+def accelerator_parallel_blocks(block: int, elements_per_trial: int) -> int:
+    """Blocks of ``block`` trials vectorised in one scan step on an accelerator, a power of two.
+
+    Enough blocks for :data:`ACCELERATOR_STEP_TRIALS` trials (rounded up), unless that many trials would draw more
+    than :data:`ACCELERATOR_STEP_ELEMENTS` noise elements: then as many as fit under that cap (rounded down, at least
+    one block). A wide draw (PV's full noise over ``k`` classes, ``k - 1`` normals a trial) so keeps one step's arrays
+    in the hundreds of megabytes instead of ``2^22 (k - 1)`` floats, on a GPU of any size; the counts do not depend
+    on it.
+    """
+    if block < 1 or elements_per_trial < 1:
+        raise InputError(f"block and elements_per_trial must be >= 1, got {block} and {elements_per_trial}")
+    wanted = _bucket(max(1, ACCELERATOR_STEP_TRIALS // block))
+    fits = ACCELERATOR_STEP_ELEMENTS // (block * elements_per_trial)
+    if wanted <= fits:
+        return wanted
+    return 1 << max(0, int(fits).bit_length() - 1)
 
 
 def _above(score, threshold):
@@ -356,8 +388,10 @@ def simulate(
       chunk_trials: trials per jitted call (memory bound; the counts do not depend on it); ``None``:
         :data:`CHUNK_TRIALS` on CPU, :data:`ACCELERATOR_CHUNK_TRIALS` on accelerators.
       parallel_blocks: blocks vectorised (``vmap``) in one step of the scan over blocks, a power of two; ``None``: 1
-        on CPU (one block of :data:`BLOCK_TRIALS` stays in cache), enough for :data:`ACCELERATOR_STEP_TRIALS`
-        trials per step on accelerators (one block is far too small to fill a GPU). The counts do not depend on it.
+        on CPU (one block of :data:`BLOCK_TRIALS` stays in cache); on accelerators enough for
+        :data:`ACCELERATOR_STEP_TRIALS` trials per step (one block is far too small to fill a GPU), fewer where that
+        would draw more than :data:`ACCELERATOR_STEP_ELEMENTS` noise elements (:func:`accelerator_parallel_blocks`).
+        The counts do not depend on it.
       progress: a label to show a progress bar on stderr; ``None`` is silent.
 
     Returns:
@@ -404,8 +438,10 @@ def simulate(
         num_blocks = -(-trials // block)
         sample_index = num_distinct > 1
         units = padded if (per_unit and sample_index) else 1
+    want_scores = threshold is not None or histogram is not None or track_scores
     if parallel_blocks is None:
-        parallel_blocks = 1 if on_cpu else _bucket(max(1, ACCELERATOR_STEP_TRIALS // block))
+        parallel_blocks = 1 if on_cpu else accelerator_parallel_blocks(
+            block, _noise_elements(mechanism, attack, distinct[0], want_scores))
     # Blocks per device per call: the chunk size, or fewer (rounded up to a power of two, so that nearby trial
     # counts share one compiled function) for short runs; a whole number of vectorised steps.
     per_device = max(1, min(chunk_trials // (block * num_devices), _bucket(-(-num_blocks // num_devices))))

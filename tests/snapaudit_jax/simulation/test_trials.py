@@ -16,6 +16,7 @@ import snapaudit_jax as sa
 from snapaudit_jax.audits.active import make_attack
 from snapaudit_jax.mechanisms import variates
 from snapaudit_jax.simulation.trials import _run_chunk, _uniform_index, simulate
+from snapaudit_jax.utils.errors import InputError
 
 from tests.helpers.paths import ROOT as _ROOT
 
@@ -201,3 +202,26 @@ def test_vectorised_blocks_give_the_same_counts(name):
         strat = [simulate(key, mech, attack, snaps, scheme="stratified", trials=30_000, parallel_blocks=p).hits
                  for p in (1, 4)]
         np.testing.assert_array_equal(*strat)
+
+
+def test_accelerator_step_is_capped_by_noise_elements():
+    """Accelerator default: 2^22 trials a scan step unless the noise would pass 2^26 elements (closed forms)."""
+    from snapaudit_jax.simulation.trials import (
+        ACCELERATOR_STEP_ELEMENTS, ACCELERATOR_STEP_TRIALS, _noise_elements, accelerator_parallel_blocks)
+
+    assert (ACCELERATOR_STEP_TRIALS, ACCELERATOR_STEP_ELEMENTS) == (1 << 22, 1 << 26)
+    block = 1 << 14
+    assert accelerator_parallel_blocks(block, 1) == 256
+    assert accelerator_parallel_blocks(block, 16) == 256  # exactly 2^26 elements: not capped
+    assert accelerator_parallel_blocks(block, 17) == 128  # 2^26 / (17 * 2^14) = 240.9 -> 128
+    assert accelerator_parallel_blocks(block, 999) == 4  # 4.1 -> 4
+    assert accelerator_parallel_blocks(block, 10**7) == 1  # one block even when it alone is above the cap
+    assert accelerator_parallel_blocks(16_000, 1) == 512  # stratified blocks: 262.1 rounded up
+    assert accelerator_parallel_blocks(16_000, 15) == 256  # 279.6 -> 256
+    with pytest.raises(InputError, match="elements_per_trial"):
+        accelerator_parallel_blocks(block, 0)
+    # What a PV trial draws: k - 1 normals with scores; the black-box draw from 4 classes on is 4 words.
+    for k, full, hit in ((2, 1, 1), (3, 2, 2), (4, 3, 4), (1000, 999, 4)):
+        w = np.arange(k, dtype=np.float32)
+        attack = make_attack(PV, w, w[::-1].copy())
+        assert (_noise_elements(PV, attack, w, True), _noise_elements(PV, attack, w, False)) == (full, hit), k
