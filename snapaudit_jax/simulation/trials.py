@@ -138,6 +138,16 @@ def accelerator_parallel_blocks(block: int, elements_per_trial: int) -> int:
     one block). A wide draw (PV's full noise over ``k`` classes, ``k - 1`` normals a trial) so keeps one step's arrays
     in the hundreds of megabytes instead of ``2^22 (k - 1)`` floats, on a GPU of any size; the counts do not depend
     on it.
+
+    Args:
+      block: trials of one block (:data:`BLOCK_TRIALS`, or whole rounds of the snapshots under ``"stratified"``).
+      elements_per_trial: noise elements one trial draws (all leaves of the mechanism's draw for one trial).
+
+    Returns:
+      The ``parallel_blocks`` that :func:`simulate` uses by default on an accelerator.
+
+    Raises:
+      InputError: ``block`` or ``elements_per_trial`` below 1.
     """
     if block < 1 or elements_per_trial < 1:
         raise InputError(f"block and elements_per_trial must be >= 1, got {block} and {elements_per_trial}")
