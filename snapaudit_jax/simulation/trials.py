@@ -106,6 +106,7 @@ class _Plan:
     want_threshold: bool
     num_thresholds: int  # G white-box thresholds counted together (1 for a scalar threshold)
     bins: int  # 0: no histogram
+    scores: bool  # a white-box statistic is counted (threshold, histogram or score range): the full noise is drawn
     track_scores: bool
     shared_leaves: tuple[bool, ...]  # prepared leaves equal for every distinct snapshot
     mesh: jax.sharding.Mesh
@@ -270,7 +271,7 @@ def _uniform_index(key: jax.Array, num: int, n: int) -> jax.Array:
 def _outcomes(plan: _Plan, mechanism: Mechanism, attack: Attack, key, num: int, example, rows):
     """``(hit, score)`` of ``num`` trials; without white-box counts, the mechanism's black-box-only draw and
     ``score = None`` (an override of ``hit_noise``/``hit_outcomes`` may draw less randomness per trial)."""
-    if plan.want_threshold or plan.bins or plan.track_scores:
+    if plan.scores:
         return mechanism.outcomes(mechanism.noise(key, num, example), rows, attack)
     return mechanism.hit_outcomes(mechanism.hit_noise(key, num, example), rows, attack), None
 
@@ -448,10 +449,11 @@ def simulate(
         num_blocks = -(-trials // block)
         sample_index = num_distinct > 1
         units = padded if (per_unit and sample_index) else 1
-    want_scores = threshold is not None or histogram is not None or track_scores
+    bins = 0 if histogram is None else int(histogram[2])
+    scores = threshold is not None or bins > 0 or track_scores
     if parallel_blocks is None:
         parallel_blocks = 1 if on_cpu else accelerator_parallel_blocks(
-            block, _noise_elements(mechanism, attack, distinct[0], want_scores))
+            block, _noise_elements(mechanism, attack, distinct[0], scores))
     # Blocks per device per call: the chunk size, or fewer (rounded up to a power of two, so that nearby trial
     # counts share one compiled function) for short runs; a whole number of vectorised steps.
     per_device = max(1, min(chunk_trials // (block * num_devices), _bucket(-(-num_blocks // num_devices))))
@@ -473,7 +475,8 @@ def simulate(
         per_unit=per_unit,
         want_threshold=threshold is not None,
         num_thresholds=thr_host.size,
-        bins=0 if histogram is None else int(histogram[2]),
+        bins=bins,
+        scores=scores,
         track_scores=track_scores,
         shared_leaves=shared,
         mesh=mesh,
