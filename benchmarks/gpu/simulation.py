@@ -47,7 +47,7 @@ import numpy as np  # noqa: E402
 from _common import CompileCounter, int_at_least  # noqa: E402
 from bench_simulation import SNAPSHOTS, build_case, build_snapshot_case  # noqa: E402
 from snapaudit_jax.mechanisms import variates  # noqa: E402
-from snapaudit_jax.simulation.trials import simulate  # noqa: E402
+from snapaudit_jax.simulation.trials import _noise_shapes, simulate  # noqa: E402
 from snapaudit_jax.utils.io import write_json  # noqa: E402
 
 CASES = ("pv_k2", "pv_k16", "poe", "esa", "ksa")
@@ -67,9 +67,8 @@ def case_inputs(name: str, seed: int):
 def words_per_trial(mech, attack, snapshots: np.ndarray, scheme: str) -> int:
     """32-bit words one black-box trial consumes (``hit_noise``): two per float variate, one per integer word, one
     per snapshot index."""
-    prepared = mech.prepare(jnp.asarray(snapshots[0], jnp.float32), attack)
-    noise = jax.eval_shape(lambda key: mech.hit_noise(key, 1, prepared), jax.random.key(0))
-    words = sum(leaf.size * (1 if jnp.issubdtype(leaf.dtype, jnp.integer) else 2) for leaf in jax.tree.leaves(noise))
+    leaves = _noise_shapes(mech, attack, snapshots[0], scores=False)
+    words = sum(math.prod(leaf.shape) * (1 if jnp.issubdtype(leaf.dtype, jnp.integer) else 2) for leaf in leaves)
     if scheme == "bootstrap" and len(np.unique(snapshots, axis=0)) > 1:
         words += 1
     return int(words)

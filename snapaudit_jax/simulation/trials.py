@@ -121,14 +121,20 @@ def _bucket(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
-def _noise_elements(mechanism: Mechanism, attack: Attack, snapshot: np.ndarray, want_scores: bool) -> int:
-    """Noise elements one trial draws (the full draw when scores are counted, else the black-box-only draw)."""
+def _noise_shapes(mechanism: Mechanism, attack: Attack, snapshot: np.ndarray, scores: bool) -> list:
+    """Shapes and dtypes of the leaves one trial draws: the full draw when scores are counted, else the
+    black-box-only draw (:meth:`~snapaudit_jax.mechanisms.base.Mechanism.hit_noise`). Nothing is computed."""
     def draw(key, snap):
         example = mechanism.prepare(snap, attack)
-        return (mechanism.noise if want_scores else mechanism.hit_noise)(key, 1, example)
+        return (mechanism.noise if scores else mechanism.hit_noise)(key, 1, example)
 
-    shapes = jax.eval_shape(draw, jax.random.key(0), jax.ShapeDtypeStruct(snapshot.shape, jnp.float32))
-    return max(1, sum(int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(shapes)))
+    shapes = jax.eval_shape(draw, jax.random.key(0), jax.ShapeDtypeStruct(np.shape(snapshot), jnp.float32))
+    return jax.tree_util.tree_leaves(shapes)
+
+
+def _noise_elements(mechanism: Mechanism, attack: Attack, snapshot: np.ndarray, scores: bool) -> int:
+    """Noise elements one trial draws (see :func:`_noise_shapes`), at least 1."""
+    return max(1, sum(math.prod(leaf.shape) for leaf in _noise_shapes(mechanism, attack, snapshot, scores)))
 
 
 def accelerator_parallel_blocks(block: int, elements_per_trial: int) -> int:
