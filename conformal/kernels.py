@@ -15,12 +15,15 @@ below ``2**-30`` count as 0 in APS and raw-probability scores; ties in ``q``
 are ties. Rank scores only count, so they compare the float32 values
 themselves.
 
-Caller's precision. Scores the kernels compute are float32. Scores a caller
-brings (float64, say) are never rounded to float32 on the way to a decision:
-:func:`threshold` returns one of the caller's own values in the caller's
-dtype, and :func:`pvalues` and :func:`prediction_sets` compare exactly
-(pitfall 10 of the conventions: a float32 copy can round the threshold below
-the order statistic and lose coverage).
+Caller's precision. Scores the kernels return are float32: the fixed-point
+value ``M * 2**-30`` rounded to nearest. Scores a caller brings (float64, say)
+are never rounded to float32 on the way to a decision: :func:`threshold`
+returns one of the caller's own values in the caller's dtype, :func:`pvalues`
+compares exactly, and :func:`prediction_sets` decides ``s <= qhat`` in the
+precision of ``qhat``: against the float32 scores for a float32 threshold,
+against ``M * 2**-30`` exactly for a float64 one (pitfall 10 of the
+conventions: a float32 copy can round the threshold below the order statistic,
+or a score above the threshold, and lose coverage).
 
 The kernels are pure and jit/vmap-able; when called eagerly with concrete
 arrays they validate their input (NaN, negative or unnormalised rows, labels
@@ -482,14 +485,21 @@ def _next_integer(x: jax.Array) -> jax.Array:
     return jnp.maximum(x + 1, jnp.nextafter(x, jnp.float32(jnp.inf)))
 
 
-def _aps_block_levels(qf, qhat):
-    """Per row of a block, a level ``P`` with ``{y : mass(q_y) <= qhat} == {y : q_y >= P}`` exactly.
+def _passes(mass: jax.Array, limit) -> jax.Array:
+    """``mass <= limit`` for ``uint32`` masses; ``limit = (largest mass that passes, whether any does)``."""
+    largest, some = limit
+    return some & (mass <= largest)
+
+
+def _aps_block_levels(qf, limit):
+    """Per row of a block, a level ``P`` with ``{y : mass(q_y) <= limit} == {y : q_y >= P}`` exactly.
 
     ``qf`` is the ``(b, m)`` fixed point as float32 (every ``q <= 2**30`` is a float32 integer, so comparisons are
-    exact and no value is subnormal); ``qhat`` is ``(b,)``. The state per row is a bracket ``(F, P)``: every present
-    ``q <= F`` fails (its mass is above ``qhat``), every present ``q >= P`` passes. One pass over the row at an
-    integer level ``F < t < P`` yields, in one variadic reduction, the exact ``uint32`` mass of ``{q >= t}`` (the
-    same integer :func:`_mass_at_least` sums, so the same float32 score), ``a = min{q >= t}`` and
+    exact and no value is subnormal); ``limit`` is the pair of ``(b,)`` arrays of :func:`_mass_limits` (the largest
+    mass that passes, whether any does). The state per row is a bracket ``(F, P)``: every present ``q <= F``
+    fails (its mass is above the limit), every present ``q >= P`` passes. One pass over the row at an integer
+    level ``F < t < P`` yields, in one variadic reduction, the exact ``uint32`` mass of ``{q >= t}`` (the same
+    integer :func:`_mass_at_least` sums, so the same score), ``a = min{q >= t}`` and
     ``b = max{q < t}``. Mass is non-increasing in the level, and ``mass(a) = mass(t)``, so: if ``t`` passes,
     every present ``q >= t`` passes and none lies in ``(b, t)`` (``P <- next integer after b``); if it fails,
     every present ``q <= a`` fails (``F <- a``). The row is decided once no float32 integer lies in ``(F, P)``,
@@ -509,10 +519,10 @@ def _aps_block_levels(qf, qhat):
 
     b = qf.shape[0]
     total, qmin, qmax = reduce(qf.astype(u32), qf, qf)
-    full = _to_score(total) <= qhat
+    full = _passes(total, limit)
     F = jnp.where(full, f32(-1), qmin)
     P = jnp.where(full, f32(0), _next_integer(qmax))  # no present q >= P: "all pass" holds vacuously
-    target = qhat * f32(_ONE)  # only steers the interpolation; the decisions use _to_score(mass) <= qhat
+    target = jnp.where(limit[1], limit[0].astype(f32), f32(-1))  # only steers; the decisions compare integers
     state = (F, P, total.astype(f32), jnp.zeros((b,), f32), full | (_next_integer(F) >= P), jnp.int32(0))
 
     def body(state):
@@ -524,7 +534,7 @@ def _aps_block_levels(qf, qhat):
         ge = qf >= t[:, None]  # mass of {q >= t}; a = min({q >= t} + {P}); below = max({q < t} + {F})
         mass, a, below = reduce(jnp.where(ge, qf.astype(u32), u32(0)), jnp.where(ge, qf, P[:, None]),
                                 jnp.where(ge, F[:, None], qf))
-        ok = _to_score(mass) <= qhat
+        ok = _passes(mass, limit)
         new_F = jnp.where(ok, F, a)
         new_P = jnp.where(ok, jnp.minimum(t, _next_integer(below)), P)
         fin = (ok & (below <= F)) | (_next_integer(new_F) >= new_P)
@@ -540,35 +550,75 @@ def _aps_block_rows(m: int) -> int:
     return max(1, min(64, 32768 // m))
 
 
+def _mass_limits(qhat, score: str, xp=jnp):
+    """``qhat`` -> ``(limit, some)``: the largest integer that passes (``uint32``) and whether any does, per entry.
+
+    A score is an integer ``M`` (fixed-point mass, ``2**30 - q_y``, or a count) shown in the caller's precision:
+    ``score(M) = float32(M) * 2**-30`` for a float32 (or narrower) ``qhat`` -- the kernels' float32 scores, as
+    :func:`aps_scores` returns them -- and exactly ``M * 2**-30`` for a wider one (float64), whose every
+    fixed-point value is representable; rank scores are the counts ``M`` themselves. ``score`` is monotone in
+    ``M``, so ``{M : score(M) <= qhat} = {M <= limit}``. For float32 ``x = qhat * 2**30`` (exact) at or above
+    ``2**24`` the integers that round to ``x`` reach up to ``x + ulp(x) / 2``, included when ``x``'s mantissa is
+    even (ties to even). NaN passes nothing; ``x`` beyond ``uint32`` passes every mass.
+
+    ``xp`` is ``np`` for concrete thresholds (on the host: exact IEEE arithmetic, float64 without x64) or ``jnp``
+    for traced ones.
+    """
+    dtype = _score_dtype(qhat)
+    q = xp.asarray(qhat, dtype)
+    narrow = np.finfo(dtype).bits <= 32
+    if xp is jnp:
+        # XLA's CPU backend reads subnormal floats as zero, so a negative subnormal qhat would pass a zero score.
+        # No score lies strictly between it and 0: the smallest negative normal number decides the same.
+        width, mantissa = np.finfo(dtype).bits, np.finfo(dtype).nmant
+        signed = jax.lax.bitcast_convert_type(q, jnp.dtype(f"int{width}"))
+        low = np.iinfo(np.dtype(f"int{width}")).min
+        negative_subnormal = (signed > low) & (signed < low + (1 << mantissa))
+        q = jnp.where(negative_subnormal, -jnp.finfo(dtype).tiny, q)
+    scale = 1.0 if score == "rank" else float(_ONE)
+    x = q * xp.asarray(scale, dtype)  # exact: a power of two (an overflow is +inf, which passes everything)
+    x = xp.where(xp.isnan(x), -1.0, x)
+    top = 2.0**32 - 256 if narrow else 2.0**32 - 1  # the largest value below 2**32 of the dtype: exact casts
+    floor = xp.floor(xp.clip(x, -1.0, top))
+    some = floor >= 0
+    limit = xp.maximum(floor, 0).astype(xp.uint32)
+    if score != "rank" and narrow:
+        x32 = xp.asarray(x, xp.float32)
+        big = (x32 >= 2.0**24) & (x32 < 2.0**32)
+        safe = xp.where(big, x32, xp.float32(2.0**24))
+        half = ((xp.nextafter(safe, xp.float32(xp.inf)) - safe) / 2).astype(xp.uint32)
+        bits = safe.view(xp.uint32) if xp is np else jax.lax.bitcast_convert_type(safe, jnp.uint32)
+        limit = xp.where(big, safe.astype(xp.uint32) + half - (bits & 1), limit)
+    limit = xp.where(x >= 2.0**32, xp.uint32(2**32 - 1), limit)
+    return xp.asarray(limit, xp.uint32), xp.asarray(some, bool)
+
+
 @functools.partial(jax.jit, static_argnames=("score",))
-def _sets(probs, qhat, score):
+def _sets(probs, largest, some, score):
     q = quantize(probs)
     n, m = q.shape
-    qhat = jnp.broadcast_to(jnp.asarray(qhat, jnp.float32), (n,))
-    # XLA's CPU backend reads subnormal floats as zero, so 0 <= qhat would hold for a negative subnormal qhat.
-    # No score lies in (-2**-126, 0): replacing such a qhat by -2**-126 keeps "s <= qhat" IEEE-exact.
-    bits = jax.lax.bitcast_convert_type(qhat, jnp.int32)
-    negative_subnormal = (bits > jnp.iinfo(jnp.int32).min) & (bits < jnp.iinfo(jnp.int32).min + (1 << 23))
-    qhat = jnp.where(negative_subnormal, -jnp.finfo(jnp.float32).tiny, qhat)
+    largest = jnp.broadcast_to(jnp.asarray(largest, jnp.uint32), (n,))
+    some = jnp.broadcast_to(jnp.asarray(some, bool), (n,))
     if score == "prob":
-        return _to_score(jnp.uint32(_ONE) - q) <= qhat[:, None]
+        return _passes(jnp.uint32(_ONE) - q, (largest[:, None], some[:, None]))
     if score == "aps":
-        # y is in the set iff mass(q_y) <= qhat; rows are searched a block at a time (padded with empty rows,
+        # y is in the set iff mass(q_y) <= limit; rows are searched a block at a time (padded with empty rows,
         # which are dropped), so the block stays in cache across the passes of _aps_block_levels.
         rows = _aps_block_rows(m)
         blocks = -(-n // rows)
-        qf = jnp.pad(q.astype(jnp.float32), ((0, blocks * rows - n), (0, 0)))
-        qh = jnp.pad(qhat, (0, blocks * rows - n))
+        pad = blocks * rows - n
+        qf = jnp.pad(q.astype(jnp.float32), ((0, pad), (0, 0)))
+        lim = (jnp.pad(largest, (0, pad)).reshape(blocks, rows), jnp.pad(some, (0, pad)).reshape(blocks, rows))
 
         def block(args):
-            qf, qhat = args
-            return qf >= _aps_block_levels(qf, qhat)[:, None]
+            qf, limit = args
+            return qf >= _aps_block_levels(qf, limit)[:, None]
 
-        out = jax.lax.map(block, (qf.reshape(blocks, rows, m), qh.reshape(blocks, rows)))
+        out = jax.lax.map(block, (qf.reshape(blocks, rows, m), lim))
         return out.reshape(blocks * rows, m)[:n]
     keys = _order_keys(probs)
-    level = _smallest_passing_level(keys, lambda t: _count_at_least(keys, t).astype(jnp.float32) <= qhat,
-                                    _KEY_LIMIT)
+    level = _smallest_passing_level(
+        keys, lambda t: _passes(_count_at_least(keys, t).astype(jnp.uint32), (largest, some)), _KEY_LIMIT)
     return keys >= level[:, None]
 
 
@@ -587,11 +637,17 @@ def prediction_sets(probs: jax.Array, qhat, score: str = "aps") -> jax.Array:
       may be empty when ``qhat`` is below every candidate's score.
 
     Guarantees:
-      ``s <= qhat`` is decided on the values as given: a ``qhat`` wider than
-      float32 (a float64 threshold from float64 calibration scores, a Python
-      float) is replaced by the largest float32 ``<= qhat``, which admits
-      exactly the float32 scores ``<= qhat`` (rounding to nearest could round
-      up and admit a score above it); float32 thresholds are used as they are.
+      ``s <= qhat`` is decided exactly, in the caller's precision (the dtype of
+      ``qhat``, as :func:`threshold` returns the caller's own values). A
+      float32 ``qhat`` is compared with the kernels' float32 scores, those
+      :func:`aps_scores`, :func:`prob_scores` and :func:`rank_scores` return. A
+      wider ``qhat`` (float64: a threshold of float64 calibration scores, a
+      Python float) is compared with the scores at full precision -- the
+      fixed-point mass ``M * 2**-30`` exactly, not its float32 rounding, which
+      can lie above ``qhat`` when ``M * 2**-30`` does not (a float32 decision
+      would then drop a candidate split conformal keeps). Either way the
+      decision is an integer comparison of the fixed-point value with the
+      largest one that passes, so no rounding enters it.
     """
     if score not in SCORES:
         raise InputError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
@@ -602,25 +658,9 @@ def prediction_sets(probs: jax.Array, qhat, score: str = "aps") -> jax.Array:
             raise InputError(f"qhat must be a scalar or have shape ({np.shape(probs)[0]},), got shape {qh.shape}")
         if np.isnan(qh).any():
             raise InputError("qhat must not be NaN")
-    return _sets(jnp.asarray(probs, jnp.float32), _float32_at_most(qhat), score)
-
-
-def _float32_at_most(qhat) -> jax.Array:
-    """The largest float32 ``<= qhat`` elementwise: for float32 ``s``, ``s <= qhat`` iff ``s <= out``, exactly.
-
-    float32 and narrower (or non-floating) ``qhat`` is converted as it always was.
-    """
-    dtype = _score_dtype(qhat)
-    if jnp.finfo(dtype).bits <= 32:
-        return jnp.asarray(qhat, jnp.float32)
-    if _concrete(qhat):  # on the host: a float64 qhat may not fit in a JAX array
-        q = np.asarray(qhat, dtype)
-        with np.errstate(over="ignore"):
-            q32 = q.astype(np.float32)  # nearest; beyond float32's range +-inf
-            q32 = np.where(q32.astype(dtype) > q, np.nextafter(q32, np.float32(-np.inf)), q32)
-        return jnp.asarray(q32, jnp.float32)
-    q32 = qhat.astype(jnp.float32)
-    return jnp.where(q32.astype(qhat.dtype) > qhat, jnp.nextafter(q32, jnp.float32(-jnp.inf)), q32)
+    xp = np if _concrete(qhat) else jnp  # concrete thresholds on the host: IEEE subnormals, float64 without x64
+    largest, some = _mass_limits(qhat, score, xp)
+    return _sets(jnp.asarray(probs, jnp.float32), jnp.asarray(largest), jnp.asarray(some), score)
 
 
 def set_sizes(sets: jax.Array) -> jax.Array:

@@ -83,6 +83,7 @@ from snapaudit_jax.estimation.result import (
     AuditResult,
     GDP_BY_CONSTRUCTION_LABEL,
     GDP_ENVELOPE_LABEL,
+    HEURISTIC_NOTE,
     audit_result,
 )
 from snapaudit_jax.estimation.rules import (
@@ -103,6 +104,7 @@ __all__ = [
     "Explicit",
     "GDP_BY_CONSTRUCTION_LABEL",
     "GDP_ENVELOPE_LABEL",
+    "HEURISTIC_NOTE",
     "HeldOut",
     "OneRunResult",
     "RateBound",

@@ -14,7 +14,7 @@ from snapaudit_jax.estimation.rates import RateBound
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.io import dumps, to_json
 
-__all__ = ["AuditResult", "GDP_BY_CONSTRUCTION_LABEL", "GDP_ENVELOPE_LABEL", "audit_result"]
+__all__ = ["AuditResult", "GDP_BY_CONSTRUCTION_LABEL", "GDP_ENVELOPE_LABEL", "HEURISTIC_NOTE", "audit_result"]
 
 @dataclasses.dataclass(frozen=True)
 class AuditResult:
@@ -134,13 +134,24 @@ class AuditResult:
         return dumps(self.to_dict(), **kwargs)
 
     def summary(self) -> dict[str, Any]:
-        """The fields of the command-line JSON contract, as a dict in strict-JSON form."""
+        """The fields of the command-line JSON contract, as a dict in strict-JSON form.
+
+        A heuristic result (``method="paper"``) also carries ``"heuristic": true`` and ``"note"``
+        (:data:`HEURISTIC_NOTE`), as the table and the full record do: its ``epsilon_emp`` is not a certified bound.
+        """
         d = self.to_dict()
         keys = (
             "mechanism", "threat", "method", "estimator", "epsilon_theory", "delta", "epsilon_emp", "mu_emp",
             "tpr_hat", "fpr_hat", "tpr_low", "fpr_up", "trials", "snapshots", "confidence", "violation", "seconds",
         )
-        return {k: d[k] for k in keys}
+        out = {k: d[k] for k in keys}
+        if self.heuristic:
+            out.update(heuristic=True, note=HEURISTIC_NOTE)
+        return out
+
+
+HEURISTIC_NOTE = ("method=paper is SnapAudit's heuristic radius: eps_emp is not certified and no violation is "
+                  "flagged")
 
 
 GDP_ENVELOPE_LABEL = ("eps(delta) of the Gaussian envelope G_mu_emp: bounds the release's eps only if its trade-off "

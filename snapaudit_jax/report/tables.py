@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from snapaudit_jax.estimation.result import HEURISTIC_NOTE
+
 __all__ = ["format_table"]
 
 
@@ -55,8 +57,7 @@ def format_table(results) -> str:
             line += f" {_fmt(r.epsilon_curve, '9.3f')}"
         lines.append(line + f" {_fmt(r.seconds, '8.2f')}")
     if r0.heuristic:
-        lines.append("note: method=paper is SnapAudit's heuristic radius: eps_emp is not certified and no violation "
-                     "is flagged")
+        lines.append(f"note: {HEURISTIC_NOTE}")
     elif any(r.epsilon_profile is not None for r in results):
         lines.append("eps_emp: the exact privacy profile eps(delta) of the release for the audited pair")
     else:

@@ -50,6 +50,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 import conformal as cf
+from conformal import kernels
 
 from tests.helpers.cpa import (
     ALPHAS,
@@ -567,31 +568,99 @@ def test_float64_pvalues_and_coverage_check_agree_with_threshold(n):
     np.testing.assert_array_equal(np.asarray(cf.pvalues(cal, t32)), mixed)
 
 
+def exact_scores(p, score) -> np.ndarray:
+    """``(n, m)`` float64 scores at full precision by brute force: the int64 fixed-point mass (APS), ``2**30 - q_y``
+    (prob) or the count (rank) of every candidate, exactly (``M * 2**-30`` is a float64 value; no float32 step)."""
+    if score == "rank":
+        return all_candidate_scores(p, "rank").astype(np.float64)
+    q = np.floor(np.clip(np.asarray(p, np.float32), 0, 1).astype(np.float64) * 2.0**30).astype(np.int64)
+    if score == "prob":
+        return (2**30 - q).astype(np.float64) * 2.0**-30
+    mass = np.array([[row[row >= v].sum() for v in row] for row in q], np.int64)
+    return mass.astype(np.float64) * 2.0**-30
+
+
 @pytest.mark.parametrize("score", cf.SCORES)
 def test_prediction_sets_with_float64_thresholds_are_exact(score):
-    """A float64 qhat (a threshold of float64 calibration scores) decides s(x, y) <= qhat exactly for the kernels'
-    float32 scores: thresholds one float64 ulp below / above attained scores, scalars and per-row vectors, and a
-    Python float. End to end: float64 calibration scores just below the float32 truths' scores give a float64
-    threshold whose set excludes the candidate just above it. Power: the nearest-float32 conversion (the old one)
-    rounds such a qhat up and admits that candidate."""
+    """A float64 qhat (a threshold of float64 calibration scores) is compared in float64: ``s(x, y) <= qhat`` for
+    the scores at full precision (the fixed-point value ``M * 2**-30`` exactly, not its float32 rounding): thresholds
+    one float64 ulp below / above attained scores, scalars and per-row vectors, and a Python float. End to end:
+    float64 calibration scores just below the truths' scores give a float64 threshold whose set excludes the
+    candidate just above it. The reproducer: a candidate whose score is <= qhat while its float32 rounding is above
+    it is in the set. Power: the float32 comparison (the old rule) drops it, and the nearest-float32 conversion of
+    qhat (an older one) admits a candidate above qhat."""
     rng = np.random.default_rng(220 + cf.SCORES.index(score))
     n, m = 13, 31
     p, labels = posteriors(rng, n, m)
-    full = np.asarray(cf.candidate_scores(p, score))
-    picks = full[np.arange(n), rng.integers(0, m, n)].astype(np.float64)
+    full = np.asarray(cf.candidate_scores(p, score))  # the kernels' float32 scores
+    exact = exact_scores(p, score)
+    assert np.array_equal(exact.astype(np.float32), full)  # the float32 scores are the rounding of these
+    picks = exact[np.arange(n), rng.integers(0, m, n)]
     below, above = np.nextafter(picks, -np.inf), np.nextafter(picks, np.inf)
     for qhat in [below[0], above[0], float(below[1]), below, above]:
-        expected = full.astype(np.float64) <= np.broadcast_to(qhat, (n,))[:, None]
+        expected = exact <= np.broadcast_to(qhat, (n,))[:, None]
         np.testing.assert_array_equal(np.asarray(cf.prediction_sets(p, qhat, score)), expected, err_msg=str(qhat))
     old = full <= below.astype(np.float32)[:, None]
-    assert (old & ~(full <= below[:, None])).any()  # power
-    cal = np.nextafter(full[np.arange(n), labels].astype(np.float64), -np.inf)
+    assert (old & ~(exact <= below[:, None])).any()  # power: nearest-float32 qhat
+    cal = np.nextafter(exact[np.arange(n), labels], -np.inf)
     q = cf.threshold(cal, 0.3)  # k = ceil(14 * 0.7) = 10 <= 13
-    assert np.asarray(q).dtype == np.float64 and q in cal and float(np.float32(q)) > q
+    assert np.asarray(q).dtype == np.float64 and q in cal
     sets = np.asarray(cf.prediction_sets(p, q, score))
-    np.testing.assert_array_equal(sets, full.astype(np.float64) <= q)
+    np.testing.assert_array_equal(sets, exact <= q)
     i = int(np.flatnonzero(cal == q)[0])
-    assert not sets[i, labels[i]] and full[i, labels[i]] <= np.float32(q)  # the old conversion would admit it
+    assert not sets[i, labels[i]]
+    if score == "rank":  # counts are float32 integers: both precisions decide alike
+        np.testing.assert_array_equal(sets, full.astype(np.float64) <= q)
+        return
+    rounded_up = np.argwhere(full.astype(np.float64) > exact)  # float32 scores above the value they round
+    assert len(rounded_up)
+    r, c = rounded_up[len(rounded_up) // 2]
+    qhat = exact[r, c]  # the candidate's own score: it must be in its set
+    sets = np.asarray(cf.prediction_sets(p, np.full(n, qhat), score))
+    assert sets[r, c] and not full[r, c] <= qhat  # the float32 comparison would drop it
+    np.testing.assert_array_equal(sets, exact <= qhat)
+
+
+def _limit_oracle(q, score, wide) -> tuple[int, bool]:
+    """The largest integer M in [0, 2**32) whose score is <= q (by bisection on the definition), and whether any."""
+    scale = 1.0 if score == "rank" else 2.0**-30
+
+    def passes(mass):
+        value = float(mass) if (wide or score == "rank") else float(np.float32(mass))
+        return value * scale <= q
+
+    if not passes(0):
+        return 0, False
+    lo, hi = 0, 2**32 - 1
+    while lo < hi:  # passes(lo) holds; find the last M that passes
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if passes(mid) else (lo, mid - 1)
+    return lo, True
+
+
+@pytest.mark.parametrize("score", cf.SCORES)
+def test_mass_limits_match_their_definition_eager_and_traced(score):
+    """The integer a threshold is turned into is the largest M whose score (float32-rounded for a float32 qhat,
+    exact for a float64 one) is <= qhat, by bisection on the definition: around float32 ties-to-even midpoints
+    above 2**24, at signed zeros and negative subnormals, NaN and beyond 2**32; under jit (float32, and float64 with
+    jax_enable_x64) the same as eagerly on the host."""
+    f32 = np.float32
+    base = [0.0, -0.0, -1e-45, 1e-45, -1.0, 0.5, 0.75, 0.999991834, 1.0, 1.5, 2.0, 3.99999, 4.0, 1e9, np.inf,
+            -np.inf, 2.0**-20, 3 * 2.0**-30, 2.0**-7 + 2.0**-29]
+    grid32 = sorted({f32(x) for x in base} | {np.nextafter(f32(x), f32(d)) for x in base[5:13] for d in (-1, 9)})
+    grid64 = [float(x) for x in base] + [float(np.nextafter(np.float64(x), 9)) for x in base[5:13]]
+    for grid, dtype, wide in ((grid32, np.float32, False), (grid64, np.float64, True)):
+        q = np.array(grid, dtype)
+        largest, some = kernels._mass_limits(q, score, np)
+        for i, v in enumerate(q):
+            want, any_passes = _limit_oracle(float(v), score, wide)
+            assert bool(some[i]) == any_passes and (int(largest[i]) == want or not any_passes), (v, largest[i], want)
+        assert not kernels._mass_limits(np.array([np.nan], dtype), score, np)[1][0]
+        with jax.enable_x64(dtype == np.float64):
+            traced = jax.jit(lambda x: kernels._mass_limits(x, score, jnp))(jnp.asarray(q))
+        keep = np.asarray(some)
+        np.testing.assert_array_equal(np.asarray(traced[1]), keep)
+        np.testing.assert_array_equal(np.asarray(traced[0])[keep], np.asarray(largest)[keep])
 
 
 def test_float64_threshold_under_jit_with_x64():

@@ -39,6 +39,25 @@ def test_json_contract(capsys):
         assert r["tpr_low"] <= r["tpr_hat"] and r["fpr_up"] >= r["fpr_hat"]
 
 
+def test_json_marks_heuristic_rows(capsys, tmp_path):
+    """--method paper: every --json object says it is heuristic (the note the table prints), as --out does; a
+    certified run's objects carry exactly the documented keys (the marker is not printed everywhere)."""
+    from snapaudit_jax.estimation import HEURISTIC_NOTE
+
+    full = tmp_path / "r.json"
+    code, out, _ = run(capsys, "--mechanism", "pv", "--epsilon", "2,4", "--method", "paper", "--trials", "20000",
+                       "--json", "--out", full)
+    assert code == 0
+    rows = json.loads(out)
+    assert [set(r) for r in rows] == [KEYS | {"heuristic", "note"}] * 2
+    assert all(r["heuristic"] is True and r["note"] == HEURISTIC_NOTE and r["violation"] is False for r in rows)
+    assert all(r["heuristic"] is True for r in json.loads(full.read_text()))
+    code, out, _ = run(capsys, "--mechanism", "pv", "--epsilon", "2", "--method", "paper", "--trials", "20000")
+    assert code == 0 and f"note: {HEURISTIC_NOTE}" in out
+    code, out, _ = run(capsys, "--mechanism", "pv", "--epsilon", "2", "--trials", "20000", "--json")
+    assert code == 0 and set(json.loads(out)[0]) == KEYS
+
+
 def test_table_plot_and_full_results(capsys, tmp_path):
     """Default output is a table; --plot writes a PNG and --out the full results."""
     png, full = tmp_path / "p.png", tmp_path / "r.json"
