@@ -326,12 +326,13 @@ class RunFolder:
 
 
 def _exclusive(fd: int) -> bool:
-    """``flock(LOCK_EX)`` without waiting: ``False`` if another run holds it exclusively.
+    """``flock(LOCK_EX)`` without waiting for a holder: ``False`` if another run holds it exclusively.
 
     A probe (:meth:`RunFolder.check`) holds a shared lock for an instant; a shared lock that can be taken
-    shows that no exclusive holder exists, so the exclusive one is tried again.
+    shows that no exclusive holder exists, so the exclusive one is tried again (for at most about a second of
+    shared holders: none holds one for longer).
     """
-    while True:
+    for _ in range(1000):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
@@ -342,6 +343,8 @@ def _exclusive(fd: int) -> bool:
         except BlockingIOError:
             return False  # an exclusive holder
         fcntl.flock(fd, fcntl.LOCK_UN)
+        time.sleep(0.001)
+    return False
 
 
 def _canonical(obj: Any) -> str:
