@@ -637,9 +637,10 @@ def run_folder(config: CPAConfig, out_dir: str | os.PathLike) -> RunFolder:
     Returns:
       The :class:`~snapaudit_jax.utils.run_folder.RunFolder` of command ``cpa``.
     """
+    other_tables = ("data", "attackers", "drift", "truncation", "mondrian", "server", "server_tokenizer")
     table: dict[str, Any] = {
-        "run": {k: getattr(config, k) for k in ("seed", "alphas", "report_alpha", "n_cal", "n_test", "splits",
-                                                 "score", "confidence")},
+        "run": {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+                if f.name not in other_tables and f.name != "batch_size"},
         "data": {source: dict(params) for source, params in config.data.items()},
         "attackers": {a.name: {k: v for k, v in dataclasses.asdict(a).items() if k != "name"}
                       for a in config.attackers},
