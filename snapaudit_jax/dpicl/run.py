@@ -40,10 +40,11 @@ model-call budget (passive). A run folder receives ``results.json`` (one row
 per pipeline, mode, threat and epsilon), ``results_full.json``, ``table.md``,
 PNG plots, the snapshots with their manifests, the model-answer cache, the
 run stamp ``run.json`` (:func:`run_folder`: a rerun of the same configuration
-resumes, another one is refused) and, if configured, ``mia.json`` (clean-output membership-inference AUC) and
-``one_run.json`` (``[one_run]``: one-run audits of PV/PoE with many canaries in
-one private set, :mod:`snapaudit_jax.dpicl.one_run`; also a section of
-``table.md`` and the ``one_run`` entry of ``results_full.json``).
+resumes, another one is refused) and, if configured, ``mia.json``
+(clean-output membership-inference AUC) and ``one_run.json`` (``[one_run]``:
+one-run audits of PV/PoE with many canaries in one private set,
+:mod:`snapaudit_jax.dpicl.one_run`; also a section of ``table.md`` and the
+``one_run`` entry of ``results_full.json``).
 
 The configuration file is TOML; every section and key is documented in
 :class:`AuditConfig` and ``examples/quickstart.toml``.
