@@ -34,8 +34,9 @@ The configuration is :mod:`attacks.config`, the data :mod:`attacks.data`, the ta
 
 Output folder: ``results.json`` (one object per variant with the :data:`~attacks.config.RESULT_KEYS`;
 ``null`` where not applicable), ``results_full.json`` (every attack's details and the DP reports),
-``table.md``, ``leakage.png``, ``config.json``, and ``checkpoints/`` + ``variants/`` from which a rerun into
-the same folder resumes (finished trainings and attacks are not redone).
+``table.md``, ``leakage.png``, ``config.json``, ``run.json`` (the run stamp, :func:`run_folder`), and
+``checkpoints/`` + ``variants/`` from which a rerun of the same configuration into the same folder resumes
+(finished trainings and attacks are not redone).
 
 References:
   Lukas et al., Analyzing Leakage of Personally Identifiable Information in Language Models (IEEE S&P
@@ -70,10 +71,12 @@ from snapaudit_jax.models.tokenizer import Tokenizer
 from snapaudit_jax.utils.config import ConfigFileError
 from snapaudit_jax.utils.io import to_json, write_json, write_text
 from snapaudit_jax.utils.progress import RunLog
+from snapaudit_jax.utils.run_folder import RunFolder
 
-__all__ = ["RESUME_VERSION", "fingerprint", "perplexity", "run_pii", "train_variant"]
+__all__ = ["RESULT_FILES", "RESUME_VERSION", "fingerprint", "perplexity", "run_folder", "run_pii", "train_variant"]
 
-RESUME_VERSION = 2  # of the resume files' layout (``run.json``, ``variants/*.json``)
+RESUME_VERSION = 2  # of the resume files' layout (``checkpoints/``, ``variants/*.json``), in the run stamp
+RESULT_FILES = ("results.json", "results_full.json", "table.md", "config.json")  # a finished run's files
 
 
 def _init_model(config: PIIConfig, tokenizer):
@@ -270,7 +273,10 @@ def _report_dict(report) -> dict:
 
 
 def fingerprint(config: PIIConfig) -> str:
-    """The configuration's fingerprint in ``run.json``: a rerun resumes only a folder of the same one.
+    """The configuration's fingerprint in the run stamps of earlier versions (``{"version": 2, "config": ...}``).
+
+    A folder stamped so with this configuration's fingerprint is resumed (and stamped anew,
+    :func:`run_folder`); one of another fingerprint is refused.
 
     Args:
       config: the experiment.
@@ -285,6 +291,29 @@ def _config_json(config: PIIConfig) -> dict:
     return to_json(dataclasses.asdict(config))
 
 
+def run_folder(config: PIIConfig, out_dir: str | os.PathLike) -> RunFolder:
+    """The run folder ``out_dir`` as a run of ``config`` owns it: its stamp and its lock.
+
+    The stamp records every key of the configuration file, defaults filled in (``run.eval_batch_size`` too:
+    evaluation is recomputed in batches, not cached). A folder holds resume files only with a stamp
+    (checkpoints carry no configuration of their own), so an unstamped one is adopted only when empty.
+
+    Args:
+      config: the experiment.
+      out_dir: the run folder (it may not exist yet).
+
+    Returns:
+      The :class:`~snapaudit_jax.utils.run_folder.RunFolder` of command ``pii`` (resume files of version
+      :data:`RESUME_VERSION`; the stamp of earlier versions with :func:`fingerprint` is recognised).
+    """
+    fields = [f.name for f in dataclasses.fields(config)]
+    sections = [name for name in fields if dataclasses.is_dataclass(getattr(config, name))]
+    table = {"run": {name: getattr(config, name) for name in fields if name not in sections},
+             **{name: dataclasses.asdict(getattr(config, name)) for name in sections}}
+    return RunFolder(out_dir, "pii", table, version=RESUME_VERSION, results=RESULT_FILES,
+                     legacy={"version": RESUME_VERSION, "config": fingerprint(config)})
+
+
 def _read_resume_json(path: str, what: str):
     try:
         with open(path) as fh:
@@ -294,21 +323,11 @@ def _read_resume_json(path: str, what: str):
                               "to recompute") from None
 
 
-def _check_run_folder(config: PIIConfig, out_dir: str) -> None:
-    """Refuses, before any work and changing nothing, a run folder of another configuration or with corrupted
-    resume files (``run.json``, ``variants/*.json``)."""
+def _check_run_folder(out_dir: str) -> None:
+    """Refuses, before any work and changing nothing, a run folder with corrupted resume files
+    (``variants/*.json``); its stamp and lock are :func:`run_folder`'s."""
     if not os.path.isdir(out_dir):
         return
-    stamp = {"version": RESUME_VERSION, "config": fingerprint(config)}
-    stamp_path = os.path.join(out_dir, "run.json")
-    if os.path.exists(stamp_path):
-        old = _read_resume_json(stamp_path, "run stamp")
-        if not isinstance(old, dict):
-            raise ConfigFileError(f"{stamp_path}: a run stamp must be a JSON object {{\"version\", \"config\"}}, got "
-                                  f"{str(old)[:80]!r}; choose another --out folder")
-        if old != stamp:
-            raise ConfigFileError(f"{out_dir}: holds a run of another configuration ({old.get('config')}, this one "
-                                  f"is {stamp['config']}); choose another --out folder")
     for name in ("baseline_pii", *VARIANTS):
         path = os.path.join(out_dir, "variants", f"{name}.json")
         if not os.path.exists(path):
@@ -327,32 +346,31 @@ def run_pii(config: PIIConfig, out_dir: str, *, progress: bool = True) -> dict:
 
     Args:
       config: the experiment (:func:`attacks.config.load_pii_config`).
-      out_dir: the run folder (see the module docstring); finished trainings and attacks in it are not redone.
+      out_dir: the run folder (see the module docstring), owned by this run (:func:`run_folder`: stamped with
+        the configuration, locked while the run writes it); finished trainings and attacks in it are not redone.
       progress: log progress to stderr.
 
     Returns:
       ``{"results": {variant: row of RESULT_KEYS}, "full": {variant: every attack's details}, "seconds"}``.
 
     Raises:
-      ConfigFileError: ``out_dir`` holds a run of another configuration or a corrupted resume file, or a data or
-        config error of :func:`attacks.data.prepare_data` (all raised before anything is written).
+      ConfigFileError: ``out_dir`` holds a run of another configuration (naming the first differing key) or a
+        corrupted resume file, or a data or config error of :func:`attacks.data.prepare_data`.
+      InputError: ``out_dir`` is held by another live run, holds a run of another command, a corrupted stamp,
+        or files without a stamp. All are raised before anything is written.
     """
-    _check_run_folder(config, out_dir)  # another run's folder or a corrupted resume file: before any work
+    folder = run_folder(config, out_dir)
+    folder.check()  # a folder of another configuration or held by a live run: before any work, nothing changed
+    _check_run_folder(out_dir)  # a corrupted resume file: before any work
     log = RunLog(progress)
     t0 = time.perf_counter()
     data = prepare_data(config, log)  # every data/config error is raised before anything is written
-    os.makedirs(out_dir, exist_ok=True)
-    stamp = {"version": RESUME_VERSION, "config": fingerprint(config)}
-    stamp_path = os.path.join(out_dir, "run.json")
-    if os.path.exists(stamp_path):
-        with open(stamp_path) as fh:
-            old = json.load(fh)
-        if old != stamp:
-            raise ConfigFileError(f"{out_dir}: holds a run of another configuration ({old.get('config')}, this one "
-                                  f"is {stamp['config']}); choose another --out folder")
-    else:
-        write_json(stamp_path, stamp)
+    with folder.claim():  # the folder is made, locked and stamped only now
+        return _pii(config, out_dir, data, log, t0)
 
+
+def _pii(config: PIIConfig, out_dir: str, data: PreparedData, log: RunLog, t0: float) -> dict:
+    """:func:`run_pii` once its folder is claimed: the trainings, the attacks and the files."""
     baseline, _ = train_variant("baseline", data.public.texts, False, config, data, out_dir, log)
     base_samples_path = os.path.join(out_dir, "variants", "baseline_pii.json")
     if os.path.exists(base_samples_path):

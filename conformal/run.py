@@ -15,8 +15,9 @@ coverage_conditional, candidate_miss_rate, median_set_size, mean_set_size,
 leakage_proxy, qhat, top1`` and more; ``qhat`` is ``null`` for +inf, i.e.
 full sets), ``report.md``, ``documents/<attacker>/<suite>.jsonl`` (one line
 per document of both splits), ``alpha_dial_<attacker>.png``,
-``set_sizes_<attacker>.png``, ``config.json``, and for LLM attackers the
-model-answer cache ``llm_cache.jsonl`` (an interrupted run resumes from it).
+``set_sizes_<attacker>.png``, ``config.json``, ``run.json`` (the run stamp,
+:func:`run_folder`), and for LLM attackers the model-answer cache
+``llm_cache.jsonl`` (an interrupted run resumes from it).
 
 Guarantees:
   Every coverage statement holds for the declared configuration (data
@@ -46,8 +47,12 @@ from snapaudit_jax.utils.config import ConfigFileError
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.io import atomic_write, dumps, to_json, write_json, write_text
 from snapaudit_jax.utils.progress import RunLog
+from snapaudit_jax.utils.run_folder import RunFolder
 
-__all__ = ["build_suites", "check_references", "run_cpa"]
+__all__ = ["RESULT_FILES", "RESUME_FILES", "build_suites", "check_references", "run_cpa", "run_folder"]
+
+RESULT_FILES = ("summary.json", "report.md", "validity_checks.json", "config.json")  # a finished run's files
+RESUME_FILES = ("llm_cache.jsonl",)  # what a rerun resumes from (adopted in an unstamped folder)
 
 
 def build_suites(config: CPAConfig) -> dict[str, Any]:
@@ -403,13 +408,16 @@ def check_references(config: CPAConfig, suites: Mapping[str, Any]) -> None:
 def run_cpa(config: CPAConfig, out_dir: str, *, progress: bool = True) -> dict:
     """Runs every configured attacker on its suites, the stress tests, and writes the run folder.
 
-    Every error a configuration can cause (:func:`check_references`, a model that does not load, a model
-    server that cannot be reached or lacks a capability an attacker needs, a corrupted answer cache) is
-    raised before the output folder is made.
+    Every error a configuration can cause (a folder of another configuration or held by a live run,
+    :func:`check_references`, a model that does not load, a model server that cannot be reached or lacks a
+    capability an attacker needs, a corrupted answer cache) is raised before the output folder is made or
+    changed.
 
     Args:
       config: the run's configuration.
-      out_dir: the run folder (made if missing; an ``llm_cache.jsonl`` in it is reused).
+      out_dir: the run folder, owned by this run (:func:`run_folder`: stamped with the configuration, locked
+        while the run writes it; made if missing); a rerun of the same configuration reuses its
+        ``llm_cache.jsonl``, another configuration is refused.
       progress: log progress lines on stderr.
 
     Returns:
@@ -418,11 +426,14 @@ def run_cpa(config: CPAConfig, out_dir: str, *, progress: bool = True) -> dict:
       used, none for in-process models).
 
     Raises:
-      ConfigFileError: as :func:`build_suites` and :func:`check_references`, or for a language model that
-        cannot be loaded.
+      ConfigFileError: as :func:`build_suites` and :func:`check_references`, for a language model that cannot
+        be loaded, or for a folder stamped with another configuration (naming the first differing key).
       ServerError: the ``[server]`` probe failed or lacks log-probs a profile attacker needs.
-      InputError: for a corrupted ``llm_cache.jsonl`` in ``out_dir``.
+      InputError: for a corrupted ``llm_cache.jsonl`` in ``out_dir``, or a folder held by another live run, of
+        another command, with a corrupted stamp, or unstamped with a finished run or foreign files.
     """
+    folder = run_folder(config, out_dir)
+    folder.check()  # a folder of another configuration or held by a live run: refused first, nothing changed
     log = RunLog(progress)
     t0 = time.perf_counter()
     suites = build_suites(config)
@@ -438,7 +449,12 @@ def run_cpa(config: CPAConfig, out_dir: str, *, progress: bool = True) -> dict:
     for attacker in config.attackers:  # models load before the folder is made: a bad checkpoint writes nothing
         if attacker.kind != "retrieval":
             models.oracle(attacker.model, f"attackers.{attacker.name}.model")
-    os.makedirs(out_dir, exist_ok=True)
+    with folder.claim():  # the folder is made, locked and stamped only now
+        return _cpa(config, out_dir, suites, models, log, t0)
+
+
+def _cpa(config: CPAConfig, out_dir: str, suites: dict, models: _Models, log, t0: float) -> dict:
+    """:func:`run_cpa` once its folder is claimed: the attacks, calibrations, stress tests and files."""
     rows: list[dict] = []
     attacks: dict[tuple[str, str], tuple[_Attack, np.ndarray]] = {}
     by_name = {a.name: a for a in config.attackers}
@@ -604,6 +620,41 @@ def _mondrian(config, suites, by_name, attack_of, positions) -> list[dict]:
             per_split.append(split_rows)
         out.extend(_average(per_split))
     return out
+
+
+def run_folder(config: CPAConfig, out_dir: str | os.PathLike) -> RunFolder:
+    """The run folder ``out_dir`` as a run of ``config`` owns it: its stamp and its lock.
+
+    The stamp records every key of the configuration file, defaults filled in, except those that cannot change
+    results: ``run.batch_size`` (model answers are cached by prompt, whatever the batch) and the server's
+    transport (``api_key_env``, ``timeout_s``, ``max_concurrency``, ``max_retries``, the backoff); ``server``
+    keeps ``base_url``, ``model`` and ``tokenizer``.
+
+    Args:
+      config: the run's configuration.
+      out_dir: the run folder (it may not exist yet).
+
+    Returns:
+      The :class:`~snapaudit_jax.utils.run_folder.RunFolder` of command ``cpa``.
+    """
+    other_tables = ("data", "attackers", "drift", "truncation", "mondrian", "server", "server_tokenizer")
+    table: dict[str, Any] = {
+        "run": {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+                if f.name not in other_tables and f.name != "batch_size"},
+        "data": {source: dict(params) for source, params in config.data.items()},
+        "attackers": {a.name: {k: v for k, v in dataclasses.asdict(a).items() if k != "name"}
+                      for a in config.attackers},
+    }
+    if config.drift:
+        table["drift"] = [{"attacker": a, "calibrate": c, "test": t} for a, c, t in config.drift]
+    if config.truncation is not None:
+        attacker, suite, top_k = config.truncation
+        table["truncation"] = {"attacker": attacker, "suite": suite, "top_k": top_k}
+    if config.mondrian is not None:
+        table["mondrian"] = {"attacker": config.mondrian[0], "suites": config.mondrian[1]}
+    if config.server is not None:
+        table["server"] = {**config.server.public(), "tokenizer": config.server_tokenizer}
+    return RunFolder(out_dir, "cpa", table, results=RESULT_FILES, resume=RESUME_FILES)
 
 
 def _config_json(config: CPAConfig) -> dict:

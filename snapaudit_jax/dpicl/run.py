@@ -38,11 +38,13 @@ resumable), Phase B/C audits the private releases with the core engine
 (active), and the same pipelines are audited end to end with the same
 model-call budget (passive). A run folder receives ``results.json`` (one row
 per pipeline, mode, threat and epsilon), ``results_full.json``, ``table.md``,
-PNG plots, the snapshots with their manifests, the model-answer cache and,
-if configured, ``mia.json`` (clean-output membership-inference AUC) and
-``one_run.json`` (``[one_run]``: one-run audits of PV/PoE with many canaries in
-one private set, :mod:`snapaudit_jax.dpicl.one_run`; also a section of
-``table.md`` and the ``one_run`` entry of ``results_full.json``).
+PNG plots, the snapshots with their manifests, the model-answer cache, the
+run stamp ``run.json`` (:func:`run_folder`: a rerun of the same configuration
+resumes, another one is refused) and, if configured, ``mia.json``
+(clean-output membership-inference AUC) and ``one_run.json`` (``[one_run]``:
+one-run audits of PV/PoE with many canaries in one private set,
+:mod:`snapaudit_jax.dpicl.one_run`; also a section of ``table.md`` and the
+``one_run`` entry of ``results_full.json``).
 
 The configuration file is TOML; every section and key is documented in
 :class:`AuditConfig` and ``examples/quickstart.toml``.
@@ -67,12 +69,19 @@ from snapaudit_jax.utils.config import ConfigFileError
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.io import write_json, write_text
 from snapaudit_jax.utils.progress import RunLog as _Log
+from snapaudit_jax.utils.run_folder import RunFolder
 from snapaudit_jax.dpicl.config import DEFAULT_DATASET, FIXED_MIXTURE_NOTE, AuditConfig, PipelineConfig
 from snapaudit_jax.dpicl.pipelines import PIPELINES
 from snapaudit_jax.dpicl.report import format_report, plot_pipeline
 
 
-__all__ = ["check_run_folder", "passive_plan", "run_audit", "server_needs"]
+__all__ = ["RESULT_FILES", "RESUME_FILES", "check_run_folder", "passive_plan", "run_audit", "run_folder",
+           "server_needs"]
+
+RESULT_FILES = ("results.json", "results_full.json", "table.md")  # a finished run's files
+RESUME_FILES = ("llm_cache.jsonl", "snapshots")  # what a rerun resumes from (adopted in an unstamped folder)
+# AuditConfig fields that are not keys of the [audit] table.
+_OTHER_TABLES = ("llm", "embedder", "allow_pickle", "server", "server_tokenizer", "pipelines", "mia", "one_run")
 
 # ---------------------------------------------------------------------------
 # Running
@@ -281,6 +290,60 @@ def _clean_signal(pipeline, clean) -> float:
     return float(clean[0])
 
 
+def run_folder(config: AuditConfig, out_dir: str | os.PathLike) -> RunFolder:
+    """The run folder ``out_dir`` as a run of ``config`` owns it: its stamp and its lock.
+
+    The stamp records every key of the configuration file, defaults filled in, except those that cannot change
+    results: ``model.allow_pickle``, ``audit.batch_size`` (model answers are cached by prompt, whatever the
+    batch) and the server's transport (``api_key_env``, ``timeout_s``, ``max_concurrency``, ``max_retries``,
+    the backoff); ``model.server`` keeps ``base_url``, ``model`` and ``tokenizer``.
+
+    Args:
+      config: the audit configuration.
+      out_dir: the run folder (it may not exist yet).
+
+    Returns:
+      The :class:`~snapaudit_jax.utils.run_folder.RunFolder` of command ``audit``.
+    """
+    model = {"llm": config.llm, "embedder": config.embedder}
+    if config.server is not None:
+        model["server"] = {**config.server.public(), "tokenizer": config.server_tokenizer}
+    table = {
+        "model": model,
+        "audit": {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+                  if f.name not in _OTHER_TABLES and f.name != "batch_size"},
+        "pipelines": {p.name: {k: v for k, v in dataclasses.asdict(p).items() if k != "name"}
+                      for p in config.pipelines},
+    }
+    for section in ("mia", "one_run"):
+        if getattr(config, section) is not None:
+            table[section] = dataclasses.asdict(getattr(config, section))
+    return RunFolder(out_dir, "audit", table, results=RESULT_FILES, resume=RESUME_FILES)
+
+
+def _llm_calls(stats, summaries: dict) -> dict:
+    """``summary.llm_calls``: the run's logical model calls, counted as a fresh run counts them.
+
+    A Phase A loaded from the run folder's snapshot files asked nothing of the model or the cache in this
+    process; its calls, recorded in its manifest, count as ``resumed``.
+    """
+    resumed = {"calls": 0, "embed_calls": 0}
+    for info in summaries.values():
+        manifest = info["manifest"]
+        if manifest.get("resumed"):
+            phase_a = manifest.get("oracle_calls") or {"calls": manifest["llm_calls"]}
+            for key in resumed:
+                resumed[key] += int(phase_a.get(key, 0))
+    out = stats.as_dict()
+    out["calls"] += resumed["calls"]
+    out["embed_calls"] += resumed["embed_calls"]
+    out["resumed"], out["embed_resumed"] = resumed["calls"], resumed["embed_calls"]
+    out["note"] = ("calls: the run's logical language-model calls, as a fresh run counts them = computed (answers "
+                   "computed now) + cached (answered from llm_cache.jsonl) + resumed (Phase A loaded from "
+                   "snapshots/); the same for the embedder's embed_calls")
+    return out
+
+
 def check_run_folder(out_dir: str | os.PathLike) -> None:
     """Refuses a run folder whose resume files are corrupted, before any work (nothing is changed).
 
@@ -383,29 +446,33 @@ def run_audit(config: AuditConfig, out_dir: str, *, progress: bool = True) -> di
 
     Args:
       config: a checked configuration (:func:`~snapaudit_jax.dpicl.config.load_config`).
-      out_dir: the run folder; files of an earlier run with the same configuration are resumed from (the
-        model-answer cache, snapshots), those of a different one are recomputed.
+      out_dir: the run folder, owned by this run (:func:`run_folder`: stamped with the configuration, locked
+        while the run writes it); a rerun of the same configuration resumes from its model-answer cache and
+        snapshots, another configuration is refused.
       progress: progress lines on stderr.
 
     Returns:
       ``{"rows", "summary", "mia", "one_run"}``: ``rows`` as written to ``results.json`` (one per pipeline, mode,
-      threat and epsilon), ``summary`` (the configuration, per-pipeline manifests, model-call counts), and the
-      ``mia`` and ``one_run`` objects (``None`` unless configured).
+      threat and epsilon), ``summary`` (the configuration, per-pipeline manifests, and ``llm_calls``: the run's
+      logical model calls, the same fresh or resumed, split into ``computed``, ``cached`` and ``resumed``), and
+      the ``mia`` and ``one_run`` objects (``None`` unless configured).
 
     Raises:
-      InputError: a corrupted resume file (:func:`check_run_folder`, before the folder changes); the determinism
-        check failing with ``on_mismatch = "fail"``; ``method = "exact"`` with the black-box threat and a sampled
-        ESA pool of other than 2 candidates.
-      ConfigFileError: a data file or model the configuration names cannot be loaded (before the folder changes).
+      InputError: a folder held by another live run, of another command, or unstamped with a finished run or
+        foreign files; a corrupted stamp or resume file (:func:`check_run_folder`) -- all before the folder
+        changes; the determinism check failing with ``on_mismatch = "fail"``; ``method = "exact"`` with the
+        black-box threat and a sampled ESA pool of other than 2 candidates.
+      ConfigFileError: a folder stamped with another configuration (naming the first differing key), or a data
+        file or model the configuration names cannot be loaded (before the folder changes).
     """
-    from snapaudit_jax.dpicl.data import get_spec
-    from snapaudit_jax.dpicl.pipelines import KeywordPipeline, LLMOracle, make_case
-    from snapaudit_jax.dpicl.pipelines.phase_a import generate_snapshots
     from snapaudit_jax.models import load_embedder, load_language_model
 
+    folder = run_folder(config, out_dir)
     log = _Log(progress)
-    # Everything that can be refused is refused before the folder is created or anything in it changes: the
-    # resume files of an earlier run, the data files, then the models.
+    # Everything that can be refused is refused before the folder is created or anything in it changes: a folder
+    # of another configuration or held by a live run, the resume files of an earlier run, the data files, then
+    # the models. The folder is made, locked and stamped only then.
+    folder.check()
     check_run_folder(out_dir)
     datasets = _load_datasets(config)
     if config.llm == "openai":
@@ -418,9 +485,18 @@ def run_audit(config: AuditConfig, out_dir: str, *, progress: bool = True) -> di
     needs_embedder = any(p.name == "esa" for p in config.pipelines)
     embedder = _load_model("model.embedder", load_embedder, config.embedder, config.allow_pickle) \
         if needs_embedder else None
+    with folder.claim():
+        return _audit(config, out_dir, datasets, lm, embedder, log)
+
+
+def _audit(config: AuditConfig, out_dir: str, datasets: dict, lm, embedder, log) -> dict:
+    """:func:`run_audit` once its folder is claimed: Phase A, the active and passive audits, the files."""
+    from snapaudit_jax.dpicl.data import get_spec
+    from snapaudit_jax.dpicl.pipelines import KeywordPipeline, LLMOracle, make_case
+    from snapaudit_jax.dpicl.pipelines.phase_a import generate_snapshots
+
     oracle = LLMOracle(lm, embedder, cache_path=os.path.join(out_dir, "llm_cache.jsonl"),
                        batch_size=config.batch_size, progress=log.bar)
-    os.makedirs(out_dir, exist_ok=True)
     n_passive = config.passive_runs or config.snapshots
     rows, full, summaries = [], [], {}
     for settings in config.pipelines:
@@ -522,7 +598,8 @@ def run_audit(config: AuditConfig, out_dir: str, *, progress: bool = True) -> di
         plot_pipeline(os.path.join(out_dir, f"{settings.name}.png"), settings.name, plot_rows)
     mia = _run_mia(config, lm, oracle, log) if config.mia else None
     one_run = _run_one_run(config, oracle, log) if config.one_run else None
-    summary = {"config": dataclasses.asdict(config), "pipelines": summaries, "llm_calls": oracle.stats.as_dict()}
+    summary = {"config": dataclasses.asdict(config), "pipelines": summaries,
+               "llm_calls": _llm_calls(oracle.stats, summaries)}
     write_json(os.path.join(out_dir, "results.json"), rows)
     extra_full = {} if one_run is None else {"one_run": one_run}
     write_json(os.path.join(out_dir, "results_full.json"), {"summary": summary, "results": full, **extra_full})

@@ -5,12 +5,13 @@
 * :mod:`~snapaudit_jax.utils.config` -- reading TOML run configurations (each error names ``section.key``);
 * :mod:`~snapaudit_jax.utils.io` -- atomic writes, the one JSON rule, output-path checks;
 * :mod:`~snapaudit_jax.utils.progress` -- the progress protocol and its stderr printer;
+* :mod:`~snapaudit_jax.utils.run_folder` -- run folders owned by one run (configuration stamp, exclusive lock);
 * :mod:`~snapaudit_jax.utils.platform` -- host setup (one XLA device per CPU core).
 
 These modules import neither JAX nor any other part of snapaudit-jax.
 """
 
-from snapaudit_jax.utils import config, errors, io, platform, progress, validate
+from snapaudit_jax.utils import config, errors, io, platform, progress, run_folder, validate
 from snapaudit_jax.utils.errors import (
     ClaimViolation,
     ConfigFileError,
@@ -22,6 +23,7 @@ from snapaudit_jax.utils.errors import (
 from snapaudit_jax.utils.io import atomic_write, dumps, to_json, write_json, write_text
 from snapaudit_jax.utils.platform import use_all_cpu_cores
 from snapaudit_jax.utils.progress import Counter, Progress, RunLog
+from snapaudit_jax.utils.run_folder import RunFolder
 
 __all__ = [
     "ClaimViolation",
@@ -31,6 +33,7 @@ __all__ = [
     "InputError",
     "MissingFileError",
     "Progress",
+    "RunFolder",
     "RunLog",
     "SnapAuditError",
     "atomic_write",
@@ -40,6 +43,7 @@ __all__ = [
     "io",
     "platform",
     "progress",
+    "run_folder",
     "to_json",
     "use_all_cpu_cores",
     "validate",

@@ -2,7 +2,10 @@
 
 A :class:`ConfigCommand` is ``snapaudit NAME CONFIG.toml [--out DIR] [--quiet]``:
 load and check the TOML file, check the output folder, run into it, print its
-report. ``snapaudit_jax`` defines ``audit``; other installed packages add theirs
+report. The run owns its folder (:class:`~snapaudit_jax.utils.run_folder.RunFolder`:
+a stamp of its configuration and a lock held while it runs), so a folder of
+another configuration or one that another run holds is refused before any work.
+``snapaudit_jax`` defines ``audit``; other installed packages add theirs
 through the ``snapaudit.commands`` entry-point group (``conformal`` adds
 ``cpa``, ``attacks`` adds ``pii``), so the command line never imports them by
 name and the packages depend on ``snapaudit_jax`` one way only.
@@ -112,7 +115,8 @@ def run_command(command: ConfigCommand, config_path: str, out: str | None = None
       ``(result, report)``: what ``command.run`` returned and the text of its report file.
 
     Raises:
-      InputError: a bad configuration or an output folder that cannot be written (before any work).
+      InputError: a bad configuration, an output folder that cannot be written, or one the run may not own (of
+        another configuration, held by another live run; the command's ``run`` refuses it) -- before any work.
     """
     config = resolve(command.load)(config_path)
     out = out or os.path.join("runs", os.path.splitext(os.path.basename(config_path))[0])

@@ -124,6 +124,27 @@ def test_run_is_deterministic(small_run, tmp_path):
     assert json.load(open(tmp_path / "again" / "summary.json")) == json.load(open(os.path.join(out, "summary.json")))
 
 
+def test_a_finished_folder_resumes_its_configuration_and_refuses_another(small_run, tmp_path, capsys):
+    """The same configuration into the finished folder reruns to the same summary; another one exits 2 before
+    any work, naming the differing key, and leaves every byte of the folder as it was."""
+    from pathlib import Path
+
+    from snapaudit_jax.cli import main
+    from tests.helpers.bad_input.common import _tree
+
+    cfg, out, first = small_run
+    stamp = json.load(open(os.path.join(out, "run.json")))
+    assert stamp["command"] == "cpa" and stamp["config"]["run"]["n_cal"] == 60 and stamp["config"]["drift"]
+    again = run_cpa(cfg, out, progress=False)
+    assert again["rows"] == first["rows"] and not os.path.exists(os.path.join(out, "run.lock"))
+    before = _tree(Path(out))
+    other = write_config(tmp_path, SMALL.replace("n_cal = 60", "n_cal = 50"))
+    assert main(["cpa", other, "--out", out, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a run of another configuration: run.n_cal is 60 there, 50 here" in err and "Traceback" not in err
+    assert _tree(Path(out)) == before
+
+
 # --------------------------------------------------------------------------- coverage of the runner's rows
 
 

@@ -33,7 +33,8 @@ class SnapshotRun:
 
     Attributes:
       snapshots: the clean outputs with and without the canary (ESA: with the candidates and target).
-      manifest: the run's manifest (fingerprint, model calls, unique computations, determinism check, ...;
+      manifest: the run's manifest (fingerprint, model calls, unique computations, determinism check,
+        ``oracle_calls`` -- every oracle counter's change over this Phase A, determinism check included --, ...;
         ``"resumed": True`` when loaded from the run folder).
     """
 
@@ -176,6 +177,10 @@ def generate_snapshots(
         "determinism_check": _verify(pipeline, verify, seed) if verify else None,
         "note": "greedy decoding is deterministic: each distinct prompt is computed once and its answer reused",
     }
+    # Every oracle call of this Phase A, the determinism check's cached side included: what a run that resumes
+    # from these files counts as resumed (it asks neither the model nor the cache again).
+    manifest["oracle_calls"] = {f.name: getattr(stats, f.name) - getattr(before, f.name)
+                                for f in dataclasses.fields(stats)}
     server = getattr(pipeline.oracle.lm, "server_info", None)
     if server is not None:  # a served model: its id and base URL (never credentials: the URL may hold none)
         manifest["server"] = server

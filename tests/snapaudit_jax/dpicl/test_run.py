@@ -144,6 +144,34 @@ def test_run_audit_writes_results_and_resumes(tmp_path, tiny_folder):
     again = run_audit(cfg, out, progress=False)
     assert again["summary"]["pipelines"]["pv"]["manifest"]["resumed"] is True
     assert again["summary"]["llm_calls"]["computed"] == 0  # every answer came from the cache
+    _resumed_same_and_another_refused(tmp_path, tiny_folder, out, result, again)
+
+
+def _resumed_same_and_another_refused(tmp_path, tiny_folder, out, first, again):
+    """A finished folder: the same configuration resumed to the same rows and the same logical model calls (the
+    resumed Phase A counted, not asked again); another one refused before any work, every byte unchanged."""
+    from tests.helpers.bad_input.common import _tree
+
+    def timeless(rows):
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+
+    assert timeless(again["rows"]) == timeless(first["rows"])
+    fresh, resumed = first["summary"]["llm_calls"], again["summary"]["llm_calls"]
+    assert fresh["resumed"] == 0 and fresh["calls"] == fresh["computed"] + fresh["cached"] > 0
+    phase_a = sum(p["manifest"]["oracle_calls"]["calls"] for p in first["summary"]["pipelines"].values())
+    assert resumed["resumed"] == phase_a > 0 and resumed["cached"] == fresh["calls"] - phase_a
+    assert resumed["calls"] == fresh["calls"] and resumed["embed_calls"] == fresh["embed_calls"]
+    stamp = json.load(open(os.path.join(out, "run.json")))
+    assert stamp["command"] == "audit" and stamp["config"]["audit"]["trials"] == 20000
+    assert "batch_size" not in stamp["config"]["audit"] and not os.path.exists(os.path.join(out, "run.lock"))
+    before = _tree(tmp_path / "run")
+    (tmp_path / "other").mkdir()
+    other = open(_config(tmp_path / "other", tiny_folder)).read().replace("trials = 20000", "trials = 30000")
+    (tmp_path / "other" / "audit.toml").write_text(other)
+    with pytest.raises(ConfigFileError, match=r"--out .*run holds a run of another configuration: audit.trials "
+                                              r"is 20000 there, 30000 here; choose another --out folder"):
+        run_audit(load_config(tmp_path / "other" / "audit.toml"), out, progress=False)
+    assert _tree(tmp_path / "run") == before
 
 
 def test_cli_audit_prints_the_table(tmp_path, tiny_folder, capsys):
@@ -247,13 +275,28 @@ def test_esa_sampled_candidate_stage_counts_in_both_budgets(tmp_path, scripted):
     assert all("drawn once, before Phase A" in r["assumptions"] for r in full if r["mode"] == "active")
 
 
+def _resume_files(run, new):
+    """A new run folder holding only ``run``'s resume files (answer cache, snapshots): no stamp, so any
+    configuration may adopt it, and its Phase A reuses only the snapshots of its own fingerprint."""
+    import shutil
+
+    new.mkdir()
+    shutil.copy(run / "llm_cache.jsonl", new / "llm_cache.jsonl")
+    shutil.copytree(run / "snapshots", new / "snapshots")
+    return str(new)
+
+
 def test_esa_fixed_pool_keeps_the_previous_budget_and_a_changed_setting_recomputes(tmp_path, scripted):
     """"fixed": the pool (y1, y2), active = passive = 2 x 20 calls as before (the candidate-stage diagnostic is
-    not counted); switching the setting in one run folder recomputes Phase A, the same setting resumes."""
+    not counted); switching the setting is refused in the stamped run folder, and with that folder's resume
+    files in a new one recomputes Phase A (its snapshot fingerprint differs); the same setting resumes."""
     out = str(tmp_path / "run")
     sampled = run_audit(load_config(_esa_config(tmp_path, "candidate_calls = 3\n")), out, progress=False)
     assert sampled["summary"]["pipelines"]["esa"]["manifest"]["candidate_pool"]["source"] == "sampled"
     fixed_cfg = load_config(_esa_config(tmp_path, 'candidates = "fixed"\ncandidate_calls = 3\n'))
+    with pytest.raises(ConfigFileError, match='pipelines.esa.candidates is "sampled" there, "fixed" here'):
+        run_audit(fixed_cfg, out, progress=False)
+    out = _resume_files(tmp_path / "run", tmp_path / "fixed")
     fixed = run_audit(fixed_cfg, out, progress=False)
     info = fixed["summary"]["pipelines"]["esa"]
     assert "resumed" not in info["manifest"] and info["manifest"]["candidate_pool"]["source"] == "fixed"
@@ -262,6 +305,7 @@ def test_esa_fixed_pool_keeps_the_previous_budget_and_a_changed_setting_recomput
     assert "passive_candidate_pools" not in info
     again = run_audit(fixed_cfg, out, progress=False)
     assert again["summary"]["pipelines"]["esa"]["manifest"]["resumed"] is True
+    out = _resume_files(tmp_path / "fixed", tmp_path / "back")
     back = run_audit(load_config(_esa_config(tmp_path, "candidate_calls = 3\n")), out, progress=False)
     assert "resumed" not in back["summary"]["pipelines"]["esa"]["manifest"]
 
