@@ -30,8 +30,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.bad_input.common import _LLAMA, _hf_folder
-from tests.helpers.cpa import TAB, TEXTWASH
-from tests.helpers.paths import ROOT
+from tests.helpers.paths import FIXTURES, ROOT
 from tests.helpers.pii import tiny_pii_toml
 from tests.helpers.tiny_llm import CHATML
 
@@ -41,6 +40,7 @@ pytestmark = pytest.mark.skipif(
     not all(importlib.util.find_spec(m) for m in ("flax", "datasets", "sklearn", "faker")),
     reason="needs the models, data, cpa and dpsgd extras (datasets: the power check runs its reading path)")
 
+TAB, TEXTWASH = FIXTURES / "conformal" / "tab", FIXTURES / "conformal" / "textwash"
 MARKER = "Qz7PrivateMarker4b1e"  # in every record; nowhere in the code, the models or the libraries
 WATCHED = ("home", "hf-home", "hf-datasets", "xdg-cache", "xdg-config", "xdg-data", "xdg-state", "tmp", "cwd")
 _DROPPED = ("HOME", "TMPDIR", "TMP", "TEMP", "PYTHONPYCACHEPREFIX", "JAX_COMPILATION_CACHE_DIR", "TORCH_HOME")
@@ -287,3 +287,20 @@ def test_quiet_libraries_silences_prints_warnings_logging_and_progress_bars(caps
     for needle in ("a library writes to stderr", "a library logs", "a progress bar"):
         assert needle in loud.err, needle
     assert logging.root.manager.disable == logging.NOTSET  # restored
+
+
+def test_the_in_process_watch_of_the_bad_input_cases_sees_what_datasets_writes(tmp_path):
+    """Power check of :func:`tests.helpers.bad_input.private_data.watch_datasets_cache`: under it, the old reading
+    path leaves its Arrow copy inside the case's folder, where the bad-input suite's tree check sees it."""
+    import contextlib
+
+    import datasets
+
+    from tests.helpers.bad_input.private_data import watch_datasets_cache
+
+    path = tmp_path / "ag.jsonl"
+    path.write_text(json.dumps({"text": MARKER, "label": 1}) + "\n")
+    with contextlib.ExitStack() as stack:
+        cache = watch_datasets_cache(tmp_path, stack)
+        datasets.load_dataset("json", data_files={"train": str(path)}, split="train")
+    assert any(p.suffix == ".arrow" for p in _holding(cache, MARKER))
