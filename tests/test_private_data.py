@@ -5,7 +5,8 @@ Each command runs in a subprocess whose home and every cache a library could use
 ``HF_DATASETS_CACHE``, ``XDG_CACHE_HOME``, ``XDG_CONFIG_HOME``, ``XDG_DATA_HOME``, ``XDG_STATE_HOME``,
 ``TMPDIR``) and its working directory are fresh folders under ``watched/``: after the run they must hold no file.
 The records carry a marker string, and no file under the test's folder may hold it except the input files and
-the run folder. The subprocesses run concurrently (one per command), so the whole file costs about one audit.
+the run folder. The five subprocesses (about 25 s of CPU time together) run concurrently, one per command and
+one for the power check.
 
 Matplotlib's font list is the one file a library writes outside the run folder (the reports draw plots; it is
 written once per ``MPLCONFIGDIR``): it lists the system's fonts and holds no user data. The test points
@@ -142,7 +143,8 @@ _OLD_READER = "import datasets, sys; datasets.load_dataset('json', data_files={'
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """``{name: (root, completed process)}`` of the commands, run concurrently, each under its own watch."""
+    """``(folder, input paths, {name: (root, completed process)})``: the commands and the power check's old
+    reading path, run concurrently, each under its own watch in ``root``."""
     tmp = tmp_path_factory.mktemp("private")
     data = _write_inputs(tmp / "data")
     llm = _tiny_llama(tmp / "llama")
