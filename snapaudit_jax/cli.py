@@ -126,9 +126,11 @@ def _config_commands() -> dict:
 def _run_config(args) -> int:
     """``snapaudit NAME CONFIG.toml``: load, run into ``--out``, print the report (and the command's summary)."""
     from snapaudit_jax.utils.commands import resolve, run_command
+    from snapaudit_jax.utils.quiet import quiet_libraries
 
     command = _config_commands()[args.command]
-    result, report = run_command(command, args.config, args.out, progress=not args.quiet)
+    with quiet_libraries(args.quiet):  # --quiet: nothing from the libraries either
+        result, report = run_command(command, args.config, args.out, progress=not args.quiet)
     print(report)
     line = resolve(command.summary)(result) if command.summary else None
     if line:

@@ -10,8 +10,10 @@ Sources (``path`` argument of :func:`load_examples`):
   written for this project and read with the standard library, so tests and the quickstart run offline and
   without ``datasets``;
 * a local ``.jsonl``/``.json``/``.csv``/``.parquet`` file, or a directory holding one ``<split>.<ext>`` file per
-  split -- read with ``datasets.load_dataset("json" | "csv" | "parquet", data_files=...)``, which works offline;
-* ``"hub"`` -- the Hugging Face Hub copy of the dataset (network access; never used in the tests).
+  split -- read into memory by :func:`~snapaudit_jax.dpicl.data.records.read_records`, which writes nothing
+  anywhere (no copy of the records in a Hugging Face cache);
+* ``"hub"`` -- the Hugging Face Hub copy of the dataset, read with ``datasets.load_dataset`` and cached where
+  ``datasets`` caches (public data; network access; never used in the tests).
 
 References:
   SnapAudit, the DP-ICL audit: neighbouring contexts C1 = {e_1, ..., e_{k-1}, e_canary} and C0 = {e_1, ..., e_k}.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import importlib.util
 import json
 import math
 import os
@@ -31,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from snapaudit_jax.dpicl.data.records import FORMATS, read_records
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 
@@ -45,8 +49,6 @@ __all__ = [
 ]
 
 _TASKS = ("classification", "summarization")
-# File extension -> `datasets` packaged builder.
-_BUILDERS = types.MappingProxyType({".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"})
 _SPLIT_RE = re.compile(r"\w+(\.\w+)*")
 
 
@@ -273,14 +275,17 @@ def load_examples(
       path: ``None`` for the shipped demo data (split ``"train"`` only); a local ``.jsonl``/``.json``/``.csv``/
         ``.parquet`` file (taken to be the split ``split``); a directory holding exactly one ``<split>.<ext>``
         file for the requested split (e.g. ``train.jsonl``, ``test.csv``); or ``"hub"`` for the Hugging Face Hub
-        copy (needs network access). Local files and the hub are read with ``datasets.load_dataset``.
+        copy (needs network access). Local files are read into memory by
+        :func:`~snapaudit_jax.dpicl.data.records.read_records` (its rules for each format apply); the hub with
+        ``datasets.load_dataset``.
       split: the split to load.
       limit: return at most this many examples; ``None`` for all. It must not exceed the split's size.
       seed: ``None`` keeps the source order (the first ``limit`` rows). An integer ``>= 0`` returns a seeded
         random sample without replacement, in random order: the first ``limit`` entries of
         ``numpy.random.default_rng(seed).permutation(n)``; with ``limit=None`` a seeded shuffle of the whole split.
         Samples for the same seed are nested: a smaller ``limit`` gives a prefix of a larger one.
-      cache_dir: passed to ``datasets.load_dataset`` (local files and hub only).
+      cache_dir: passed to ``datasets.load_dataset`` for ``path="hub"``; local files are never cached, so it is
+        ignored for them.
 
     Returns:
       The examples, ``len == limit`` (or the split's size). Classification examples have ``label`` set and
@@ -288,9 +293,11 @@ def load_examples(
       the ``id`` column when there is one, else are ``"<name>-<split>-<row>"`` with ``row`` the source row.
 
     Raises:
-      ImportError: ``datasets`` is not installed and ``path`` is not ``None``.
+      ImportError: ``datasets`` (the project's ``data`` extra, the dependency of every non-demo source) is not
+        installed and ``path`` is not ``None``.
       InputError: unknown dataset name; missing path; unsupported file extension; no (or more than one) file for
-        the split in a directory; unreadable file; missing required column (the message names the source and the
+        the split in a directory; a path that is not a regular file (a FIFO, a device); an empty or unreadable
+        file; missing required column (the message names the source and the
         column and lists the columns found); a returned row with an empty or non-string text or summary, or a
         label that is not an integer in ``[0, num_classes)``; duplicate ids among the returned rows; an empty
         split; ``limit`` larger than the split; invalid ``split``, ``limit`` or ``seed``.
@@ -299,7 +306,8 @@ def load_examples(
       Deterministic: the same source, ``split``, ``limit`` and ``seed`` give the same list under the same NumPy
       version (``numpy.random.Generator`` streams are platform-independent but may change between versions).
       Every returned row was validated; nothing is dropped or repaired silently. Only the returned rows are read
-      and checked (with ``limit``, a bad row elsewhere in a large hub split is not looked at).
+      and checked (with ``limit``, a bad row elsewhere in a large hub split is not looked at). A local file is
+      parsed in memory: no copy of its records is written anywhere, whether the load succeeds or fails.
     """
     spec = get_spec(name)
     if not isinstance(split, str) or not _SPLIT_RE.fullmatch(split):
@@ -314,15 +322,14 @@ def load_examples(
     elif isinstance(path, str) and path == "hub":
         source, table = _read_hub(spec, split, cache_dir)
     else:
-        source, table = _read_local(spec, os.fspath(path), split, cache_dir)
-
-    text_columns = [_require_column(table, field, (), source, spec) for field in spec.text_fields]
-    label_column = _require_column(table, spec.label_field, spec.label_aliases, source, spec)
-    id_column = spec.id_field if spec.id_field in table.columns else None
+        source, table = _read_local(spec, os.fspath(path), split)
 
     n = table.num_rows
     if n == 0:
         raise InputError(f"{source}: split {split!r} of dataset {spec.name!r} has no rows")
+    text_columns = [_require_column(table, field, (), source, spec) for field in spec.text_fields]
+    label_column = _require_column(table, spec.label_field, spec.label_aliases, source, spec)
+    id_column = spec.id_field if spec.id_field in table.columns else None
     if limit is not None and limit > n:
         raise InputError(f"limit must be <= the {n} rows of {source} (split {split!r}), got {limit}")
     if seed is None:
@@ -472,11 +479,11 @@ def _read_hub(spec: DatasetSpec, split: str, cache_dir) -> tuple[str, _Table]:
     return f"hub dataset {spec.hub_id!r}", _dataset_table(dataset)
 
 
-def _read_local(spec: DatasetSpec, path: str, split: str, cache_dir) -> tuple[str, _Table]:
+def _read_local(spec: DatasetSpec, path: str, split: str) -> tuple[str, _Table]:
     if not os.path.exists(path):
         raise InputError(f"path must be an existing file or directory (or None, or 'hub'), got {path!r}")
     if os.path.isdir(path):
-        candidates = [os.path.join(path, split + ext) for ext in _BUILDERS]
+        candidates = [os.path.join(path, split + ext) for ext in FORMATS]
         found = [c for c in candidates if os.path.isfile(c)]
         if not found:
             present = sorted(os.listdir(path))
@@ -491,21 +498,10 @@ def _read_local(spec: DatasetSpec, path: str, split: str, cache_dir) -> tuple[st
             )
         path = found[0]
     ext = _extension(path)
-    if ext not in _BUILDERS:
-        raise InputError(f"file extension must be one of {', '.join(_BUILDERS)}, got {ext or '(none)'!r} for {path!r}")
-    source = f"file {path!r}"
-    if os.path.getsize(path) == 0:
-        raise InputError(f"{source} is empty: split {split!r} of dataset {spec.name!r} has no rows")
-    datasets = _import_datasets(f"reading {path!r}")
-    try:
-        dataset = datasets.load_dataset(
-            _BUILDERS[ext], data_files={split: path}, split=split, cache_dir=_fspath(cache_dir)
-        )
-    except Exception as err:  # `datasets` raises many types (even StopIteration on an empty JSON file).
-        if "corresponds to no data" in str(err):  # `datasets` cannot build a split with zero rows.
-            raise InputError(f"{source}: split {split!r} of dataset {spec.name!r} has no rows") from err
-        raise InputError(f"{source} could not be read as {_BUILDERS[ext]}: {type(err).__name__}: {err}") from err
-    return source, _dataset_table(dataset)
+    if ext not in FORMATS:
+        raise InputError(f"file extension must be one of {', '.join(FORMATS)}, got {ext or '(none)'!r} for {path!r}")
+    _require_datasets(f"reading {path!r}")
+    return f"file {path!r}", _dict_table(read_records(path))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -568,12 +564,19 @@ def _fspath(path) -> str | None:
     return None if path is None else os.fspath(path)
 
 
-def _import_datasets(purpose: str):
-    try:
-        import datasets  # noqa: PLC0415 -- optional dependency, only for local files and the hub.
-    except ImportError as err:
+def _require_datasets(purpose: str) -> None:
+    # Local files are parsed without `datasets` (read_records), but the data extra stays the one documented
+    # dependency of every non-demo source: it brings pyarrow, which Parquet needs, so a configuration does not
+    # start failing when its file changes format. find_spec, not import: `import datasets` takes a second.
+    if importlib.util.find_spec("datasets") is None:
         raise ImportError(
             f"the 'datasets' package is required for {purpose}; install it (pip install datasets) "
             f"or use path=None for the demo data"
-        ) from err
+        )
+
+
+def _import_datasets(purpose: str):
+    _require_datasets(purpose)
+    import datasets  # noqa: PLC0415 -- optional dependency, only for the hub.
+
     return datasets

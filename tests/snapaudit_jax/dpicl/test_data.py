@@ -395,3 +395,118 @@ def test_audit_context_validates_its_fields():
         AuditContext(canary=a, replacement=Example("a", 0, None, "other"), exemplars=(c,), position=0)
     ctx = AuditContext(canary=a, replacement=b, exemplars=(c,), position=0)
     assert (ctx.with_canary, ctx.without_canary) == ((a, c), (b, c))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The reader of user data files: in memory, nothing written, strict.
+
+
+def test_local_files_are_read_without_datasets_load_dataset_or_any_cache(tmp_path, cache, monkeypatch):
+    """Power: the old path (datasets.load_dataset) would call the patched function and create ``cache``."""
+    import datasets
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("datasets.load_dataset must not read a local file (it copies it into a cache)")
+
+    monkeypatch.setattr(datasets, "load_dataset", refuse)
+    jsonl = _write_jsonl(tmp_path / "ag.jsonl", AG_ROWS)
+    csv_path = _write_csv(tmp_path / "ag.csv", ["text", "label"], [[r["text"], r["label"]] for r in AG_ROWS])
+    parquet = tmp_path / "ag.parquet"
+    datasets.Dataset.from_dict({"text": [r["text"] for r in AG_ROWS], "label": [r["label"] for r in AG_ROWS]}) \
+        .to_parquet(str(parquet))
+    before = sorted(tmp_path.rglob("*"))
+    for path in (jsonl, csv_path, parquet):
+        assert load_examples("agnews", path, cache_dir=cache) == _ag_expected()
+    assert sorted(tmp_path.rglob("*")) == before and not cache.exists()
+
+
+def test_read_records_json_forms_give_the_same_columns(tmp_path):
+    rows = [{"text": "a\u2028b", "label": 1}, {"label": 2.5, "extra": [1, {"k": None}]}, {"text": "c", "label": True}]
+    expected = {"text": ["a\u2028b", None, "c"], "label": [1, 2.5, True], "extra": [None, [1, {"k": None}], None]}
+    lines = "".join(json.dumps(r, ensure_ascii=False) + "\r\n\n" for r in rows)  # CRLF, blank lines
+    (tmp_path / "a.jsonl").write_bytes(b"\xef\xbb\xbf" + lines.encode())  # with a byte-order mark
+    (tmp_path / "b.json").write_text(json.dumps(rows, indent=2), encoding="utf-8")
+    (tmp_path / "c.json").write_text(lines, encoding="utf-8")  # JSON Lines in a .json file
+    for name in ("a.jsonl", "b.json", "c.json"):
+        got = data.read_records(tmp_path / name)
+        assert got == expected and list(got) == ["text", "label", "extra"], name
+    (tmp_path / "one.json").write_text(json.dumps(rows[0], indent=2), encoding="utf-8")
+    assert data.read_records(tmp_path / "one.json") == {"text": ["a\u2028b"], "label": [1]}
+    (tmp_path / "none.json").write_text("[]")
+    assert data.read_records(tmp_path / "none.json") == {}
+
+
+def test_read_records_csv_types_and_missing_cells(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text('id,text,score,mixed,,n\n007,"NA","1.5",1,x,-3\n8,"two\nlines",2,b,,\n\n9,null,,2.0,y,4\n',
+                    encoding="utf-8")
+    assert data.read_records(path) == {
+        "id": [7, 8, 9], "text": ["NA", "two\nlines", "null"], "score": [1.5, 2.0, None], "mixed": ["1", "b", "2.0"],
+        "Unnamed: 4": ["x", None, "y"], "n": [-3, None, 4],
+    }
+    header_only = _write_csv(tmp_path / "h.csv", ["text", "label"], [])
+    assert data.read_records(header_only) == {"text": [], "label": []}
+
+
+def test_read_records_parquet_keeps_the_column_values(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"text": ["x", None], "label": [3, 1], "tags": [["a"], []]}), path)
+    assert data.read_records(path) == {"text": ["x", None], "label": [3, 1], "tags": [["a"], []]}
+
+
+def _parquet_bytes(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["x"] * 50}), tmp_path / "good.parquet")
+    return (tmp_path / "good.parquet").read_bytes()
+
+
+@pytest.mark.parametrize("name, content, pattern", [
+    ("dup.jsonl", '{"text": "a", "text": "b"}\n', r"line 1 is not valid JSON: key 'text' is repeated within one"),
+    ("nan.jsonl", '{"text": "a", "label": NaN}\n', r"line 1 is not valid JSON: NaN is not valid JSON"),
+    ("bad.jsonl", '{"text": "a"}\n{"text": oops}\n', r"line 2 is not valid JSON: Expecting value \(column 10\)"),
+    ("list.jsonl", '{"text": "a"}\n[1, 2]\n', r"line 2 must be a JSON object, got list"),
+    ("strings.json", '["a", "b"]', r"item 0 must be a JSON object, got str"),
+    ("array.json", '[{"text": "a"},', r"not a valid JSON array"),
+    ("surrogate.jsonl", '{"text": "a\\ud800b"}\n', r"line 1 holds a lone surrogate escape"),
+    ("latin1.jsonl", b'{"text": "a"}\n{"text": "caf\xe9"}\n', r"must be UTF-8 text, byte 27 \(line 2\) is b'\\xe9'"),
+    ("ragged.csv", "text,label\na,1\nb,2,3\n", r"line 3 has 3 field\(s\), the header has 2"),
+    ("short.csv", "text,label\na\n", r"line 2 has 1 field\(s\), the header has 2"),
+    ("repeated.csv", "text,text\na,b\n", r"the header repeats column\(s\) \['text'\]"),
+    ("quote.csv", 'text,label\n"unterminated,1\n', r"could not be read as csv: line \d+: unexpected end of data"),
+    ("latin1.csv", b"text,label\ncaf\xe9,1\n", r"could not be read as csv: it must be UTF-8 text"),
+    ("junk.parquet", b"PAR1 not really parquet", r"could not be read as parquet"),
+    ("truncated.parquet", "truncate", r"could not be read as parquet"),
+    ("empty.csv", b"", r"empty\.csv' is empty \(no rows\)"),
+    ("notes.txt", "text\n", r"file extension must be one of \.jsonl, \.json, \.csv, \.parquet, got '\.txt'"),
+])
+def test_read_records_refuses_what_breaks_its_format_and_quotes_no_record(tmp_path, name, content, pattern):
+    if content == "truncate":
+        content = _parquet_bytes(tmp_path)[:-30]
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(ValueError, match=pattern) as info:
+        data.read_records(path)
+    assert name in str(info.value)
+    assert "oops" not in str(info.value) and "caf" not in str(info.value) and "unterminated" not in str(info.value)
+
+
+def test_read_records_refuses_what_is_not_a_regular_file(tmp_path):
+    import os
+
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)  # opening it for reading would block until a writer comes
+    with pytest.raises(ValueError, match=r"pipe\.jsonl' must be a regular file, got a FIFO \(named pipe\)"):
+        data.read_records(fifo)
+    with pytest.raises(ValueError, match=r"must be a regular file, got a FIFO"):
+        load_examples("agnews", fifo)
+    with pytest.raises(ValueError, match=r"must be a regular file, got a directory"):
+        data.read_records(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"nope\.jsonl' does not exist"):
+        data.read_records(tmp_path / "nope.jsonl")
+    (tmp_path / "link.jsonl").symlink_to(_write_jsonl(tmp_path / "target.jsonl", AG_ROWS[:1]))
+    assert data.read_records(tmp_path / "link.jsonl") == {"text": [AG_ROWS[0]["text"]], "label": [0]}
