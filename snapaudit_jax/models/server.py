@@ -286,7 +286,12 @@ class _TooLarge(Exception):
 
 class _DeadlineSocket:
     """A connected socket whose every send and receive gets the time left before ``deadline`` as its timeout,
-    so that a server trickling its headers or body cannot stretch one attempt past the deadline."""
+    so that a server trickling its headers or body cannot stretch one attempt past the deadline.
+
+    ``close`` leaves the socket open: http.client closes its connection as soon as a response that ends with the
+    connection's close begins, and reads that response from the socket afterwards; the attempt that owns the
+    socket closes it (:meth:`_DeadlineHTTPConnection.release`).
+    """
 
     def __init__(self, sock, deadline: float):
         self._sock = sock
@@ -310,7 +315,7 @@ class _DeadlineSocket:
         return io.BufferedReader(_DeadlineReader(self))
 
     def close(self):
-        self._sock.close()
+        pass
 
     def __getattr__(self, name):
         return getattr(self._sock, name)
@@ -343,7 +348,16 @@ class _DeadlineHTTPConnection(http.client.HTTPConnection):
             raise _DeadlineExceeded("the deadline passed before connecting")
         self.timeout = left  # the TCP connect (and a TLS handshake) get the time left
         super().connect()
+        self._owned = self.sock
         self.sock = _DeadlineSocket(self.sock, self._deadline)
+
+    def release(self) -> None:
+        """Closes the connection and its socket."""
+        self.close()
+        owned = getattr(self, "_owned", None)
+        if owned is not None:
+            owned.close()
+            self._owned = None
 
 
 class _DeadlineHTTPSConnection(_DeadlineHTTPConnection, http.client.HTTPSConnection):
@@ -439,14 +453,14 @@ class OpenAIClient:
                     break
                 size += len(chunk)
                 if size > MAX_BODY_BYTES:
-                    raise _TooLarge(size, "read so far, with more to come")
+                    raise _TooLarge(size, "counted as read, without a Content-Length")
                 chunks.append(chunk)
             raw = b"".join(chunks)
             if declared is not None and size < declared:
                 raise http.client.IncompleteRead(raw, declared - size)
             return resp.status, resp.reason, resp.headers, raw
         finally:
-            conn.close()
+            conn.release()
 
     def request(self, path: str, body: dict | None = None, *, what: str) -> Any:
         """One JSON request: ``GET path`` when ``body`` is ``None``, else ``POST`` of ``body``; retried as configured.
@@ -706,7 +720,7 @@ def _rendering_mismatch(tokens: Sequence[str], ids: Sequence[int], tokenizer: To
 
 
 def echoed_logprobs(choice: dict, ids: Sequence[int], what: str, *, tokenizer: Tokenizer | None = None,
-                    require_tokens: bool = False) -> tuple[list, list]:
+                    require_tokens: bool = False, base_url: str | None = None) -> tuple[list, list]:
     """The echoed log-probabilities of one completion choice in vLLM's format, checked against the ids sent.
 
     Args:
@@ -718,6 +732,7 @@ def echoed_logprobs(choice: dict, ids: Sequence[int], what: str, *, tokenizer: T
         are not compared; ``token_id:N`` tokens always are).
       require_tokens: the echoed tokens must be present and compared (a choice of a request of several
         prompts: without them it could be another prompt's).
+      base_url: the server, named by the messages (``None``: "the server").
 
     Returns:
       ``(token_logprobs, top_logprobs)``, one entry per prompt token (the first ``None``: it has no context;
@@ -728,37 +743,38 @@ def echoed_logprobs(choice: dict, ids: Sequence[int], what: str, *, tokenizer: T
         differ from those sent (or, with ``require_tokens``, that are absent or not compared), or a value that is
         not a log-probability.
     """
+    who = base_url or "the server"
     lp = choice.get("logprobs")
     if not isinstance(lp, dict) or not isinstance(lp.get("token_logprobs"), list):
         raise ServerError(f"{what}: the answer has no echoed token log-probabilities (choices[].logprobs."
-                          "token_logprobs); the server ignores 'echo' or 'logprobs'")
+                          f"token_logprobs); {who} ignores 'echo' or 'logprobs'")
     values, top = lp["token_logprobs"], lp.get("top_logprobs")
     if len(values) != len(ids):
-        raise ServerError(f"{what}: the server echoed {len(values)} tokens for a prompt of {len(ids)} token ids "
-                          "(it truncated or re-tokenised the prompt)")
+        raise _BadAnswer(f"{what}: {who} echoed {len(values)} tokens for a prompt of {len(ids)} token ids (it "
+                         "truncated or re-tokenised the prompt, or answered another one)")
     kind = _echo_kind(choice)
     tokens = lp.get("tokens")
     if kind != "none" and len(tokens) != len(ids):
-        raise _BadAnswer(f"{what}: the server echoed {len(tokens)} tokens (logprobs.tokens) for a prompt of "
+        raise _BadAnswer(f"{what}: {who} echoed {len(tokens)} tokens (logprobs.tokens) for a prompt of "
                          f"{len(ids)} token ids")
     if kind == "token_ids":
         try:
             echoed = [int(t.split(":", 1)[1]) for t in tokens]
         except ValueError:
-            raise _BadAnswer(f"{what}: the server echoed tokens that are not 'token_id:N': {tokens[:4]}") from None
+            raise _BadAnswer(f"{what}: {who} echoed tokens that are not 'token_id:N': {tokens[:4]}") from None
         if echoed != list(ids):
             first = next(i for i, (a, b) in enumerate(zip(echoed, ids)) if a != b)
-            raise _BadAnswer(f"{what}: the server echoed token {echoed[first]} at position {first} where {ids[first]} "
+            raise _BadAnswer(f"{what}: {who} echoed token {echoed[first]} at position {first} where {ids[first]} "
                              "was sent")
     elif kind == "text" and tokenizer is not None:
         bad = _rendering_mismatch(tokens, ids, tokenizer)
         if bad is not None:
             pos, text, token, mine = bad
-            raise _BadAnswer(f"{what}: the server echoed {text!r} at position {pos} where token {token} ({mine!r}) "
-                             "was sent")
+            raise _BadAnswer(f"{what}: {who} echoed {text!r} at position {pos} where token {token} ({mine!r}) was "
+                             "sent")
     elif require_tokens:
-        raise _BadAnswer(f"{what}: the answer echoes no prompt tokens that can be compared with those sent "
-                         "(logprobs.tokens), so it cannot be matched to its prompt")
+        raise _BadAnswer(f"{what}: the answer of {who} echoes no prompt tokens that can be compared with those "
+                         "sent (logprobs.tokens), so it cannot be matched to its prompt")
     for i, v in enumerate(values[1:], 1):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v > 1e-6:
             raise ServerError(f"{what}: token_logprobs[{i}] = {v!r} is not a log-probability")
@@ -890,13 +906,15 @@ class ServerLanguageModel:
         fields = {"max_tokens": 0, "echo": True, "logprobs": top, "temperature": 0.0,
                   "return_tokens_as_token_ids": True}
         tok = self.tokenizer if self.echo_tokens == "text" else None
+        url = self.config.base_url
         if len(seqs) == 1:
-            return [echoed_logprobs(self._completion(seqs[0], what, **fields)[0], seqs[0], each[0], tokenizer=tok)]
+            return [echoed_logprobs(self._completion(seqs[0], what, **fields)[0], seqs[0], each[0], tokenizer=tok,
+                                    base_url=url)]
         if self.echo_tokens == "none":
-            return [echoed_logprobs(self._completion(seq, name, **fields)[0], seq, name, tokenizer=tok)
+            return [echoed_logprobs(self._completion(seq, name, **fields)[0], seq, name, tokenizer=tok, base_url=url)
                     for seq, name in zip(seqs, each)]
         choices = self._completion(seqs, what, len(seqs), **fields)
-        return [echoed_logprobs(c, seq, name, tokenizer=tok, require_tokens=True)
+        return [echoed_logprobs(c, seq, name, tokenizer=tok, require_tokens=True, base_url=url)
                 for c, seq, name in zip(choices, seqs, each)]
 
     # --- generation ------------------------------------------------------------
@@ -1072,11 +1090,14 @@ class ServerLanguageModel:
 
 
 def _probe_pair(tokenizer: Tokenizer) -> list[list[int]]:
-    """Two different short token sequences for the probe's echo request (their order is what it checks)."""
-    first = tokenizer.encode("Hello world") or tokenizer.encode("Hello")[:2] or [0]
-    second = tokenizer.encode("world, Hello!") or first[::-1]
-    if second == first:
-        second = first + first
+    """Two different token sequences of one length for the probe's echo request: only the choices' indices and
+    echoed tokens, not their lengths, can tell which is which."""
+    first = tokenizer.encode("Hello world, hello") or [0, 1]
+    if len(first) == 1:
+        first = first * 2
+    second = first[::-1] if first[::-1] != first else first[1:] + first[:1]
+    if second == first:  # every token the same
+        second = [t + 1 if t + 1 < tokenizer.vocab_size else t - 1 for t in first]
     return [first, second]
 
 
@@ -1152,7 +1173,7 @@ def probe(config: ServerConfig, tokenizer: Tokenizer, *, client: OpenAIClient | 
             choices = _choices(answer, len(seqs), what, config.base_url)
             echo_tokens = _echo_kind(choices[0])
             for j, (c, seq) in enumerate(zip(choices, seqs)):
-                echoed_logprobs(c, seq, f"{what}, prompt {j}", require_tokens=echo_tokens != "none")
+                echoed_logprobs(c, seq, f"{what}, prompt {j}", base_url=config.base_url)
                 if _echo_kind(c) != echo_tokens:
                     raise _BadAnswer(f"{what}: {config.base_url} echoed the tokens of its two choices in two forms")
             if echo_tokens == "text":

@@ -28,6 +28,7 @@ itself meets them) or to one request as a fault:
 * ``"lying_index"``: the choices in reverse order, each with the index of its position (a wrong match);
 * ``"other_model"``: every answer names the model ``"other-model"``;
 * ``"no_model"``: every answer lacks the ``model`` field;
+* ``"other_fingerprint"``: every answer reports the ``system_fingerprint`` ``"other-fingerprint"``;
 * ``"no_tokens"``: echo answers without ``logprobs.tokens``;
 * ``"text_tokens"``: echo answers name the tokens by their text (the tokenizer's rendering of each id);
 * ``"trickle"``: the body sent one byte every ``trickle_s`` seconds;
@@ -61,8 +62,8 @@ from flax import nnx
 
 from snapaudit_jax.models.layers import positions_from_mask
 
-MODES = frozenset({"swap_choices", "no_index", "lying_index", "other_model", "no_model", "no_tokens", "text_tokens",
-                   "trickle", "slow_headers", "oversized", "unsized"})
+MODES = frozenset({"swap_choices", "no_index", "lying_index", "other_model", "no_model", "other_fingerprint",
+                   "no_tokens", "text_tokens", "trickle", "slow_headers", "oversized", "unsized"})
 TINY_TEXTS = ["the quick brown fox jumps over the lazy dog", "positive negative neutral answer label",
               "a b c d e f g h i j k l m n o p", "Hello world, this is a tiny test corpus."] * 10
 
@@ -237,6 +238,8 @@ class FakeOpenAI:
             del answer["model"]
         if self.fingerprint is not None:
             answer["system_fingerprint"] = self.fingerprint
+        if "other_fingerprint" in faults:
+            answer["system_fingerprint"] = "other-fingerprint"
         return answer
 
     # --- HTTP ------------------------------------------------------------------
@@ -362,7 +365,7 @@ class FakeOpenAI:
     def __enter__(self):
         self._httpd = _Quiet(("127.0.0.1", self.port), self._handler())
         self._httpd.daemon_threads = True
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
         return self
 
     def __exit__(self, *exc):
