@@ -65,7 +65,7 @@ from snapaudit_jax.models.layers import positions_from_mask
 MODES = frozenset({"swap_choices", "no_index", "lying_index", "other_model", "no_model", "other_fingerprint",
                    "no_tokens", "text_tokens", "trickle", "slow_headers", "oversized", "unsized"})
 TINY_TEXTS = ["the quick brown fox jumps over the lazy dog", "positive negative neutral answer label",
-              "a b c d e f g h i j k l m n o p", "Hello world, this is a tiny test corpus."] * 10
+              "a b c d e f g h i j k l m n o p"] * 20  # the tokenizer's corpus
 
 
 @functools.lru_cache(maxsize=1)
