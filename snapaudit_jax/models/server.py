@@ -67,9 +67,10 @@ __all__ = ["Capabilities", "MAX_BODY_BYTES", "OpenAIClient", "ServerConfig", "Se
 
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
-# The largest answer body read. A label-scoring echo answer costs about 100 bytes per echoed token (the token,
-# its log-probability, a top-1 entry and an offset), so 64 MiB holds some 600,000 echoed tokens -- e.g. 14
-# labels on a 32,768-token prompt, or 1,000 labels on a 600-token one -- far above what an audit asks for;
+# The largest answer body read. A label-scoring echo answer costs about 120 bytes per echoed token (the token,
+# its log-probability, a top-1 entry and an offset; measured on vLLM's format), so 64 MiB holds some 550,000
+# echoed tokens -- e.g. 14 labels on a 32,768-token prompt, or 1,000 labels on a 500-token one -- far above
+# what an audit asks for;
 # decoding the JSON holds several times the body in memory. A larger body is a fault (or a proxy's error
 # page streamed for ever) and is refused without being read to its end.
 MAX_BODY_BYTES = 64 * 2 ** 20
@@ -164,8 +165,8 @@ class ServerConfig:
 
         ``request_budget_s`` when set; by default every attempt at its deadline plus the largest delays the
         backoff draws: ``(max_retries + 1) * timeout_s + sum_r min(max_backoff_s, backoff_s * 2^r)`` over the
-        ``max_retries`` retries (a ``Retry-After`` longer than the backoff's cap is what it then bounds), at most
-        86400 s.
+        ``max_retries`` retries, at most 86400 s; by default it binds only when a ``Retry-After`` asks for longer
+        than the backoff's cap.
         """
         if self.request_budget_s is not None:
             return float(self.request_budget_s)
