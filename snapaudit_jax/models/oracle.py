@@ -108,8 +108,8 @@ def read_cache(path: str | os.PathLike) -> tuple[dict[str, object], int | None]:
 class LLMOracle:
     """Cached, counted access to a language model and a sentence embedder.
 
-    Requests are keyed by the SHA-256 of their kind, the model's name and their content; each distinct request
-    is computed once (in batches of ``batch_size``) and appended to the cache file.
+    Requests are keyed by the SHA-256 of their kind, the model's identity (:attr:`model_identity`) and their
+    content; each distinct request is computed once (in batches of ``batch_size``) and appended to the cache file.
 
     Args:
       lm: the pipeline's language model.
@@ -126,6 +126,9 @@ class LLMOracle:
       progress: the progress callable, or ``None``.
       stats: the :class:`CallStats` of this oracle.
       requested: hashes of every distinct request made through this oracle.
+      model_identity: what the language model's answers are keyed by: its ``identity`` where it has one (a
+        model server: base URL, served model id and fingerprint, so that answers of one server are never reused
+        for another), else its ``name`` (an in-process model).
     """
 
     def __init__(self, lm: LanguageModel, embedder: SentenceEmbedder | None = None, *, cache_path: str | None = None,
@@ -149,6 +152,7 @@ class LLMOracle:
         self.progress = progress
         self.stats = CallStats()
         self.requested: set[str] = set()  # hashes of every distinct request made through this oracle
+        self.model_identity = getattr(lm, "identity", None) or lm.name
         self._cache: dict[str, object] = {}
         self._torn: int | None = None  # byte offset where the next append must start (a torn last line)
         if cache_path and os.path.exists(cache_path):
@@ -225,7 +229,7 @@ class LLMOracle:
         Returns:
           ``(n, n_labels)`` float64 log-probabilities.
         """
-        keys = [_key("logprobs", self.lm.name, p, *labels) for p in prompts]
+        keys = [_key("logprobs", self.model_identity, p, *labels) for p in prompts]
 
         def compute(ps, on_result=None):
             if on_result is None:
@@ -245,7 +249,7 @@ class LLMOracle:
         Returns:
           ``(n,)`` bool.
         """
-        keys = [_key("continues", self.lm.name, p, c) for p, c in zip(prompts, continuations)]
+        keys = [_key("continues", self.model_identity, p, c) for p, c in zip(prompts, continuations)]
 
         def compute(pairs, on_result=None):
             ps, cs = zip(*pairs)
@@ -266,7 +270,7 @@ class LLMOracle:
         Returns:
           One generated text per prompt, in order.
         """
-        keys = [_key("generate", self.lm.name, max_new_tokens, p) for p in prompts]
+        keys = [_key("generate", self.model_identity, max_new_tokens, p) for p in prompts]
 
         def compute(ps, on_result=None):
             if on_result is None:

@@ -13,7 +13,6 @@ import socket
 import numpy as np
 import pytest
 
-from snapaudit_jax.models import load_language_model
 from snapaudit_jax.models.server import (
     OpenAIClient,
     ServerConfig,
@@ -24,23 +23,20 @@ from snapaudit_jax.models.server import (
 )
 from snapaudit_jax.utils.errors import InputError, ServerError
 
-from tests.helpers.fake_openai import FakeOpenAI
-from tests.helpers.tiny_llm import make_tiny_llm_folder
+from tests.helpers.fake_openai import FakeOpenAI, tiny_served_model
 
-TEXTS = ["the quick brown fox jumps over the lazy dog", "positive negative neutral answer label",
-         "a b c d e f g h i j k l m n o p"] * 20
 PROMPTS = ["Review: great film. Sentiment:", "Review: dull and long. Sentiment:", "the quick brown"]
 LABELS = [" positive", " negative", " neutral answer"]  # the last one spans several tokens
 
 
 @pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory):
-    return make_tiny_llm_folder(str(tmp_path_factory.mktemp("tiny")), TEXTS)
+def tiny_folder():
+    return tiny_served_model()[0]  # one tiny model per test process, shared with the fault tests
 
 
 @pytest.fixture(scope="module")
-def lm(tiny_folder):
-    return load_language_model(tiny_folder, data_parallel=False)
+def lm():
+    return tiny_served_model()[1]
 
 
 @pytest.fixture
@@ -69,6 +65,18 @@ def _remote(srv, lm, **kw):
     ("max_concurrency", 0, "model.server.max_concurrency must be an integer >= 1, got 0"),
     ("max_retries", -1, "model.server.max_retries must be an integer >= 0, got -1"),
     ("api_key_env", "", "api_key_env must name an environment variable"),
+    ("timeout_s", float("inf"), r"model.server.timeout_s must be a finite number of seconds <= 3600, got inf"),
+    ("timeout_s", float("nan"), r"model.server.timeout_s must be a number > 0, got nan"),
+    ("timeout_s", 3601, r"model.server.timeout_s must be a finite number of seconds <= 3600, got 3601"),
+    ("backoff_s", float("inf"), r"model.server.backoff_s must be a finite number of seconds <= 3600"),
+    ("max_retries", 1e9, r"model.server.max_retries must be an integer in \[0, 100\], got 1000000000.0"),
+    ("max_retries", 10 ** 9, r"model.server.max_retries must be an integer <= 100, got 1000000000"),
+    ("max_concurrency", 100000, r"model.server.max_concurrency must be an integer <= 256, got 100000"),
+    ("max_concurrency", True, r"model.server.max_concurrency must be an integer in \[1, 256\], got True"),
+    ("request_budget_s", 30, r"model.server.request_budget_s must be >= model.server.timeout_s = 60 \(one attempt "
+                             r"must fit\), got 30"),
+    ("request_budget_s", float("inf"), r"model.server.request_budget_s must be a finite number of seconds <= 86400"),
+    ("base_url", "http://host:99999", r"model.server.base_url must have a port in \[0, 65535\]"),
 ])
 def test_bad_server_configs_are_refused_naming_the_field(field, value, message):
     kw = {"base_url": "http://127.0.0.1:8000", "model": "m", field: value}
