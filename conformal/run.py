@@ -663,7 +663,8 @@ def _config_json(config: CPAConfig) -> dict:
     if config.server is not None:  # the URL holds no credentials (refused); the key is named, never read here
         d["server"] = {"backend": "openai", **config.server.public(), "tokenizer": config.server_tokenizer,
                        "api_key_env": config.server.api_key_env, "timeout_s": config.server.timeout_s,
-                       "max_concurrency": config.server.max_concurrency, "max_retries": config.server.max_retries}
+                       "max_concurrency": config.server.max_concurrency, "max_retries": config.server.max_retries,
+                       "request_budget_s": config.server.budget_s}
     return d
 
 

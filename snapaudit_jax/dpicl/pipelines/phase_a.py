@@ -42,10 +42,17 @@ class SnapshotRun:
     manifest: dict
 
 
+def _model_identity(pipeline: Pipeline) -> str:
+    """What the oracle keys the model's answers by (:attr:`LLMOracle.model_identity`; ``lm.name`` for others)."""
+    oracle = pipeline.oracle
+    return getattr(oracle, "model_identity", None) or oracle.lm.name
+
+
 def case_fingerprint(pipeline: Pipeline, snapshots: int, seed: int) -> str:
     """Hash of everything that determines the snapshots.
 
-    The model, case, pipeline settings, ``n`` and seed; ESA: the candidate pool, whose embeddings and target index
+    The model (its identity: a served model's includes the server's URL and fingerprint, so snapshots computed
+    against one server are never resumed against another), case, pipeline settings, ``n`` and seed; ESA: the candidate pool, whose embeddings and target index
     the snapshot file holds, and how it was drawn, so that a run folder of another pool setting is recomputed,
     from the answer cache, not reused.
 
@@ -59,7 +66,7 @@ def case_fingerprint(pipeline: Pipeline, snapshots: int, seed: int) -> str:
     """
     case = pipeline.case
     parts = {
-        "model": pipeline.oracle.lm.name,
+        "model": _model_identity(pipeline),  # a server's identity (URL, model id, fingerprint), not its label
         "embedder": getattr(pipeline.oracle.embedder, "name", None),
         "pipeline": pipeline.name,
         "partitions": pipeline.partitions,
@@ -161,6 +168,7 @@ def generate_snapshots(
         "fingerprint": fingerprint,
         "pipeline": pipeline.name,
         "model": pipeline.oracle.lm.name,
+        "model_identity": _model_identity(pipeline),
         "embedder": getattr(pipeline.oracle.embedder, "name", None),
         "query": pipeline.case.mode,
         "defense": pipeline.defense,

@@ -132,6 +132,22 @@ def test_phase_a_writes_manifest_and_resumes(tiny_lm, tmp_path):
                                run_dir=str(tmp_path), verify=0)
     assert "resumed" not in other.manifest and other.snapshots.with_canary.shape == (12, 2)
 
+    class Served:  # the same model and name behind another identity (a server's: URL, model id, fingerprint)
+        def __init__(self, lm, identity):
+            self._lm, self.identity = lm, identity
+
+        def __getattr__(self, name):
+            return getattr(self._lm, name)
+
+    def served(identity):
+        return generate_snapshots(PrivateVotingPipeline(LLMOracle(Served(tiny_lm, identity)), case, partitions=3),
+                                  snapshots=12, seed=1, run_dir=str(tmp_path), verify=0)
+
+    assert served(tiny_lm.name).manifest["resumed"] is True  # the identity of an in-process model is its name
+    elsewhere = served("openai:tiny@0123456789abcdef").manifest
+    assert "resumed" not in elsewhere and elsewhere["model_identity"] == "openai:tiny@0123456789abcdef"
+    assert elsewhere["model"] == tiny_lm.name and elsewhere["fingerprint"] != other.manifest["fingerprint"]
+
 
 def test_keywords_and_ksa_histograms(tiny_lm):
     assert keywords_of("The Amber falcon, 4821 and the amber!") == {"amber", "falcon", "4821"}
