@@ -52,9 +52,9 @@ def case_fingerprint(pipeline: Pipeline, snapshots: int, seed: int) -> str:
     """Hash of everything that determines the snapshots.
 
     The model (its identity: a served model's includes the server's URL and fingerprint, so snapshots computed
-    against one server are never resumed against another), case, pipeline settings, ``n`` and seed; ESA: the candidate pool, whose embeddings and target index
-    the snapshot file holds, and how it was drawn, so that a run folder of another pool setting is recomputed,
-    from the answer cache, not reused.
+    against one server are never resumed against another), case, pipeline settings, ``n`` and seed; ESA: the
+    candidate pool, whose embeddings and target index the snapshot file holds, and how it was drawn, so that a run
+    folder of another pool setting is recomputed, from the answer cache, not reused.
 
     Args:
       pipeline: the pipeline.
