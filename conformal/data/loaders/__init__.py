@@ -171,4 +171,7 @@ def load_source(source: str, params: Mapping[str, Any], *, seed: int) -> list[Li
         key = {"knowledge_level": "levels", "release": "releases"}.get(msg.split(" ", 1)[0], msg.split(" ", 1)[0])
         if (key in required or key in optional) and msg.split(" ", 2)[1:2] == ["must"]:
             raise InputError(f"{source}.{key} {msg.split(' ', 1)[1]}") from None
-        raise
+        if msg.startswith(f"{source}.") or isinstance(e, OSError):  # a missing file: the caller names the path
+            raise
+        # A format error of the data (it names the file and the record): the key is the source's path.
+        raise InputError(f"{source}.path: {msg}") from None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -91,6 +92,34 @@ def sample_indices(n: int, k: int | None, rng: np.random.Generator) -> list[int]
     return sorted(int(i) for i in rng.choice(n, size=k, replace=False))
 
 
+_KINDS = ((stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "device"),
+          (stat.S_ISBLK, "device"))
+
+
+def read_bytes(path: str) -> bytes:
+    """The bytes of a regular file; a FIFO, socket, device or folder is refused without blocking on it.
+
+    Args:
+      path: the file.
+
+    Returns:
+      Its content.
+
+    Raises:
+      ValueError: naming the file, for anything but a regular file or a file that cannot be read.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO without a writer opens at once, then is refused
+    except OSError as err:
+        raise InputError(f"{path}: cannot be read ({err.strerror or err})") from None
+    with os.fdopen(fd, "rb") as fh:
+        mode = os.fstat(fh.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _KINDS if test(mode)), "special file")
+            raise InputError(f"{path}: must be a regular file, got a {kind}")
+        return fh.read()
+
+
 def read_text(path: str) -> str:
     """UTF-8, falling back to Latin-1 (which never fails) for files with stray bytes.
 
@@ -99,9 +128,11 @@ def read_text(path: str) -> str:
 
     Returns:
       The decoded text.
+
+    Raises:
+      ValueError: naming the file, for anything but a regular file (see :func:`read_bytes`).
     """
-    with open(path, "rb") as fh:
-        raw = fh.read()
+    raw = read_bytes(path)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -118,10 +149,9 @@ def read_utf8(path: str) -> str:
       The decoded text.
 
     Raises:
-      ValueError: naming the file, for bytes that are not UTF-8.
+      ValueError: naming the file, for bytes that are not UTF-8 or anything but a regular file.
     """
-    with open(path, "rb") as fh:
-        raw = fh.read()
+    raw = read_bytes(path)
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:

@@ -102,6 +102,17 @@ def _audit(make_path, *, one_run: bool = False):
     return build
 
 
+def _cpa(make_path, source: str = "textwash"):
+    """A case's build: ``snapaudit cpa`` reading the file made by ``make_path(tmp, stack)`` as ``[data.<source>]``."""
+
+    def build(tmp: Path, stack: contextlib.ExitStack) -> list[str]:
+        toml = (f'[run]\nn_cal = 10\nn_test = 10\n\n[data.{source}]\npath = "{make_path(tmp, stack)}"\n\n'
+                '[attackers.r]\nkind = "retrieval"\n')
+        return _config_cmd("cpa", toml)(tmp)
+
+    return build
+
+
 _KEY = "pipelines.pv.data_path"
 
 CASES: list[Case] = [
@@ -137,4 +148,8 @@ CASES: list[Case] = [
     Case("private-data-one-run-parquet-truncated",
          _audit(lambda t, s: _parquet(t / "one.parquet", keep=0.5), one_run=True),
          ("one_run.data_path", "one.parquet", "could not be read as parquet"), absent=(_KEY,), with_stack=True),
+    Case("private-data-cpa-textwash-fifo", _cpa(lambda t, s: _fifo(s, "textwash.csv")),
+         ("data.textwash.path", "textwash.csv", "must be a regular file", "got a FIFO"), with_stack=True),
+    Case("private-data-cpa-tab-not-utf8", _cpa(lambda t, s: _write(t / "tab.json", b'[{"doc_id": "caf\xe9"}]'), "tab"),
+         ("data.tab.path", "tab.json", "must be UTF-8 text"), with_stack=True),
 ]
