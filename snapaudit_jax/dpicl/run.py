@@ -327,7 +327,8 @@ def check_run_folder(out_dir: str | os.PathLike) -> None:
 
 
 def _load_datasets(config: AuditConfig) -> dict:
-    """``{(dataset, data_path): examples}`` of every pipeline; a bad ``data_path`` names its key."""
+    """``{(dataset, data_path): examples}`` of every pipeline; a bad ``data_path`` names its key, and a context
+    the dataset cannot fill names ``num_exemplars`` (:func:`_check_contexts`), all before any model call."""
     from snapaudit_jax.dpicl.data import load_examples
 
     out = {}
@@ -338,12 +339,35 @@ def _load_datasets(config: AuditConfig) -> dict:
             except (ValueError, OSError, ImportError) as err:
                 raise ConfigFileError(f"pipelines.{p.name}.data_path: {err}") from None
     s = config.one_run
+    one_run_examples = None
     if s is not None and s.data_path not in (None, "hub"):
         try:
-            load_examples(s.dataset, s.data_path)
+            one_run_examples = load_examples(s.dataset, s.data_path)
         except (ValueError, OSError, ImportError) as err:
             raise ConfigFileError(f"one_run.data_path: {err}") from None
+    _check_contexts(config, out, one_run_examples)
     return out
+
+
+def _check_contexts(config: AuditConfig, datasets: dict, one_run_examples) -> None:
+    """Draws every audit context once (the draw is cheap and deterministic, no model call) so that a dataset with
+    too few distinct examples for ``num_exemplars`` (or ``one_run.canaries + base_exemplars``) is refused naming
+    the key before the run folder is touched."""
+    from snapaudit_jax.dpicl.data import sample_audit_context
+
+    for p in config.pipelines:
+        try:
+            sample_audit_context(datasets[(p.dataset, p.data_path)], num_exemplars=p.num_exemplars,
+                                 seed=config.case_seed)
+        except InputError as err:
+            raise ConfigFileError(f"pipelines.{p.name}.num_exemplars: {err}") from None
+    s = config.one_run
+    if one_run_examples is not None:
+        try:
+            sample_audit_context(one_run_examples, num_exemplars=s.canaries + s.base_exemplars - 1, seed=s.seed)
+        except InputError as err:
+            raise ConfigFileError(f"one_run.canaries: canaries + base_exemplars = {s.canaries + s.base_exemplars} "
+                                  f"distinct examples are needed: {err}") from None
 
 
 def _load_model(key: str, load, name: str, allow_pickle: bool):

@@ -156,8 +156,11 @@ def seed(name: str, value: Any) -> int:
     Raises:
       InputError: not an integer, negative, or above ``SEED_MAX``.
     """
-    out = positive_int(name, value, minimum=0)
-    if out > SEED_MAX:
+    try:
+        out = positive_int(name, value, minimum=0)
+    except InputError:
+        out = None
+    if out is None or out > SEED_MAX:
         raise InputError(f"{name} must be an integer in [0, 2**63 - 1] (a 64-bit seed), got {value!r}")
     return out
 
