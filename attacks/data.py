@@ -107,9 +107,8 @@ def prepare_data(config: PIIConfig, log: RunLog) -> PreparedData:
 
     Raises:
       ConfigFileError: a canary design the one-run bounds do not cover, a model that cannot fit in memory, fewer
-        distinct PII strings of
-        ``inference.label`` in the training records than the largest ``inference.n_candidates``, or a framed
-        record or canary longer than ``model.max_length``.
+        distinct PII strings of ``inference.label`` in the training records than the largest
+        ``inference.n_candidates``, or a framed record or canary longer than ``model.max_length``.
     """
     check_one_run_design(config)  # also for a PIIConfig built in code, not read by load_pii_config
     check_sizes(config)

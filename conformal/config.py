@@ -162,14 +162,15 @@ def _temperature(value) -> float:
 def _check_sizes(source: str, out: dict, where: str) -> None:
     """Refuses, before generating anything, a synthetic corpus that cannot fit in memory."""
     if source == "synthetic":
+        people, documents = int(out["n_people"]), int(out["n_documents"])  # validated integers (3.0 allowed)
         suites = len(out["levels"]) * len(out["releases"])
-        check_fits(f"{where}.n_people", out["n_people"] * _PERSON_BYTES, f"{out['n_people']} people")
-        check_fits(f"{where}.n_documents", out["n_documents"] * suites * _TEXT_BYTES + out["n_people"] * _PERSON_BYTES,
-                   f"{out['n_documents']} documents in each of {suites} suites, with {out['n_people']} people")
+        check_fits(f"{where}.n_people", people * _PERSON_BYTES, f"{people} people")
+        check_fits(f"{where}.n_documents", documents * suites * _TEXT_BYTES + people * _PERSON_BYTES,
+                   f"{documents} documents in each of {suites} suites, with {people} people")
     elif source == "blog":
-        posts = out["n_authors"] * out["posts_per_author"]
-        check_fits(f"{where}.posts_per_author", posts * _TEXT_BYTES,
-                   f"{out['n_authors']} authors x {out['posts_per_author']} posts")
+        authors, per_author = int(out["n_authors"]), int(out["posts_per_author"])
+        check_fits(f"{where}.posts_per_author", authors * per_author * _TEXT_BYTES,
+                   f"{authors} authors x {per_author} posts")
 
 
 # ``[data.<source>]``: every key the run reads and its default (``path`` has none: it is required). The

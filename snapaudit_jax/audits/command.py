@@ -16,7 +16,7 @@ from snapaudit_jax.audits.active import CLEAN_MODELS, CURVE_POINTS, METHODS, THR
 from snapaudit_jax.estimation import check_estimator, holm, mu_violation_p_value, violation_p_value
 from snapaudit_jax.mechanisms import Mechanism, registry
 from snapaudit_jax.simulation.snapshots import Snapshots, check_clean, load_snapshots
-from snapaudit_jax.simulation.trials import MAX_TRIALS
+from snapaudit_jax.simulation.trials import MAX_TRIALS, check_float32_clean
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.memory import check_fits
@@ -396,6 +396,12 @@ def run_simulate(config: SimulateConfig, *, progress: bool = False, devices=None
     if apart is not None and config.strict_neighbours:
         raise InputError(f"{apart} (strict_neighbours)")
     mechanisms = [build_mechanism(config, eps, snaps) for eps in config.epsilons]  # every claim before any audit
+    if config.method != "exact":  # the simulator's float32 must carry every row's noise
+        names = {"pv": "clean_with", "poe": "clean_with", "ksa": "clean_with", "esa": "distance"}
+        name = f"snapshot file {config.snapshot!r}" if config.snapshot is not None else names[config.mechanism]
+        for mech in mechanisms:
+            for clean in (snaps.with_canary, snaps.without_canary):
+                check_float32_clean(name, mech, clean)
     target = config.target if config.target is not None else snaps.target
     root = jax.random.key(config.seed)
     results = []

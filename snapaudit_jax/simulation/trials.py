@@ -48,6 +48,7 @@ from snapaudit_jax.utils.progress import Counter
 __all__ = [
     "SimulationCounts", "simulate", "accelerator_parallel_blocks", "BLOCK_TRIALS", "CHUNK_TRIALS",
     "ACCELERATOR_CHUNK_TRIALS", "ACCELERATOR_STEP_TRIALS", "ACCELERATOR_STEP_ELEMENTS", "MAX_TRIALS",
+    "check_float32_clean",
 ]
 
 BLOCK_TRIALS = 1 << 14
@@ -375,27 +376,34 @@ def _to_host(x) -> np.ndarray:
     return np.asarray(x)
 
 
-def _float32_snapshots(mechanism: Mechanism, snapshots) -> np.ndarray:
-    """The snapshots as float32, refused where float32 cannot carry the mechanism's noise.
+def check_float32_clean(name: str, mechanism: Mechanism, clean) -> None:
+    """Refuses clean outputs that float32, the kernels' precision, cannot carry with the mechanism's noise.
 
-    The kernels compute in float32. A clean value beyond float32's range becomes inf; a clean value whose float32
-    spacing exceeds the noise unit (:meth:`~snapaudit_jax.mechanisms.base.Mechanism.noise_unit`: ``sigma``, or
-    ``1 / scale``) leaves the noisy output indistinguishable from the clean one in float32.
+    A clean value beyond float32's range would become inf; one whose float32 spacing (``numpy.spacing`` at the
+    largest magnitude) exceeds the noise unit (:meth:`~snapaudit_jax.mechanisms.base.Mechanism.noise_unit`:
+    ``sigma``, or ``1 / scale``) leaves the noisy output indistinguishable from the clean one in float32.
+
+    Args:
+      name: the field named in errors (a flag, a config key or a file's array).
+      mechanism: the calibrated mechanism.
+      clean: the clean outputs, any shape.
+
+    Raises:
+      InputError: a value beyond float32's range, or a float32 spacing above the noise unit.
     """
-    host = np.asarray(snapshots)
-    if host.size and host.dtype.kind in "biuf":
-        peak = float(np.max(np.abs(host)))
-        if peak > float(np.finfo(np.float32).max):
-            raise InputError(f"snapshots must be within float32's range (the simulator computes in float32), found "
-                             f"a value of magnitude {peak:.6g}")
-        unit = mechanism.noise_unit()
-        spacing = float(np.spacing(np.float32(peak)))
-        if unit is not None and spacing > unit:
-            raise InputError(f"snapshots: float32 spaces values of magnitude {peak:.6g} by {spacing:.3g}, more than "
-                             f"the noise unit {unit:.3g} of {mechanism.name} (sigma or 1/scale): the simulated noise "
-                             "would vanish in rounding; shift or rescale the clean outputs, or claim a smaller "
-                             "epsilon")
-    return np.asarray(host, np.float32)
+    host = np.asarray(clean)
+    if not host.size or host.dtype.kind not in "biuf":
+        return
+    peak = float(np.max(np.abs(host)))
+    if peak > float(np.finfo(np.float32).max):
+        raise InputError(f"{name} must be within float32's range (the simulator computes in float32), found a value "
+                         f"of magnitude {peak:.6g}")
+    unit = mechanism.noise_unit()
+    spacing = float(np.spacing(np.float32(peak)))
+    if unit is not None and spacing > unit:
+        raise InputError(f"{name}: float32 spaces values of magnitude {peak:.6g} by {spacing:.3g}, more than the "
+                         f"noise unit {unit:.3g} of {mechanism.name} (sigma, or 1/scale): the simulated noise would "
+                         "vanish in rounding; shift or rescale the clean outputs, or claim a smaller epsilon")
 
 
 def _check_memory(mechanism: Mechanism, attack: Attack, distinct: np.ndarray, step_trials: int, elements: int,
@@ -471,7 +479,8 @@ def simulate(
     """
     if trials < 1 or trials > MAX_TRIALS:
         raise InputError(f"trials must be in [1, {MAX_TRIALS}], got {trials}")
-    snaps = _float32_snapshots(mechanism, snapshots)
+    check_float32_clean("snapshots", mechanism, snapshots)
+    snaps = np.asarray(snapshots, np.float32)
     n = snaps.shape[0]
     if scheme not in ("bootstrap", "stratified"):
         raise InputError(f"scheme must be 'bootstrap' or 'stratified', got {scheme!r}")
