@@ -400,8 +400,8 @@ def run_simulate(config: SimulateConfig, *, progress: bool = False, devices=None
         names = {"pv": "clean_with", "poe": "clean_with", "ksa": "clean_with", "esa": "distance"}
         name = f"snapshot file {config.snapshot!r}" if config.snapshot is not None else names[config.mechanism]
         for mech in mechanisms:
-            for clean in (snaps.with_canary, snaps.without_canary):
-                check_float32_clean(name, mech, clean)
+            for outputs in (snaps.with_canary, snaps.without_canary):
+                check_float32_clean(name, mech, outputs)
     target = config.target if config.target is not None else snaps.target
     root = jax.random.key(config.seed)
     results = []
