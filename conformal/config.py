@@ -160,7 +160,14 @@ def _temperature(value) -> float:
 
 
 def _check_sizes(source: str, out: dict, where: str) -> None:
-    """Refuses, before generating anything, a synthetic corpus that cannot fit in memory."""
+    """Refuses, before generating anything, a synthetic corpus that cannot fit in memory (a ConfigFileError)."""
+    try:
+        _plan_sizes(source, out, where)
+    except InputError as err:
+        raise ConfigFileError(str(err)) from None
+
+
+def _plan_sizes(source: str, out: dict, where: str) -> None:
     if source == "synthetic":
         people, documents = int(out["n_people"]), int(out["n_documents"])  # validated integers (3.0 allowed)
         suites = len(out["levels"]) * len(out["releases"])

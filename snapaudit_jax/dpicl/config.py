@@ -42,7 +42,8 @@ DEFAULT_DATASET = {"pv": "agnews", "poe": "agnews", "esa": "samsum", "ksa": "sam
 _DEFAULT_PARTITIONS = {"pv": 3, "esa": 1, "ksa": 8}
 ESA_CANDIDATES = ("sampled", "fixed")
 METHODS = ("simulate", "exact")
-# run_audit folds int(epsilon * 1000) into the passive runs' PRNG key, a uint32: epsilon * 1000 < 2^32.
+# run_audit folds int(epsilon * 1000) into the passive runs' PRNG key, a uint32: int(epsilon * 1000) < 2^32, so
+# every epsilon up to MAX_EPSILON (and below 4294967.296) is accepted.
 MAX_EPSILON = (2**32 - 1) / 1000
 # Phase A keeps, per pipeline and context, snapshots clean outputs of at least 2 float64 values (PV's two vote
 # counts, PoE's two utilities; ESA and KSA have more): 32 bytes per snapshot for both contexts, a lower bound.
@@ -231,7 +232,10 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
     kw["passive_runs"] = _take(audit_s, "passive_runs", "audit", _pos_int("passive_runs", 2), None)
     for key in ("snapshots", "passive_runs"):
         if kw[key] is not None:
-            check_fits(f"audit.{key}", _BYTES_PER_SNAPSHOT * kw[key], f"{kw[key]} clean outputs per context")
+            try:
+                check_fits(f"audit.{key}", _BYTES_PER_SNAPSHOT * kw[key], f"{kw[key]} clean outputs per context")
+            except InputError as err:
+                raise ConfigFileError(str(err)) from None
     kw["clean"] = _take(audit_s, "clean", "audit", _choice(CLEAN_MODELS), "fixed")
     kw["on_mismatch"] = _take(audit_s, "on_mismatch", "audit", _choice(ON_MISMATCH), "sampled")
     kw["calibration"] = _take(audit_s, "calibration", "audit", _choice(("analytic", "classical")), "analytic")
@@ -308,10 +312,10 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
 
 
 def _epsilon(value) -> float:
-    """An ``epsilon`` of ``audit.epsilons``: finite, > 0 and at most :data:`MAX_EPSILON`."""
+    """An ``epsilon`` of ``audit.epsilons``: finite, > 0 and with ``int(epsilon * 1000)`` a uint32."""
     eps = validate.positive_float("epsilon", value)
-    if eps > MAX_EPSILON:
-        raise InputError(f"epsilon must be <= {MAX_EPSILON:.10g} (the audit folds epsilon * 1000 into a 32-bit "
+    if int(eps * 1000) > 2**32 - 1:  # the expression run_audit folds in
+        raise InputError(f"epsilon must be below 4294967.296 (the audit folds int(epsilon * 1000) into a 32-bit "
                          f"PRNG key), got {value!r}")
     return eps
 
@@ -381,7 +385,6 @@ def _check_one_run(settings: OneRunConfig, delta: float, calibration: str) -> No
         raise ConfigFileError(f"one_run.seed: {err}") from None
     for eps in settings.epsilons:
         try:
-            _epsilon(eps)
             if "pv" in settings.pipelines:
                 _calibrate("pv", eps, delta, 2.0 ** 0.5, calibration)
             if "poe" in settings.pipelines:
