@@ -45,6 +45,8 @@ METHODS = ("simulate", "exact")
 # run_audit folds int(epsilon * 1000) into the passive runs' PRNG key, a uint32: int(epsilon * 1000) < 2^32, so
 # every epsilon up to MAX_EPSILON (and below 4294967.296) is accepted.
 MAX_EPSILON = (2**32 - 1) / 1000
+# The one-run audit gives each canary and its decoy distinct codes among the 9000 4-digit numbers (one_run.make_slots).
+ONE_RUN_CODES = 9000
 # Phase A keeps, per pipeline and context, snapshots clean outputs of at least 2 float64 values (PV's two vote
 # counts, PoE's two utilities; ESA and KSA have more): 32 bytes per snapshot for both contexts, a lower bound.
 _BYTES_PER_SNAPSHOT = 2 * 2 * 8
@@ -314,7 +316,7 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
 def _epsilon(value) -> float:
     """An ``epsilon`` of ``audit.epsilons``: finite, > 0 and with ``int(epsilon * 1000)`` a uint32."""
     eps = validate.positive_float("epsilon", value)
-    if int(eps * 1000) > 2**32 - 1:  # the expression run_audit folds in
+    if eps * 1000 >= 2**32:  # int(eps * 1000), what run_audit folds in, is then no uint32
         raise InputError(f"epsilon must be below 4294967.296 (the audit folds int(epsilon * 1000) into a 32-bit "
                          f"PRNG key), got {value!r}")
     return eps
@@ -383,6 +385,10 @@ def _check_one_run(settings: OneRunConfig, delta: float, calibration: str) -> No
         validate.seed("seed", settings.seed)
     except InputError as err:
         raise ConfigFileError(f"one_run.seed: {err}") from None
+    for key, m in (("canaries", settings.canaries), ("poe_canaries", settings.poe_canaries)):
+        if m is not None and 2 * m > ONE_RUN_CODES:
+            raise ConfigFileError(f"one_run.{key}: must be <= {ONE_RUN_CODES // 2} (each canary and its decoy get "
+                                  f"distinct codes among the {ONE_RUN_CODES} 4-digit numbers), got {m}")
     for eps in settings.epsilons:
         try:
             if "pv" in settings.pipelines:

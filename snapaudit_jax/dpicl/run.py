@@ -340,7 +340,7 @@ def _load_datasets(config: AuditConfig) -> dict:
                 raise ConfigFileError(f"pipelines.{p.name}.data_path: {err}") from None
     s = config.one_run
     one_run_examples = None
-    if s is not None and s.data_path not in (None, "hub"):
+    if s is not None and s.data_path != "hub":  # None: the shipped demo data
         try:
             one_run_examples = load_examples(s.dataset, s.data_path)
         except (ValueError, OSError, ImportError) as err:
@@ -350,9 +350,9 @@ def _load_datasets(config: AuditConfig) -> dict:
 
 
 def _check_contexts(config: AuditConfig, datasets: dict, one_run_examples) -> None:
-    """Draws every audit context once (the draw is cheap and deterministic, no model call) so that a dataset with
-    too few distinct examples for ``num_exemplars`` (or ``one_run.canaries + base_exemplars``) is refused naming
-    the key before the run folder is touched."""
+    """Draws every audit context and the one-run slots once (cheap and deterministic, no model call) so that a
+    dataset with too few distinct examples for ``num_exemplars`` (or ``one_run.canaries + base_exemplars``) is
+    refused naming the key before the run folder is touched."""
     from snapaudit_jax.dpicl.data import sample_audit_context
 
     for p in config.pipelines:
@@ -363,11 +363,16 @@ def _check_contexts(config: AuditConfig, datasets: dict, one_run_examples) -> No
             raise ConfigFileError(f"pipelines.{p.name}.num_exemplars: {err}") from None
     s = config.one_run
     if one_run_examples is not None:
-        try:
-            sample_audit_context(one_run_examples, num_exemplars=s.canaries + s.base_exemplars - 1, seed=s.seed)
-        except InputError as err:
-            raise ConfigFileError(f"one_run.canaries: canaries + base_exemplars = {s.canaries + s.base_exemplars} "
-                                  f"distinct examples are needed: {err}") from None
+        from snapaudit_jax.dpicl.one_run import make_slots
+
+        for pipeline in s.pipelines:
+            m = s.slots_for(pipeline)
+            key = "poe_canaries" if pipeline == "poe" and s.poe_canaries is not None else "canaries"
+            try:
+                make_slots(one_run_examples, canaries=m, base_exemplars=s.base_exemplars,
+                           insert_probability=s.insert_probability, seed=s.seed)
+            except InputError as err:
+                raise ConfigFileError(f"one_run.{key}: {err}") from None
 
 
 def _load_model(key: str, load, name: str, allow_pickle: bool):
