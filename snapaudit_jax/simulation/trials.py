@@ -406,24 +406,49 @@ def check_float32_clean(name: str, mechanism: Mechanism, clean) -> None:
                          "vanish in rounding; shift or rescale the clean outputs, or claim a smaller epsilon")
 
 
-def _check_memory(mechanism: Mechanism, attack: Attack, distinct: np.ndarray, step_trials: int, elements: int,
-                  units: int, num_thresholds: int, want_threshold: bool, bins: int) -> None:
+def _planned_sizes(mechanism: Mechanism, attack: Attack, distinct_shape: tuple[int, ...], scores: bool
+                   ) -> tuple[int, int]:
+    """``(noise elements of one trial, bytes of the prepared distinct snapshots)``, from their shapes only.
+
+    Traced once per mechanism class, static fields and shapes (:func:`_traced_sizes`), not once per call."""
+    leaves, treedef = jax.tree_util.tree_flatten((mechanism, attack))
+    specs = tuple((tuple(np.shape(x)), np.result_type(x)) for x in leaves)
+    return _traced_sizes(treedef, specs, tuple(int(n) for n in distinct_shape), bool(scores))
+
+
+@functools.lru_cache(maxsize=256)
+def _traced_sizes(treedef, specs, distinct_shape: tuple[int, ...], scores: bool) -> tuple[int, int]:
+    mechanism, attack = jax.tree_util.tree_unflatten(treedef, [jax.ShapeDtypeStruct(s, d) for s, d in specs])
+
+    def draw(mechanism, attack, key, snap):
+        example = mechanism.prepare(snap, attack)
+        return (mechanism.noise if scores else mechanism.hit_noise)(key, 1, example)
+
+    def prepare(mechanism, attack, distinct):
+        return jax.vmap(mechanism.prepare, in_axes=(0, None))(distinct, attack)
+
+    noise = jax.eval_shape(draw, mechanism, attack, jax.eval_shape(lambda: jax.random.key(0)),
+                           jax.ShapeDtypeStruct(distinct_shape[1:], jnp.float32))
+    prepared = jax.eval_shape(prepare, mechanism, attack, jax.ShapeDtypeStruct(distinct_shape, jnp.float32))
+    elements = max(1, sum(math.prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(noise)))
+    size = sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(prepared))
+    return elements, size
+
+
+def _check_memory(name: str, prepared_bytes: int, step_trials: int, elements: int, units: int,
+                  num_thresholds: int, want_threshold: bool, bins: int) -> None:
     """Refuses, before compiling anything, a simulation whose arrays cannot fit: the prepared snapshots (their
     exact shapes from ``eval_shape``), one scan step's noise (float32), its white-box comparisons ``(trials, G)``
     and the accumulators ``(units, G)`` (int32 on the device, int64 on the host). A lower bound: XLA's temporaries
     come on top."""
-    prepared = jax.eval_shape(lambda x: jax.vmap(mechanism.prepare, in_axes=(0, None))(x, attack),
-                              jax.ShapeDtypeStruct(distinct.shape, jnp.float32))
-    prepared_bytes = sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(prepared))
     noise_bytes = 4 * elements * step_trials
     grid = num_thresholds if want_threshold else 0
     compare_bytes = 4 * step_trials * grid
     accumulator_bytes = 12 * units * max(1, grid) + 12 * (bins + 2)
     total = prepared_bytes + noise_bytes + compare_bytes + accumulator_bytes
-    check_fits("simulate", total, f"the simulation of {mechanism.name} (prepared snapshots "
-               f"{format_bytes(prepared_bytes)}, a step's noise {format_bytes(noise_bytes)} and threshold "
-               f"comparisons {format_bytes(compare_bytes)} for {grid} threshold(s), counts "
-               f"{format_bytes(accumulator_bytes)})")
+    check_fits("simulate", total, f"the simulation of {name} (prepared snapshots {format_bytes(prepared_bytes)}, a "
+               f"step's noise {format_bytes(noise_bytes)} and threshold comparisons {format_bytes(compare_bytes)} for "
+               f"{grid} threshold(s), counts {format_bytes(accumulator_bytes)})")
 
 
 def simulate(
@@ -516,13 +541,13 @@ def simulate(
         units = padded if (per_unit and sample_index) else 1
     bins = 0 if histogram is None else int(histogram[2])
     scores = threshold is not None or bins > 0 or track_scores
-    elements = _noise_elements(mechanism, attack, distinct[0], scores)
+    elements, prepared_bytes = _planned_sizes(mechanism, attack, distinct.shape, scores)
     if parallel_blocks is None:
         parallel_blocks = 1 if on_cpu else accelerator_parallel_blocks(block, elements)
     if (num_blocks + parallel_blocks) * block > _INDEX_LIMIT:
         raise InputError(f"trials={trials} in blocks of {block} with parallel_blocks={parallel_blocks} would index "
                          f"trials beyond the kernels' int32 range (2^31); lower trials or parallel_blocks")
-    _check_memory(mechanism, attack, distinct, block * parallel_blocks, elements, units, thr_host.size,
+    _check_memory(mechanism.name, prepared_bytes, block * parallel_blocks, elements, units, thr_host.size,
                   threshold is not None, bins)
     # Blocks per device per call: the chunk size, or fewer (rounded up to a power of two, so that nearby trial
     # counts share one compiled function) for short runs; a whole number of vectorised steps.
