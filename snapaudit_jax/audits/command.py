@@ -344,7 +344,7 @@ def build_mechanism(config: SimulateConfig, epsilon: float, snapshots: Snapshots
 
     Raises:
       InputError: a claim or option the mechanism refuses (a noise parameter float32 cannot hold is blamed on
-        ``sensitivity`` when a forced sensitivity causes it, else on ``epsilon``).
+        ``sensitivity`` or ``clip`` when a forced one causes it, else on ``epsilon``).
     """
     options = {
         "pv": {"calibration": config.calibration},
@@ -357,14 +357,15 @@ def build_mechanism(config: SimulateConfig, epsilon: float, snapshots: Snapshots
     try:
         return registry.build(config.mechanism, epsilon, config.delta, sensitivity, field="--mechanism", **options)
     except InputError as err:
-        if config.sensitivity is None:
+        forced = "sensitivity" if config.sensitivity is not None else "clip" if config.clip is not None else None
+        if forced is None:
             raise
         try:  # the default sensitivity calibrates fine at this epsilon: the forced one is what is out of range
             registry.build(config.mechanism, epsilon, config.delta,
-                           default_sensitivity(dataclasses.replace(config, sensitivity=None)), **options)
+                           default_sensitivity(dataclasses.replace(config, sensitivity=None, clip=None)), **options)
         except InputError:
             raise err from None
-        raise InputError(f"sensitivity {sensitivity:g}: {err}") from None
+        raise InputError(f"{forced} {sensitivity:g}: {err}") from None
 
 
 def run_simulate(config: SimulateConfig, *, progress: bool = False, devices=None) -> list[AuditResult]:

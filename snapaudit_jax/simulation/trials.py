@@ -412,7 +412,8 @@ def _planned_sizes(mechanism: Mechanism, attack: Attack, distinct_shape: tuple[i
 
     Traced once per mechanism class, static fields and shapes (:func:`_traced_sizes`), not once per call."""
     leaves, treedef = jax.tree_util.tree_flatten((mechanism, attack))
-    specs = tuple((tuple(np.shape(x)), np.result_type(x)) for x in leaves)
+    specs = tuple((tuple(np.shape(x)), np.dtype(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype))
+                  for x in leaves)
     return _traced_sizes(treedef, specs, tuple(int(n) for n in distinct_shape), bool(scores))
 
 

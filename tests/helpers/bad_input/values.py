@@ -149,6 +149,8 @@ SIMULATE = [
          ("--epsilon", "1e+300", "scale = 2.5e+299", "beyond float32's largest")),
     Case("simulate-poe-scale-underflows-float32", lambda t: _sim("--mechanism", "poe", "--epsilon", "1e-300"),
          ("--epsilon", "1e-300", "scale = 1e-301", "below float32's smallest normal")),
+    Case("simulate-clip-scale-overflows-float32", lambda t: _sim("--mechanism", "poe", "--clip", "1e-300"),
+         ("--clip", "1e-300", "scale = 5e+299", "beyond float32's largest")),
     Case("simulate-seed-2-63", lambda t: _sim("--mechanism", "pv", "--seed", str(2**63)),
          ("--seed", "[0, 2**63 - 1]", str(2**63))),
     Case("simulate-seed-below-int64", lambda t: _sim("--mechanism", "pv", "--seed", str(-2**63 - 1)),
