@@ -22,9 +22,11 @@ from snapaudit_jax.estimation.one_run import check_design
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.config import ConfigFileError, read_toml, reject_unknown, table, take
 from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.memory import check_fits
 
-__all__ = ["VARIANTS", "RESULT_KEYS", "HEADLINE_LABEL", "REPETITION_BINS", "ModelConfig", "TrainingConfig",
-           "PIIConfig", "load_pii_config", "check_one_run_design", "headline_label"]
+__all__ = ["VARIANTS", "RESULT_KEYS", "HEADLINE_LABEL", "REPETITION_BINS", "MAX_VOCAB_SIZE", "ModelConfig",
+           "TrainingConfig", "PIIConfig", "load_pii_config", "check_one_run_design", "check_sizes", "gpt2_parameters",
+           "headline_label"]
 
 VARIANTS = ("undefended", "dp", "scrubbed", "dp_scrubbed")
 RESULT_KEYS = ("perplexity", "extraction_precision", "extraction_recall", "reconstruction_accuracy",
@@ -32,6 +34,15 @@ RESULT_KEYS = ("perplexity", "extraction_precision", "extraction_recall", "recon
                "mia_auc_reference", "epsilon_claimed", "epsilon_audited")
 HEADLINE_LABEL = "PERSON"  # Table III's entity class (the first attacked label when PERSON is not attacked)
 REPETITION_BINS = ((1, 3), (4, 15), (16, None))  # training records holding the attacked PII string
+# Token ids are int32 in the model (and the tokenizer's u32): the vocabulary cannot be larger. The tokenizers BPE
+# trainer reserves a Vec<String> (24 bytes) and a HashMap<String, u32> (32 bytes + 1 control byte a bucket) of
+# vocab_size entries up front and aborts the process (no Python exception) when that allocation fails.
+MAX_VOCAB_SIZE = 2**31 - 1
+_TOKENIZER_BYTES_PER_ENTRY = 24 + 33
+# The corpus builder lays out n_records x 2 person slots as int64 (attacks.corpus._assign), and its Zipf allocation
+# holds 4 arrays of n_people float64/int64 values (zipf_counts): lower bounds of what make_corpus allocates.
+_BYTES_PER_RECORD = 2 * 8
+_BYTES_PER_PERSON = 4 * 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,13 +70,15 @@ class ModelConfig:
           ``self``, unchanged.
 
         Raises:
-          ValueError: a size that is not a positive integer, ``vocab_size < 300``, a negative ``init_seed``, or
-            ``n_embd`` not divisible by ``n_head`` (naming the field, the rule and the value).
+          ValueError: a size that is not a positive integer, ``vocab_size`` outside ``[300, MAX_VOCAB_SIZE]``, an
+            ``init_seed`` outside ``[0, 2**63 - 1]``, or ``n_embd`` not divisible by ``n_head`` (naming the field,
+            the rule and the value).
         """
         for name in ("n_layer", "n_embd", "n_head", "max_length"):
             validate.positive_int(name, getattr(self, name))
-        validate.positive_int("vocab_size", self.vocab_size, minimum=300)
-        validate.positive_int("init_seed", self.init_seed, minimum=0)
+        if validate.positive_int("vocab_size", self.vocab_size, minimum=300) > MAX_VOCAB_SIZE:
+            raise InputError(f"vocab_size must be <= {MAX_VOCAB_SIZE} (int32 token ids), got {self.vocab_size}")
+        validate.seed("init_seed", self.init_seed)
         if self.n_embd % self.n_head:
             raise InputError(f"n_embd must be divisible by n_head = {self.n_head}, got {self.n_embd}")
         return self
@@ -172,6 +185,67 @@ def _section(default, body: Any, where: str):
         raise ConfigFileError(f"{where}: {msg}" + (f" ({where}.{field})" if field in names else "")) from None
 
 
+def gpt2_parameters(model: ModelConfig) -> dict[str, int]:
+    """Parameter counts of the GPT-2 every variant trains (``n_inner = 4 n_embd``, tied output embedding).
+
+    Args:
+      model: the model's shape.
+
+    Returns:
+      ``{"vocab_size": V E, "max_length": P E, "n_layer": L (12 E^2 + 13 E) + 2 E}``: the token embedding, the
+      position embedding and the blocks with the final layer norm (``E = n_embd``, ``L = n_layer``).
+    """
+    e = int(model.n_embd)
+    # A block: two layer norms (4E), attention (3E^2 + 3E, E^2 + E) and the MLP (4E^2 + 4E, 4E^2 + E).
+    return {"vocab_size": int(model.vocab_size) * e, "max_length": int(model.max_length) * e,
+            "n_layer": int(model.n_layer) * (12 * e * e + 13 * e) + 2 * e}
+
+
+def check_sizes(config: PIIConfig) -> None:
+    """Refuses, before any data is generated, a model or tokenizer that cannot fit in memory.
+
+    Training holds the float32 parameters and their gradients, and Adam's two moments (``adam``/``adamw``): 8 or 16
+    bytes a parameter; the BPE trainer reserves :data:`MAX_VOCAB_SIZE`'s per-entry bytes for ``vocab_size``
+    entries. Lower bounds: activations, per-example gradients and checkpoints come on top.
+
+    Args:
+      config: the experiment.
+
+    Raises:
+      ConfigFileError: the estimate exceeds the machine's available memory; the message names the key whose
+        term is largest (``model.vocab_size``, ``model.n_layer`` or ``model.max_length``).
+    """
+    terms = gpt2_parameters(config.model)
+    per_parameter = 8 if config.training.optimizer == "sgd" else 16
+    biggest = max(terms, key=terms.get)
+    total = sum(terms.values())
+    m = config.model
+    try:
+        check_fits(f"model.{biggest}", total * per_parameter + m.vocab_size * _TOKENIZER_BYTES_PER_ENTRY,
+                   f"a GPT-2 of {total:,} parameters (n_layer {m.n_layer}, n_embd {m.n_embd}, vocab_size "
+                   f"{m.vocab_size}, max_length {m.max_length}) trained with {config.training.optimizer}")
+    except InputError as err:
+        raise ConfigFileError(str(err)) from None
+
+
+def _check_corpus_body(body, base: CorpusConfig) -> None:
+    """``[corpus]`` sizes against the memory, before :class:`~attacks.corpus.CorpusConfig` validates them (its
+    check of the Zipf design already allocates ``n_people`` values)."""
+    if not isinstance(body, dict):
+        return  # _section names the error
+    sizes = {}
+    for key in ("n_records", "n_people"):
+        try:
+            sizes[key] = validate.positive_int(key, body.get(key, getattr(base, key)))
+        except InputError as err:
+            raise ConfigFileError(f"corpus: {err} (corpus.{key})") from None
+    try:
+        check_fits("corpus.n_records", sizes["n_records"] * _BYTES_PER_RECORD, f"{sizes['n_records']} records")
+        check_fits("corpus.n_people", sizes["n_people"] * _BYTES_PER_PERSON, f"{sizes['n_people']} people")
+    except InputError as err:
+        raise ConfigFileError(str(err)) from None
+
+
 def check_one_run_design(config: PIIConfig) -> None:
     """Refuses, before any training, a canary design the configured one-run bounds do not cover (pitfall 11).
 
@@ -220,15 +294,15 @@ def load_pii_config(path: str | os.PathLike) -> PIIConfig:
 
     Raises:
       ConfigFileError: an unknown section or key, a value breaking its rule, ``run.n_test`` not below
-        ``corpus.n_records``, an ``audit.delta`` other than ``training.delta``, or a canary design the one-run
-        bounds do not cover (errors name ``section.key``, the rule and the value), or a file that cannot be
-        read or is not valid TOML.
+        ``corpus.n_records``, an ``audit.delta`` other than ``training.delta``, a corpus, model or tokenizer that
+        cannot fit in memory (:func:`check_sizes`), or a canary design the one-run bounds do not cover (errors
+        name ``section.key``, the rule and the value), or a file that cannot be read or is not valid TOML.
     """
     raw = read_toml(path)
     run = table(raw, "run", "run", {})
     base = PIIConfig()
     kw: dict[str, Any] = {}
-    kw["seed"] = take(run, "seed", "run", lambda v: validate.positive_int("seed", v, minimum=0), 0)
+    kw["seed"] = take(run, "seed", "run", lambda v: validate.seed("seed", v), 0)
     kw["n_test"] = take(run, "n_test", "run", lambda v: validate.positive_int("n_test", v, minimum=4), base.n_test)
     kw["public_records"] = take(run, "public_records", "run",
                                 lambda v: validate.positive_int("public_records", v, minimum=10), base.public_records)
@@ -256,9 +330,19 @@ def load_pii_config(path: str | os.PathLike) -> PIIConfig:
                             base.lazy_slots)
     reject_unknown(run, "run")
     for name in _SECTIONS:
-        kw[name] = _section(getattr(base, name), raw.pop(name, {}), name)
+        body = raw.pop(name, {})
+        if name == "corpus":
+            _check_corpus_body(body, base.corpus)
+        kw[name] = _section(getattr(base, name), body, name)
+        for key in ("seed",):  # the stages' own seeds, in the seed range (their validate() takes any int >= 0)
+            if hasattr(kw[name], key):
+                try:
+                    validate.seed(key, getattr(kw[name], key))
+                except InputError as err:
+                    raise ConfigFileError(f"{name}: {err} ({name}.{key})") from None
     reject_unknown(raw, os.fspath(path))
     config = PIIConfig(**kw)
+    check_sizes(config)
     if config.n_test >= config.corpus.n_records:
         raise ConfigFileError(f"run.n_test: must be < corpus.n_records = {config.corpus.n_records}, "
                               f"got {config.n_test}")

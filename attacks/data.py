@@ -15,12 +15,15 @@ from typing import Any
 import numpy as np
 
 from attacks.blackbox import frame
-from attacks.config import PIIConfig, check_one_run_design
+from attacks.config import _TOKENIZER_BYTES_PER_ENTRY, MAX_VOCAB_SIZE, PIIConfig, check_one_run_design, check_sizes
 from attacks.corpus import CanarySet, Corpus, Record, make_canaries, make_corpus
 from attacks.extraction import normalize_pii
 from attacks.ner import Tagger, default_tagger, evaluate_tagger, scrub_text
 from snapaudit_jax.models.tokenizer import Tokenizer
+from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.config import ConfigFileError
+from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.memory import check_fits
 from snapaudit_jax.utils.progress import RunLog
 
 __all__ = ["PreparedData", "prepare_data", "train_tokenizer"]
@@ -35,8 +38,17 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int) -> Tokenizer:
 
     Returns:
       A :class:`~snapaudit_jax.models.tokenizer.Tokenizer` without BOS, EOS and padding id 0.
+
+    Raises:
+      InputError: ``vocab_size`` not an integer in ``[1, MAX_VOCAB_SIZE]``, or too large for the trainer's tables
+        in the machine's memory (the trainer would abort the process instead of raising).
     """
     from tokenizers import Tokenizer as Backend
+
+    if validate.positive_int("vocab_size", vocab_size) > MAX_VOCAB_SIZE:
+        raise InputError(f"vocab_size must be <= {MAX_VOCAB_SIZE} (int32 token ids), got {vocab_size}")
+    check_fits("vocab_size", vocab_size * _TOKENIZER_BYTES_PER_ENTRY, f"the BPE trainer's tables of {vocab_size} "
+               "entries")
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
     backend = Backend(models.BPE())
@@ -94,11 +106,12 @@ def prepare_data(config: PIIConfig, log: RunLog) -> PreparedData:
       The :class:`PreparedData`.
 
     Raises:
-      ConfigFileError: a canary design the one-run bounds do not cover, fewer distinct PII strings of
-        ``inference.label`` in the training records than the largest ``inference.n_candidates``, or a framed
-        record or canary longer than ``model.max_length``.
+      ConfigFileError: a canary design the one-run bounds do not cover, a model that cannot fit in memory, fewer
+        distinct PII strings of ``inference.label`` in the training records than the largest
+        ``inference.n_candidates``, or a framed record or canary longer than ``model.max_length``.
     """
     check_one_run_design(config)  # also for a PIIConfig built in code, not read by load_pii_config
+    check_sizes(config)
     corpus = make_corpus(config.corpus)
     perm = np.random.default_rng([config.seed, 11]).permutation(len(corpus.records))
     test_idx = set(int(i) for i in perm[:config.n_test])

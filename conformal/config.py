@@ -12,10 +12,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from conformal.kernels import SCORES
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.config import ConfigFileError, choice, pos_int, read_toml, reject_unknown, table, take
 from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.memory import check_fits
 
 __all__ = ["ATTACKER_KINDS", "DATA_SOURCES", "DATA_DEFAULTS", "AttackerConfig", "CPAConfig", "load_cpa_config"]
 
@@ -137,6 +140,46 @@ def _int_list(name):
     return convert
 
 
+# The retrieval posterior is softmax(similarities / temperature) in float32 (conformal.attackers): the temperature
+# must be a normal float32, and with cosine similarities in [-1, 1] the quotient then stays below 2^126, finite.
+MIN_TEMPERATURE = float(np.finfo(np.float32).tiny)
+MAX_TEMPERATURE = float(np.finfo(np.float32).max)
+# Lower bounds of what the synthetic generators hold per item: a Person has 11 fields (one 8-byte reference each,
+# plus a 16-byte object header; its strings not counted), a released document at least one str object (49 bytes of
+# header, its text not counted) per suite; a blog post one str as well.
+_PERSON_BYTES = 11 * 8 + 16
+_TEXT_BYTES = 49
+
+
+def _temperature(value) -> float:
+    t = validate.positive_float("temperature", value)
+    if not MIN_TEMPERATURE <= t <= MAX_TEMPERATURE:
+        raise InputError(f"must be in [{MIN_TEMPERATURE:.6g}, {MAX_TEMPERATURE:.6g}] (the float32 softmax of "
+                         f"similarities / temperature needs a normal float32), got {value!r}")
+    return t
+
+
+def _check_sizes(source: str, out: dict, where: str) -> None:
+    """Refuses, before generating anything, a synthetic corpus that cannot fit in memory (a ConfigFileError)."""
+    try:
+        _plan_sizes(source, out, where)
+    except InputError as err:
+        raise ConfigFileError(str(err)) from None
+
+
+def _plan_sizes(source: str, out: dict, where: str) -> None:
+    if source == "synthetic":
+        people, documents = int(out["n_people"]), int(out["n_documents"])  # validated integers (3.0 allowed)
+        suites = len(out["levels"]) * len(out["releases"])
+        check_fits(f"{where}.n_people", people * _PERSON_BYTES, f"{people} people")
+        check_fits(f"{where}.n_documents", documents * suites * _TEXT_BYTES + people * _PERSON_BYTES,
+                   f"{documents} documents in each of {suites} suites, with {people} people")
+    elif source == "blog":
+        authors, per_author = int(out["n_authors"]), int(out["posts_per_author"])
+        check_fits(f"{where}.posts_per_author", authors * per_author * _TEXT_BYTES,
+                   f"{authors} authors x {per_author} posts")
+
+
 # ``[data.<source>]``: every key the run reads and its default (``path`` has none: it is required). The
 # loader sources pass further keys through to :func:`conformal.data.load_source`, which checks them.
 DATA_DEFAULTS = {
@@ -181,6 +224,7 @@ def _data_section(source: str, body: dict, where: str) -> dict:
                 raise ConfigFileError(f"{where}.pool: must be in (0, 1], got {value!r}")
         elif key == "path" and not isinstance(value, str):
             raise ConfigFileError(f"{where}.path: must be a string, got {value!r}")
+    _check_sizes(source, out, where)
     return out
 
 
@@ -209,7 +253,7 @@ def load_cpa_config(path: str | os.PathLike) -> CPAConfig:
     server = table(raw, "server", "server")
     reject_unknown(raw, path)
     kw: dict[str, Any] = {}
-    kw["seed"] = take(run, "seed", "run", pos_int("seed", 0), 0)
+    kw["seed"] = take(run, "seed", "run", lambda v: validate.seed("seed", v), 0)
     kw["alphas"] = take(run, "alphas", "run", _alphas, (0.01, 0.05, 0.1, 0.2))
     kw["report_alpha"] = take(run, "report_alpha", "run", lambda v: validate.open_unit("report_alpha", v),
                               0.05 if 0.05 in kw["alphas"] else kw["alphas"][0])
@@ -240,6 +284,10 @@ def load_cpa_config(path: str | os.PathLike) -> CPAConfig:
         where = f"attackers.{name}"
         if not isinstance(body, dict):
             raise ConfigFileError(f"{where}: must be a table")
+        try:  # the name is part of the output files' names (alpha_dial_<name>.png, documents/<name>/...)
+            validate.file_name("attacker name", name)
+        except InputError as err:
+            raise ConfigFileError(f"{where[:60]}: {err}") from None
         body = dict(body)
         if "kind" not in body:
             raise ConfigFileError(f"{where}.kind: required (one of {', '.join(ATTACKER_KINDS)})")
@@ -247,7 +295,7 @@ def load_cpa_config(path: str | os.PathLike) -> CPAConfig:
             name=name,
             kind=take(body, "kind", where, choice(ATTACKER_KINDS), None),
             suites=take(body, "suites", where, _str_list, ("*",)),
-            temperature=take(body, "temperature", where, lambda v: validate.positive_float("temperature", v), 0.5),
+            temperature=take(body, "temperature", where, _temperature, 0.5),
             top_k=take(body, "top_k", where, pos_int("top_k", 0), 0),
             model=take(body, "model", where, _string, "smollm2"),
             samples=take(body, "samples", where, pos_int("samples"), 10),

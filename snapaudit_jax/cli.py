@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="plot eps_emp against eps_theory (format from the suffix: .png, .pdf, .svg, ...)")
     s.add_argument("--out", default=None, metavar="FILE.json", help="write the full results (all fields)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--strict-neighbours", action="store_true",
+                   help="refuse clean outputs farther apart than the sensitivity (default: audit them with a warning)")
     s.add_argument("--fail-on-violation", action="store_true",
                    help=f"exit with status {EXIT_VIOLATION} if a claim is violated, family-wise over the epsilons "
                         "(Holm at 1 - confidence); with --estimator gdp the mu-GDP claims count too")
@@ -164,6 +166,7 @@ def _config_from_args(args):
         estimator=args.estimator,
         clean=args.clean,
         seed=args.seed,
+        strict_neighbours=args.strict_neighbours,
         **({} if args.curve_points is None else {"curve_points": args.curve_points}),
     ).validate()
 

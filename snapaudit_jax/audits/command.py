@@ -16,12 +16,14 @@ from snapaudit_jax.audits.active import CLEAN_MODELS, CURVE_POINTS, METHODS, THR
 from snapaudit_jax.estimation import check_estimator, holm, mu_violation_p_value, violation_p_value
 from snapaudit_jax.mechanisms import Mechanism, registry
 from snapaudit_jax.simulation.snapshots import Snapshots, check_clean, load_snapshots
+from snapaudit_jax.simulation.trials import MAX_TRIALS, check_float32_clean
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.memory import check_fits
 
 __all__ = ["SimulateConfig", "familywise",
-           "MECHANISMS", "DEFAULT_CLEAN", "build_snapshots", "build_mechanism", "run_simulate",
-           "esa_unit_pair"]
+           "MECHANISMS", "DEFAULT_CLEAN", "MAX_CURVE_POINTS", "build_snapshots", "build_mechanism", "run_simulate",
+           "esa_unit_pair", "neighbour_check"]
 
 MECHANISMS = registry.names()  # the built-in four: "pv", "poe", "esa", "ksa"
 CALIBRATIONS = ("analytic", "classical")
@@ -37,6 +39,10 @@ DEFAULT_CLEAN = {
 DEFAULT_CLIP = 5.0  # covers the Table 11 PoE utilities, which differ by up to 4.98
 DEFAULT_TOP_K = 4
 DEFAULT_KSA_SENSITIVITY = 2.0
+# The certified curve's thresholds are picked among the audit's candidate thresholds: at most 4001 (the exact score
+# grid of simulation.exact.exact_score_grid) or bins + 1 = 2049 (the simulated histogram's edges). More points add
+# no threshold, only a Python loop over them.
+MAX_CURVE_POINTS = 4001
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +74,11 @@ class SimulateConfig:
       method: ``"simulate"``, ``"exact"`` or ``"paper"``.
       estimator: ``"std"``, ``"gdp"`` or ``None`` (the default estimator).
       clean: ``"auto"`` (``"fixed"`` for vectors, ``"sampled"`` for a snapshot file), ``"fixed"`` or ``"sampled"``.
-      seed: PRNG seed of the run.
-      curve_points: white-box: thresholds of the certified trade-off curve (0: none).
+      seed: PRNG seed of the run, in ``[0, 2**63 - 1]``.
+      curve_points: white-box: thresholds of the certified trade-off curve (0: none; at most
+        :data:`MAX_CURVE_POINTS`).
+      strict_neighbours: refuse clean outputs farther apart than the sensitivity (:func:`neighbour_check`) instead
+        of auditing them with a warning.
     """
 
     mechanism: str
@@ -95,6 +104,7 @@ class SimulateConfig:
     clean: str = "auto"
     seed: int = 0
     curve_points: int = CURVE_POINTS
+    strict_neighbours: bool = False
 
     def validate(self) -> "SimulateConfig":
         """Checks every field and their combinations.
@@ -103,10 +113,12 @@ class SimulateConfig:
           ``self``, unchanged.
 
         Raises:
-          InputError: a field out of its range, clean outputs given in more than one way (or ``clean_with`` without
-            ``clean_without``), or an option for another mechanism (``distance``/``dim``/``partitions`` outside ESA,
-            ``clip`` outside PoE, ``top_k`` outside KSA, ``calibration="classical"`` for PoE/KSA, ``clean_with`` for
-            ESA, ``estimator="gdp"`` for a pure-epsilon mechanism).
+          InputError: a field out of its range (``trials`` above :data:`MAX_TRIALS`, a seed outside
+            ``[0, 2**63 - 1]``, ``curve_points`` above :data:`MAX_CURVE_POINTS`), clean outputs given in more
+            than one way (or ``clean_with`` without ``clean_without``), or an option for another mechanism
+            (``distance``/``dim``/``partitions`` outside ESA, ``clip`` outside PoE, ``top_k`` outside KSA,
+            ``calibration="classical"`` for PoE/KSA, ``clean_with`` for ESA, ``estimator="gdp"`` for a pure-epsilon
+            mechanism).
         """
         validate.choice("mechanism", self.mechanism, MECHANISMS)
         if not self.epsilons:
@@ -118,14 +130,22 @@ class SimulateConfig:
         validate.choice("calibration", self.calibration, CALIBRATIONS)
         if self.sensitivity is not None:
             validate.positive_float("sensitivity", self.sensitivity)
-        validate.positive_int("trials", self.trials)
+        trials = validate.positive_int("trials", self.trials)
+        if trials > MAX_TRIALS:
+            raise InputError(f"trials must be <= {MAX_TRIALS} per hypothesis (the simulator's int32 trial indices), "
+                             f"got {trials}")
         validate.positive_int("snapshots", self.snapshots)
+        validate.seed("seed", self.seed)
         validate.open_unit("confidence", self.confidence)
         validate.choice("method", self.method, METHODS)
         if self.estimator is not None:
             check_estimator(self.estimator, self.mechanism, registry.mechanism_class(self.mechanism).gaussian)
         validate.choice("clean", self.clean, ("auto",) + CLEAN_MODELS)
-        validate.positive_int("curve_points", self.curve_points, minimum=0)
+        if validate.positive_int("curve_points", self.curve_points, minimum=0) > MAX_CURVE_POINTS:
+            raise InputError(f"curve_points must be <= {MAX_CURVE_POINTS} (the candidate thresholds the curve is "
+                             f"picked from), got {self.curve_points}")
+        if self.dim is not None:
+            validate.positive_int("dim", self.dim, minimum=2)
         if self.clip is not None:
             validate.positive_float("clip", self.clip)
         if self.top_k is not None:
@@ -222,6 +242,10 @@ def build_snapshots(config: SimulateConfig) -> tuple[Snapshots, str]:
         d = 1.419 if config.distance is None else config.distance
         dim = 384 if config.dim is None else config.dim
         t = 1 if config.partitions is None else config.partitions
+        # u1, u2, the mean with the canary and the two candidates (float64), then the mechanism's float32 candidates
+        # and the attack's two float32 references: 56 bytes per dimension before the snapshots themselves.
+        check_fits("dim", 56 * dim, f"the ESA signal vectors of dimension {dim}")
+        _check_snapshot_memory("dim" if config.dim is not None else "snapshots", n, dim)
         u1, u2 = esa_unit_pair(d, dim)
         with_mean = ((t - 1) * u2 + u1) / t
         snaps = Snapshots(np.tile(with_mean, (n, 1)), np.tile(u2, (n, 1)), candidates=np.stack([u1, u2]))
@@ -234,6 +258,7 @@ def build_snapshots(config: SimulateConfig) -> tuple[Snapshots, str]:
             raise InputError("clean_with and clean_without must be flat vectors")
         if w.shape != wo.shape:
             raise InputError(f"clean_with has {w.size} entries but clean_without has {wo.size}")
+        _check_snapshot_memory("snapshots", n, w.size)
         snaps = Snapshots(np.tile(w, (n, 1)), np.tile(wo, (n, 1)))
         resolved = "fixed"
         names = ("clean_with", "clean_without")
@@ -241,6 +266,48 @@ def build_snapshots(config: SimulateConfig) -> tuple[Snapshots, str]:
     check_clean(names[1], snaps.without_canary, mechanism=m, candidates=snaps.candidates)
     clean = resolved if config.clean == "auto" else config.clean
     return snaps, clean
+
+
+def _check_snapshot_memory(field: str, n: int, length: int) -> None:
+    """Refuses ``n`` copies of two clean outputs of ``length`` values that cannot fit: both float64 arrays
+    (``np.tile``, alive for the whole run), then for one hypothesis at a time the simulator's float32 copy and the
+    two float32 copies ``numpy.unique`` makes to find the distinct snapshots: 28 bytes per value and snapshot."""
+    check_fits(field, n * length * (2 * 8 + 3 * 4), f"{n} snapshots of {length} values per hypothesis (float64, "
+               "and float32 copies for the simulator)")
+
+
+def neighbour_check(config: SimulateConfig, snapshots: Snapshots) -> str | None:
+    """Whether the clean outputs of both hypotheses are neighbouring under the stated sensitivity.
+
+    The distance is the mechanism's :meth:`~snapaudit_jax.mechanisms.Mechanism.neighbour_distance` (in the norm
+    its sensitivity bounds: PV and ESA L2, PoE L-infinity, KSA the largest count increase plus the largest
+    decrease), in float64, between the two hypotheses' mean clean outputs (for fixed vectors: the vectors
+    themselves).
+
+    Args:
+      config: the run's configuration.
+      snapshots: the run's snapshots (:func:`build_snapshots`).
+
+    Returns:
+      ``None`` if the distance is within the sensitivity (up to a relative ``1e-6``), else the message: clean
+      outputs farther apart than the sensitivity cannot come from neighbouring inputs of a mechanism with that
+      sensitivity, so a violation found on them says nothing about the claim.
+    """
+    cls = registry.mechanism_class(config.mechanism)
+    w = np.mean(np.asarray(snapshots.with_canary, np.float64), axis=0)
+    wo = np.mean(np.asarray(snapshots.without_canary, np.float64), axis=0)
+    distance = cls.neighbour_distance(w, wo)
+    sensitivity = default_sensitivity(config)
+    if distance <= sensitivity * (1.0 + 1e-6):
+        return None
+    if config.snapshot is not None:
+        source = f"snapshot file {config.snapshot!r}: the means of 'with' and 'without'"
+    elif config.mechanism == "esa":
+        source = f"distance {1.419 if config.distance is None else config.distance:g}: the ESA shorthand's means"
+    else:
+        source = "clean_with and clean_without"
+    return (f"{source} are {distance:.6g} apart ({cls.name}'s neighbour distance) but the sensitivity is "
+            f"{sensitivity:.6g}: they are not neighbouring clean outputs, so the audit does not test the claim")
 
 
 def default_sensitivity(config: SimulateConfig) -> float:
@@ -276,7 +343,8 @@ def build_mechanism(config: SimulateConfig, epsilon: float, snapshots: Snapshots
       The mechanism from :func:`snapaudit_jax.mechanisms.build`.
 
     Raises:
-      InputError: a claim or option the mechanism refuses.
+      InputError: a claim or option the mechanism refuses (a noise parameter float32 cannot hold is blamed on
+        ``sensitivity`` or ``clip`` when a forced one causes it, else on ``epsilon``).
     """
     options = {
         "pv": {"calibration": config.calibration},
@@ -285,8 +353,19 @@ def build_mechanism(config: SimulateConfig, epsilon: float, snapshots: Snapshots
         "poe": {},
         "ksa": {"top_k": config.top_k or DEFAULT_TOP_K},
     }[config.mechanism]
-    return registry.build(config.mechanism, epsilon, config.delta, default_sensitivity(config), field="--mechanism",
-                          **options)
+    sensitivity = default_sensitivity(config)
+    try:
+        return registry.build(config.mechanism, epsilon, config.delta, sensitivity, field="--mechanism", **options)
+    except InputError as err:
+        forced = "sensitivity" if config.sensitivity is not None else "clip" if config.clip is not None else None
+        if forced is None:
+            raise
+        try:  # the default sensitivity calibrates fine at this epsilon: the forced one is what is out of range
+            registry.build(config.mechanism, epsilon, config.delta,
+                           default_sensitivity(dataclasses.replace(config, sensitivity=None, clip=None)), **options)
+        except InputError:
+            raise err from None
+        raise InputError(f"{forced} {sensitivity:g}: {err}") from None
 
 
 def run_simulate(config: SimulateConfig, *, progress: bool = False, devices=None) -> list[AuditResult]:
@@ -307,15 +386,27 @@ def run_simulate(config: SimulateConfig, *, progress: bool = False, devices=None
       One :class:`~snapaudit_jax.estimation.AuditResult` per entry of ``config.epsilons``, in order.
 
     Raises:
-      InputError: an invalid configuration, snapshot file or audit argument.
+      InputError: an invalid configuration, snapshot file or audit argument, a claim some mechanism cannot be
+        calibrated for (every epsilon is checked before the first audit), or clean outputs that are not
+        neighbouring under the sensitivity with ``strict_neighbours`` (without it, each result carries the
+        warning).
     """
     config.validate()
     snaps, clean = build_snapshots(config)
+    apart = neighbour_check(config, snaps)
+    if apart is not None and config.strict_neighbours:
+        raise InputError(f"{apart} (strict_neighbours)")
+    mechanisms = [build_mechanism(config, eps, snaps) for eps in config.epsilons]  # every claim before any audit
+    if config.method != "exact":  # the simulator's float32 must carry every row's noise
+        names = {"pv": "clean_with", "poe": "clean_with", "ksa": "clean_with", "esa": "distance"}
+        name = f"snapshot file {config.snapshot!r}" if config.snapshot is not None else names[config.mechanism]
+        for mech in mechanisms:
+            for outputs in (snaps.with_canary, snaps.without_canary):
+                check_float32_clean(name, mech, outputs)
     target = config.target if config.target is not None else snaps.target
     root = jax.random.key(config.seed)
     results = []
-    for row, eps in enumerate(config.epsilons):
-        mech = build_mechanism(config, eps, snaps)
+    for row, (eps, mech) in enumerate(zip(config.epsilons, mechanisms)):
         results.append(
             audit(
                 mech,
@@ -339,6 +430,9 @@ def run_simulate(config: SimulateConfig, *, progress: bool = False, devices=None
                 progress=progress,
             )
         )
+    if apart is not None and config.snapshot is not None:  # the audit's own check sees its selection snapshots only
+        results = [r if apart in r.warnings else dataclasses.replace(r, warnings=r.warnings + (apart,))
+                   for r in results]
     return familywise(results, 1.0 - config.confidence)
 
 

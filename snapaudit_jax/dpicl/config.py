@@ -14,6 +14,7 @@ from typing import Any
 
 from snapaudit_jax.audits.active import CLEAN_MODELS
 from snapaudit_jax.dpicl.one_run import OneRunConfig
+from snapaudit_jax.simulation.trials import MAX_TRIALS
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.config import ConfigFileError, read_toml
 from snapaudit_jax.utils.config import boolean as _boolean
@@ -26,9 +27,11 @@ from snapaudit_jax.utils.config import string as _string
 from snapaudit_jax.utils.config import table as _table
 from snapaudit_jax.utils.config import take as _take
 from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.memory import check_fits
 from snapaudit_jax.dpicl.pipelines import PIPELINES
 
-__all__ = ["AuditConfig", "ConfigFileError", "MiaConfig", "PipelineConfig", "load_config"]
+__all__ = ["AuditConfig", "ConfigFileError", "MAX_EPSILON", "MiaConfig", "PipelineConfig", "load_config",
+           "pipeline_sensitivity"]
 
 PIPELINE_NAMES = tuple(PIPELINES)  # one pipeline per registered mechanism name
 ON_MISMATCH = ("sampled", "fail")
@@ -39,6 +42,14 @@ DEFAULT_DATASET = {"pv": "agnews", "poe": "agnews", "esa": "samsum", "ksa": "sam
 _DEFAULT_PARTITIONS = {"pv": 3, "esa": 1, "ksa": 8}
 ESA_CANDIDATES = ("sampled", "fixed")
 METHODS = ("simulate", "exact")
+# run_audit folds int(epsilon * 1000) into the passive runs' PRNG key, a uint32: int(epsilon * 1000) < 2^32, so
+# every epsilon up to MAX_EPSILON (and below 4294967.296) is accepted.
+MAX_EPSILON = (2**32 - 1) / 1000
+# The one-run audit gives each canary and its decoy distinct codes among the 9000 4-digit numbers (one_run.make_slots).
+ONE_RUN_CODES = 9000
+# Phase A keeps, per pipeline and context, snapshots clean outputs of at least 2 float64 values (PV's two vote
+# counts, PoE's two utilities; ESA and KSA have more): 32 bytes per snapshot for both contexts, a lower bound.
+_BYTES_PER_SNAPSHOT = 2 * 2 * 8
 # T_cand: the paper leaves it open. With the constrained stage close to a fair coin over {y1, y2}, 8 draws miss
 # y1 with probability 2**-8 (either signal: 2**-7), for 8 calls -- little next to Phase A's 2 * snapshots * T.
 DEFAULT_CANDIDATE_CALLS = 8
@@ -212,22 +223,27 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
         raise ConfigFileError(f"model.server: only read with [model] llm = \"openai\", got llm = {kw['llm']!r}")
     if audit_s.get("epsilons") == []:
         raise ConfigFileError("audit.epsilons: must list at least one epsilon, got []")
-    kw["epsilons"] = _take(audit_s, "epsilons", "audit",
-                           _number_list(lambda e: validate.positive_float("epsilon", e)), (1.0, 2.0, 4.0, 8.0, 16.0))
+    kw["epsilons"] = _take(audit_s, "epsilons", "audit", _number_list(_epsilon), (1.0, 2.0, 4.0, 8.0, 16.0))
     kw["delta"] = _take(audit_s, "delta", "audit", lambda v: validate.open_unit("delta", v), 1e-5)
     kw["confidence"] = _take(audit_s, "confidence", "audit", lambda v: validate.open_unit("confidence", v), 0.95)
     kw["query"] = _take(audit_s, "query", "audit", _choice(QUERY_MODES), "copy")
     kw["defense"] = _take(audit_s, "defense", "audit", _choice(DEFENSES), "none")
     kw["threats"] = _take(audit_s, "threats", "audit", _choices(("black", "white")), ("black", "white"))
     kw["snapshots"] = _take(audit_s, "snapshots", "audit", _pos_int("snapshots", 2), 200)
-    kw["trials"] = _take(audit_s, "trials", "audit", _pos_int("trials"), 200_000)
+    kw["trials"] = _take(audit_s, "trials", "audit", _trials, 200_000)
     kw["passive_runs"] = _take(audit_s, "passive_runs", "audit", _pos_int("passive_runs", 2), None)
+    for key in ("snapshots", "passive_runs"):
+        if kw[key] is not None:
+            try:
+                check_fits(f"audit.{key}", _BYTES_PER_SNAPSHOT * kw[key], f"{kw[key]} clean outputs per context")
+            except InputError as err:
+                raise ConfigFileError(str(err)) from None
     kw["clean"] = _take(audit_s, "clean", "audit", _choice(CLEAN_MODELS), "fixed")
     kw["on_mismatch"] = _take(audit_s, "on_mismatch", "audit", _choice(ON_MISMATCH), "sampled")
     kw["calibration"] = _take(audit_s, "calibration", "audit", _choice(("analytic", "classical")), "analytic")
     kw["method"] = _take(audit_s, "method", "audit", _choice(METHODS), "simulate")
-    kw["seed"] = _take(audit_s, "seed", "audit", _pos_int("seed", 0), 0)
-    kw["case_seed"] = _take(audit_s, "case_seed", "audit", _pos_int("case_seed", 0), 0)
+    kw["seed"] = _take(audit_s, "seed", "audit", lambda v: validate.seed("seed", v), 0)
+    kw["case_seed"] = _take(audit_s, "case_seed", "audit", lambda v: validate.seed("case_seed", v), 0)
     kw["batch_size"] = _take(audit_s, "batch_size", "audit", _pos_int("batch_size"), 8)
     kw["verify"] = _take(audit_s, "verify", "audit", _pos_int("verify", 0), 4)
     _reject_unknown(audit_s, "audit")
@@ -274,6 +290,8 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
                                   f"got {s['partitions']}")
         settings.append(PipelineConfig(**s))
     kw["pipelines"] = tuple(settings)
+    for p in settings:
+        _check_claims(f"pipelines.{p.name}", p, kw["epsilons"], kw["delta"], kw["calibration"])
     if kw["method"] == "exact" and any(p.name == "ksa" for p in settings):
         raise ConfigFileError("audit.method: 'exact' has no closed form for KSA's top-K release ([pipelines.ksa]); "
                               "use \"simulate\" or drop the pipeline, got 'exact'")
@@ -291,7 +309,94 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
         poe = next((p for p in settings if p.name == "poe"), None)
         kw["one_run"] = parse_config(one_run, epsilons=kw["epsilons"], threats=kw["threats"],
                                        clip=poe.clip if poe else 5.0, seed=kw["seed"])
+        _check_one_run(kw["one_run"], kw["delta"], kw["calibration"])
     return AuditConfig(**kw)
+
+
+def _epsilon(value) -> float:
+    """An ``epsilon`` of ``audit.epsilons``: finite, > 0 and with ``int(epsilon * 1000)`` a uint32."""
+    eps = validate.positive_float("epsilon", value)
+    if eps * 1000 >= 2**32:  # int(eps * 1000), what run_audit folds in, is then no uint32
+        raise InputError(f"epsilon must be below 4294967.296 (the audit folds int(epsilon * 1000) into a 32-bit "
+                         f"PRNG key), got {value!r}")
+    return eps
+
+
+def _trials(value) -> int:
+    """``audit.trials``: an integer in ``[1, MAX_TRIALS]`` (the simulator's int32 trial indices)."""
+    trials = validate.positive_int("trials", value)
+    if trials > MAX_TRIALS:
+        raise InputError(f"must be <= {MAX_TRIALS} per hypothesis (the simulator's int32 trial indices), got {value!r}")
+    return trials
+
+
+def pipeline_sensitivity(settings: PipelineConfig) -> float:
+    """The sensitivity a pipeline's mechanism is calibrated for (its pipeline class's ``sensitivity``).
+
+    Args:
+      settings: the pipeline's settings.
+
+    Returns:
+      PV ``sqrt(2)``; PoE the clip; ESA ``2 / T``; KSA 1 under ``add_remove``, else 2.
+    """
+    if settings.name == "pv":
+        return 2.0 ** 0.5
+    if settings.name == "poe":
+        return float(settings.clip)
+    if settings.name == "esa":
+        return 2.0 / (settings.partitions or 1)
+    return 1.0 if settings.neighbouring == "add_remove" else 2.0
+
+
+def _calibrate(name: str, epsilon: float, delta: float, sensitivity: float, calibration: str) -> None:
+    from snapaudit_jax.mechanisms.noise import (exponential_mechanism_scale, float32_noise_parameter,
+                                                gaussian_sigma)
+
+    if name in ("pv", "esa"):
+        float32_noise_parameter("sigma", gaussian_sigma(epsilon, delta, sensitivity, calibration), epsilon=epsilon,
+                                delta=delta, sensitivity=sensitivity)
+    else:
+        float32_noise_parameter("scale", exponential_mechanism_scale(epsilon, sensitivity), epsilon=epsilon,
+                                sensitivity=sensitivity)
+
+
+def _check_claims(where: str, settings: PipelineConfig, epsilons, delta: float, calibration: str) -> None:
+    """Refuses, before any model call, a claim the pipeline's mechanism cannot be calibrated for (the limits of
+    :mod:`snapaudit_jax.mechanisms.noise`); a PoE clip that alone causes it is named instead of the epsilons."""
+    sensitivity = pipeline_sensitivity(settings)
+    for eps in epsilons:
+        try:
+            _calibrate(settings.name, eps, delta, sensitivity, calibration)
+        except InputError as err:
+            if settings.name == "poe":
+                try:
+                    _calibrate("poe", eps, delta, pipeline_sensitivity(PipelineConfig("poe", "agnews")), calibration)
+                except InputError:
+                    pass
+                else:
+                    raise ConfigFileError(f"{where}.clip: {err}") from None
+            raise ConfigFileError(f"audit.epsilons: {err} ({where})") from None
+
+
+def _check_one_run(settings: OneRunConfig, delta: float, calibration: str) -> None:
+    """``[one_run]``: its seed in the seed range and its epsilons calibrated for PV (at ``audit.delta``, the
+    per-query delta of its noise) and PoE, before any model call."""
+    try:
+        validate.seed("seed", settings.seed)
+    except InputError as err:
+        raise ConfigFileError(f"one_run.seed: {err}") from None
+    for key, m in (("canaries", settings.canaries), ("poe_canaries", settings.poe_canaries)):
+        if m is not None and 2 * m > ONE_RUN_CODES:
+            raise ConfigFileError(f"one_run.{key}: must be <= {ONE_RUN_CODES // 2} (each canary and its decoy get "
+                                  f"distinct codes among the {ONE_RUN_CODES} 4-digit numbers), got {m}")
+    for eps in settings.epsilons:
+        try:
+            if "pv" in settings.pipelines:
+                _calibrate("pv", eps, delta, 2.0 ** 0.5, calibration)
+            if "poe" in settings.pipelines:
+                _calibrate("poe", eps, delta, settings.clip, calibration)
+        except InputError as err:
+            raise ConfigFileError(f"one_run.epsilons: {err}") from None
 
 
 def _signals(value):

@@ -390,7 +390,8 @@ def check_run_folder(out_dir: str | os.PathLike) -> None:
 
 
 def _load_datasets(config: AuditConfig) -> dict:
-    """``{(dataset, data_path): examples}`` of every pipeline; a bad ``data_path`` names its key."""
+    """``{(dataset, data_path): examples}`` of every pipeline; a bad ``data_path`` names its key, and a context
+    the dataset cannot fill names ``num_exemplars`` (:func:`_check_contexts`), all before any model call."""
     from snapaudit_jax.dpicl.data import load_examples
 
     out = {}
@@ -401,12 +402,40 @@ def _load_datasets(config: AuditConfig) -> dict:
             except (ValueError, OSError, ImportError) as err:
                 raise ConfigFileError(f"pipelines.{p.name}.data_path: {err}") from None
     s = config.one_run
-    if s is not None and s.data_path not in (None, "hub"):
+    one_run_examples = None
+    if s is not None and s.data_path != "hub":  # None: the shipped demo data
         try:
-            load_examples(s.dataset, s.data_path)
+            one_run_examples = load_examples(s.dataset, s.data_path)
         except (ValueError, OSError, ImportError) as err:
             raise ConfigFileError(f"one_run.data_path: {err}") from None
+    _check_contexts(config, out, one_run_examples)
     return out
+
+
+def _check_contexts(config: AuditConfig, datasets: dict, one_run_examples) -> None:
+    """Draws every audit context and the one-run slots once (cheap and deterministic, no model call) so that a
+    dataset with too few distinct examples for ``num_exemplars`` (or ``one_run.canaries + base_exemplars``) is
+    refused naming the key before the run folder is touched."""
+    from snapaudit_jax.dpicl.data import sample_audit_context
+
+    for p in config.pipelines:
+        try:
+            sample_audit_context(datasets[(p.dataset, p.data_path)], num_exemplars=p.num_exemplars,
+                                 seed=config.case_seed)
+        except InputError as err:
+            raise ConfigFileError(f"pipelines.{p.name}.num_exemplars: {err}") from None
+    s = config.one_run
+    if one_run_examples is not None:
+        from snapaudit_jax.dpicl.one_run import make_slots
+
+        for pipeline in s.pipelines:
+            m = s.slots_for(pipeline)
+            key = "poe_canaries" if pipeline == "poe" and s.poe_canaries is not None else "canaries"
+            try:
+                make_slots(one_run_examples, canaries=m, base_exemplars=s.base_exemplars,
+                           insert_probability=s.insert_probability, seed=s.seed)
+            except InputError as err:
+                raise ConfigFileError(f"one_run.{key}: {err}") from None
 
 
 def _load_model(key: str, load, name: str, allow_pickle: bool):

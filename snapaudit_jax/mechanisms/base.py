@@ -276,6 +276,18 @@ class Mechanism(abc.ABC):
         """
         return float(np.linalg.norm(np.asarray(reference_with) - np.asarray(reference_without)))
 
+    def noise_unit(self) -> float | None:
+        """The scale of the DP noise in the units of a clean output (host-side), for the simulator's float32 check.
+
+        The simulator refuses clean outputs whose float32 spacing (``numpy.spacing`` at their largest magnitude)
+        exceeds this unit: float32 could not then tell the noisy output from the clean one.
+
+        Returns:
+          The unit as a float (Gaussian mechanisms: ``sigma``; exponential mechanisms: ``1 / scale``, the utility
+          change that moves a log-probability by 1), or ``None`` for no check (this base implementation).
+        """
+        return None
+
     @classmethod
     def from_claim(cls, epsilon: float, delta: float, sensitivity: float, **options) -> "Mechanism":
         """The mechanism calibrated to the claim ``(epsilon, delta)`` at ``sensitivity``.

@@ -10,7 +10,7 @@ import numpy as np
 
 from snapaudit_jax.mechanisms import variates
 from snapaudit_jax.mechanisms.base import Mechanism, Release, pytree_dataclass
-from snapaudit_jax.mechanisms.noise import gaussian_sigma
+from snapaudit_jax.mechanisms.noise import float32_noise_parameter, gaussian_sigma
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 
@@ -73,8 +73,9 @@ class EmbeddingSpaceAggregation(Mechanism):
           The calibrated :class:`EmbeddingSpaceAggregation`.
 
         Raises:
-          InputError: ``partitions`` not a positive integer, ``candidates`` not a finite ``(c, d)`` array, an
-            out-of-range ``epsilon``, ``delta`` or ``sensitivity``, or an unknown ``calibration``.
+          InputError: ``partitions`` not a positive integer, ``candidates`` not a finite ``(c, d)`` array within
+            float32's range, an out-of-range ``epsilon``, ``delta`` or ``sensitivity``, an unknown ``calibration``,
+            or a ``sigma`` that is not a normal float32.
         """
         partitions = validate.positive_int("partitions", partitions)
         if sensitivity is None:
@@ -82,7 +83,11 @@ class EmbeddingSpaceAggregation(Mechanism):
         cand = validate.finite_array("candidates", candidates, ndim_min=2)
         if cand.ndim != 2:
             raise InputError(f"candidates must have shape (c, d), got {cand.shape}")
-        sigma = gaussian_sigma(epsilon, delta, sensitivity, calibration)
+        if float(np.max(np.abs(cand))) > float(np.finfo(np.float32).max):
+            raise InputError(f"candidates must be within float32's range (the kernels compute in float32), found "
+                             f"{float(np.max(np.abs(cand))):.6g}")
+        sigma = float32_noise_parameter("sigma", gaussian_sigma(epsilon, delta, sensitivity, calibration),
+                                        epsilon=epsilon, delta=delta, sensitivity=sensitivity)
         return cls(sigma=jnp.float32(sigma), candidates=jnp.asarray(cand, jnp.float32))
 
     @classmethod
@@ -133,6 +138,10 @@ class EmbeddingSpaceAggregation(Mechanism):
     def num_targets(cls, clean_shape, *, candidates=None, **context):
         """The number ``c`` of candidates. See :meth:`Mechanism.num_targets`."""
         return int(np.asarray(candidates).shape[0])
+
+    def noise_unit(self):
+        """``sigma``. See :meth:`Mechanism.noise_unit`."""
+        return float(self.sigma)
 
     def __call__(self, key, clean):
         """One trial on a ``(d,)`` mean: ``Release(nearest candidate index, noisy mean (d,))``.

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from snapaudit_jax.mechanisms.noise import exponential_mechanism_scale
+from snapaudit_jax.mechanisms.noise import exponential_mechanism_scale, float32_noise_parameter
 from snapaudit_jax.mechanisms.base import Mechanism, Release, pytree_dataclass, static_field
 from snapaudit_jax.mechanisms.variates import AliasTable, alias_draw, alias_table, random_words
 from snapaudit_jax.utils import validate
@@ -301,11 +301,14 @@ class KeywordSpaceAggregation(Mechanism):
           The calibrated :class:`KeywordSpaceAggregation`.
 
         Raises:
-          InputError: ``top_k`` not a positive integer, or ``epsilon`` or ``sensitivity`` not a finite number > 0.
+          InputError: ``top_k`` not a positive integer, ``epsilon`` or ``sensitivity`` not a finite number > 0, or
+            ``epsilon / (2 sensitivity)`` not a normal float32.
         """
         top_k = validate.positive_int("top_k", top_k)
+        scale = float32_noise_parameter("scale", exponential_mechanism_scale(epsilon, sensitivity), epsilon=epsilon,
+                                        sensitivity=sensitivity)
         return cls(
-            scale=jnp.float32(exponential_mechanism_scale(epsilon, sensitivity)),
+            scale=jnp.float32(scale),
             top_k=top_k,
             num_values=num_values,
         )
@@ -318,6 +321,10 @@ class KeywordSpaceAggregation(Mechanism):
         """
         diff = np.asarray(reference_with, np.float64) - np.asarray(reference_without, np.float64)
         return float(max(diff.max(), 0.0) + max((-diff).max(), 0.0))
+
+    def noise_unit(self):
+        """``1 / scale``. See :meth:`Mechanism.noise_unit`."""
+        return 1.0 / float(self.scale)
 
     def __call__(self, key, clean):
         """One trial on a ``(d,)`` histogram: ``Release(sequence (K,), sequence (K,))``.

@@ -25,6 +25,10 @@ from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 
 __all__ = [
+    "FLOAT32_TINY",
+    "FLOAT32_MAX",
+    "MAX_CANCELLED_BITS",
+    "float32_noise_parameter",
     "gdp_delta",
     "gdp_epsilon",
     "gdp_mu",
@@ -33,6 +37,45 @@ __all__ = [
     "gaussian_sigma",
     "exponential_mechanism_scale",
 ]
+
+
+# The kernels scale their noise by a float32 parameter (sigma, or the exponential mechanism's eps / (2 Delta)): it
+# must be a normal float32. Below the smallest normal 2^-126 float32 loses precision and then rounds to 0 (no
+# noise at all); above its largest value it is inf.
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+# delta(eps; mu) is a difference of two terms; float64 keeps 53 bits, and when the first term exceeds delta by a
+# factor 2^b the difference keeps 53 - b of them. The analytic calibration must keep at least float32's 24 bits
+# (the precision the kernels draw noise at): b <= 29. Beyond it (tiny eps with tiny delta) the root is noise.
+MAX_CANCELLED_BITS = 29
+# gdp_mu brackets mu* below this bound (sigma >= 1e-6 Delta); mu* ~ sqrt(2 eps) for large eps, so eps beyond ~1e11.
+_MU_LIMIT = 1e6
+
+
+def float32_noise_parameter(name: str, value: float, *, epsilon: float, sensitivity: float,
+                            delta: float | None = None) -> float:
+    """Checks that a calibrated noise parameter survives the kernels' float32 cast.
+
+    Args:
+      name: the parameter (``"sigma"``, ``"scale"``).
+      value: its float64 value.
+      epsilon: the claimed ``eps`` it was calibrated for (named first in the message).
+      sensitivity: the sensitivity it was calibrated for.
+      delta: the claimed ``delta`` (Gaussian mechanisms), or ``None``.
+
+    Returns:
+      ``value``, unchanged.
+
+    Raises:
+      InputError: ``value`` is not a normal float32 (0, subnormal, or beyond float32's largest value).
+    """
+    if not FLOAT32_TINY <= value <= FLOAT32_MAX:
+        side = "below float32's smallest normal value (the noise would lose precision or round to 0)" \
+            if value < FLOAT32_TINY else "beyond float32's largest value (it would be inf)"
+        with_delta = "" if delta is None else f", delta {delta:g}"
+        raise InputError(f"epsilon {epsilon:g} (sensitivity {sensitivity:g}{with_delta}) gives {name} = {value:.6g}, "
+                         f"{side}; the kernels need {name} in [{FLOAT32_TINY:.6g}, {FLOAT32_MAX:.6g}]")
+    return value
 
 
 def _log_gdp_delta(epsilon: float, mu: float) -> float:
@@ -127,7 +170,9 @@ def gdp_mu(epsilon: float, delta: float) -> float:
 
     Raises:
       InputError: ``epsilon`` is not a finite number > 0 or ``delta`` is not in ``(0, 1)``.
-      ArithmeticError: the root could not be bracketed (extreme ``epsilon`` or ``delta``).
+      ArithmeticError: the root could not be bracketed (``mu*`` beyond ``1e6``: ``epsilon`` beyond about
+        ``1e11``), or float64 cancellation leaves fewer than 24 bits of ``delta(eps; mu)`` at the root
+        (:data:`MAX_CANCELLED_BITS`; tiny ``epsilon`` with tiny ``delta``).
 
     References:
       Balle & Wang 2018, Alg. 1 (analytic Gaussian mechanism).
@@ -139,13 +184,18 @@ def gdp_mu(epsilon: float, delta: float) -> float:
     def f(m: float) -> float:  # increasing in m
         return _log_gdp_delta(epsilon, m) - log_target
 
-    hi = _bracket_up(f, 1.0)
+    hi = _bracket_up(f, 1.0, _MU_LIMIT)
     lo = hi / 2.0
     while f(lo) > 0.0:
         lo /= 2.0
         if lo < 1e-300:
             raise ArithmeticError("could not bracket mu from below")
-    return float(optimize.brentq(f, lo, hi, xtol=1e-15, rtol=4 * np.finfo(float).eps, maxiter=500))
+    mu = float(optimize.brentq(f, lo, hi, xtol=1e-15, rtol=4 * np.finfo(float).eps, maxiter=500))
+    cancelled = (float(special.log_ndtr(-epsilon / mu + mu / 2.0)) - log_target) / math.log(2.0)
+    if cancelled > MAX_CANCELLED_BITS:
+        raise ArithmeticError(f"delta(eps; mu) cancels {cancelled:.0f} of float64's 53 bits at eps = {epsilon:g}, "
+                              f"delta = {delta:g}: its root mu* cannot be trusted")
+    return mu
 
 
 def classical_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
@@ -186,14 +236,20 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) ->
       ``sigma`` as a float (same unit as ``sensitivity``).
 
     Raises:
-      InputError: an argument out of its range.
+      InputError: an argument out of its range, or an ``(epsilon, delta)`` that :func:`gdp_mu` cannot solve in
+        float64 (``epsilon`` beyond about ``1e11``, or tiny ``epsilon`` with tiny ``delta``).
 
     Guarantees:
       Exact for every ``eps > 0``: the Gaussian mechanism with this ``sigma`` and L2 sensitivity ``Delta`` is
       ``(eps, delta)``-DP and no smaller ``sigma`` is (Balle & Wang 2018, Thm. 8).
     """
     sensitivity = validate.positive_float("sensitivity", sensitivity)
-    return sensitivity / gdp_mu(epsilon, delta)
+    try:
+        mu = gdp_mu(epsilon, delta)
+    except ArithmeticError as err:
+        raise InputError(f"epsilon {epsilon:g} with delta {delta:g} has no analytic Gaussian calibration in float64 "
+                         f"({err}); it solves epsilon up to about 1e11, and not tiny epsilon with tiny delta") from None
+    return sensitivity / mu
 
 
 def gaussian_sigma(epsilon: float, delta: float, sensitivity: float, calibration: str = "analytic") -> float:

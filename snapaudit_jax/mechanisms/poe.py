@@ -10,7 +10,7 @@ import numpy as np
 
 from snapaudit_jax.mechanisms import variates
 from snapaudit_jax.mechanisms.base import Mechanism, Release, pytree_dataclass
-from snapaudit_jax.mechanisms.noise import exponential_mechanism_scale
+from snapaudit_jax.mechanisms.noise import exponential_mechanism_scale, float32_noise_parameter
 
 __all__ = ["ProductOfExperts"]
 
@@ -51,9 +51,11 @@ class ProductOfExperts(Mechanism):
           The calibrated :class:`ProductOfExperts`.
 
         Raises:
-          InputError: ``epsilon`` or ``clip`` is not a finite number > 0.
+          InputError: ``epsilon`` or ``clip`` is not a finite number > 0, or ``epsilon / (2 clip)`` is not a normal
+            float32.
         """
-        return cls(scale=jnp.float32(exponential_mechanism_scale(epsilon, clip)))
+        scale = exponential_mechanism_scale(epsilon, clip)
+        return cls(scale=jnp.float32(float32_noise_parameter("scale", scale, epsilon=epsilon, sensitivity=clip)))
 
     @classmethod
     def from_claim(cls, epsilon: float, delta: float, sensitivity: float):
@@ -79,6 +81,10 @@ class ProductOfExperts(Mechanism):
         See :meth:`Mechanism.neighbour_distance`.
         """
         return float(np.max(np.abs(np.asarray(reference_with) - np.asarray(reference_without))))
+
+    def noise_unit(self):
+        """``1 / scale``. See :meth:`Mechanism.noise_unit`."""
+        return 1.0 / float(self.scale)
 
     def __call__(self, key, clean):
         """One trial on ``(k,)`` utilities: ``Release(argmax label, noisy scores (k,))``.

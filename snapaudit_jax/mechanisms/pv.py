@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from snapaudit_jax.mechanisms import variates
 from snapaudit_jax.mechanisms.base import SQRT2, Attack, Mechanism, Release, pytree_dataclass
-from snapaudit_jax.mechanisms.noise import gaussian_sigma
+from snapaudit_jax.mechanisms.noise import float32_noise_parameter, gaussian_sigma
 
 __all__ = ["PrivateVoting", "contrast_basis", "contrast_direction"]
 
@@ -71,9 +71,12 @@ class PrivateVoting(Mechanism):
           The calibrated :class:`PrivateVoting`.
 
         Raises:
-          InputError: an out-of-range ``epsilon``, ``delta`` or ``sensitivity``, or an unknown ``calibration``.
+          InputError: an out-of-range ``epsilon``, ``delta`` or ``sensitivity``, an unknown ``calibration``, or a
+            ``sigma`` that is not a normal float32 (:func:`~snapaudit_jax.mechanisms.noise.float32_noise_parameter`).
         """
-        return cls(sigma=jnp.float32(gaussian_sigma(epsilon, delta, sensitivity, calibration)))
+        sigma = gaussian_sigma(epsilon, delta, sensitivity, calibration)
+        return cls(sigma=jnp.float32(float32_noise_parameter("sigma", sigma, epsilon=epsilon, delta=delta,
+                                                             sensitivity=sensitivity)))
 
     @classmethod
     def from_claim(cls, epsilon: float, delta: float, sensitivity: float, *, calibration: str = "analytic"):
@@ -92,6 +95,10 @@ class PrivateVoting(Mechanism):
           InputError: as :meth:`calibrated`.
         """
         return cls.calibrated(epsilon, delta, sensitivity, calibration)
+
+    def noise_unit(self):
+        """``sigma``. See :meth:`Mechanism.noise_unit`."""
+        return float(self.sigma)
 
     def __call__(self, key, clean):
         """One trial on a ``(k,)`` vote vector: ``Release(argmax label, noisy votes (k,))``.

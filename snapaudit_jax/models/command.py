@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["embed_texts", "generate_text"]
@@ -61,7 +62,7 @@ def generate_text(model: str, prompt: str, *, chat: bool = False, max_new_tokens
       chat: wrap the prompt in the model's chat template.
       max_new_tokens: tokens to generate (>= 1; with the prompt within the model's positions).
       temperature: sampling temperature (> 0, finite); ``None`` decodes greedily.
-      seed: the PRNG seed, required with ``temperature``.
+      seed: the PRNG seed, required with ``temperature``, in ``[0, 2**63 - 1]``.
       allow_pickle: accept pickle checkpoints (``.bin``/``.pt``).
       server: with ``model = "openai"``: the :class:`~snapaudit_jax.models.server.ServerConfig` fields
         (``base_url``, ``model``, optionally ``api_key_env``, ``timeout_s``...).
@@ -72,7 +73,8 @@ def generate_text(model: str, prompt: str, *, chat: bool = False, max_new_tokens
       ``{"model", "text", "token_ids", "seconds"}`` (``seconds``: generation time without loading).
 
     Raises:
-      InputError: a bad flag value or a model that cannot be loaded (the message names the flag).
+      InputError: a bad flag value (a text that is not valid UTF-8 included) or a model that cannot be loaded (the
+        message names the flag).
       ServerError: the server cannot be reached or fails (``model = "openai"``).
     """
     import jax
@@ -83,6 +85,13 @@ def generate_text(model: str, prompt: str, *, chat: bool = False, max_new_tokens
         raise InputError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     if temperature is not None and seed is None:
         raise InputError("--seed is required with --temperature (sampling needs an explicit key)")
+    if seed is not None:
+        validate.seed("--seed", seed)
+    validate.utf8_text("--prompt", prompt)
+    for flag, value in (("--base-url", (server or {}).get("base_url")), ("--server-model", (server or {}).get("model")),
+                        ("--api-key-env", (server or {}).get("api_key_env"))):
+        if isinstance(value, str):
+            validate.utf8_text(flag, value)
     if temperature is not None and not 0 < temperature < math.inf:
         raise InputError(f"--temperature must be a finite number > 0, got {temperature}")
     if not prompt.strip():
@@ -115,12 +124,14 @@ def embed_texts(model: str, texts: Sequence[str], *, allow_pickle: bool = False)
       ``{"model", "embeddings"}`` with ``embeddings`` a ``(len(texts), d)`` float32 array.
 
     Raises:
-      InputError: an empty text or a model that cannot be loaded (the message names the flag).
+      InputError: an empty text, a text that is not valid UTF-8, or a model that cannot be loaded (the message
+        names the flag).
     """
     from snapaudit_jax.models import load_embedder
 
     for i, text in enumerate(texts):
         if not text.strip():
             raise InputError(f"--text must not be empty, got {text!r} (text {i + 1})")
+        validate.utf8_text(f"--text (text {i + 1})", text)
     embedder = _load(load_embedder, model, allow_pickle)
     return {"model": model, "embeddings": embedder.embed(list(texts))}

@@ -279,6 +279,28 @@ def _pickle_reader(path: str):
     return arrays.get, set(arrays)
 
 
+def _shard_path(index: str, folder: str, name: str) -> str:
+    """A shard file named by a safetensors index, refused unless it lies inside the model folder.
+
+    A checkpoint folder is data from elsewhere: an absolute path, a ``..`` or a symlink in it must not make the
+    loader read files outside the folder (in a Hugging Face cache, the repository's ``blobs`` folder counts as
+    inside: its snapshots are symlinks there).
+    """
+    if os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):
+        raise CheckpointError(f"{index}: shard file {name!r} must be a path inside the model folder (no absolute "
+                              "path, no '..')")
+    path = os.path.join(folder, name)
+    roots = [os.path.realpath(folder)]
+    parent = os.path.dirname(os.path.abspath(folder))
+    if os.path.basename(parent) == "snapshots":  # a Hugging Face cache: <repo>/snapshots/<rev>/f -> ../../blobs/<sha>
+        roots.append(os.path.realpath(os.path.join(parent, os.pardir, "blobs")))
+    target = os.path.realpath(path)
+    if not any(os.path.commonpath([root, target]) == root for root in roots):
+        raise CheckpointError(f"{index}: shard file {name!r} leads outside the model folder (a symlink to "
+                              f"{target!r})")
+    return path
+
+
 def _weight_files(folder: str, allow_pickle: bool) -> tuple[str, list[str]]:
     index = os.path.join(folder, "model.safetensors.index.json")
     single = os.path.join(folder, "model.safetensors")
@@ -290,7 +312,10 @@ def _weight_files(folder: str, allow_pickle: bool) -> tuple[str, list[str]]:
                 weight_map = json.load(fh)["weight_map"]
         except (OSError, ValueError, KeyError) as err:
             raise CheckpointError(f"{index}: not a valid safetensors index ({err})") from None
-        shards = sorted({os.path.join(folder, f) for f in weight_map.values()})
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) and f for f in weight_map.values()):
+            raise CheckpointError(f"{index}: not a valid safetensors index (weight_map must map tensor names to shard "
+                                  "file names)")
+        shards = sorted({_shard_path(index, folder, f) for f in weight_map.values()})
         missing = [s for s in shards if not os.path.isfile(s)]
         if missing:
             raise CheckpointError(f"{index}: shard file {missing[0]!r} does not exist")

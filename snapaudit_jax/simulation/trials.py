@@ -42,11 +42,13 @@ from jax.sharding import PartitionSpec
 from snapaudit_jax.mechanisms import Attack, Mechanism, variates
 from snapaudit_jax.simulation.snapshots import dedupe
 from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.memory import check_fits, format_bytes
 from snapaudit_jax.utils.progress import Counter
 
 __all__ = [
     "SimulationCounts", "simulate", "accelerator_parallel_blocks", "BLOCK_TRIALS", "CHUNK_TRIALS",
     "ACCELERATOR_CHUNK_TRIALS", "ACCELERATOR_STEP_TRIALS", "ACCELERATOR_STEP_ELEMENTS", "MAX_TRIALS",
+    "check_float32_clean",
 ]
 
 BLOCK_TRIALS = 1 << 14
@@ -54,7 +56,11 @@ CHUNK_TRIALS = 1 << 22  # trials per jitted call on CPU (memory bound)
 ACCELERATOR_CHUNK_TRIALS = 1 << 28  # on GPU/TPU: fewer host round trips
 ACCELERATOR_STEP_TRIALS = 1 << 22  # on GPU/TPU: trials of the blocks vectorised in one scan step, at most
 ACCELERATOR_STEP_ELEMENTS = 1 << 26  # on GPU/TPU: noise elements of one scan step, at most (256 MB of float32)
+# Trial indices b * block + j, block indices and the per-call counts are int32 in the kernels, and a vectorised
+# step may run up to parallel_blocks - 1 padding blocks past the last one: (num_blocks + parallel_blocks) * block
+# must stay below 2^31 (checked in simulate). 2e9 trials leave room for 9,000 padding blocks of 2^14 trials.
 MAX_TRIALS = 2_000_000_000
+_INDEX_LIMIT = 2**31 - 1
 _AXIS = "devices"
 
 
@@ -370,6 +376,82 @@ def _to_host(x) -> np.ndarray:
     return np.asarray(x)
 
 
+def check_float32_clean(name: str, mechanism: Mechanism, clean) -> None:
+    """Refuses clean outputs that float32, the kernels' precision, cannot carry with the mechanism's noise.
+
+    A clean value beyond float32's range would become inf; one whose float32 spacing (``numpy.spacing`` at the
+    largest magnitude) exceeds the noise unit (:meth:`~snapaudit_jax.mechanisms.base.Mechanism.noise_unit`:
+    ``sigma``, or ``1 / scale``) leaves the noisy output indistinguishable from the clean one in float32.
+
+    Args:
+      name: the field named in errors (a flag, a config key or a file's array).
+      mechanism: the calibrated mechanism.
+      clean: the clean outputs, any shape.
+
+    Raises:
+      InputError: a value beyond float32's range, or a float32 spacing above the noise unit.
+    """
+    host = np.asarray(clean)
+    if not host.size or host.dtype.kind not in "biuf":
+        return
+    peak = float(np.max(np.abs(host)))
+    if peak > float(np.finfo(np.float32).max):
+        raise InputError(f"{name} must be within float32's range (the simulator computes in float32), found a value "
+                         f"of magnitude {peak:.6g}")
+    unit = mechanism.noise_unit()
+    spacing = float(np.spacing(np.float32(peak)))
+    if unit is not None and spacing > unit:
+        raise InputError(f"{name}: float32 spaces values of magnitude {peak:.6g} by {spacing:.3g}, more than the "
+                         f"noise unit {unit:.3g} of {mechanism.name} (sigma, or 1/scale): the simulated noise would "
+                         "vanish in rounding; shift or rescale the clean outputs, or claim a smaller epsilon")
+
+
+def _planned_sizes(mechanism: Mechanism, attack: Attack, distinct_shape: tuple[int, ...], scores: bool
+                   ) -> tuple[int, int]:
+    """``(noise elements of one trial, bytes of the prepared distinct snapshots)``, from their shapes only.
+
+    Traced once per mechanism class, static fields and shapes (:func:`_traced_sizes`), not once per call."""
+    leaves, treedef = jax.tree_util.tree_flatten((mechanism, attack))
+    specs = tuple((tuple(np.shape(x)), np.dtype(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype))
+                  for x in leaves)
+    return _traced_sizes(treedef, specs, tuple(int(n) for n in distinct_shape), bool(scores))
+
+
+@functools.lru_cache(maxsize=256)
+def _traced_sizes(treedef, specs, distinct_shape: tuple[int, ...], scores: bool) -> tuple[int, int]:
+    mechanism, attack = jax.tree_util.tree_unflatten(treedef, [jax.ShapeDtypeStruct(s, d) for s, d in specs])
+
+    def draw(mechanism, attack, key, snap):
+        example = mechanism.prepare(snap, attack)
+        return (mechanism.noise if scores else mechanism.hit_noise)(key, 1, example)
+
+    def prepare(mechanism, attack, distinct):
+        return jax.vmap(mechanism.prepare, in_axes=(0, None))(distinct, attack)
+
+    noise = jax.eval_shape(draw, mechanism, attack, jax.eval_shape(lambda: jax.random.key(0)),
+                           jax.ShapeDtypeStruct(distinct_shape[1:], jnp.float32))
+    prepared = jax.eval_shape(prepare, mechanism, attack, jax.ShapeDtypeStruct(distinct_shape, jnp.float32))
+    elements = max(1, sum(math.prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(noise)))
+    size = sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(prepared))
+    return elements, size
+
+
+def _check_memory(name: str, prepared_bytes: int, step_trials: int, elements: int, units: int,
+                  num_thresholds: int, want_threshold: bool, bins: int) -> None:
+    """Refuses, before compiling anything, a simulation whose arrays cannot fit: the prepared snapshots (their
+    exact shapes from ``eval_shape``), one scan step's noise (float32), its white-box comparisons ``(trials, G)``
+    and the accumulators ``(units, G)`` (int32 on the device, int64 on the host). A lower bound: XLA's temporaries
+    come on top."""
+    noise_bytes = 4 * elements * step_trials
+    grid = num_thresholds if want_threshold else 0
+    compare_bytes = 4 * step_trials * grid
+    accumulator_bytes = 12 * units * max(1, grid) + 12 * (bins + 2)
+    total = prepared_bytes + noise_bytes + compare_bytes + accumulator_bytes
+    check_fits("simulate", total, f"the simulation of {name} (prepared snapshots {format_bytes(prepared_bytes)}, a "
+               f"step's noise {format_bytes(noise_bytes)} and threshold comparisons {format_bytes(compare_bytes)} for "
+               f"{grid} threshold(s), counts {format_bytes(accumulator_bytes)})")
+
+
 def simulate(
     key: jax.Array,
     mechanism: Mechanism,
@@ -393,7 +475,8 @@ def simulate(
       key: PRNG key of this stream (hypothesis and pass already folded in).
       mechanism: a :class:`~snapaudit_jax.mechanisms.base.Mechanism`.
       attack: the :class:`~snapaudit_jax.mechanisms.base.Attack`.
-      snapshots: clean outputs ``(n, ...)``, cast to float32.
+      snapshots: clean outputs ``(n, ...)``, cast to float32 (refused beyond float32's range, or where float32's
+        spacing at their largest magnitude exceeds the mechanism's noise unit).
       trials: number of trials in ``[1, MAX_TRIALS]`` (``"stratified"`` rounds it up to a multiple of ``n``).
       scheme: ``"bootstrap"`` (a uniform snapshot per trial) or ``"stratified"`` (equal trials per snapshot).
       per_unit: bootstrap only: count per distinct snapshot (else one total).
@@ -416,13 +499,15 @@ def simulate(
 
     Raises:
       InputError: ``trials`` out of range, an unknown ``scheme``, a ``threshold`` that is not a number or a
-        non-empty 1-D array, a histogram with ``lo >= hi``, ``chunk_trials < 1``, or a ``parallel_blocks`` that is
-        not a power of two.
+        non-empty 1-D array, a histogram with ``lo >= hi``, ``chunk_trials < 1``, a ``parallel_blocks`` that is
+        not a power of two or that would index trials beyond int32, snapshots float32 cannot carry (see
+        ``snapshots``), or arrays larger than the machine's memory (planned before compiling).
     """
-    snaps = np.asarray(snapshots, np.float32)
-    n = snaps.shape[0]
     if trials < 1 or trials > MAX_TRIALS:
         raise InputError(f"trials must be in [1, {MAX_TRIALS}], got {trials}")
+    check_float32_clean("snapshots", mechanism, snapshots)
+    snaps = np.asarray(snapshots, np.float32)
+    n = snaps.shape[0]
     if scheme not in ("bootstrap", "stratified"):
         raise InputError(f"scheme must be 'bootstrap' or 'stratified', got {scheme!r}")
     thr_host = np.atleast_1d(np.asarray(0.0 if threshold is None else threshold, np.float64))
@@ -457,9 +542,14 @@ def simulate(
         units = padded if (per_unit and sample_index) else 1
     bins = 0 if histogram is None else int(histogram[2])
     scores = threshold is not None or bins > 0 or track_scores
+    elements, prepared_bytes = _planned_sizes(mechanism, attack, distinct.shape, scores)
     if parallel_blocks is None:
-        parallel_blocks = 1 if on_cpu else accelerator_parallel_blocks(
-            block, _noise_elements(mechanism, attack, distinct[0], scores))
+        parallel_blocks = 1 if on_cpu else accelerator_parallel_blocks(block, elements)
+    if (num_blocks + parallel_blocks) * block > _INDEX_LIMIT:
+        raise InputError(f"trials={trials} in blocks of {block} with parallel_blocks={parallel_blocks} would index "
+                         f"trials beyond the kernels' int32 range (2^31); lower trials or parallel_blocks")
+    _check_memory(mechanism.name, prepared_bytes, block * parallel_blocks, elements, units, thr_host.size,
+                  threshold is not None, bins)
     # Blocks per device per call: the chunk size, or fewer (rounded up to a power of two, so that nearby trial
     # counts share one compiled function) for short runs; a whole number of vectorised steps.
     per_device = max(1, min(chunk_trials // (block * num_devices), _bucket(-(-num_blocks // num_devices))))

@@ -4,14 +4,16 @@
 * :mod:`~snapaudit_jax.utils.validate` -- checks of Python arguments (each error names the field);
 * :mod:`~snapaudit_jax.utils.config` -- reading TOML run configurations (each error names ``section.key``);
 * :mod:`~snapaudit_jax.utils.io` -- atomic writes, the one JSON rule, output-path checks;
+* :mod:`~snapaudit_jax.utils.memory` -- memory planning: refuse a size that cannot fit before allocating it;
 * :mod:`~snapaudit_jax.utils.progress` -- the progress protocol and its stderr printer;
 * :mod:`~snapaudit_jax.utils.run_folder` -- run folders owned by one run (configuration stamp, exclusive lock);
+* :mod:`~snapaudit_jax.utils.quiet` -- library output silenced under ``--quiet``;
 * :mod:`~snapaudit_jax.utils.platform` -- host setup (one XLA device per CPU core).
 
 These modules import neither JAX nor any other part of snapaudit-jax.
 """
 
-from snapaudit_jax.utils import config, errors, io, platform, progress, run_folder, validate
+from snapaudit_jax.utils import config, errors, io, memory, platform, progress, quiet, run_folder, validate
 from snapaudit_jax.utils.errors import (
     ClaimViolation,
     ConfigFileError,
@@ -41,8 +43,10 @@ __all__ = [
     "dumps",
     "errors",
     "io",
+    "memory",
     "platform",
     "progress",
+    "quiet",
     "run_folder",
     "to_json",
     "use_all_cpu_cores",

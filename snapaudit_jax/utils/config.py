@@ -8,18 +8,23 @@ A section is read by popping its keys with :func:`take` and a converter
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tomllib
 
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import ConfigFileError, InputError
 
-__all__ = ["ConfigFileError", "read_toml", "table", "take", "choice", "choices", "pos_int", "boolean", "string",
-           "number_list", "reject_unknown"]
+__all__ = ["ConfigFileError", "check_regular_file", "read_toml", "table", "take", "choice", "choices", "pos_int",
+           "boolean", "string", "number_list", "reject_unknown"]
 
 
 def read_toml(path: str | os.PathLike) -> dict:
     """Reads and parses a TOML file.
+
+    The file must be a regular file (a FIFO, socket or device is refused without being opened, so nothing blocks)
+    and UTF-8 text, as TOML requires (a UTF-16 file is named as such).
 
     Args:
       path: the file.
@@ -28,16 +33,55 @@ def read_toml(path: str | os.PathLike) -> dict:
       The parsed document as a dict.
 
     Raises:
-      ConfigFileError: the file cannot be read or is not valid TOML.
+      ConfigFileError: the file does not exist, is a symlink loop, is not a regular file, cannot be read, is not
+        UTF-8, or is not valid TOML.
     """
     path = os.fspath(path)
+    check_regular_file(path, "configuration", ConfigFileError)
     try:
         with open(path, "rb") as fh:
-            return tomllib.load(fh)
+            data = fh.read()
     except OSError as err:
         raise ConfigFileError(f"{path}: cannot read the configuration ({err.strerror})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        bom = {b"\xff\xfe": "UTF-16 (little-endian)", b"\xfe\xff": "UTF-16 (big-endian)"}.get(data[:2])
+        found = f"it is {bom} text" if bom else f"byte {err.start} (0x{data[err.start]:02x}) is not UTF-8"
+        raise ConfigFileError(f"{path}: a TOML configuration must be UTF-8 text, but {found}; save it as UTF-8") \
+            from None
+    try:
+        return tomllib.loads(text.removeprefix("\ufeff"))  # a UTF-8 byte-order mark is harmless
     except tomllib.TOMLDecodeError as err:
         raise ConfigFileError(f"{path}: invalid TOML ({err})") from None
+
+
+def check_regular_file(path: str, what: str, error: type[InputError] = InputError) -> None:
+    """Refuses, without opening it, a path that is not an existing regular file (symlinks are followed).
+
+    Args:
+      path: the file.
+      what: what the file is, in the message (``"configuration"``, ``"snapshot file"``).
+      error: the exception class raised.
+
+    Raises:
+      InputError: (of class ``error``) a missing path, a symlink loop, a folder, or a FIFO, socket or device.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise error(f"{path}: cannot read the {what}: it is a symlink loop (too many levels of symbolic "
+                        "links)") from None
+        if err.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise error(f"{path}: cannot read the {what}: it does not exist") from None
+        raise error(f"{path}: cannot read the {what} ({err.strerror})") from None
+    if stat.S_ISDIR(mode):
+        raise error(f"{path}: the {what} is a folder, not a file")
+    if not stat.S_ISREG(mode):
+        kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a plain file")
+        raise error(f"{path}: the {what} must be a regular file, got {kind} (not opened)")
 
 
 def table(parent: dict, key: str, where: str, default=None) -> dict | None:

@@ -157,6 +157,27 @@ def _probe_writable(name: str, directory: str, what: str) -> None:
     os.unlink(tmp)
 
 
+def _check_name_lengths(name: str, path: str, existing: str) -> None:
+    """Refuses a path component the file system cannot hold (``PC_NAME_MAX``, 255 bytes on most) or a path longer
+    than ``PC_PATH_MAX``, so that a long ``--out`` fails before the work instead of with ``ENAMETOOLONG`` after it."""
+    full = os.path.abspath(path)
+    try:
+        name_max = os.pathconf(existing, "PC_NAME_MAX")
+        path_max = os.pathconf(existing, "PC_PATH_MAX")
+    except (OSError, ValueError):  # the platform does not say: nothing to refuse here
+        return
+    below = os.path.relpath(full, os.path.abspath(existing))
+    for part in [] if below == os.curdir else below.split(os.sep):
+        size = len(os.fsencode(part))
+        if name_max > 0 and size > name_max:
+            shown = part if len(part) <= 60 else f"{part[:30]}...{part[-10:]}"
+            raise InputError(f"{name}: each name in the path must be at most {name_max} bytes on this file system "
+                             f"(NAME_MAX), got {size} bytes in {shown!r}")
+    if path_max > 0 and len(os.fsencode(full)) >= path_max:
+        raise InputError(f"{name}: the path must be shorter than {path_max} bytes (PATH_MAX), got "
+                         f"{len(os.fsencode(full))} bytes")
+
+
 def check_output_file(name: str, path: str | os.PathLike, suffixes: tuple[str, ...]) -> str:
     """Refuses an output file that could not be written, before any work (nothing is created).
 
@@ -169,7 +190,8 @@ def check_output_file(name: str, path: str | os.PathLike, suffixes: tuple[str, .
       The suffix in lower case (the format to write).
 
     Raises:
-      InputError: a folder path, a wrong suffix, or a location that refuses new files.
+      InputError: a folder path, a wrong suffix, a name longer than the file system allows, or a location that
+        refuses new files.
     """
     path = os.fspath(path)
     suffix = os.path.splitext(path)[1].lower().lstrip(".")
@@ -177,7 +199,9 @@ def check_output_file(name: str, path: str | os.PathLike, suffixes: tuple[str, .
         raise InputError(f"{name}: must be a file path, got the folder {path!r}")
     if suffix not in suffixes:
         raise InputError(f"{name}: must end in {', '.join('.' + s for s in suffixes)}, got {path!r}")
-    _probe_writable(name, _nearest_existing(path), "the output file's folder")
+    existing = _nearest_existing(path)
+    _check_name_lengths(name, path, existing)
+    _probe_writable(name, existing, "the output file's folder")
     return suffix
 
 
@@ -189,7 +213,8 @@ def check_output_dir(name: str, path: str | os.PathLike) -> None:
       path: the folder to be written later (it may not exist yet).
 
     Raises:
-      InputError: an empty ``path``, an existing file, or a nearest existing ancestor that refuses new files.
+      InputError: an empty ``path``, an existing file, a name longer than the file system allows, or a nearest
+        existing ancestor that refuses new files.
     """
     path = os.fspath(path)
     if not path:
@@ -197,4 +222,5 @@ def check_output_dir(name: str, path: str | os.PathLike) -> None:
     if os.path.exists(path) and not os.path.isdir(path):
         raise InputError(f"{name}: must be a folder, but {path!r} is a file")
     target = path if os.path.isdir(path) else _nearest_existing(os.path.join(path, "x"))
+    _check_name_lengths(name, path, target)
     _probe_writable(name, target, "the output folder")

@@ -8,6 +8,7 @@ the value.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,8 +16,16 @@ import numpy as np
 
 from snapaudit_jax.utils.errors import InputError
 
-__all__ = ["choice", "finite_array", "nonnegative_float", "open_unit", "positive_float", "positive_int",
-           "unit_closed_open"]
+__all__ = ["NAME_PATTERN", "SEED_MAX", "choice", "file_name", "finite_array", "nonnegative_float", "open_unit",
+           "positive_float", "positive_int", "seed", "unit_closed_open", "utf8_text"]
+
+# Seeds go to jax.random.key, which takes a signed 64-bit integer, and to numpy.random.default_rng, which takes
+# any integer >= 0: the range both accept.
+SEED_MAX = 2**63 - 1
+# A name the run writes into file names (a cpa attacker's ``alpha_dial_<name>.png``): a letter or digit, then
+# letters, digits, '_', '.', '-'; at most 64 characters, so every derived file name stays far below the 255
+# bytes of a path component (NAME_MAX) and no name is '.', '..', hidden, or holds a separator.
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 
 
 def _as_float(name: str, value: Any) -> float:
@@ -134,6 +143,75 @@ def positive_int(name: str, value: Any, *, minimum: int = 1) -> int:
     return int(value)
 
 
+def seed(name: str, value: Any) -> int:
+    """A PRNG seed: an integer in ``[0, SEED_MAX]`` (``SEED_MAX = 2**63 - 1``, what ``jax.random.key`` takes).
+
+    Args:
+      name: the field named in errors.
+      value: the value (a bool is refused; integral floats such as ``3.0`` are accepted).
+
+    Returns:
+      ``value`` as an int.
+
+    Raises:
+      InputError: not an integer, negative, or above ``SEED_MAX``.
+    """
+    try:
+        out = positive_int(name, value, minimum=0)
+    except InputError:
+        out = None
+    if out is None or out > SEED_MAX:
+        raise InputError(f"{name} must be an integer in [0, 2**63 - 1] (a 64-bit seed), got {value!r}")
+    return out
+
+
+def file_name(name: str, value: Any) -> str:
+    """A name the run uses in file names: it must match :data:`NAME_PATTERN`.
+
+    Args:
+      name: the field named in errors.
+      value: the value.
+
+    Returns:
+      ``value``, unchanged.
+
+    Raises:
+      InputError: not a string, or not 1 to 64 letters, digits, ``_``, ``.`` and ``-`` starting with a letter or
+        digit.
+    """
+    if not isinstance(value, str) or not re.fullmatch(NAME_PATTERN, value):
+        shown = value if not isinstance(value, str) or len(value) <= 80 else f"{value[:40]}...({len(value)} chars)"
+        raise InputError(f"{name} must be 1 to 64 letters, digits, '_', '.' or '-' starting with a letter or digit "
+                         f"(it names output files), got {shown!r}")
+    return value
+
+
+def utf8_text(name: str, value: str) -> str:
+    """A text that is valid Unicode (encodable as UTF-8).
+
+    A command-line argument holding bytes that are not UTF-8 reaches Python as lone surrogates
+    (``surrogateescape``); no tokenizer can encode them.
+
+    Args:
+      name: the flag or field named in errors.
+      value: the text.
+
+    Returns:
+      ``value``, unchanged.
+
+    Raises:
+      InputError: ``value`` holds a lone surrogate (the message gives its position and the original byte).
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        char = value[err.start]
+        byte = f"byte 0x{ord(char) - 0xDC00:02x}" if 0xDC80 <= ord(char) <= 0xDCFF else f"U+{ord(char):04X}"
+        raise InputError(f"{name} must be valid UTF-8 text, but character {err.start} is not ({byte}, not "
+                         "UTF-8-encoded input)") from None
+    return value
+
+
 def choice(name: str, value: Any, options: Sequence[str]) -> str:
     """One of ``options``.
 
@@ -166,12 +244,20 @@ def finite_array(name: str, value: Any, *, ndim_min: int = 1, dtype=np.float64) 
       The array (:func:`numpy.asarray` of ``value``, so possibly not a copy).
 
     Raises:
-      InputError: ragged or non-numeric input, fewer than ``ndim_min`` dimensions, no elements, or a nan/inf entry
-        (the message gives its index).
+      InputError: ragged, complex or non-numeric input (strings, objects: never cast), fewer than ``ndim_min``
+        dimensions, no elements, or a nan/inf entry (the message gives its index).
     """
     try:
-        arr = np.asarray(value, dtype=dtype)
+        raw = np.asarray(value)
+        # A cast never drops an imaginary part or parses text: only booleans, integers and reals are numbers here.
+        if raw.dtype.kind not in "biuf":
+            what = "complex" if raw.dtype.kind == "c" else f"non-numeric ({raw.dtype})"
+            raise InputError(f"{name} must be a rectangular array of real numbers, got {what} input "
+                             "(ragged or non-numeric input)")
+        arr = np.asarray(raw, dtype=dtype)
     except (TypeError, ValueError) as err:
+        if isinstance(err, InputError):
+            raise
         raise InputError(f"{name} must be a rectangular numeric array (ragged or non-numeric input): {err}") from None
     if arr.ndim < ndim_min:
         raise InputError(f"{name} must have at least {ndim_min} dimension(s), got shape {arr.shape}")

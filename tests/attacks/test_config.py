@@ -66,3 +66,57 @@ def test_one_run_audit_refuses_unfair_canary_insertion_before_writing(tmp_path):
                            str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "canaries.insert_probability" in proc.stderr and "got 0.8" in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------- sizes planned before any data
+
+
+def test_gpt2_parameters_count_the_model_every_variant_trains():
+    """The planner's formula against the Flax GPT-2 itself (the oracle): the same number of parameters."""
+    import jax
+    from flax import nnx
+
+    from attacks.config import ModelConfig, gpt2_parameters
+    from snapaudit_jax.models.config import GPT2Config
+    from snapaudit_jax.models.decoders import GPT2
+
+    for m in (ModelConfig(n_layer=2, n_embd=12, n_head=3, max_length=7, vocab_size=301),):
+        cfg = GPT2Config(vocab_size=m.vocab_size, n_positions=m.max_length, n_embd=m.n_embd, n_layer=m.n_layer,
+                         n_head=m.n_head, n_inner=4 * m.n_embd)
+        model = GPT2(cfg, nnx.Rngs(0))
+        count = sum(x.size for x in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param)))
+        assert sum(gpt2_parameters(m).values()) == count
+
+
+def test_check_sizes_counts_the_optimizer_state_and_the_tokenizer_tables(monkeypatch):
+    import dataclasses
+
+    from attacks.config import PIIConfig, check_sizes, gpt2_parameters
+    from snapaudit_jax.utils import memory
+
+    config = PIIConfig()
+    params = sum(gpt2_parameters(config.model).values())
+    adam = params * 16 + config.model.vocab_size * 57  # params, grads, two moments; the BPE trainer's reservation
+    monkeypatch.setattr(memory, "available_bytes", lambda: adam)
+    check_sizes(config)
+    monkeypatch.setattr(memory, "available_bytes", lambda: adam - 1)
+    with pytest.raises(ConfigFileError, match="model.n_layer: a GPT-2 of .* trained with adamw would need"):
+        check_sizes(config)
+    sgd = dataclasses.replace(config, training=dataclasses.replace(config.training, optimizer="sgd"))
+    check_sizes(sgd)  # no moments: 8 bytes a parameter
+
+
+def test_the_tokenizer_trainer_is_never_asked_for_a_vocabulary_it_would_abort_on(monkeypatch):
+    """The tokenizers trainer aborts the process (no exception) when its vocab_size tables cannot be allocated:
+    train_tokenizer refuses first."""
+    from attacks.data import train_tokenizer
+    from snapaudit_jax.utils import memory
+    from snapaudit_jax.utils.errors import InputError
+
+    with pytest.raises(InputError, match="vocab_size must be <= 2147483647"):
+        train_tokenizer(["a b"], 2**31)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 57 * 10**6 - 1)
+    with pytest.raises(InputError, match="vocab_size: the BPE trainer's tables of 1000000 entries would need"):
+        train_tokenizer(["a b"], 10**6)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 57 * 10**6)
+    assert train_tokenizer(["a b"], 10**6).vocab_size >= 257

@@ -41,3 +41,36 @@ def test_config_errors_name_the_field(tmp_path, edit, match):
 def test_llm_model_path_is_checked(tmp_path):
     with pytest.raises(ConfigFileError, match="attackers.clues.model"):
         load_cpa_config(write_config(tmp_path, LLM_CONFIG.format(model=str(tmp_path / "missing"))))
+
+
+# --------------------------------------------------------------------------- limits checked before any work
+
+
+def test_temperature_range_is_where_the_float32_softmax_stays_finite(tmp_path):
+    """At the smallest normal float32 the retrieval posterior is finite (the limit is accepted); half of it, a
+    subnormal, already makes it nan (and is refused)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from conformal.attackers import softmax_posterior
+    from conformal.config import MIN_TEMPERATURE
+
+    sims = jnp.asarray([[1.0, 0.25, -1.0]], jnp.float32)
+    assert np.all(np.isfinite(softmax_posterior(sims, jnp.float32(MIN_TEMPERATURE))))
+    assert np.isnan(softmax_posterior(sims, jnp.float32(MIN_TEMPERATURE / 2))).any()
+    edge = SMALL.replace("temperature = 0.5", f"temperature = {MIN_TEMPERATURE!r}", 1)
+    assert load_cpa_config(write_config(tmp_path, edge)).attackers[0].temperature == MIN_TEMPERATURE
+    with pytest.raises(ConfigFileError, match=r"attackers.retrieval.temperature: must be in \[1.17549e-38"):
+        load_cpa_config(write_config(tmp_path, SMALL.replace("temperature = 0.5", "temperature = 1e-308", 1)))
+
+
+def test_sizes_are_planned_from_the_config(tmp_path, monkeypatch):
+    from conformal.config import _PERSON_BYTES
+    from snapaudit_jax.utils import memory
+
+    text = SMALL.replace("n_people = 200", "n_people = 1000", 1)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 1000 * _PERSON_BYTES - 1)
+    with pytest.raises(ConfigFileError, match="data.synthetic.n_people: 1000 people would need at least"):
+        load_cpa_config(write_config(tmp_path, text))
+    monkeypatch.setattr(memory, "available_bytes", lambda: 10**9)
+    assert load_cpa_config(write_config(tmp_path, text)).data["synthetic"]["n_people"] == 1000

@@ -268,3 +268,69 @@ def test_bad_inputs_raise_value_error_naming_argument(fn, args, name):
     """Invalid inputs raise ValueError whose message names the offending argument."""
     with pytest.raises(ValueError, match=name):
         fn(*args)
+
+
+# --------------------------------------------------------------------------- float32 and float64 limits
+
+
+def test_float32_noise_parameter_accepts_exactly_the_normal_float32_range():
+    f32 = np.finfo(np.float32)
+    for ok in (float(f32.tiny), 1.0, float(f32.max)):
+        assert cal.float32_noise_parameter("sigma", ok, epsilon=1.0, sensitivity=1.0) == ok
+        assert np.float32(ok) == ok and np.isfinite(np.float32(ok))
+    for bad, side in ((float(np.nextafter(f32.tiny, 0, dtype=np.float32)), "below"),
+                      (float(f32.max) * (1 + 1e-7), "beyond"), (1e-50, "below")):
+        with pytest.raises(ValueError, match=f"epsilon 2 \\(sensitivity 3, delta 0.1\\) gives sigma = .*, {side}"):
+            cal.float32_noise_parameter("sigma", bad, epsilon=2.0, sensitivity=3.0, delta=0.1)
+    with np.errstate(over="ignore"):  # what it prevents: 0 and inf
+        assert np.float32(1e-50) == 0.0 and np.isinf(np.float32(float(f32.max) * (1 + 1e-7)))
+
+
+def test_gdp_mu_refuses_a_root_lost_to_cancellation():
+    """At eps = 1e-10, delta = 1e-300 the profile cancels ~249 bits: Brent's root there is noise (the 50-digit
+    delta at it is off by orders of magnitude), and it is refused; up to 29 bits the root keeps float32's 24."""
+    from scipy import optimize
+
+    eps, delta = 1e-10, 1e-300
+    log_target = math.log(delta)
+    def f(m):
+        return cal._log_gdp_delta(eps, m) - log_target
+
+    lo = 0.5  # gdp_mu's search without its check
+    while f(lo) > 0.0:
+        lo /= 2.0
+    garbage = optimize.brentq(f, lo, 2 * lo, xtol=1e-15, rtol=4 * np.finfo(float).eps, maxiter=500)
+    assert abs(mp.log(delta_mp(eps, garbage)) - mp.log(delta)) > 10  # the unchecked root is wrong
+    with pytest.raises(ArithmeticError, match="cancels 249 of float64's 53 bits"):
+        cal.gdp_mu(eps, delta)
+    with pytest.raises(ValueError, match=r"epsilon 1e-10 with delta 1e-300 has no analytic Gaussian calibration"):
+        cal.analytic_gaussian_sigma(eps, delta, 1.0)
+    for eps, delta in ((1e-5, 1e-300), (1e-6, 1e-100), (1e-8, 1e-10)):  # 27 to 29 bits cancelled: accepted, and
+        mu = cal.gdp_mu(eps, delta)  # exact to float32's precision 2^-24, the precision sigma is cast to
+        assert delta_mp(eps, mu * (1 - 2.0**-24)) < delta < delta_mp(eps, mu * (1 + 2.0**-24)), (eps, delta)
+
+
+def test_analytic_calibration_range_ends_where_the_solver_does():
+    mu = cal.gdp_mu(1e11, 1e-5)
+    assert delta_mp(1e11, mu * (1 - 1e-9)) < 1e-5 < delta_mp(1e11, mu * (1 + 1e-9))  # still exact at 1e11
+    with pytest.raises(ValueError, match=r"epsilon 1e\+12 .*could not bracket a root below 1000000.0"):
+        cal.analytic_gaussian_sigma(1e12, 1e-5, math.sqrt(2))
+
+
+def test_every_mechanism_refuses_a_noise_parameter_float32_cannot_hold():
+    from snapaudit_jax.mechanisms import EmbeddingSpaceAggregation, KeywordSpaceAggregation, PrivateVoting
+    from snapaudit_jax.mechanisms import ProductOfExperts
+
+    tiny = float(np.finfo(np.float32).tiny)
+    assert float(ProductOfExperts.calibrated(tiny, 0.5).scale) == tiny  # scale = eps / (2 * 0.5) = eps: the edge
+    with pytest.raises(ValueError, match="gives scale = .*, below float32's smallest normal"):
+        ProductOfExperts.calibrated(tiny / 2, 0.5)
+    with pytest.raises(ValueError, match=r"epsilon 1e\+300 \(sensitivity 2\) gives scale = 2.5e\+299, beyond"):
+        KeywordSpaceAggregation.calibrated(1e300, 4)
+    with pytest.raises(ValueError, match=r"epsilon 1e\+50 \(sensitivity 1.41421, delta 1e-05\) gives sigma"):
+        PrivateVoting.calibrated(1e50, 1e-5, calibration="classical")
+    with pytest.raises(ValueError, match=r"epsilon 1 \(sensitivity 1e-50, delta 1e-05\) gives sigma"):
+        EmbeddingSpaceAggregation.calibrated(1.0, 1e-5, np.eye(2), sensitivity=1e-50)
+    with pytest.raises(ValueError, match="candidates must be within float32's range"):
+        EmbeddingSpaceAggregation.calibrated(1.0, 1e-5, [[1e39, 0.0], [0.0, 1.0]])
+    assert float(PrivateVoting.calibrated(16.0, 1e-5).sigma) > 0  # the ordinary claims pass

@@ -416,3 +416,27 @@ def test_gguf_of_unsupported_architecture(tmp_path):
 def test_gguf_with_unsupported_rope_scaling(tmp_path):
     path = _write_llama_gguf(tmp_path / "yarn.gguf", _tiny_llama(), rope_scaling_type=gguf.RopeScalingType.YARN)
     _raises(lambda: load_gguf(path), path, "'yarn'")
+
+
+def test_sharded_index_may_not_lead_out_of_the_folder_but_a_hugging_face_cache_may_use_its_blobs(folders, tmp_path):
+    """Hugging Face's cache keeps <repo>/snapshots/<rev>/<shard> as symlinks to <repo>/blobs/<sha>: that loads.
+    The same shard symlinked anywhere else, or named with '..', is refused naming the index."""
+    src = folders["gpt2"][1]
+    rev = tmp_path / "models--tiny" / "snapshots" / "abc123"
+    folder = _copy(src, rev.parent, rev.name)
+    blobs = tmp_path / "models--tiny" / "blobs"
+    blobs.mkdir()
+    for i, shard in enumerate(_shard(folder)):
+        (folder / shard).rename(blobs / f"sha{i}")
+        (folder / shard).symlink_to(f"../../blobs/sha{i}")
+    _assert_same_weights(load_hf_folder(folder)[1], load_hf_folder(src)[1])
+    elsewhere = _copy(folder, tmp_path, "plain")  # copytree copies the shards' contents
+    for i, shard in enumerate(sorted(p.name for p in elsewhere.glob("model-*"))):
+        (elsewhere / shard).unlink()
+        (elsewhere / shard).symlink_to(blobs / f"sha{i}")  # out of a folder that is no cache snapshot
+    _raises(lambda: load_hf_folder(elsewhere), elsewhere / "model.safetensors.index.json",
+            "leads outside the model folder")
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {k: "../abc123/" + v for k, v in index["weight_map"].items()}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    _raises(lambda: load_hf_folder(folder), "must be a path inside the model folder", "'..'")

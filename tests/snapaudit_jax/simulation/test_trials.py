@@ -225,3 +225,45 @@ def test_accelerator_step_is_capped_by_noise_elements():
         w = np.arange(k, dtype=np.float32)
         attack = make_attack(PV, w, w[::-1].copy())
         assert (_noise_elements(PV, attack, w, True), _noise_elements(PV, attack, w, False)) == (full, hit), k
+
+
+# --------------------------------------------------------------------------- limits checked before compiling
+
+
+def test_float32_resolution_limit_is_the_spacing_of_the_largest_clean_value():
+    """With sigma = 1, float32 spaces 2^23 by 1 (the noise still moves the output) and 2^24 by 2 (it cannot):
+    the first is simulated, the second refused naming the field."""
+    import jax.numpy as jnp
+
+    from snapaudit_jax.mechanisms import PrivateVoting
+    from snapaudit_jax.simulation.trials import check_float32_clean
+
+    mech = PrivateVoting(sigma=jnp.float32(1.0))
+    check_float32_clean("clean_with", mech, [[2.0**23, 0.0]])
+    assert np.float32(2.0**24) + np.float32(0.9) == np.float32(2.0**24)  # the noise vanishes there
+    with pytest.raises(InputError, match=r"clean_with: float32 spaces values of magnitude 1.67772e\+07 by 2"):
+        check_float32_clean("clean_with", mech, [[0.0, -(2.0**24)]])
+    with pytest.raises(InputError, match="clean_with must be within float32's range"):
+        check_float32_clean("clean_with", mech, [[1e39, 0.0]])
+    with pytest.raises(InputError, match="snapshots: float32 spaces"):
+        simulate(jax.random.key(0), mech, make_attack(mech, [2.0**24, 0.0], [0.0, 2.0**24]),
+                 np.array([[2.0**24, 0.0]]), trials=10)
+
+
+def test_simulate_plans_its_memory_and_int32_indices_before_compiling(monkeypatch):
+    from snapaudit_jax.mechanisms import PrivateVoting
+    from snapaudit_jax.simulation import trials as T
+    from snapaudit_jax.utils import memory
+
+    mech = PrivateVoting.calibrated(1.0, 1e-5)
+    attack = make_attack(mech, [1.0, 0.0, 0.0], [0.0, 1.0, 0.0])
+    snaps = np.array([[1.0, 0.0, 0.0]])
+    with pytest.raises(InputError, match=r"int32 range \(2\^31\)"):
+        simulate(jax.random.key(0), mech, attack, snaps, trials=T.MAX_TRIALS, parallel_blocks=2**14)
+    # 4001 thresholds: a block's comparisons alone are 2^14 x 4001 int32 = 250 MiB.
+    monkeypatch.setattr(memory, "available_bytes", lambda: 200 * 2**20)
+    with pytest.raises(InputError, match=r"simulate: the simulation of pv .* threshold comparisons 250.1 MiB for "
+                                         "4001 threshold"):
+        simulate(jax.random.key(0), mech, attack, snaps, trials=10, threshold=np.linspace(-1, 1, 4001))
+    counts = simulate(jax.random.key(0), mech, attack, snaps, trials=10, threshold=np.linspace(-1, 1, 3))
+    assert counts.total_trials == 10  # a small grid fits the same machine
