@@ -181,7 +181,9 @@ def test_esa_pipeline_means_and_candidates(tiny_lm):
 def test_smollm2_copy_query_reveals_the_canary():
     """On the embedded SmolLM2 the copy query separates: votes [1, 2] with the canary, [0, 3] without, and the
     one-pass greedy check agrees with step-by-step greedy decoding."""
-    lm = load_language_model("smollm2")
+    from tests.helpers.embedded import smollm2
+
+    lm = smollm2()
     oracle = LLMOracle(lm)
     case = make_case(AGNEWS, SPEC, mode="copy", num_exemplars=6, seed=0)
     pv = PrivateVotingPipeline(oracle, case, partitions=3)

@@ -533,7 +533,9 @@ def _embedded(name: str) -> str:
 def smollm2():
     pytest.importorskip("gguf")
     _embedded("smollm2")
-    return load_language_model("smollm2")
+    from tests.helpers.embedded import smollm2 as shared
+
+    return shared()
 
 
 @pytest.fixture(scope="module")

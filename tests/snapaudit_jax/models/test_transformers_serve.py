@@ -45,10 +45,10 @@ def test_the_probe_finds_a_text_only_server_without_log_probs(remote, served):
 
 
 def test_greedy_answers_match_the_flax_backend(remote):
-    from snapaudit_jax.models import load_language_model
+    from tests.helpers.embedded import smollm2
 
     model, _ = remote
-    flax = load_language_model("smollm2")
+    flax = smollm2()
     prompts = [flax.chat_prompt(q) for q in QUESTIONS]
     assert [model.chat_prompt(q) for q in QUESTIONS] == prompts
     ours = flax.generate(prompts, max_new_tokens=8)

@@ -1,5 +1,6 @@
 """Phase B simulator: sufficient statistics, chunk/device independence, no recompilation."""
 
+import functools
 import json
 import os
 import socket
@@ -124,7 +125,9 @@ def test_bad_arguments():
         simulate(jax.random.key(0), PV, ATTACK, VOTES, trials=10, histogram=(1.0, 1.0, 4))
 
 
+@functools.lru_cache(maxsize=None)
 def _run_worker(*args, timeout=300):
+    """The worker's counts for ``args`` (run once per process: the single-device reference serves two tests)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     env.pop("XLA_FLAGS", None)  # the worker sets its own device count; PYTHONPATH: this tree, not an installed copy
     proc = subprocess.run([sys.executable, WORKER, *map(str, args)], capture_output=True, text=True, env=env,
