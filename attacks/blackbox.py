@@ -10,10 +10,11 @@ reduces to two jitted kernels over a Flax NNX decoder (:class:`~snapaudit_jax.mo
 Both run the model kernels of :mod:`snapaudit_jax.models.inference` (:func:`~snapaudit_jax.models.sequence_nll`,
 :func:`~snapaudit_jax.models.decode` with :class:`~snapaudit_jax.models.Sample`).
 
-Framing: a text is the start token (the tokenizer's BOS, else its first EOS id, as GPT-2's
-``<|endoftext|>``), the text's tokens and, for whole records, an EOS. :func:`encode_texts` builds training
-arrays with the same framing, so :func:`score_texts` on a training record gives exactly the loss DP-SGD
-minimised (:func:`snapaudit_jax.dpsgd.sequence_losses`).
+Framing (the engine's :func:`~snapaudit_jax.models.inference.frame` and ``start_id``, re-exported here): a text
+is the start token (the tokenizer's BOS, else its first EOS id, as GPT-2's ``<|endoftext|>``), the text's tokens
+and, for whole records, an EOS. :func:`encode_texts` builds training arrays with the same framing, so
+:func:`score_texts` on a training record gives exactly the loss DP-SGD minimised
+(:func:`snapaudit_jax.dpsgd.sequence_losses`).
 
 Shapes are bucketed (lengths with :func:`snapaudit_jax.models.lm.length_bucket`, batches to ``batch_size``
 or the next power of two below it), so repeated calls of similar size reuse the compiled kernels. Rows are
@@ -33,6 +34,7 @@ import numpy as np
 from flax import nnx
 
 from snapaudit_jax.models import Sample, decode, sequence_nll
+from snapaudit_jax.models.inference import frame, start_id
 from snapaudit_jax.models.lm import batch_bucket, length_bucket
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
@@ -82,50 +84,6 @@ def max_positions(model) -> int:
     """
     cfg = model.cfg
     return int(getattr(cfg, "n_positions", None) or cfg.max_position_embeddings)
-
-
-def start_id(tokenizer) -> int:
-    """The token every framed sequence starts with: BOS, else the first EOS id.
-
-    Args:
-      tokenizer: the tokenizer.
-
-    Returns:
-      The start token id.
-
-    Raises:
-      ValueError: the tokenizer has neither.
-    """
-    if tokenizer.bos_id is not None:
-        return int(tokenizer.bos_id)
-    if tokenizer.eos_ids:
-        return int(tokenizer.eos_ids[0])
-    raise InputError("tokenizer must have a bos_id or an eos id to start sequences, got neither")
-
-
-def _encode(tokenizer, text: str) -> list[int]:
-    encode = getattr(tokenizer, "encode_continuation", None) or tokenizer.encode
-    return list(encode(text))
-
-
-def frame(tokenizer, text: str, *, eos: bool = True) -> list[int]:
-    """``[start] + tokens(text) (+ [eos])`` (see the module docstring).
-
-    Args:
-      tokenizer: the tokenizer.
-      text: the text.
-      eos: append the first EOS id (whole records; prompts and prefixes go without).
-
-    Returns:
-      The framed token ids.
-
-    Raises:
-      ValueError: the tokenizer has neither a BOS nor an EOS id.
-    """
-    ids = [start_id(tokenizer)] + _encode(tokenizer, text)
-    if eos and tokenizer.eos_ids:
-        ids.append(int(tokenizer.eos_ids[0]))
-    return ids
 
 
 def encode_texts(tokenizer, texts: Sequence[str], length: int, *, eos: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -253,7 +211,7 @@ def continuation_logprobs(
     rows, starts = [], []
     for i, (p, c) in enumerate(zip(prefixes, continuations)):
         head = frame(tokenizer, p, eos=False)
-        tail = _encode(tokenizer, c)
+        tail = frame(tokenizer, c, eos=False, start=False)
         if not tail:
             raise InputError(f"continuations[{i}] is empty after tokenisation: {c!r}")
         rows.append(head + tail)

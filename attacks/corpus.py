@@ -14,7 +14,8 @@ allocated the same way (one per record).
 
 Canaries (:func:`make_canaries`) are unique random secrets in a fixed template ("my pin is 7302 9144"); each is
 inserted independently with probability ``insert_probability`` (``repetitions`` times), and the others are held
-out to give the score distribution of non-members.
+out to give the score distribution of non-members. They live in the engine
+(:mod:`snapaudit_jax.dpsgd.canaries`, shared with ``snapaudit finetune``) and are re-exported here.
 
 Everything is deterministic for a given configuration (Faker instances seeded with ``seed_instance`` and a NumPy
 ``Generator``), for a given installed Faker version: Faker's word lists may change between releases.
@@ -36,6 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from snapaudit_jax.dpsgd.canaries import Canary, CanaryConfig, CanarySet, insert_canaries, make_canaries
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 
@@ -535,134 +537,3 @@ class PublicFiller:
         if label == "ORG":
             return f.company()
         raise InputError(f"label must be one of {', '.join(LABELS)}, got {label!r}")
-
-
-# ---------------------------------------------------------------------------
-# Canaries
-# ---------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class CanaryConfig:
-    """Configuration of :func:`make_canaries` (frozen, hashable).
-
-    Attributes:
-      n_canaries: number of canaries (inserted and held out together).
-      template: text with one ``{secret}`` field, e.g. ``"my pin is {secret}"``.
-      digits: digits of each secret (written in groups of four).
-      repetitions: canary ``i`` is inserted ``repetitions[i % len(repetitions)]`` times if it is inserted.
-      insert_probability: each canary is inserted independently with this probability. The one-run auditor
-        of Steinke et al. 2023 requires exactly ``1/2`` (:func:`attacks.canary.jax_privacy_bounds` and
-        :func:`attacks.canary.canary_audit` with ``jax_privacy`` refuse any other); the Clopper-Pearson bounds
-        of :func:`attacks.canary.epsilon_lower_bound` condition on membership and allow any value in ``(0, 1)``.
-      seed: seeds the secrets and the inclusion draws.
-    """
-
-    n_canaries: int = 200
-    template: str = "my pin is {secret}"
-    digits: int = 8
-    repetitions: tuple[int, ...] = (1,)
-    insert_probability: float = 0.5
-    seed: int = 0
-
-    def validate(self) -> "CanaryConfig":
-        """Checks every field; returns ``self`` (errors name the field, the rule and the value)."""
-        validate.positive_int("n_canaries", self.n_canaries, minimum=2)
-        if not isinstance(self.template, str) or self.template.count("{secret}") != 1:
-            raise InputError(f"template must contain '{{secret}}' exactly once, got {self.template!r}")
-        if self.template.split("{secret}")[0].strip() == "":
-            raise InputError(f"template must have a non-empty prefix before '{{secret}}', got {self.template!r}")
-        validate.positive_int("digits", self.digits, minimum=4)
-        if not self.repetitions:
-            raise InputError("repetitions must not be empty, got ()")
-        for r in self.repetitions:
-            validate.positive_int("repetitions[...]", r)
-        validate.open_unit("insert_probability", self.insert_probability)
-        validate.positive_int("seed", self.seed, minimum=0)
-        if self.n_canaries > 10 ** self.digits // 2:
-            raise InputError(f"n_canaries must be <= 10**digits / 2 = {10 ** self.digits // 2}, got {self.n_canaries}")
-        return self
-
-
-@dataclasses.dataclass(frozen=True)
-class Canary:
-    """One canary: ``text == prefix + continuation``, the secret is the continuation's digits."""
-
-    index: int
-    text: str
-    prefix: str
-    continuation: str
-    secret: str
-    repetitions: int
-    inserted: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class CanarySet:
-    """Output of :func:`make_canaries`: all canaries, inserted (members) and held out (non-members)."""
-
-    config: CanaryConfig
-    canaries: tuple[Canary, ...]
-
-    @property
-    def inserted(self) -> np.ndarray:
-        """``(n_canaries,)`` bool membership."""
-        return np.array([c.inserted for c in self.canaries], bool)
-
-    @property
-    def repetitions(self) -> np.ndarray:
-        """``(n_canaries,)`` int64 times each canary is inserted if it is inserted."""
-        return np.array([c.repetitions for c in self.canaries], np.int64)
-
-    @property
-    def insert_probability(self) -> float:
-        """The probability with which each canary was independently inserted (``config.insert_probability``)."""
-        return float(self.config.insert_probability)
-
-
-def make_canaries(config: CanaryConfig = CanaryConfig()) -> CanarySet:
-    """Unique random secrets in ``config.template``, each inserted independently with ``insert_probability``.
-
-    Args:
-      config: the canaries' configuration.
-
-    Returns:
-      A :class:`CanarySet`. Secrets are distinct, uniform over ``digits``-digit strings (leading zeros allowed).
-
-    Raises:
-      ValueError: an invalid configuration.
-    """
-    config.validate()
-    rng = np.random.default_rng([config.seed, 0xCA7A])
-    secrets: dict[str, None] = {}
-    while len(secrets) < config.n_canaries:
-        digits = "".join(str(int(d)) for d in rng.integers(0, 10, config.digits))
-        secrets.setdefault(" ".join(digits[i:i + 4] for i in range(0, len(digits), 4)), None)
-    inserted = rng.random(config.n_canaries) < config.insert_probability
-    head = config.template.split("{secret}")[0]
-    prefix = head.rstrip()
-    out = []
-    for i, secret in enumerate(secrets):
-        text = config.template.format(secret=secret)
-        reps = config.repetitions[i % len(config.repetitions)]
-        out.append(Canary(i, text, prefix, text[len(prefix):], secret, int(reps), bool(inserted[i])))
-    return CanarySet(config, tuple(out))
-
-
-def insert_canaries(texts: Sequence[str], canaries: CanarySet) -> list[str]:
-    """Training texts followed by every inserted canary, each ``repetitions`` times (as separate records).
-
-    Order does not matter under Poisson sampling; the original texts keep their indices.
-
-    Args:
-      texts: the training texts.
-      canaries: the canaries; the inserted ones are appended.
-
-    Returns:
-      ``texts`` followed by the inserted canaries' texts.
-    """
-    out = list(texts)
-    for c in canaries.canaries:
-        if c.inserted:
-            out.extend([c.text] * c.repetitions)
-    return out

@@ -92,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("config", help=f"TOML configuration (see examples/{command.example})")
         p.add_argument("--out", default=None, help="output folder (default: runs/<config name>)")
         p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+        if command.plan:
+            p.add_argument("--plan", action="store_true", help="print the run's plan and write nothing")
 
     g = sub.add_parser("generate", help="generate text with a Flax language model")
     g.add_argument("--model", default="smollm2",
@@ -120,9 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _config_commands() -> dict:
     """``audit`` (built in), then the commands of the ``snapaudit.commands`` entry points (``cpa``, ``pii``)."""
     from snapaudit_jax.dpicl.command import COMMAND as AUDIT
+    from snapaudit_jax.finetune.command import COMMAND as FINETUNE
     from snapaudit_jax.utils.commands import discover
 
-    return {AUDIT.name: AUDIT, **{name: c for name, c in discover().items() if name != AUDIT.name}}
+    built_in = {AUDIT.name: AUDIT, FINETUNE.name: FINETUNE}
+    return {**built_in, **{name: c for name, c in discover().items() if name not in built_in}}
 
 
 def _run_config(args) -> int:
@@ -131,6 +135,10 @@ def _run_config(args) -> int:
     from snapaudit_jax.utils.quiet import quiet_libraries
 
     command = _config_commands()[args.command]
+    if getattr(args, "plan", False):
+        with quiet_libraries(args.quiet):
+            print(resolve(command.plan)(resolve(command.load)(args.config)))
+        return EXIT_OK
     with quiet_libraries(args.quiet):  # --quiet: nothing from the libraries either
         result, report = run_command(command, args.config, args.out, progress=not args.quiet)
     print(report)

@@ -70,8 +70,8 @@ def test_tests_never_import_benchmarks():
 
 def test_top_level_exposes_every_stage_subpackage():
     subpackages = sorted(m.name for m in pkgutil.iter_modules(snapaudit_jax.__path__) if m.ispkg)
-    assert subpackages == ["audits", "dpicl", "dpsgd", "estimation", "mechanisms", "models", "report", "simulation",
-                           "utils"]
+    assert subpackages == ["audits", "dpicl", "dpsgd", "estimation", "finetune", "mechanisms", "models", "report",
+                           "simulation", "utils"]
     for name in subpackages:
         importlib.import_module(f"snapaudit_jax.{name}")
         assert getattr(snapaudit_jax, name).__name__ == f"snapaudit_jax.{name}", name
@@ -144,7 +144,7 @@ def _undocumented(folder: str) -> list[str]:
 @pytest.mark.parametrize("folder", [
     "snapaudit_jax/utils", "snapaudit_jax/mechanisms", "snapaudit_jax/simulation", "snapaudit_jax/estimation",
     "snapaudit_jax/audits", "snapaudit_jax/report", "snapaudit_jax/models", "snapaudit_jax/dpsgd",
-    "snapaudit_jax/dpicl", "conformal", "attacks",
+    "snapaudit_jax/dpicl", "snapaudit_jax/finetune", "conformal", "attacks",
 ])
 def test_public_api_has_google_docstrings(folder):
     missing = _undocumented(folder)

@@ -15,7 +15,7 @@ import dataclasses
 import importlib.metadata
 import logging
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import dp_accounting
 from dp_accounting.pld import PLDAccountant
@@ -32,11 +32,16 @@ __all__ = [
     "dpsgd_event",
     "compute_epsilon",
     "calibrate_noise_multiplier",
+    "Calibration",
+    "calibrate",
+    "AccountantEpsilons",
+    "plan_epsilons",
     "PROTECTED_UNIT",
     "ADJACENCY",
 ]
 
 PROTECTED_UNIT = "one training sequence: one row (tokens[i], mask[i]) of the dataset"
+UNIT_GROUP = "one unit: the rows tokens[i] of the (N, k, L) dataset, sampled, summed and clipped together"
 ADJACENCY = "add/remove one record"
 NOT_COVERED = (
     "per-step metrics in the training history (losses, gradient norms, clipped fractions, realised batch "
@@ -244,6 +249,192 @@ def calibrate_noise_multiplier(
     return sigma
 
 
+class Calibration(NamedTuple):
+    """The result of :func:`calibrate`: a noise multiplier and what both accountants say of it.
+
+    Attributes:
+      noise_multiplier: the calibrated ``sigma``.
+      accountant: the accountant ``sigma`` was calibrated with (``"pld"`` or ``"rdp"``).
+      target_epsilon: the target.
+      epsilon: ``epsilon(sigma)`` at ``delta`` by ``accountant`` (``<= target_epsilon``).
+      epsilon_other: ``epsilon(sigma)`` by the other accountant (RDP beside PLD, PLD beside RDP); for RDP
+        calibrations it is the tighter bound and for PLD ones the looser.
+      margin: ``(target_epsilon - epsilon) / target_epsilon``, in ``[0, max_margin]`` unless ``floor_hit``.
+      floor_hit: the search floor ``sigma = 0.3`` already meets the target; ``noise_multiplier`` is then ``0.3``
+        and ``margin`` may exceed ``max_margin`` (a smaller ``sigma`` would be needed to use the whole budget).
+    """
+
+    noise_multiplier: float
+    accountant: str
+    target_epsilon: float
+    epsilon: float
+    epsilon_other: float
+    margin: float
+    floor_hit: bool
+
+
+def calibrate(
+    target_epsilon: float,
+    delta: float,
+    sampling_rate: float,
+    steps: int,
+    *,
+    accountant: str = "pld",
+    max_margin: float = 0.01,
+    tol: float = 1e-4,
+    pld_discretization: float = 1e-4,
+) -> Calibration:
+    """The noise multiplier whose ``epsilon`` lies within ``max_margin`` (relative) below ``target_epsilon``.
+
+    First :func:`calibrate_noise_multiplier` (Brent's method, absolute tolerance ``tol`` on ``sigma``). A
+    tolerance on ``sigma`` bounds the loss in ``epsilon`` only through the slope ``d epsilon / d sigma``,
+    which is steep at small ``sigma``; so if ``epsilon(sigma) < (1 - max_margin) target_epsilon`` the search
+    goes on by bisection between a ``sigma`` above the target (found by stepping down ``2 tol, 4 tol, ...``)
+    and the best ``sigma`` meeting it, until the margin holds. The mechanism is that of :func:`dpsgd_event`.
+
+    Args:
+      target_epsilon: ``> 0``.
+      delta: in ``(0, 1)``.
+      sampling_rate: ``q`` in ``(0, 1]``.
+      steps: ``T >= 1``.
+      accountant: ``"pld"`` (default; dp_accounting's ``PLDAccountant``, pessimistic) or ``"rdp"``.
+      max_margin: the largest allowed ``(target - epsilon) / target``, in ``(0, 1)``.
+      tol: absolute tolerance on ``sigma`` of the first (Brent) pass.
+      pld_discretization: PLD value discretisation interval (also for ``epsilon_other`` when it is PLD).
+
+    Returns:
+      A :class:`Calibration`.
+
+    Raises:
+      InputError: an invalid argument; ``target_epsilon`` unreachable (even ``sigma = 1e4`` gives a larger
+        ``epsilon``); or ``max_margin`` unattainable because the accountant's ``epsilon`` jumps over the whole
+        window ``[(1 - max_margin) target, target]`` (PLD discretisation coarser than the window: use a smaller
+        ``pld_discretization`` or a larger ``max_margin``).
+
+    Guarantees:
+      ``epsilon <= target_epsilon`` always (checked on the returned ``sigma`` by the calibrating accountant,
+      an upper bound on the true epsilon of the mechanism); ``epsilon >= (1 - max_margin) target_epsilon``
+      unless ``floor_hit``. Both are statements about the accountant's number at the given settings, not
+      about the (smaller, unknown) exact epsilon.
+
+    References:
+      Brent 1973, "Algorithms for Minimization without Derivatives", ch. 4 (via
+      ``dp_accounting.calibrate_dp_mechanism``); Koskela, Jalko & Honkela 2020 (PLD accounting).
+    """
+    target = validate.positive_float("target_epsilon", target_epsilon)
+    _, q, steps, delta, accountant, disc = _check(1.0, sampling_rate, steps, delta, accountant, pld_discretization)
+    max_margin = validate._as_float("max_margin", max_margin)
+    if not 0.0 < max_margin < 1.0:
+        raise InputError(f"max_margin must be in (0, 1), got {max_margin!r}")
+    tol = validate.positive_float("tol", tol)
+
+    def eps(sigma: float) -> float:
+        return compute_epsilon(
+            noise_multiplier=sigma, sampling_rate=q, steps=steps, delta=delta, accountant=accountant,
+            pld_discretization=disc,
+        )
+
+    window_low = (1.0 - max_margin) * target
+    hi = calibrate_noise_multiplier(
+        target_epsilon=target, delta=delta, sampling_rate=q, steps=steps, accountant=accountant, tol=tol,
+        pld_discretization=disc,
+    )
+    at_hi = eps(hi)
+    if at_hi < window_low and hi > _SIGMA_MIN:
+        # Step down until epsilon exceeds the target; every sigma passed on the way meets it.
+        step, lo = 2.0 * tol, None
+        while lo is None:
+            cand = max(hi - step, _SIGMA_MIN)
+            at_cand = eps(cand)
+            if at_cand > target:
+                lo = cand
+            else:
+                hi, at_hi = cand, at_cand
+                if at_hi >= window_low or hi <= _SIGMA_MIN:
+                    break
+                step *= 2.0
+        # Bisection on [lo, hi]: epsilon(lo) > target >= epsilon(hi), until epsilon(hi) is in the window.
+        while lo is not None and at_hi < window_low:
+            mid = 0.5 * (lo + hi)
+            if not lo < mid < hi or hi - lo <= 1e-12 * hi:
+                raise InputError(
+                    f"max_margin={max_margin!r} is unattainable with the {accountant} accountant: its epsilon jumps "
+                    f"from {eps(lo):.6g} (> target_epsilon={target!r}) at noise_multiplier={lo!r} to {at_hi:.6g} "
+                    f"at {hi!r}; use a smaller pld_discretization (now {disc!r}) or a larger max_margin"
+                )
+            at_mid = eps(mid)
+            if at_mid > target:
+                lo = mid
+            else:
+                hi, at_hi = mid, at_mid
+    floor_hit = hi <= _SIGMA_MIN
+    if at_hi > target:  # calibrate_noise_multiplier and the bisection guarantee this; keep the claim checked
+        raise ArithmeticError(f"calibration returned noise_multiplier={hi} with epsilon {at_hi} above {target}")
+    other = "rdp" if accountant == "pld" else "pld"
+    at_other = compute_epsilon(
+        noise_multiplier=hi, sampling_rate=q, steps=steps, delta=delta, accountant=other, pld_discretization=disc
+    )
+    return Calibration(
+        noise_multiplier=float(hi),
+        accountant=accountant,
+        target_epsilon=target,
+        epsilon=float(at_hi),
+        epsilon_other=float(at_other),
+        margin=(target - at_hi) / target,
+        floor_hit=bool(floor_hit),
+    )
+
+
+class AccountantEpsilons(NamedTuple):
+    """``epsilon`` of one DP-SGD run by both accountants (:func:`plan_epsilons`).
+
+    Attributes:
+      rdp: by dp_accounting's ``RdpAccountant`` (default orders).
+      pld: by its ``PLDAccountant`` (pessimistic).
+    """
+
+    rdp: float
+    pld: float
+
+    @property
+    def epsilon(self) -> float:
+        """The tighter bound, ``min(rdp, pld)`` (both are valid upper bounds)."""
+        return min(self.rdp, self.pld)
+
+
+def plan_epsilons(
+    noise_multiplier: float,
+    sampling_rate: float,
+    steps: int,
+    delta: float,
+    *,
+    pld_discretization: float = 1e-4,
+) -> AccountantEpsilons:
+    """Both accountants' ``epsilon`` at ``delta`` for a planned run (:func:`compute_epsilon` twice).
+
+    Args:
+      noise_multiplier: ``sigma >= 0`` (``0`` gives ``inf``).
+      sampling_rate: ``q`` in ``(0, 1]``.
+      steps: ``T >= 1``.
+      delta: in ``(0, 1)``.
+      pld_discretization: PLD value discretisation interval.
+
+    Returns:
+      An :class:`AccountantEpsilons`.
+
+    Raises:
+      InputError: an argument out of range.
+
+    Guarantees:
+      As :func:`compute_epsilon`: both are upper bounds for the mechanism of :func:`dpsgd_event` under
+      add/remove-one adjacency.
+    """
+    common = dict(noise_multiplier=noise_multiplier, sampling_rate=sampling_rate, steps=steps, delta=delta,
+                  pld_discretization=pld_discretization)
+    return AccountantEpsilons(rdp=compute_epsilon(**common, accountant="rdp"),
+                              pld=compute_epsilon(**common, accountant="pld"))
+
+
 @dataclasses.dataclass(frozen=True)
 class DPReport:
     """What a DP-SGD claim needs (seed 002, "What the accountant must know"), JSON-serialisable.
@@ -372,6 +563,9 @@ def make_report(
     optimizer: str,
     learning_rate: float,
     microbatch_size: int,
+    protected_unit: str = PROTECTED_UNIT,
+    adjacency: str = ADJACENCY,
+    not_covered: tuple[str, ...] = NOT_COVERED,
 ) -> DPReport:
     """Runs both accountants and assembles a :class:`DPReport`.
 
@@ -395,6 +589,9 @@ def make_report(
       optimizer: optimizer name.
       learning_rate: step size.
       microbatch_size: records per clipped-gradient call.
+      protected_unit: the unit the guarantee protects (default: one dataset row).
+      adjacency: the neighbouring relation (default: add/remove one record).
+      not_covered: the releases the guarantee does not cover.
 
     Returns:
       The :class:`DPReport`.
@@ -423,8 +620,8 @@ def make_report(
         steps=steps,
         steps_planned=steps_planned,
         dataset_size=dataset_size,
-        protected_unit=PROTECTED_UNIT,
-        adjacency=ADJACENCY,
+        protected_unit=protected_unit,
+        adjacency=adjacency,
         target_epsilon=target_epsilon,
         calibration_accountant=calibration_accountant,
         accountants={
@@ -446,5 +643,5 @@ def make_report(
         optimizer=optimizer,
         learning_rate=learning_rate,
         microbatch_size=microbatch_size,
-        not_covered=NOT_COVERED,
+        not_covered=tuple(not_covered),
     )

@@ -64,8 +64,12 @@ def sequence_losses(model, tokens: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def _loss_fn(graphdef, rest):
+    # One example is one unit: a record (1, L) or a user's records (1, k, L); its loss is the sum over its rows,
+    # so a user's records are summed before the unit's gradient is clipped.
     def loss(params, tokens, mask):
-        return jnp.sum(sequence_losses(nnx.merge(graphdef, params, rest), tokens, mask))
+        length = tokens.shape[-1]
+        rows = sequence_losses(nnx.merge(graphdef, params, rest), tokens.reshape(-1, length), mask.reshape(-1, length))
+        return jnp.sum(rows)
 
     return loss
 
@@ -90,18 +94,20 @@ def _clipped_sum_jit(graphdef, rest, params, tokens, mask, padding, clip_norm):
     return _clipped_sum(graphdef, rest, params, tokens, mask, padding, clip_norm)
 
 
-def clipped_grad_sum(model, tokens, mask, *, clip_norm: float, padding=None) -> ClippedGrads:
+def clipped_grad_sum(model, tokens, mask, *, clip_norm: float, padding=None, trainable=nnx.Param) -> ClippedGrads:
     """Sum of per-record gradients of :func:`sequence_losses`, each clipped to L2 norm ``clip_norm``.
 
     No noise is added here: the sum is the input of the Gaussian mechanism in
     :func:`~snapaudit_jax.dpsgd.train`.
 
     Args:
-      model: a decoder module (its ``nnx.Param`` state is differentiated).
-      tokens: ``(B, L)`` int token ids.
-      mask: ``(B, L)`` bool, real tokens.
+      model: a decoder module (its ``nnx.Param`` state is differentiated, or the ``trainable`` state).
+      tokens: ``(B, L)`` int token ids (one record per row), or ``(B, k, L)``: unit ``i`` is the ``k`` rows
+        ``tokens[i]``, whose losses are summed before the unit's gradient is clipped (user-level DP).
+      mask: ``tokens``' shape, bool, real tokens.
       clip_norm: ``C > 0`` (``inf``: no clipping).
-      padding: optional ``(B,)`` bool; padding rows contribute exactly zero.
+      padding: optional ``(B,)`` bool; padding units contribute exactly zero.
+      trainable: the ``nnx`` filter of the differentiated parameters (default ``nnx.Param``).
 
     Returns:
       :class:`ClippedGrads` ``(grad_sum, losses, norms)``.
@@ -111,19 +117,20 @@ def clipped_grad_sum(model, tokens, mask, *, clip_norm: float, padding=None) -> 
         or ``padding`` not ``(B,)``.
 
     Guarantees:
-      ``grad_sum = sum_i [not padding_i] g_i min(1, C / ||g_i||)`` (jax_privacy ``clip_pytree``; NaN/inf
+      ``grad_sum = sum_i [not padding_i] g_i min(1, C / ||g_i||)`` (``g_i`` the gradient of unit ``i``'s loss,
+      the sum of its rows' losses) (jax_privacy ``clip_pytree``; NaN/inf
       gradients are zeroed first), so adding or removing one record changes it by at most ``C`` in L2 norm,
       whatever the record and the rest of the batch.
     """
     clip_norm = validate.positive_float("clip_norm", clip_norm, allow_inf=True)
     tokens = jnp.asarray(tokens, jnp.int32)
     mask = jnp.asarray(mask, bool)
-    if tokens.ndim != 2 or mask.shape != tokens.shape:
-        raise InputError(f"tokens and mask must both be (B, L), got {tokens.shape} and {mask.shape}")
+    if tokens.ndim not in (2, 3) or mask.shape != tokens.shape:
+        raise InputError(f"tokens and mask must both be (B, L) or (B, k, L), got {tokens.shape} and {mask.shape}")
     padding = jnp.zeros(tokens.shape[0], bool) if padding is None else jnp.asarray(padding, bool)
     if padding.shape != tokens.shape[:1]:
         raise InputError(f"padding must be ({tokens.shape[0]},), got shape {padding.shape}")
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    graphdef, params, rest = nnx.split(model, trainable, ...)
     return _clipped_sum_jit(graphdef, rest, params, tokens, mask, padding, np.float32(clip_norm))
 
 
@@ -134,15 +141,39 @@ def _model_limits(model) -> tuple[int | None, int | None]:
     return vocab, positions
 
 
-def _check_dataset(dataset, model) -> tuple[np.ndarray, np.ndarray]:
-    """Validates ``(tokens, mask)`` against ``model``; returns int32 tokens (padding ids zeroed) and a bool mask."""
+def _check_dataset(dataset, model, *, units: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Validates ``(tokens, mask)`` against ``model``; returns int32 tokens (padding ids zeroed) and a bool mask.
+
+    ``(N, L)`` arrays hold one record per row. With ``units``, ``(N, k, L)`` arrays are also accepted: unit ``i``
+    is the ``k`` rows ``tokens[i]``, of which empty rows (no real token) are padding and every unit needs one
+    row with a target.
+    """
     try:
         tokens, mask = dataset
     except (TypeError, ValueError):
         raise InputError("dataset must be a pair (tokens, mask) of (N, L) arrays") from None
     tokens, mask = np.asarray(tokens), np.asarray(mask)
+    if units and tokens.ndim == 3:
+        if tokens.shape[0] < 1 or tokens.shape[1] < 1 or tokens.shape[2] < 2:
+            raise InputError(f"dataset tokens must be (N, k, L) with N, k >= 1 and L >= 2, got shape {tokens.shape}")
+        if mask.shape != tokens.shape:
+            raise InputError(f"dataset mask must have the tokens' shape {tokens.shape}, got {mask.shape}")
+        n, k, length = tokens.shape
+        flat_mask = np.asarray(mask).reshape(n * k, length)
+        used = (flat_mask != 0).any(axis=1)  # the mask's values are checked with the rows below
+        if not used.reshape(n, k).any(axis=1).all():
+            unit = int(np.argmin(used.reshape(n, k).any(axis=1)))
+            raise InputError(f"dataset unit {unit} has no record (every row of tokens[{unit}] is empty)")
+        flat_tokens, flat_mask = _check_dataset(
+            (tokens.reshape(n * k, length)[used], flat_mask[used]), model
+        )
+        out_tokens = np.zeros((n * k, length), np.int32)
+        out_mask = np.zeros((n * k, length), bool)
+        out_tokens[used], out_mask[used] = flat_tokens, flat_mask
+        return out_tokens.reshape(n, k, length), out_mask.reshape(n, k, length)
     if tokens.ndim != 2 or tokens.shape[0] < 1 or tokens.shape[1] < 2:
-        raise InputError(f"dataset tokens must be (N, L) with N >= 1 and L >= 2, got shape {tokens.shape}")
+        what = "(N, L) or (N, k, L)" if units else "(N, L)"
+        raise InputError(f"dataset tokens must be {what} with N >= 1 and L >= 2, got shape {tokens.shape}")
     if not np.issubdtype(tokens.dtype, np.integer):
         raise InputError(f"dataset tokens must be integer token ids, got dtype {tokens.dtype}")
     if mask.shape != tokens.shape:

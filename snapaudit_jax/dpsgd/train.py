@@ -35,7 +35,14 @@ import optax
 from flax import nnx
 from jax_privacy import noise_addition
 
-from snapaudit_jax.dpsgd.accounting import DPReport, calibrate_noise_multiplier, compute_epsilon, make_report
+from snapaudit_jax.dpsgd.accounting import (
+    PROTECTED_UNIT,
+    UNIT_GROUP,
+    DPReport,
+    calibrate_noise_multiplier,
+    compute_epsilon,
+    make_report,
+)
 from snapaudit_jax.dpsgd.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from snapaudit_jax.dpsgd.config import DPSGDConfig
 from snapaudit_jax.dpsgd.gradients import _check_dataset, _clipped_sum
@@ -248,9 +255,9 @@ class _Prepared(NamedTuple):
     identity: dict[str, Any]
 
 
-def _prepare(model, dataset, config: DPSGDConfig, key) -> _Prepared:
+def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param) -> _Prepared:
     """Validates the data, resolves ``q``/``sigma`` (calibration), and builds the step's static and traced inputs."""
-    tokens_np, mask_np = _check_dataset(dataset, model)
+    tokens_np, mask_np = _check_dataset(dataset, model, units=True)
     n = tokens_np.shape[0]
     key = _as_key(key, config.seed)
     privacy = resolve_privacy(config, n)
@@ -272,7 +279,9 @@ def _prepare(model, dataset, config: DPSGDConfig, key) -> _Prepared:
         inv_normaliser=jnp.float32(1.0 / privacy.expected_batch_size),
         learning_rate=jnp.float32(config.learning_rate),
     )
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    graphdef, params, rest = nnx.split(model, trainable, ...)
+    if not jax.tree.leaves(params):
+        raise InputError(f"trainable must select at least one parameter of the model, got {trainable!r}")
     params = jax.tree.map(jnp.array, params)  # a copy: the step donates its buffers
     opt_state = _make_tx(spec, hyper, jax.random.fold_in(key, _NOISE_STREAM)).init(params)
     identity = {
@@ -282,6 +291,7 @@ def _prepare(model, dataset, config: DPSGDConfig, key) -> _Prepared:
         "dataset_sha256": _fingerprint(tokens_np, mask_np),
         "dataset_shape": list(tokens_np.shape),
         "model": f"{type(model).__name__}({getattr(model, 'cfg', None)!r})",
+        "trainable": getattr(trainable, "__name__", repr(trainable)),
         "key_data": np.asarray(jax.random.key_data(key)).tolist(),
         "key_impl": str(jax.random.key_impl(key)),
     }
@@ -310,13 +320,17 @@ def train(
     checkpoint_every: int | None = None,
     stop_after: int | None = None,
     progress: bool | Callable[[dict[str, Any]], None] = False,
+    trainable: Any = nnx.Param,
+    protected_unit: str | None = None,
 ) -> tuple[Any, dict[str, np.ndarray], DPReport]:
     """Trains a decoder language model with DP-SGD (or plainly, with ``config.non_private``).
 
     Args:
       model: a :class:`~snapaudit_jax.models.decoders.GPT2` or ``Llama`` (flax.nnx); not modified.
       dataset: ``(tokens, mask)``, ``(N, L)`` int token ids and ``(N, L)`` bool real-token mask; one row is
-        one record (the protected unit). Every row needs two consecutive real tokens.
+        one record (the protected unit). Every row needs two consecutive real tokens. Or ``(N, k, L)`` arrays:
+        unit ``i`` is the ``k`` rows ``tokens[i]`` (e.g. one user's records; empty rows are padding), sampled
+        as one, its rows' losses summed and the gradient of the sum clipped as one (user-level DP).
       config: the run (:class:`~snapaudit_jax.dpsgd.DPSGDConfig`).
       key: the run's PRNG key, typed or raw ``uint32`` data (default ``jax.random.key(config.seed)``): batch
         of step ``t`` from ``fold_in(fold_in(key, 0), t)``, noise generator seeded by ``fold_in(key, 1)``.
@@ -329,6 +343,10 @@ def train(
       progress: ``True``: print a line to stderr about every ``steps / 10`` steps (and at the end); a
         callable: call it instead with a dict ``{"step", "steps", "batch_size", "loss", "clipped",
         "seconds"}`` (``loss``: mean per-record loss of that step's batch, NaN if empty; not private).
+      trainable: the ``nnx`` state filter of the parameters to train (default ``nnx.Param``: all of them;
+        ``nnx.LoRAParam``: LoRA adapters only, see :mod:`snapaudit_jax.finetune.lora`). Parameters outside it
+        are returned bitwise unchanged.
+      protected_unit: the report's words for one unit (default: one row, or one ``tokens[i]`` group).
 
     Returns:
       ``(trained_model, history, report)``: a new model with the trained parameters; ``history`` maps
@@ -362,7 +380,7 @@ def train(
         checkpoint_every = validate.positive_int("checkpoint_every", checkpoint_every)
     if not (isinstance(progress, bool) or callable(progress)):
         raise InputError(f"progress must be a bool or a callable, got {progress!r}")
-    run = _prepare(model, dataset, config, key)
+    run = _prepare(model, dataset, config, key, trainable)
     privacy, params, opt_state = run.privacy, run.params, run.opt_state
 
     raw: dict[str, list] = {name: [] for name in _RAW_KEYS}
@@ -445,5 +463,6 @@ def train(
         optimizer=config.optimizer,
         learning_rate=config.learning_rate,
         microbatch_size=privacy.microbatch_size,
+        protected_unit=protected_unit or (PROTECTED_UNIT if run.tokens.ndim == 2 else UNIT_GROUP),
     )
     return nnx.merge(run.graphdef, params, run.rest), _history(raw, stop), report

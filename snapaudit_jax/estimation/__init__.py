@@ -37,7 +37,7 @@ Claims and their flags:
   ``mu_low > mu_claim``.
 """
 
-from snapaudit_jax.estimation import bounds, claims, curves, estimators, one_run, rates, result, rules
+from snapaudit_jax.estimation import bounds, claims, curves, estimators, exposure, one_run, rates, result, rules
 from snapaudit_jax.estimation.bounds import (
     clopper_pearson_lower,
     clopper_pearson_upper,
@@ -69,6 +69,7 @@ from snapaudit_jax.estimation.estimators import (
     objective,
     select_index,
 )
+from snapaudit_jax.estimation.exposure import Exposure, exposure_exact, exposure_extrapolated
 from snapaudit_jax.estimation.one_run import DeclaredGrid, HeldOut, OneRunResult, one_run_audit
 from snapaudit_jax.estimation.rates import (
     RateBound,
@@ -102,6 +103,7 @@ __all__ = [
     "DeclaredGrid",
     "ESTIMATORS",
     "Explicit",
+    "Exposure",
     "GDP_BY_CONSTRUCTION_LABEL",
     "GDP_ENVELOPE_LABEL",
     "HEURISTIC_NOTE",
@@ -130,6 +132,9 @@ __all__ = [
     "estimate",
     "estimators",
     "exact_rate",
+    "exposure",
+    "exposure_exact",
+    "exposure_extrapolated",
     "hoeffding_radius",
     "holm",
     "is_violation",

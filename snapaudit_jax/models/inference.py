@@ -6,6 +6,9 @@
   top-k, one PRNG key per row) or :class:`BatchSample` (temperature, one key for the batch).
 * :func:`token_logprobs` / :func:`sequence_nll`: teacher-forced ``log p(x_t | x_<t)`` of right-padded rows,
   the quantity that training minimises and that membership and PII attacks score.
+* :func:`frame` / :func:`start_id`: the one framing of a text into token ids (the start token -- the tokenizer's
+  BOS, else its first EOS id, as GPT-2's ``<|endoftext|>`` --, the text's tokens, an optional EOS) that training
+  arrays, the PII attacks and the canary memorization audit (:mod:`snapaudit_jax.finetune.memorization`) share.
 
 Both are pure and jit-able: :func:`decode_tokens`, :func:`token_logprobs` and :func:`sequence_nll` trace
 inside a caller's ``jax.jit``; :func:`decode` validates its arguments and calls a jitted kernel whose sizes are
@@ -38,6 +41,8 @@ __all__ = [
     "last_token_logprobs",
     "option_logprobs",
     "greedy_matches",
+    "start_id",
+    "frame",
 ]
 
 
@@ -364,3 +369,46 @@ def sequence_nll(model, tokens: jax.Array, mask: jax.Array, score_from: jax.Arra
     valid = _targets(mask, score_from)
     return -jnp.sum(jnp.where(valid, picked, 0.0), axis=-1), jnp.sum(valid, axis=-1)
 
+
+# --- framing ------------------------------------------------------------------------------------------------
+
+
+def start_id(tokenizer) -> int:
+    """The token every framed sequence starts with: BOS, else the first EOS id.
+
+    Args:
+      tokenizer: the tokenizer.
+
+    Returns:
+      The start token id.
+
+    Raises:
+      InputError: the tokenizer has neither.
+    """
+    if tokenizer.bos_id is not None:
+        return int(tokenizer.bos_id)
+    if tokenizer.eos_ids:
+        return int(tokenizer.eos_ids[0])
+    raise InputError("tokenizer must have a bos_id or an eos id to start sequences, got neither")
+
+
+def frame(tokenizer, text: str, *, eos: bool = True, start: bool = True) -> list[int]:
+    """``[start] + tokens(text) (+ [eos])``: the text's tokens as a continuation (never a BOS inside).
+
+    Args:
+      tokenizer: the tokenizer.
+      text: the text.
+      eos: append the first EOS id (whole records; prompts and prefixes go without).
+      start: prepend :func:`start_id` (``False``: the tokens of a continuation that follows a framed prefix).
+
+    Returns:
+      The framed token ids.
+
+    Raises:
+      InputError: ``start`` and the tokenizer has neither a BOS nor an EOS id.
+    """
+    encode = getattr(tokenizer, "encode_continuation", None) or tokenizer.encode
+    ids = ([start_id(tokenizer)] if start else []) + list(encode(text))
+    if eos and tokenizer.eos_ids:
+        ids.append(int(tokenizer.eos_ids[0]))
+    return ids

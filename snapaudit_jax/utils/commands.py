@@ -41,6 +41,8 @@ class ConfigCommand:
       run: ``run(config, out_dir, *, progress) -> dict``; writes the results into ``out_dir``.
       report: the file of ``out_dir`` printed when the run is done (``"report.md"``).
       summary: optional ``summary(result) -> str | None``, one more line printed after the report.
+      plan: optional ``plan(config) -> str``: with it the command takes ``--plan``, which prints what a run
+        would do and writes nothing.
 
     ``load``, ``run`` and ``summary`` are callables or ``"module:function"`` targets, resolved when the
     command runs (:func:`resolve`); a package's entry point then needs no wrapper functions.
@@ -54,9 +56,10 @@ class ConfigCommand:
     run: Callable[..., Mapping[str, Any]] | str
     report: str
     summary: Callable[[Mapping[str, Any]], str | None] | str | None = None
+    plan: Callable[[Any], str] | str | None = None
 
     def __post_init__(self):
-        for field in ("load", "run", "summary"):
+        for field in ("load", "run", "summary", "plan"):
             target = getattr(self, field)
             if isinstance(target, str) and not re.fullmatch(r"[\w.]+:\w+", target):
                 raise TypeError(f"ConfigCommand {self.name!r}: {field} must be a callable or a 'module:function' "

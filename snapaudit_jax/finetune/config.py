@@ -1,0 +1,429 @@
+"""The configuration of ``snapaudit finetune CONFIG.toml``: data, model, fine-tuning, privacy, baseline, canaries.
+
+:class:`FinetuneConfig` gathers one frozen dataclass per TOML table; :func:`load_finetune_config` reads it
+(``examples/finetune_small.toml`` documents every key). Every error names ``section.key``, the rule and the value,
+and is raised before any model or data file is read. Checks that need the data (a ``delta`` at or above ``1 / N``,
+a rank above a projection's width, a target epsilon no sigma reaches) are made by
+:func:`snapaudit_jax.finetune.run.prepare` before any training, naming the same keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from snapaudit_jax.dpsgd.canaries import CanaryConfig
+from snapaudit_jax.utils import validate
+from snapaudit_jax.utils.config import ConfigFileError, read_toml, reject_unknown
+from snapaudit_jax.utils.errors import InputError
+
+__all__ = [
+    "METHODS",
+    "UNITS",
+    "DataConfig",
+    "ModelConfig",
+    "TrainConfig",
+    "PrivacyConfig",
+    "CanarySection",
+    "ExportConfig",
+    "FinetuneConfig",
+    "load_finetune_config",
+]
+
+METHODS = ("full", "lora")
+UNITS = ("record", "user")
+MAX_LENGTH = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """``[data]``: the user's records.
+
+    Attributes:
+      path: a local ``.jsonl`` / ``.json`` / ``.csv`` / ``.parquet`` file, read in memory
+        (:func:`snapaudit_jax.dpicl.data.records.read_records`: no copy in any library cache).
+      text_field: the column holding each record's text (unless ``messages_field``).
+      messages_field: a column of chat messages (``[{"role", "content"}, ...]``), rendered with the model's
+        chat template; replaces ``text_field``.
+      user_field: the column naming each record's user (the protected unit when ``privacy.unit = "user"``).
+      held_out_path: a second file of held-out records (same fields), or ``""``.
+      held_out_fraction: without ``held_out_path``, this fraction of the units (users or records) is held out
+        (never trained on): evaluation on private data.
+      max_length: tokens per record; a longer record is truncated to it (and counted), never split.
+    """
+
+    path: str = ""
+    text_field: str = "text"
+    messages_field: str = ""
+    user_field: str = ""
+    held_out_path: str = ""
+    held_out_fraction: float = 0.1
+    max_length: int = 128
+
+    def validate(self) -> "DataConfig":
+        """Checks every field.
+
+        Returns:
+          ``self``, unchanged.
+
+        Raises:
+          InputError: a field breaking its rule (naming the field, the rule and the value).
+        """
+        if not isinstance(self.path, str) or not self.path.strip():
+            raise InputError(f"path must name the data file (.jsonl, .json, .csv or .parquet), got {self.path!r}")
+        for name in ("text_field", "messages_field", "user_field", "held_out_path"):
+            if not isinstance(getattr(self, name), str):
+                raise InputError(f"{name} must be a string, got {getattr(self, name)!r}")
+        if not self.messages_field and not self.text_field.strip():
+            raise InputError("text_field must name a column (or set messages_field), got ''")
+        if not self.held_out_path:
+            value = validate._as_float("held_out_fraction", self.held_out_fraction)
+            if not 0.0 < value < 1.0:
+                raise InputError(f"held_out_fraction must be in (0, 1), got {self.held_out_fraction!r}")
+        if validate.positive_int("max_length", self.max_length, minimum=2) > MAX_LENGTH:
+            raise InputError(f"max_length must be <= {MAX_LENGTH}, got {self.max_length}")
+        return self
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """``[model]``: the pretrained base.
+
+    Attributes:
+      base: ``"smollm2"`` (the embedded SmolLM2-135M-Instruct), a local GPT-2 / Llama Hugging Face folder, or a
+        Llama ``.gguf`` file.
+      allow_pickle: accept pickle weights in a folder (they can execute code when loaded).
+    """
+
+    base: str = "smollm2"
+    allow_pickle: bool = False
+
+    def validate(self) -> "ModelConfig":
+        """Checks every field.
+
+        Returns:
+          ``self``, unchanged.
+
+        Raises:
+          InputError: a field breaking its rule (naming the field, the rule and the value).
+        """
+        if not isinstance(self.base, str) or not self.base.strip():
+            raise InputError(f"base must be 'smollm2', a model folder or a .gguf file, got {self.base!r}")
+        if not isinstance(self.allow_pickle, bool):
+            raise InputError(f"allow_pickle must be true or false, got {self.allow_pickle!r}")
+        return self
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """``[finetune]``: what trains and how.
+
+    Attributes:
+      method: ``"full"`` (every parameter) or ``"lora"`` (adapters only; the base stays bitwise unchanged).
+      rank, alpha, targets: the LoRA adapters (:class:`~snapaudit_jax.finetune.lora.LoRAConfig`).
+      steps: optimizer steps (one Poisson batch of units each).
+      batch_size: the expected batch ``q N`` of units.
+      learning_rate, optimizer, weight_decay: the optimizer (optax).
+      microbatch_size: units per vectorised clipped-gradient call (speed only; default: the backend's).
+      checkpoint_every: steps between checkpoints (resume after a kill).
+    """
+
+    method: str = "lora"
+    rank: int = 8
+    alpha: float = 16.0
+    targets: tuple[str, ...] = ()
+    steps: int = 100
+    batch_size: int = 16
+    learning_rate: float = 1e-3
+    optimizer: str = "adamw"
+    weight_decay: float = 0.0
+    microbatch_size: int = 0
+    checkpoint_every: int = 10
+
+    def validate(self) -> "TrainConfig":
+        """Checks every field.
+
+        Returns:
+          ``self``, unchanged.
+
+        Raises:
+          InputError: a field breaking its rule (naming the field, the rule and the value).
+        """
+        validate.choice("method", self.method, METHODS)
+        validate.positive_int("rank", self.rank)
+        validate.positive_float("alpha", self.alpha)
+        for t in self.targets:
+            if not isinstance(t, str):
+                raise InputError(f"targets must be projection names, got {t!r}")
+        if len(set(self.targets)) != len(self.targets):
+            raise InputError(f"targets must not repeat a projection, got {list(self.targets)}")
+        if validate.positive_int("steps", self.steps) > 10**7:
+            raise InputError(f"steps must be <= 10000000, got {self.steps}")
+        validate.positive_int("batch_size", self.batch_size)
+        validate.positive_float("learning_rate", self.learning_rate)
+        validate.choice("optimizer", self.optimizer, ("sgd", "adam", "adamw"))
+        validate.nonnegative_float("weight_decay", self.weight_decay)
+        validate.positive_int("microbatch_size", self.microbatch_size, minimum=0)
+        validate.positive_int("checkpoint_every", self.checkpoint_every)
+        return self
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacyConfig:
+    """``[privacy]``: the guarantee.
+
+    Attributes:
+      unit: ``"record"`` (add/remove one record) or ``"user"`` (add/remove one user with all of their records:
+        a user's records in a step are summed and clipped together).
+      target_epsilon: calibrate sigma to this epsilon at ``delta`` (``0``: give ``noise_multiplier`` instead).
+      noise_multiplier: sigma, instead of ``target_epsilon`` (``0``: calibrate).
+      delta: of the guarantee; ``0`` means ``1 / (10 N)`` for ``N`` units. A ``delta >= 1 / N`` is refused
+        unless ``allow_large_delta``.
+      allow_large_delta: accept ``delta >= 1 / N`` (a guarantee that allows releasing one unit outright).
+      clip_norm: L2 clipping norm ``C`` of one unit's gradient.
+      accountant: ``"pld"`` (default, tight) or ``"rdp"``: the one sigma is calibrated with; both are reported.
+      max_records_per_user: user-level cap ``k``: a user with more records keeps ``k`` drawn without replacement
+        before training (stated in the report).
+    """
+
+    unit: str = "record"
+    target_epsilon: float = 8.0
+    noise_multiplier: float = 0.0
+    delta: float = 0.0
+    allow_large_delta: bool = False
+    clip_norm: float = 1.0
+    accountant: str = "pld"
+    max_records_per_user: int = 8
+
+    def validate(self) -> "PrivacyConfig":
+        """Checks every field.
+
+        Returns:
+          ``self``, unchanged.
+
+        Raises:
+          InputError: a field breaking its rule (naming the field, the rule and the value).
+        """
+        validate.choice("unit", self.unit, UNITS)
+        validate.nonnegative_float("target_epsilon", self.target_epsilon)
+        validate.nonnegative_float("noise_multiplier", self.noise_multiplier)
+        if (self.target_epsilon > 0) == (self.noise_multiplier > 0):
+            raise InputError(
+                "target_epsilon must be > 0 with noise_multiplier = 0, or 0 with noise_multiplier > 0 (exactly one "
+                f"of them), got target_epsilon={self.target_epsilon!r}, noise_multiplier={self.noise_multiplier!r}")
+        if self.target_epsilon > 1e3:
+            raise InputError(f"target_epsilon must be <= 1000, got {self.target_epsilon!r}")
+        if self.noise_multiplier and not 0.3 <= self.noise_multiplier <= 1e4:
+            raise InputError(f"noise_multiplier must be in [0.3, 10000], got {self.noise_multiplier!r}")
+        d = validate._as_float("delta", self.delta)
+        if not 0.0 <= d < 1.0:
+            raise InputError(f"delta must be in (0, 1) (or 0: 1 / (10 N)), got {self.delta!r}")
+        if not isinstance(self.allow_large_delta, bool):
+            raise InputError(f"allow_large_delta must be true or false, got {self.allow_large_delta!r}")
+        validate.positive_float("clip_norm", self.clip_norm)
+        validate.choice("accountant", self.accountant, ("pld", "rdp"))
+        if validate.positive_int("max_records_per_user", self.max_records_per_user) > 4096:
+            raise InputError(f"max_records_per_user must be <= 4096, got {self.max_records_per_user}")
+        return self
+
+
+@dataclasses.dataclass(frozen=True)
+class CanarySection:
+    """``[canaries]``: secret canaries for memorization evidence (each its own unit).
+
+    Attributes:
+      n_canaries: canaries (``0``: none); each is inserted independently with ``insert_probability``.
+      template, digits, insert_probability, seed: as :class:`~snapaudit_jax.dpsgd.canaries.CanaryConfig`.
+      exact_limit: exposure by exact rank when ``10**digits`` is at most this.
+      samples: candidates sampled for the skew-normal exposure extrapolation.
+      top_k: the top-k extraction test's ``k``.
+    """
+
+    n_canaries: int = 16
+    template: str = "my secret code is {secret}"
+    digits: int = 6
+    insert_probability: float = 0.5
+    seed: int = 0
+    exact_limit: int = 10_000
+    samples: int = 256
+    top_k: int = 10
+
+    def validate(self) -> "CanarySection":
+        """Checks every field.
+
+        Returns:
+          ``self``, unchanged.
+
+        Raises:
+          InputError: a field breaking its rule (naming the field, the rule and the value).
+        """
+        validate.positive_int("n_canaries", self.n_canaries, minimum=0)
+        if self.n_canaries:
+            self.canary_config().validate()
+        validate.positive_int("exact_limit", self.exact_limit, minimum=0)
+        if validate.positive_int("samples", self.samples, minimum=16) > 10**6:
+            raise InputError(f"samples must be <= 1000000, got {self.samples}")
+        validate.positive_int("top_k", self.top_k)
+        return self
+
+    def canary_config(self) -> CanaryConfig:
+        """The canaries' :class:`~snapaudit_jax.dpsgd.canaries.CanaryConfig` (inserted once each)."""
+        return CanaryConfig(n_canaries=self.n_canaries, template=self.template, digits=self.digits,
+                            repetitions=(1,), insert_probability=self.insert_probability, seed=self.seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportConfig:
+    """``[export]``: folders serving engines load.
+
+    Attributes:
+      hf: write ``export/private`` (and ``export/baseline``) as Hugging Face folders (LoRA merged).
+      peft: with LoRA, also write the adapter as a PEFT folder (``export/private_adapter``).
+    """
+
+    hf: bool = True
+    peft: bool = True
+
+    def validate(self) -> "ExportConfig":
+        """Checks every field.
+
+        Returns:
+          ``self``, unchanged.
+
+        Raises:
+          InputError: a field breaking its rule (naming the field, the rule and the value).
+        """
+        for name in ("hf", "peft"):
+            if not isinstance(getattr(self, name), bool):
+                raise InputError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        return self
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneConfig:
+    """A ``snapaudit finetune`` run (``examples/finetune_small.toml`` documents every key).
+
+    Attributes:
+      seed: seeds the held-out split, the user cap, the canaries' secrets (with ``canaries.seed``), the LoRA
+        initialisation and the training key (batches and noise).
+      baseline: also train the non-private twin (same data, model, steps, Poisson batches and seed).
+      eval_batch_size: rows per evaluation pass.
+      data, model, finetune, privacy, canaries, export: the tables.
+    """
+
+    seed: int = 0
+    baseline: bool = True
+    eval_batch_size: int = 16
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    finetune: TrainConfig = TrainConfig()
+    privacy: PrivacyConfig = PrivacyConfig()
+    canaries: CanarySection = CanarySection()
+    export: ExportConfig = ExportConfig()
+
+    def to_table(self) -> dict[str, Any]:
+        """The configuration in its TOML shape, ``{section: {key: value}}`` (``[run]`` holds the top-level keys)."""
+        out: dict[str, Any] = {"run": {"seed": self.seed, "baseline": self.baseline,
+                                       "eval_batch_size": self.eval_batch_size}}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if dataclasses.is_dataclass(value):
+                out[f.name] = dataclasses.asdict(value)
+        return out
+
+
+_SECTIONS = {"data": DataConfig, "model": ModelConfig, "finetune": TrainConfig, "privacy": PrivacyConfig,
+             "canaries": CanarySection, "export": ExportConfig}
+
+
+def _section(default, body: Any, where: str):
+    """``dataclasses.replace(default, **body)`` (lists as tuples), then ``validate()``; errors name ``where.key``."""
+    if not isinstance(body, dict):
+        raise ConfigFileError(f"{where}: must be a table ([{where}]), got {body!r}")
+    names = [f.name for f in dataclasses.fields(default)]
+    unknown = sorted(set(body) - set(names))
+    if unknown:
+        raise ConfigFileError(f"{where}: unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(names))})")
+    values = {}
+    for key, value in body.items():
+        kind = type(getattr(default, key))
+        if kind is tuple:
+            if isinstance(value, str) or not isinstance(value, list):
+                raise ConfigFileError(f"{where}.{key}: must be a list, got {value!r}")
+            value = tuple(value)
+        elif kind is bool and not isinstance(value, bool):
+            raise ConfigFileError(f"{where}.{key}: must be true or false, got {value!r}")
+        elif kind is str and not isinstance(value, str):
+            raise ConfigFileError(f"{where}.{key}: must be a string, got {value!r}")
+        values[key] = value
+    try:
+        return dataclasses.replace(default, **values).validate()
+    except (TypeError, ValueError) as err:
+        msg = str(err)
+        field = msg.split(" ", 1)[0].split("[", 1)[0]
+        key = field if field in names else None
+        raise ConfigFileError(f"{where}.{key}: {msg}" if key else f"{where}: {msg}") from None
+
+
+def _resolve_path(path: str, config_path: str) -> str:
+    """A data path relative to the config file's folder (absolute paths are kept)."""
+    if not path or os.path.isabs(path):
+        return path
+    return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(config_path)), path))
+
+
+def load_finetune_config(path: str | os.PathLike) -> FinetuneConfig:
+    """Reads and validates a ``snapaudit finetune`` TOML file.
+
+    Args:
+      path: the TOML file: ``[run]`` (``seed``, ``baseline``, ``eval_batch_size``) and the tables ``[data]``,
+        ``[model]``, ``[finetune]``, ``[privacy]``, ``[canaries]``, ``[export]``; absent keys keep
+        the defaults. ``data.path`` and ``data.held_out_path`` are relative to the file's folder.
+
+    Returns:
+      The validated :class:`FinetuneConfig`.
+
+    Raises:
+      ConfigFileError: an unknown table or key, or a value breaking its rule (naming ``section.key``, the rule
+        and the value), or an unreadable / invalid TOML file.
+    """
+    path = os.fspath(path)
+    raw = read_toml(path)
+    run = raw.pop("run", {})
+    if not isinstance(run, dict):
+        raise ConfigFileError(f"run: must be a table ([run]), got {run!r}")
+    run = dict(run)
+    kw: dict[str, Any] = {}
+    try:
+        if "seed" in run:
+            kw["seed"] = validate.seed("seed", run.pop("seed"))
+        if "baseline" in run:
+            value = run.pop("baseline")
+            if not isinstance(value, bool):
+                raise InputError(f"baseline must be true or false, got {value!r}")
+            kw["baseline"] = value
+        if "eval_batch_size" in run:
+            kw["eval_batch_size"] = validate.positive_int("eval_batch_size", run.pop("eval_batch_size"))
+            if kw["eval_batch_size"] > 4096:
+                raise InputError(f"eval_batch_size must be <= 4096, got {kw['eval_batch_size']}")
+    except InputError as err:
+        raise ConfigFileError(f"run.{str(err).split(' ', 1)[0]}: {err}") from None
+    reject_unknown(run, "run")
+    if "data" not in raw:
+        raise ConfigFileError("data.path: the [data] table with the path of the records file is required")
+    for name, kind in _SECTIONS.items():
+        body = raw.pop(name, {})
+        default = kind()
+        if name == "data" and isinstance(body, dict):
+            body = dict(body)
+            for key in ("path", "held_out_path"):
+                if isinstance(body.get(key), str):
+                    body[key] = _resolve_path(body[key], path)
+        kw[name] = _section(default, body, name)
+    reject_unknown(raw, path)
+    config = FinetuneConfig(**kw)
+    if config.privacy.unit == "user" and not config.data.user_field:
+        raise ConfigFileError("data.user_field: privacy.unit = 'user' needs the column naming each record's user, "
+                              "got ''")
+    return config

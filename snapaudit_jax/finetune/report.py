@@ -1,0 +1,181 @@
+"""The report card of a ``snapaudit finetune`` run: ``report.json`` and ``report.md``.
+
+It holds every item of a credible DP-SGD report (the DP-for-LLMs source document, "What the accountant must
+know"): the protected unit and adjacency, ``N``, ``q``, the expected batch, the steps, the clip norm, sigma,
+``(epsilon, delta)`` by each accountant, the sampling actually run, the records truncated, the per-user cap, and
+every other data-dependent release with its privacy status (the non-private baseline, evaluations on private
+data, the training history). Hyperparameters chosen by the user on this data are not accounted: the report
+says so.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from snapaudit_jax.utils.io import to_json, write_json, write_text
+
+__all__ = ["build_report", "write_report", "format_report", "RELEASE_STATUS"]
+
+RELEASE_STATUS = {
+    "private_model": "(epsilon, delta)-DP for the protected unit (the accounted release)",
+    "private_adapter": "(epsilon, delta)-DP: the adapter is part of the private model's parameters",
+    "private_canary_results": "post-processing of the private model on synthetic canaries: covered",
+    "baseline_model": "NOT private: trained without clipping or noise; for comparison only, never release it",
+    "baseline_evaluations": "NOT private: computed from the non-private baseline",
+    "held_out_evaluations": "NOT covered: computed without noise from private held-out records",
+    "training_history": "NOT covered: per-step losses and gradient norms computed without noise",
+    "base_evaluations": "NOT covered: the public base model scored on private held-out records",
+}
+
+
+def build_report(prep, trainings: dict[str, tuple[dict, dict]], evaluations: dict[str, dict],
+                 exports: dict[str, str], *, seconds: float) -> dict[str, Any]:
+    """The report card's dictionary.
+
+    Args:
+      prep: the :class:`~snapaudit_jax.finetune.run.Prepared` run.
+      trainings: ``{"private" | "baseline": (history, DP report dict)}``.
+      evaluations: ``{"base" | "private" | "baseline": evaluation}``.
+      exports: the exported folders.
+      seconds: the run's wall time.
+
+    Returns:
+      The card (strict JSON).
+    """
+    cfg = prep.config
+    dp = trainings["private"][1]
+    stats = prep.data.stats
+    unit = cfg.privacy.unit
+    releases = [
+        {"release": "private model" + (" (LoRA adapters on the unchanged public base)" if prep.lora else ""),
+         "status": RELEASE_STATUS["private_model"]},
+        {"release": "held-out perplexity of every model", "status": RELEASE_STATUS["held_out_evaluations"]},
+        {"release": "training history (losses, gradient norms, clipped fractions, batch sizes)",
+         "status": RELEASE_STATUS["training_history"]},
+    ]
+    if "baseline" in trainings:
+        releases.insert(1, {"release": "non-private baseline model and its evaluations",
+                            "status": RELEASE_STATUS["baseline_model"]})
+    if prep.data.canaries is not None:
+        releases.append({"release": "canary exposure, extraction and one-run bound of the private model",
+                         "status": RELEASE_STATUS["private_canary_results"]})
+    releases.append({"release": "hyperparameters (learning rate, clip norm, steps) if chosen by trying them on "
+                                "this data", "status": "NOT accounted: choose them on public or synthetic data, "
+                                "or account every trial (snapaudit_jax.dpsgd.tuning.account_sweep)"})
+    if unit == "record" and cfg.data.user_field:
+        releases.append({"release": "users with several records",
+                         "status": "protected per record only: group privacy over a user's records"})
+    lora = None if prep.lora is None else {"rank": prep.lora.rank, "alpha": prep.lora.alpha,
+                                           "targets": list(prep.lora.resolved_targets(prep.lm.module.cfg))}
+    models = {}
+    for name in ("base", "private", "baseline"):
+        if name not in evaluations:
+            continue
+        ev = evaluations[name]
+        row = {"held_out_perplexity": ev["held_out"]["token_perplexity"],
+               "held_out_loss": ev["held_out"]["token_loss"],
+               "release": {"base": "public pretrained base", "private": "DP", "baseline": "NOT private"}[name]}
+        if "canaries" in ev:
+            row["canaries"] = ev["canaries"]
+        models[name] = row
+    card = {
+        "command": "finetune",
+        "claim": {
+            "dp": dp["dp"],
+            "epsilon": dp["epsilon"], "epsilon_pld": dp["epsilon_pld"], "epsilon_rdp": dp["epsilon_rdp"],
+            "delta": dp["delta"], "delta_rule": "given" if cfg.privacy.delta else "1 / (10 N)",
+            "protected_unit": dp["protected_unit"], "unit": unit,
+            "adjacency": f"add/remove one {unit}" + (" with all of their records" if unit == "user" else ""),
+            "accounted_epsilon": dp["epsilon"],
+            "accounting_rule": "one run: SelfComposed(PoissonSampled(q, Gaussian(sigma)), steps)",
+        },
+        "dpsgd": {
+            "units": prep.data.num_units, "sampling": "poisson (each unit independently, every step)",
+            "sampling_rate": dp["sampling_rate"], "sampler_probability": dp["sampling_probability"],
+            "expected_batch": dp["expected_batch_size"], "steps": dp["steps"], "clip_norm": dp["clip_norm"],
+            "noise_multiplier": dp["noise_multiplier"], "calibration": prep.calibration,
+            "optimizer": dp["optimizer"], "learning_rate": dp["learning_rate"],
+            "accountants": dp["accountants"], "software": dp["software"],
+        },
+        "data": {**stats, "truncation": "a record longer than max_length is truncated, never split"},
+        "method": {"kind": cfg.finetune.method, "base": cfg.model.base, "lora": lora},
+        "models": models,
+        "releases": releases,
+        "exports": exports,
+        "histories": {name: h for name, (h, _) in trainings.items()},
+        "seconds": seconds,
+    }
+    return to_json(card)
+
+
+def _num(x, fmt: str = ".4g") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def format_report(card: dict[str, Any]) -> str:
+    """``report.md``: the claim, the DP-SGD parameters, the data, the models side by side, the releases.
+
+    Args:
+      card: :func:`build_report`'s dictionary.
+
+    Returns:
+      The Markdown text.
+    """
+    c, d, data = card["claim"], card["dpsgd"], card["data"]
+    cal = d.get("calibration")
+    lines = [
+        "# DP fine-tuning report", "",
+        f"**Claim:** ({_num(c['epsilon_pld'])}, {c['delta']:.3g})-DP by PLD, ({_num(c['epsilon_rdp'])}, "
+        f"{c['delta']:.3g}) by RDP, for {c['protected_unit']}; adjacency: {c['adjacency']}.",
+        f"Accounting rule: {c['accounting_rule']}; accounted epsilon of the released model: "
+        f"{_num(c['accounted_epsilon'])}.", "",
+        "| item | value |", "|---|---|",
+        f"| protected unit | {c['unit']} |",
+        f"| N units | {d['units']} |",
+        f"| sampling actually run | {d['sampling']}; q = {d['sampling_rate']:.6g} (sampler inclusion probability "
+        f"{d['sampler_probability']:.6g}) |",
+        f"| expected batch | {d['expected_batch']:.4g} |",
+        f"| steps | {d['steps']} |",
+        f"| clip norm C | {d['clip_norm']:g} |",
+        f"| noise multiplier sigma | {d['noise_multiplier']:.6g}"
+        + (f" (calibrated to epsilon {cal['target_epsilon']:g} with {cal['accountant']}, "
+           f"{100 * cal['margin']:.2f}% below it)" if cal else " (given)") + " |",
+        f"| delta | {c['delta']:.3g} ({c['delta_rule']}) |",
+        f"| records read / truncated to {data['max_length']} tokens | {data['records_read']} / "
+        f"{data['records_truncated']} |",
+        f"| training records / held-out records | {data['train_records']} / {data['held_out_records']} |",
+    ]
+    if data.get("users") is not None:
+        lines.append(f"| users / capped at {data['max_records_per_user']} records / records dropped by the cap | "
+                     f"{data['users']} / {data['users_capped']} / {data['records_dropped_by_cap']} |")
+    if data.get("canaries"):
+        lines.append(f"| canaries / inserted (probability 1/2 each) | {data['canaries']} / "
+                     f"{data['canaries_inserted']} |")
+    lines += ["", "## Models", "", "| model | release | held-out perplexity | canary exposure (median / max, "
+              "inserted) | greedy extraction | one-run epsilon lower bound |", "|---|---|---:|---:|---:|---:|"]
+    for name, row in card["models"].items():
+        can = row.get("canaries") or {}
+        exp = can.get("exposure") or {}
+        ext = can.get("extraction") or {}
+        one = can.get("one_run") or {}
+        lines.append(
+            f"| {name} | {row['release']} | {row['held_out_perplexity']:.3f} | "
+            f"{_num(exp.get('median_inserted'), '.2f')} / {_num(exp.get('max_inserted'), '.2f')} | "
+            f"{_num(ext.get('greedy_inserted'), '.2f')} | {_num(one.get('epsilon'), '.3f')} |")
+    lines += ["", "## Every data-dependent release", "", "| release | privacy status |", "|---|---|"]
+    lines += [f"| {r['release']} | {r['status']} |" for r in card["releases"]]
+    if card.get("exports"):
+        lines += ["", "## Exports", ""] + [f"- {k}: `{v}`" for k, v in card["exports"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out_dir: str, card: dict[str, Any]) -> None:
+    """Writes ``report.json`` and ``report.md`` atomically.
+
+    Args:
+      out_dir: the run folder.
+      card: :func:`build_report`'s dictionary.
+    """
+    write_json(os.path.join(out_dir, "report.json"), card)
+    write_text(os.path.join(out_dir, "report.md"), format_report(card))

@@ -1,0 +1,539 @@
+"""``snapaudit finetune``: DP fine-tuning of a pretrained model on a user's records, beside its non-private twin.
+
+:func:`prepare` checks everything that needs the data and the model before any training: the units (records or
+users), ``q``, the default ``delta = 1 / (10 N)`` (a ``delta >= 1 / N`` is refused unless asked for), sigma
+calibrated to the target (PLD by default, RDP beside it), the LoRA rank against the projections' widths.
+:func:`plan` prints the accountant's plan and a measured step time without training. :func:`run_finetune`
+trains the private model and the baseline (same data, model, steps, Poisson batches and seed, clipping and noise
+off), evaluates both on the held-out part, measures memorization on the canaries, exports the models, and writes
+the report card (:mod:`snapaudit_jax.finetune.report`). The run folder resumes: finished trainings are
+checkpoints, finished evaluations are JSON files.
+
+Run folder::
+
+    run.json, run.lock          the configuration stamp and the run's lock
+    checkpoints/<model>/        DP-SGD checkpoints (resume after a kill)
+    evaluations/<model>.json    held-out perplexity and canary results of each model
+    export/private/             the private model as a Hugging Face folder (LoRA merged)
+    export/private_adapter/     its LoRA adapter as a PEFT folder (with export/base/ when the base is a GGUF file)
+    report.json, report.md      the report card
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import resource
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from snapaudit_jax.dpsgd import DPSGDConfig, loss_summary, train
+from snapaudit_jax.dpsgd.accounting import compute_epsilon
+from snapaudit_jax.dpsgd.sampling import inclusion_threshold
+from snapaudit_jax.finetune.config import FinetuneConfig
+from snapaudit_jax.finetune.data import FinetuneData, pack_records, pack_units, prepare_data
+from snapaudit_jax.finetune.lora import TRAINABLE, LoRAConfig, apply_lora
+from snapaudit_jax.utils.config import ConfigFileError
+from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.io import to_json, write_json
+from snapaudit_jax.utils.memory import check_fits, format_bytes
+from snapaudit_jax.utils.progress import RunLog
+from snapaudit_jax.utils.run_folder import RunFolder
+
+__all__ = ["Prepared", "prepare", "plan", "run_finetune", "run_folder", "RESULT_FILES", "RESUME_VERSION"]
+
+RESULT_FILES = ("report.json", "report.md")
+RESUME_VERSION = 1
+_LORA_STREAM, _TRAIN_STREAM = 7, 11
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """What a run needs once every check passed.
+
+    Attributes:
+      config: the run.
+      lm: the loaded base (:class:`~snapaudit_jax.models.lm.LanguageModel`).
+      data: the units, held-out records and canaries.
+      dataset: ``(tokens, mask)`` of the training units (``(N, L)``, or ``(N, k, L)`` per user).
+      held_out: ``(tokens, mask)`` of the held-out records.
+      delta: the guarantee's ``delta`` (given or ``1 / (10 N)``).
+      noise_multiplier: sigma (given or calibrated).
+      calibration: how sigma was found (target, accountant, achieved epsilons, margin), or ``None``.
+      lora: the adapters' configuration (``None`` for full fine-tuning).
+    """
+
+    config: FinetuneConfig
+    lm: Any
+    data: FinetuneData
+    dataset: tuple[np.ndarray, np.ndarray]
+    held_out: tuple[np.ndarray, np.ndarray]
+    delta: float
+    noise_multiplier: float
+    calibration: dict[str, Any] | None
+    lora: LoRAConfig | None
+
+    @property
+    def sampling_rate(self) -> float:
+        """``q = batch_size / N``."""
+        return self.config.finetune.batch_size / self.data.num_units
+
+    def dpsgd_config(self, private: bool, *, learning_rate=None, clip_norm=None, steps=None,
+                     noise_multiplier=None) -> DPSGDConfig:
+        """The :class:`~snapaudit_jax.dpsgd.DPSGDConfig` of the private model (or of the baseline).
+
+        Args:
+          private: clipping and noise on (else the non-private twin: same steps, batches and seed).
+          learning_rate: overrides ``finetune.learning_rate``.
+          clip_norm: overrides ``privacy.clip_norm``.
+          steps: overrides ``finetune.steps``.
+          noise_multiplier: overrides the prepared sigma.
+
+        Returns:
+          The configuration.
+        """
+        ft, privacy = self.config.finetune, self.config.privacy
+        common = dict(
+            steps=steps or ft.steps, learning_rate=learning_rate or ft.learning_rate, sampling_rate=self.sampling_rate,
+            optimizer=ft.optimizer, weight_decay=ft.weight_decay, microbatch_size=ft.microbatch_size or None,
+            seed=self.config.seed, accountant=privacy.accountant,
+        )
+        if not private:
+            return DPSGDConfig(non_private=True, delta=self.delta, **common)
+        return DPSGDConfig(clip_norm=clip_norm or privacy.clip_norm,
+                           noise_multiplier=noise_multiplier or self.noise_multiplier, delta=self.delta, **common)
+
+
+def _base_path(config: FinetuneConfig) -> str:
+    from snapaudit_jax.models import default_model_path
+
+    base = config.model.base
+    return default_model_path(base) if base == "smollm2" else base
+
+
+def _base_header(config: FinetuneConfig):
+    """The base's tokenizer and architecture config, read without its weights."""
+    from snapaudit_jax.models import load_tokenizer
+    from snapaudit_jax.models.weights import gguf_llama_config, open_gguf, read_config
+
+    try:
+        path = _base_path(config)
+        tokenizer = load_tokenizer(config.model.base)
+        if path.endswith(".gguf"):
+            cfg = gguf_llama_config(open_gguf(path), path)
+        else:
+            cfg, _ = read_config(path)
+    except InputError as err:
+        raise ConfigFileError(f"model.base: {err}") from None
+    return tokenizer, cfg
+
+
+def _load_base(config: FinetuneConfig):
+    from snapaudit_jax.models import load_language_model
+
+    try:
+        return load_language_model(config.model.base, allow_pickle=config.model.allow_pickle, data_parallel=False)
+    except InputError as err:
+        raise ConfigFileError(f"model.base: {err}") from None
+
+
+def _resolve_delta(config: FinetuneConfig, n: int) -> float:
+    privacy = config.privacy
+    if privacy.delta == 0:
+        return 1.0 / (10.0 * n)
+    if privacy.delta >= 1.0 / n and not privacy.allow_large_delta:
+        raise ConfigFileError(
+            f"privacy.delta: must be below 1 / N = {1.0 / n:.3g} for N = {n} {config.privacy.unit}s (a delta of "
+            f"1 / N allows releasing one {config.privacy.unit} outright), got {privacy.delta}; lower it, leave it "
+            "0 for 1 / (10 N), or set privacy.allow_large_delta = true")
+    return float(privacy.delta)
+
+
+def _calibrate(config: FinetuneConfig, q: float, delta: float) -> tuple[float, dict[str, Any] | None]:
+    """sigma for the target epsilon (PLD by default), with the other accountant's epsilon beside it."""
+    from snapaudit_jax.dpsgd import accounting
+
+    privacy, steps = config.privacy, config.finetune.steps
+    if privacy.noise_multiplier:
+        return float(privacy.noise_multiplier), None
+    try:
+        cal = accounting.calibrate(target_epsilon=privacy.target_epsilon, delta=delta, sampling_rate=q, steps=steps,
+                                   accountant=privacy.accountant)
+    except InputError as err:
+        raise ConfigFileError(f"privacy.target_epsilon: {err}") from None
+    info = {"target_epsilon": privacy.target_epsilon, **to_json(cal._asdict())}
+    return float(cal.noise_multiplier), info
+
+
+def _parameter_count(cfg) -> int:
+    """Parameters of a GPT-2 / Llama config (embeddings, blocks, norms, an untied head)."""
+    from snapaudit_jax.models.config import GPT2Config
+
+    if isinstance(cfg, GPT2Config):
+        e = cfg.n_embd
+        return cfg.vocab_size * e + cfg.n_positions * e + cfg.n_layer * (4 * e + 4 * e * e + 4 * e + 2 * e * cfg.n_inner
+                                                                          + cfg.n_inner + e) + 2 * e
+    e, d, h, kv, inter = (cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads,
+                          cfg.intermediate_size)
+    block = 2 * e + e * (h + 2 * kv) * d + h * d * e + 3 * e * inter
+    return cfg.vocab_size * e * (1 if cfg.tie_word_embeddings else 2) + cfg.num_hidden_layers * block + e
+
+
+def prepare(config: FinetuneConfig, log=None) -> Prepared:
+    """Reads the data and the base's header, makes every check, then loads the weights; trains nothing.
+
+    The order is the checks' order: the tokenizer and architecture (``model.base``), the LoRA rank and targets,
+    the memory the training needs, the data (``data.*``), the batch, ``delta`` and sigma
+    (``finetune.batch_size``, ``privacy.*``); only then are the weights loaded.
+
+    Args:
+      config: the run.
+      log: optional progress printer.
+
+    Returns:
+      The :class:`Prepared` run.
+
+    Raises:
+      ConfigFileError: a model that cannot be read (``model.base``), a LoRA rank or target the model does not have
+        (``finetune.rank`` / ``finetune.targets``), a model too large for this machine's memory
+        (``finetune.method``), data errors (``data.*``), an expected batch above ``N`` (``finetune.batch_size``), a
+        ``delta`` at or above ``1 / N`` (``privacy.delta``), or an unreachable target epsilon
+        (``privacy.target_epsilon``).
+    """
+    log = log or (lambda message: None)
+    tokenizer, cfg = _base_header(config)
+    lora = None
+    if config.finetune.method == "lora":
+        try:
+            lora = LoRAConfig(rank=config.finetune.rank, alpha=config.finetune.alpha, targets=config.finetune.targets)
+            lora.resolved_targets(cfg)
+        except InputError as err:
+            key = "rank" if str(err).startswith("rank") else "targets"
+            raise ConfigFileError(f"finetune.{key}: {err}") from None
+    total = _parameter_count(cfg)
+    per = 4 * (2 if lora else (4 if config.finetune.optimizer != "sgd" else 3))
+    try:
+        check_fits("finetune.method", total * per, f"{config.finetune.method} fine-tuning of {total:,} parameters "
+                   f"(weights, gradients and optimizer state)")
+    except InputError as err:
+        raise ConfigFileError(str(err)) from None
+    data = prepare_data(config, tokenizer)
+    n = data.num_units
+    if config.finetune.batch_size > n:
+        raise ConfigFileError(f"finetune.batch_size: the expected batch must be <= N = {n} units, got "
+                              f"{config.finetune.batch_size}")
+    q = config.finetune.batch_size / n
+    inclusion_threshold(q)
+    delta = _resolve_delta(config, n)
+    sigma, calibration = _calibrate(config, q, delta)
+    log(f"data: {n} training units ({data.stats['train_records']} records, {data.stats['records_truncated']} "
+        f"truncated), {data.stats['held_out_records']} held out; q = {q:.4g}, sigma = {sigma:.4g}, delta = {delta:.3g}")
+    dataset = pack_units(data.train_units, user_level=config.privacy.unit == "user")
+    held_out = pack_records(data.held_out)
+    lm = _load_base(config)
+    return Prepared(config, lm, data, dataset, held_out, delta, sigma, calibration, lora)
+
+
+def _build_model(prep: Prepared):
+    """A fresh copy of the base (sharing its arrays), with the run's LoRA adapters when ``method = "lora"``."""
+    graphdef, state = nnx.split(prep.lm.module)
+    model = nnx.merge(graphdef, state)
+    if prep.lora is not None:
+        apply_lora(model, prep.lora, key=jax.random.fold_in(jax.random.key(prep.config.seed), _LORA_STREAM))
+    return model
+
+
+def _trainable(prep: Prepared):
+    return TRAINABLE if prep.lora is not None else nnx.Param
+
+
+def _step_timing(prep: Prepared) -> dict[str, Any]:
+    """Seconds of one unit's clipped gradient at the planned length, measured on this machine (after compiling)."""
+    from snapaudit_jax.dpsgd.gradients import _clipped_sum
+
+    model = _build_model(prep)
+    graphdef, params, rest = nnx.split(model, _trainable(prep), ...)
+    tokens, mask = prep.dataset
+    longest = int(np.argmax(mask.reshape(mask.shape[0], -1).sum(axis=1)))
+    t, m = jax.numpy.asarray(tokens[longest:longest + 1]), jax.numpy.asarray(mask[longest:longest + 1])
+    fn = jax.jit(lambda p, t, m: _clipped_sum(graphdef, rest, p, t, m, jax.numpy.zeros(1, bool), 1.0).grad_sum)
+    jax.block_until_ready(fn(params, t, m))
+    began = time.perf_counter()
+    for _ in range(2):
+        jax.block_until_ready(fn(params, t, m))
+    per_unit = (time.perf_counter() - began) / 2
+    trainable = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+    batch = prep.config.finetune.batch_size
+    return {"seconds_per_unit": per_unit, "seconds_per_step": per_unit * batch,
+            "seconds_total": per_unit * batch * prep.config.finetune.steps * (2 if prep.config.baseline else 1),
+            "trainable_parameters": trainable,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def plan_dict(prep: Prepared, *, timing: bool = True) -> dict[str, Any]:
+    """The accountant's plan of a prepared run (trains nothing).
+
+    Args:
+      prep: the prepared run.
+      timing: measure one unit's clipped gradient on this machine.
+
+    Returns:
+      ``{"units", "unit", "sampling_rate", "expected_batch", "steps", "noise_multiplier", "delta",
+      "epsilon_pld", "epsilon_rdp", "calibration", "parameters", "memory", "timing"}``.
+    """
+    cfg = prep.config
+    q, steps, sigma = prep.sampling_rate, cfg.finetune.steps, prep.noise_multiplier
+    eps = {name: compute_epsilon(noise_multiplier=sigma, sampling_rate=q, steps=steps, delta=prep.delta,
+                                 accountant=name) for name in ("pld", "rdp")}
+    total = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(prep.lm.module, nnx.Param)))
+    out = {
+        "units": prep.data.num_units, "unit": cfg.privacy.unit, "sampling": "poisson", "sampling_rate": q,
+        "expected_batch": q * prep.data.num_units, "steps": steps, "clip_norm": cfg.privacy.clip_norm,
+        "noise_multiplier": sigma, "delta": prep.delta, "epsilon_pld": eps["pld"], "epsilon_rdp": eps["rdp"],
+        "calibration": prep.calibration, "data": prep.data.stats, "method": cfg.finetune.method,
+        "parameters": total,
+    }
+    if timing:
+        t = _step_timing(prep)
+        out["timing"] = t
+        trainable = t["trainable_parameters"]
+        moments = 2 if cfg.finetune.optimizer != "sgd" else 0
+        out["memory"] = {"parameters_bytes": 4 * total, "trainable_state_bytes": 4 * trainable * (2 + moments),
+                         "peak_rss_bytes_measured": t["peak_rss_bytes"]}
+    return to_json(out)
+
+
+def format_plan(info: dict[str, Any]) -> str:
+    """The plan as the lines ``snapaudit finetune --plan`` prints.
+
+    Args:
+      info: :func:`plan_dict`'s dictionary.
+
+    Returns:
+      The text.
+    """
+    cal = info.get("calibration")
+    lines = [
+        f"units N = {info['units']} ({info['unit']}s; {info['data']['train_records']} training records, "
+        f"{info['data']['records_truncated']} truncated to {info['data']['max_length']} tokens)",
+        f"Poisson sampling q = {info['sampling_rate']:.6g}, expected batch {info['expected_batch']:.4g}, "
+        f"{info['steps']} steps, clip C = {info['clip_norm']:g}",
+        f"noise multiplier sigma = {info['noise_multiplier']:.6g}"
+        + (f" (calibrated to epsilon {cal['target_epsilon']:g} with {cal['accountant']}; margin "
+           f"{100 * cal['margin']:.2f}% below the target)" if cal else " (given)"),
+        f"epsilon at delta = {info['delta']:.3g}: {info['epsilon_pld']:.4f} (PLD), {info['epsilon_rdp']:.4f} (RDP)",
+    ]
+    if "timing" in info:
+        t, mem = info["timing"], info["memory"]
+        lines += [
+            f"{info['method']} fine-tuning: {t['trainable_parameters']:,} of {info['parameters']:,} parameters train",
+            f"step time on this machine: {t['seconds_per_unit']:.3g} s a unit, about {t['seconds_per_step']:.3g} s a "
+            f"step, about {t['seconds_total'] / 60:.1f} min for the run (baseline included)",
+            f"memory: parameters {format_bytes(mem['parameters_bytes'])}, trainable state "
+            f"{format_bytes(mem['trainable_state_bytes'])}, peak resident "
+            f"{format_bytes(mem['peak_rss_bytes_measured'])} measured",
+        ]
+    return "\n".join(lines)
+
+
+def plan(config: FinetuneConfig) -> str:
+    """``snapaudit finetune CONFIG --plan``: the accountant's plan and the step's measured cost; trains nothing.
+
+    Args:
+      config: the run.
+
+    Returns:
+      The plan's text.
+
+    Raises:
+      ConfigFileError: as :func:`prepare`.
+    """
+    return format_plan(plan_dict(prepare(config)))
+
+
+def run_folder(config: FinetuneConfig, out_dir: str | os.PathLike) -> RunFolder:
+    """The run folder ``out_dir`` as a run of ``config`` owns it (stamp and lock).
+
+    Args:
+      config: the run.
+      out_dir: the folder.
+
+    Returns:
+      The :class:`~snapaudit_jax.utils.run_folder.RunFolder` of command ``finetune``.
+    """
+    table = config.to_table()
+    table["data"]["sha256"] = _file_digest(config.data.path)
+    if config.data.held_out_path:
+        table["data"]["held_out_sha256"] = _file_digest(config.data.held_out_path)
+    return RunFolder(out_dir, "finetune", table, version=RESUME_VERSION, results=RESULT_FILES)
+
+
+def _file_digest(path: str) -> str | None:
+    import hashlib
+
+    try:
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        return h.hexdigest()
+    except OSError:
+        return None  # the data stage names the unreadable file
+
+
+def _train_one(name: str, prep: Prepared, private: bool, out_dir: str, log) -> tuple[Any, dict, dict]:
+    config = prep.dpsgd_config(private)
+    model = _build_model(prep)
+    unit = ("one user: all of the user's records (at most "
+            f"{prep.config.privacy.max_records_per_user}, drawn before training), summed and clipped together"
+            if prep.config.privacy.unit == "user" else "one record: one training sequence (truncated, never split)")
+
+    def progress(info):
+        log(f"{name}: step {info['step']}/{info['steps']}, loss {info['loss']:.4f}, batch {info['batch_size']}")
+
+    trained, history, report = train(
+        model, prep.dataset, config, key=jax.random.fold_in(jax.random.key(prep.config.seed), _TRAIN_STREAM),
+        checkpoint_dir=os.path.join(out_dir, "checkpoints", name),
+        checkpoint_every=prep.config.finetune.checkpoint_every, progress=progress,
+        trainable=_trainable(prep), protected_unit=unit,
+    )
+    rep = report.to_dict()
+    if private and prep.calibration:
+        rep["target_epsilon"] = prep.calibration["target_epsilon"]
+        rep["calibration_accountant"] = prep.calibration["accountant"]
+    return trained, {k: np.asarray(v).tolist() for k, v in history.items()}, rep
+
+
+def _evaluate(name: str, model, prep: Prepared, out_dir: str, log) -> dict[str, Any]:
+    path = os.path.join(out_dir, "evaluations", f"{name}.json")
+    if os.path.exists(path):
+        with open(path) as fh:
+            log(f"{name}: evaluation resumed from {path}")
+            return json.load(fh)
+    summary = loss_summary(model, prep.held_out, batch_size=prep.config.eval_batch_size)
+    out: dict[str, Any] = {"held_out": summary.to_dict()}
+    log(f"{name}: held-out perplexity {summary.token_perplexity:.3f}")
+    if prep.data.canaries is not None:
+        out["canaries"] = _memorization(model, prep)
+        exp = out["canaries"]["exposure"]
+        log(f"{name}: canary exposure of the inserted canaries median {exp['median_inserted']:.3g}, max "
+            f"{exp['max_inserted']:.3g} bits (held-out controls median {exp['median_held_out']:.3g})")
+    out = to_json(out)
+    write_json(path, out)
+    return out
+
+
+def _memorization(model, prep: Prepared) -> dict[str, Any]:
+    """Exposure, extraction and the one-run epsilon lower bound of a model on the run's canaries.
+
+    Exposure rows use the exact rank where ``10**digits <= canaries.exact_limit`` and the skew-normal
+    extrapolation beside it; the headline is the exact value where there is one. The one-run bound tests the
+    canaries' coins (each inserted with probability 1/2) with their scores ``log P(secret | prefix)``.
+    """
+    from snapaudit_jax.finetune.memorization import canary_exposure, canary_extraction, one_run_bound
+
+    section, canaries, tokenizer = prep.config.canaries, prep.data.canaries, prep.lm.tokenizer
+    key = jax.random.fold_in(jax.random.key(prep.config.seed), 13)
+    exposure = canary_exposure(model, tokenizer, canaries, key=key, exact_limit=section.exact_limit,
+                               sample_size=section.samples)
+    top_k = tuple(sorted({1, section.top_k}))
+    extraction = canary_extraction(model, tokenizer, canaries, top_k=top_k, exact_limit=section.exact_limit,
+                                   exposure=exposure)
+    bounds = one_run_bound(exposure.scores, canaries, delta=prep.delta)
+    one = bounds[min(bounds)]
+    summary = exposure.summary()
+    kind = "exact" if exposure.method == "exact" else "extrapolated"
+    rates = extraction.rates()
+    return {
+        "exposure": {
+            "method": exposure.method, "space_size": exposure.space_size, "max_possible": exposure.max_exposure,
+            "median_inserted": summary["inserted"][kind]["median"], "max_inserted": summary["inserted"][kind]["max"],
+            "median_held_out": summary["held_out"][kind]["median"], "max_held_out": summary["held_out"][kind]["max"],
+            "summary": summary, "rows": [dataclasses.asdict(r) for r in exposure.rows], "fit": list(exposure.fit),
+        },
+        "extraction": {
+            "method": extraction.method, "greedy_inserted": rates["inserted"]["greedy"],
+            f"top_{section.top_k}_inserted": rates["inserted"][f"top_{section.top_k}"],
+            "rates": rates, "greedy_continuation": extraction.greedy_continuation,
+        },
+        "one_run": {"epsilon": one.epsilon, "delta": one.delta, "alpha": one.alpha, "canaries": one.canaries,
+                    "guarantees": one.guarantees,
+                    "note": "a 95% lower bound on the epsilon of the training run (Steinke, Nasr, Jagielski 2023)"},
+    }
+
+
+def run_finetune(config: FinetuneConfig, out_dir: str, *, progress: bool = True) -> dict[str, Any]:
+    """Trains the private model and its baseline, evaluates, exports and writes the report card (resuming).
+
+    Args:
+      config: the run (:func:`~snapaudit_jax.finetune.config.load_finetune_config`).
+      out_dir: the run folder (see the module docstring), owned by this run.
+      progress: progress lines on stderr.
+
+    Returns:
+      The report card (``report.json``'s content).
+
+    Raises:
+      ConfigFileError: as :func:`prepare`, or ``out_dir`` holding a run of another configuration (before any work).
+      InputError: ``out_dir`` held by another live run.
+
+    Guarantees:
+      The private model (``export/private``, its adapter, every checkpoint) is ``(epsilon, delta)``-DP for the
+      configured unit under add/remove adjacency, with ``epsilon`` the report's accountant bound, under
+      :func:`snapaudit_jax.dpsgd.train`'s assumptions. The baseline, the held-out evaluations and the canary
+      results are computed from the private data without noise: the report lists each as a non-private release.
+    """
+    from snapaudit_jax.finetune.report import build_report, write_report
+
+    folder = run_folder(config, out_dir)
+    folder.check()
+    log = RunLog(progress)
+    began = time.perf_counter()
+    prep = prepare(config, log)
+    with folder.claim():
+        models = {}
+        private, history, dp_report = _train_one("private", prep, True, out_dir, log)
+        models["private"] = (private, history, dp_report)
+        if config.baseline:
+            baseline, b_history, b_report = _train_one("baseline", prep, False, out_dir, log)
+            models["baseline"] = (baseline, b_history, b_report)
+        evaluations = {"base": _evaluate("base", prep.lm.module, prep, out_dir, log)}
+        for name, (model, _, _) in models.items():
+            evaluations[name] = _evaluate(name, model, prep, out_dir, log)
+        exports = _export(prep, models, out_dir, log)
+        card = build_report(prep, {k: (h, r) for k, (_, h, r) in models.items()}, evaluations, exports,
+                            seconds=time.perf_counter() - began)
+        write_report(out_dir, card)
+    log(f"done in {time.perf_counter() - began:.0f}s -> {out_dir}")
+    return card
+
+
+def _export(prep: Prepared, models: dict, out_dir: str, log) -> dict[str, str]:
+    if not prep.config.export.hf:
+        return {}
+    from snapaudit_jax.finetune.export import write_hf_folder, write_peft_adapter
+
+    out: dict[str, str] = {}
+    root = os.path.join(out_dir, "export")
+    target = os.path.join(root, "private")
+    if not os.path.isdir(target):
+        write_hf_folder(models["private"][0], prep.lm.tokenizer, target, source=prep.config.model.base)
+    out["private"] = target
+    if prep.lora is not None and prep.config.export.peft:
+        base = prep.config.model.base
+        if base == "smollm2" or base.endswith(".gguf"):
+            base = os.path.join(root, "base")
+            if not os.path.isdir(base):
+                write_hf_folder(prep.lm.module, prep.lm.tokenizer, base, source=prep.config.model.base)
+            out["base"] = base
+        adapter = os.path.join(root, "private_adapter")
+        if not os.path.isdir(adapter):
+            write_peft_adapter(models["private"][0], adapter, base_model_name_or_path=os.path.abspath(base))
+        out["private_adapter"] = adapter
+    log(f"exported: {', '.join(out.values())}")
+    return out

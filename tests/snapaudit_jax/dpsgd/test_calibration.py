@@ -1,0 +1,127 @@
+"""Noise calibration with a relative margin (``calibrate``) and ``plan_epsilons``.
+
+Oracle: dp_accounting's accountants built here directly on the event
+``SelfComposed(PoissonSampled(q, Gaussian(sigma)), T)`` under add/remove-one adjacency. For speed the grid uses
+the PLD value discretisation interval ``1e-3 * target`` (1e-3 at epsilon 1, 8e-3 at epsilon 8: a tenth of the
+1% window) in the calibration and in the oracle alike, so every inequality below compares the same deterministic
+accountant number: no tolerance is needed, and none is used.
+"""
+
+from __future__ import annotations
+
+import dp_accounting
+import pytest
+from dp_accounting.pld import PLDAccountant
+from dp_accounting.rdp import RdpAccountant
+
+from snapaudit_jax.dpsgd import accounting
+from snapaudit_jax.dpsgd.accounting import (
+    AccountantEpsilons,
+    Calibration,
+    calibrate,
+    calibrate_noise_multiplier,
+    plan_epsilons,
+)
+from snapaudit_jax.utils.errors import InputError
+
+DELTA = 1e-5
+DISC = 1e-3  # PLD value discretisation interval outside the grid (calibration and oracle)
+MARGIN = 0.01
+
+
+def oracle(sigma, q, steps, accountant, delta=DELTA, disc=DISC):
+    """epsilon by dp_accounting directly."""
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
+    relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    if accountant == "pld":
+        acc = PLDAccountant(relation, value_discretization_interval=disc)
+    else:
+        acc = RdpAccountant(neighboring_relation=relation)
+    return acc.compose(event).get_epsilon(delta)
+
+
+def within_margin(eps, target, margin=MARGIN):
+    """The claim calibrate makes: epsilon in [(1 - margin) target, target]."""
+    return (1.0 - margin) * target <= eps <= target
+
+
+GRID = [(acc, q, steps, target) for acc in ("pld", "rdp") for q in (0.01, 0.1) for steps in (10, 100)
+        for target in (1.0, 8.0)]
+
+
+@pytest.mark.parametrize("accountant,q,steps,target", GRID)
+def test_calibrated_sigma_lands_within_one_percent_below_the_target(accountant, q, steps, target):
+    """epsilon(sigma) in [0.99 target, target] by dp_accounting directly; power: sigma 2% lower exceeds the
+    target, and an overshooting calibration (sigma * 1.05) fails the 1% check."""
+    disc = DISC * target
+    cal = calibrate(target, DELTA, q, steps, accountant=accountant, pld_discretization=disc)
+    assert isinstance(cal, Calibration) and cal.accountant == accountant and cal.target_epsilon == target
+    assert not cal.floor_hit  # every grid point needs sigma > 0.3
+    sigma = cal.noise_multiplier
+    eps = oracle(sigma, q, steps, accountant, disc=disc)
+    assert within_margin(eps, target), (sigma, eps)
+    assert cal.epsilon == eps and cal.margin == pytest.approx((target - eps) / target, rel=1e-12, abs=1e-15)
+    assert 0.0 <= cal.margin <= MARGIN
+    other = "rdp" if accountant == "pld" else "pld"
+    assert cal.epsilon_other == oracle(sigma, q, steps, other, disc=disc)
+    # power: the check rejects a sigma 2% too small (above the target) and one 5% too large (> 1% below it)
+    assert oracle(0.98 * sigma, q, steps, accountant, disc=disc) > target
+    assert not within_margin(oracle(1.05 * sigma, q, steps, accountant, disc=disc), target)
+
+
+def test_a_coarse_first_pass_is_tightened_until_the_margin_holds():
+    """With Brent's tolerance 0.5 on sigma the first pass misses the 1% window (checked); calibrate goes on."""
+    q, steps, target, tol = 0.1, 100, 1.0, 0.5
+    first = calibrate_noise_multiplier(target_epsilon=target, delta=DELTA, sampling_rate=q, steps=steps,
+                                       accountant="pld", tol=tol, pld_discretization=DISC)
+    assert not within_margin(oracle(first, q, steps, "pld"), target)  # the precondition: the path is exercised
+    cal = calibrate(target, DELTA, q, steps, tol=tol, pld_discretization=DISC)
+    assert within_margin(oracle(cal.noise_multiplier, q, steps, "pld"), target)
+    assert cal.noise_multiplier < first
+
+
+def test_a_tighter_max_margin_is_met():
+    cal = calibrate(1.0, DELTA, 0.1, 100, max_margin=1e-7, pld_discretization=DISC)
+    eps = oracle(cal.noise_multiplier, 0.1, 100, "pld")
+    assert within_margin(eps, 1.0, margin=1e-7) and cal.margin <= 1e-7
+
+
+def test_the_search_floor_is_reported_when_it_already_meets_the_target():
+    cal = calibrate(8.0, DELTA, 1e-4, 1, pld_discretization=1e-2)
+    assert cal.floor_hit and cal.noise_multiplier == 0.3
+    assert cal.epsilon == oracle(0.3, 1e-4, 1, "pld", disc=1e-2) <= 8.0
+    assert cal.margin > MARGIN  # the margin cannot hold there, and the result says why
+
+
+def test_an_unreachable_target_names_target_epsilon():
+    with pytest.raises(InputError, match=r"target_epsilon=1e-06 is unreachable"):
+        calibrate(1e-6, 1e-9, 0.1, 100, pld_discretization=DISC)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(max_margin=0.0), r"max_margin must be in \(0, 1\), got 0.0"),
+    (dict(max_margin=1.0), r"max_margin must be in \(0, 1\), got 1.0"),
+    (dict(accountant="gdp"), r"accountant must be one of"),
+    (dict(tol=-1.0), r"tol must be a finite number > 0, got -1.0"),
+])
+def test_bad_arguments_are_named(kwargs, match):
+    with pytest.raises(InputError, match=match):
+        calibrate(1.0, DELTA, 0.1, 10, **kwargs)
+
+
+def test_an_accountant_that_jumps_over_the_window_is_reported_not_returned(monkeypatch):
+    """A step-shaped epsilon (2 below sigma = 1.5, 0.5 above) has no sigma in [0.99, 1]: InputError naming
+    max_margin after bisection, never a sigma outside the window."""
+    monkeypatch.setattr(accounting, "calibrate_noise_multiplier", lambda **kw: 2.0)
+    monkeypatch.setattr(accounting, "compute_epsilon", lambda *, noise_multiplier, **kw:
+                        2.0 if noise_multiplier < 1.5 else 0.5)
+    with pytest.raises(InputError, match=r"max_margin=0.01 is unattainable with the pld accountant"):
+        accounting.calibrate(1.0, DELTA, 0.1, 10)
+
+
+def test_plan_epsilons_gives_both_accountants():
+    out = plan_epsilons(1.0, 0.01, 100, DELTA, pld_discretization=DISC)
+    assert isinstance(out, AccountantEpsilons)
+    assert out.rdp == oracle(1.0, 0.01, 100, "rdp") and out.pld == oracle(1.0, 0.01, 100, "pld")
+    assert out.epsilon == min(out.rdp, out.pld) == out.pld

@@ -1,0 +1,169 @@
+"""``snapaudit finetune`` end to end on a tiny Llama folder: the plan, the run, the report card, resume, refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from snapaudit_jax.cli import main
+from snapaudit_jax.dpsgd.accounting import compute_epsilon
+from snapaudit_jax.finetune.config import load_finetune_config
+from snapaudit_jax.finetune.run import plan_dict, prepare
+from snapaudit_jax.utils.config import ConfigFileError
+from tests.helpers.tiny_llm import make_tiny_llm_folder
+
+WORDS = "alpha beta gamma delta kappa omega sigma tau rho zeta".split()
+
+
+def _notes(n_users=30, seed=0):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for u in range(n_users):
+        for _ in range(int(rng.integers(1, 4))):
+            words = " ".join(rng.choice(WORDS, size=int(rng.integers(4, 9))))
+            rows.append({"user": f"u{u}", "text": f"note of u{u}: {words}."})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("finetune")
+    rows = _notes()
+    model = make_tiny_llm_folder(str(root / "model"), [r["text"] for r in rows] + ["my secret code is 0123 4567"],
+                                 vocab_size=300)
+    data = root / "notes.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root, model, str(data), rows
+
+
+def _toml(root, model, data_path, extra="", **sections):
+    body = {
+        "run": "seed = 1\neval_batch_size = 8\n",
+        "data": f'path = "{data_path}"\nuser_field = "user"\nmax_length = 24\nheld_out_fraction = 0.2\n',
+        "model": f'base = "{model}"\n',
+        "finetune": "method = \"lora\"\nrank = 2\nsteps = 3\nbatch_size = 4\nlearning_rate = 0.01\n"
+                    "checkpoint_every = 2\n",
+        "privacy": "target_epsilon = 4.0\nclip_norm = 1.0\n",
+        "canaries": "n_canaries = 4\ndigits = 4\nexact_limit = 10000\nsamples = 64\ntop_k = 5\n",
+    }
+    body.update(sections)
+    text = "".join(f"[{name}]\n{value}\n" for name, value in body.items()) + extra
+    path = root / f"cfg{abs(hash(text)) % 10**8}.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_plan_matches_dp_accounting_and_trains_nothing(tiny, tmp_path):
+    root, model, data, rows = tiny
+    config = load_finetune_config(_toml(root, model, data))
+    prep = prepare(config)
+    info = plan_dict(prep, timing=False)
+    n = info["units"]
+    # 4 canaries, each inserted with probability 1/2, are units of their own
+    assert n == info["data"]["train_records"] == round(0.8 * len(rows)) + info["data"]["canaries_inserted"]
+    assert info["sampling_rate"] == pytest.approx(4 / n) and info["delta"] == pytest.approx(1 / (10 * n))
+    cal = info["calibration"]
+    assert cal["accountant"] == "pld" and 0.0 <= cal["margin"] <= 0.01
+    # the printed epsilons are dp_accounting's at the calibrated sigma
+    for name in ("pld", "rdp"):
+        assert info[f"epsilon_{name}"] == pytest.approx(compute_epsilon(
+            noise_multiplier=info["noise_multiplier"], sampling_rate=4 / n, steps=3, delta=1 / (10 * n),
+            accountant=name))
+    assert info["epsilon_pld"] <= 4.0
+    out = tmp_path / "never"
+    assert main(["finetune", _toml(root, model, data), "--plan", "--out", str(out)]) == 0
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("sections, key", [
+    ({"privacy": "target_epsilon = 4.0\ndelta = 0.5\n"}, "privacy.delta"),
+    ({"privacy": "target_epsilon = 1e-6\ndelta = 1e-9\n"}, "privacy.target_epsilon"),
+    ({"finetune": "method = \"lora\"\nrank = 64\n"}, "finetune.rank"),
+    ({"finetune": "method = \"lora\"\ntargets = [\"c_attn\"]\n"}, "finetune.targets"),
+    ({"finetune": "batch_size = 1000\n"}, "finetune.batch_size"),
+    ({"privacy": "target_epsilon = 4.0\nnoise_multiplier = 1.0\n"}, "privacy.target_epsilon"),
+    ({"privacy": "unit = \"user\"\n", "data": "path = \"{data}\"\n"}, "data.user_field"),
+])
+def test_bad_settings_are_refused_before_training_naming_the_key(tiny, tmp_path, sections, key, capsys):
+    root, model, data, _ = tiny
+    sections = {k: v.replace("{data}", data) for k, v in sections.items()}
+    out = tmp_path / "out"
+    assert main(["finetune", _toml(root, model, data, **sections), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert key in err and "Traceback" not in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("rows, key", [
+    ([{"body": "x"}], "data.text_field"),
+    ([{"text": "a note", "user": "u1"}, {"text": "another"}] * 5, "data.user_field"),
+    ([{"text": ""}], "data.text_field"),
+])
+def test_bad_data_files_are_refused(tiny, tmp_path, rows, key, capsys):
+    root, model, _, _ = tiny
+    path = tmp_path / "bad.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = _toml(root, model, str(path), privacy="unit = \"user\"\ntarget_epsilon = 4.0\n")
+    with pytest.raises(ConfigFileError, match=key.replace(".", r"\.")):
+        prepare(load_finetune_config(cfg))
+
+
+def test_held_out_part_must_not_be_empty(tiny, tmp_path):
+    root, model, data, _ = tiny
+    empty = tmp_path / "held.jsonl"
+    empty.write_text("")
+    cfg = _toml(root, model, data, data=f'path = "{data}"\nheld_out_path = "{empty}"\n')
+    with pytest.raises(ConfigFileError, match=r"data\.held_out_path"):
+        prepare(load_finetune_config(cfg))
+
+
+def test_user_level_units_group_and_cap_records(tiny):
+    root, model, data, rows = tiny
+    cfg = _toml(root, model, data, privacy="unit = \"user\"\ntarget_epsilon = 4.0\nmax_records_per_user = 2\n",
+                canaries="n_canaries = 0\n")
+    prep = prepare(load_finetune_config(cfg))
+    tokens, mask = prep.dataset
+    users = {r["user"] for r in rows}
+    held = round(0.2 * len(users))
+    assert tokens.shape[0] == len(users) - held and tokens.shape[1] == 2  # units are users, k = the cap
+    counts = {}
+    for r in rows:
+        counts[r["user"]] = counts.get(r["user"], 0) + 1
+    s = prep.data.stats
+    assert s["users"] == len(users) and s["records_per_user_max"] == max(counts.values())
+    assert s["train_records"] == int(mask.any(axis=2).sum())
+    over = sum(max(0, c - 2) for c in counts.values())
+    assert 0 < s["records_dropped_by_cap"] <= over and 0 < s["users_capped"] <= s["users"]
+    assert s["train_records"] + s["records_dropped_by_cap"] + s["held_out_records"] == len(rows)
+
+
+def test_run_report_card_resume_and_export(tiny, tmp_path, capsys):
+    root, model, data, _ = tiny
+    cfg = _toml(root, model, data)
+    out = tmp_path / "run"
+    assert main(["finetune", cfg, "--out", str(out), "--quiet"]) == 0
+    card = json.loads((out / "report.json").read_text())
+    claim, dp = card["claim"], card["dpsgd"]
+    assert claim["dp"] and claim["unit"] == "record" and claim["epsilon_pld"] <= 4.0
+    assert dp["sampling"].startswith("poisson") and dp["steps"] == 3 and dp["clip_norm"] == 1.0
+    for item in ("records_truncated", "train_records", "held_out_records", "canaries_inserted"):
+        assert item in card["data"]
+    statuses = " ".join(r["status"] for r in card["releases"])
+    assert "NOT private" in statuses and "NOT covered" in statuses
+    assert set(card["models"]) == {"base", "private", "baseline"}
+    assert card["models"]["baseline"]["release"] == "NOT private"
+    assert (out / "report.md").read_text().startswith("# DP fine-tuning report")
+    assert os.path.isfile(out / "export" / "private" / "config.json")
+    assert os.path.isfile(out / "export" / "private_adapter" / "adapter_config.json")
+    # a rerun resumes from the checkpoints and evaluations: the same card (wall time aside)
+    assert main(["finetune", cfg, "--out", str(out), "--quiet"]) == 0
+    again = json.loads((out / "report.json").read_text())
+    card.pop("seconds"), again.pop("seconds")
+    assert again == card
+    # another configuration into the same folder is refused, naming the first differing key
+    other = _toml(root, model, data, finetune="method = \"lora\"\nrank = 2\nsteps = 4\nbatch_size = 4\n")
+    assert main(["finetune", other, "--out", str(out), "--quiet"]) == 2
+    assert "finetune.steps" in capsys.readouterr().err
