@@ -66,7 +66,8 @@ from attacks.blackbox import continuation_logprobs
 from attacks.corpus import Canary, CanarySet
 from attacks.mia import roc_auc
 from snapaudit_jax.estimation import Bonferroni, Split, ThresholdTest, estimate, threshold_test
-from snapaudit_jax.estimation.one_run import DeclaredGrid, check_design, default_grid, one_run_audit
+from snapaudit_jax.estimation.one_run import check_design
+from snapaudit_jax.finetune.memorization import one_run_bound
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 
@@ -350,17 +351,14 @@ def canary_audit(
         check_design(canaries.insert_probability, config.delta)
     scores = canary_scores(model, tokenizer, canaries, reference_model=reference_model, batch_size=config.batch_size)
     inserted, reps = canaries.inserted, canaries.repetitions
+    one_run = (one_run_bound(scores, canaries, delta=config.delta, alpha=config.alpha,
+                             pairs=config.one_run_pairs or None) if config.one_run else None)
     non = scores[~inserted]
     groups = []
     for r in sorted(set(reps.tolist())):
         mem = scores[inserted & (reps == r)]
         group = {"repetitions": r, "n_members": len(mem), "n_nonmembers": len(non)}
-        in_group = reps == r
-        group["one_run"] = (one_run_audit(
-            scores[in_group], inserted[in_group], insert_probability=canaries.insert_probability,
-            delta=config.delta, alpha=config.alpha,
-            rule=DeclaredGrid(config.one_run_pairs or default_grid(int(in_group.sum())))).to_dict()
-            if config.one_run else None)
+        group["one_run"] = one_run[r].to_dict() if one_run else None
         if len(mem) < 2 or len(non) < 2:
             group.update(auc=None, bounds=None, jax_privacy=None, skipped="fewer than 2 members or non-members")
             groups.append(group)

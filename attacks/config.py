@@ -20,7 +20,7 @@ from attacks.inference import InferenceConfig
 from attacks.reconstruction import ReconstructionConfig
 from snapaudit_jax.estimation.one_run import check_design
 from snapaudit_jax.utils import validate
-from snapaudit_jax.utils.config import ConfigFileError, read_toml, reject_unknown, table, take
+from snapaudit_jax.utils.config import ConfigFileError, dataclass_section, read_toml, reject_unknown, table, take
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.memory import check_fits
 
@@ -165,24 +165,6 @@ _SECTIONS = {
     "extraction": ExtractionConfig, "reconstruction": ReconstructionConfig, "inference": InferenceConfig,
     "audit": CanaryAuditConfig,
 }
-
-
-def _section(default, body: Any, where: str):
-    """``dataclasses.replace(default, **body)`` with lists as tuples, then ``validate()``; errors name ``where``."""
-    if not isinstance(body, dict):
-        raise ConfigFileError(f"{where}: must be a table, got {body!r}")
-    names = {f.name for f in dataclasses.fields(default)}
-    unknown = sorted(set(body) - names)
-    if unknown:
-        raise ConfigFileError(f"{where}: unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(names))})")
-    values = {k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
-              for k, v in body.items()}
-    try:
-        return dataclasses.replace(default, **values).validate()
-    except (TypeError, ValueError) as err:
-        msg = str(err)
-        field = msg.split(" ", 1)[0].split("[", 1)[0]
-        raise ConfigFileError(f"{where}: {msg}" + (f" ({where}.{field})" if field in names else "")) from None
 
 
 def gpt2_parameters(model: ModelConfig) -> dict[str, int]:
@@ -333,7 +315,7 @@ def load_pii_config(path: str | os.PathLike) -> PIIConfig:
         body = raw.pop(name, {})
         if name == "corpus":
             _check_corpus_body(body, base.corpus)
-        kw[name] = _section(getattr(base, name), body, name)
+        kw[name] = dataclass_section(getattr(base, name), body, name)
         for key in ("seed",):  # the stages' own seeds, in the seed range (their validate() takes any int >= 0)
             if hasattr(kw[name], key):
                 try:

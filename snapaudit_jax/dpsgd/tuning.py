@@ -48,7 +48,7 @@ from scipy import optimize, special
 from snapaudit_jax.dpsgd.accounting import _check, _quiet_dropped_orders, compute_epsilon, dpsgd_event
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
-from snapaudit_jax.utils.io import dumps, to_json
+from snapaudit_jax.utils.io import JSONRecord
 
 __all__ = [
     "RULES",
@@ -286,7 +286,7 @@ _COMMON_ASSUMPTIONS = (
 
 
 @dataclasses.dataclass(frozen=True)
-class SweepAccounting:
+class SweepAccounting(JSONRecord):
     """The privacy guarantee of a hyperparameter sweep (:func:`account_sweep`), JSON-serialisable.
 
     Attributes:
@@ -321,25 +321,6 @@ class SweepAccounting:
     covered: str
     not_covered: tuple[str, ...]
     assumptions: tuple[str, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        """A strict-JSON dictionary of every field (``inf`` becomes ``None``, tuples lists).
-
-        Returns:
-          The dictionary.
-        """
-        return to_json(dataclasses.asdict(self))
-
-    def to_json(self, **kwargs) -> str:
-        """``json.dumps`` of :meth:`to_dict`.
-
-        Args:
-          **kwargs: passed to ``json.dumps``.
-
-        Returns:
-          The JSON text.
-        """
-        return dumps(self.to_dict(), **kwargs)
 
 
 def _candidates(candidates: Sequence[Any], delta: float) -> tuple[tuple[Candidate, ...], float]:

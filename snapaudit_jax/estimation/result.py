@@ -12,12 +12,12 @@ from snapaudit_jax.estimation.curves import TradeoffCurve
 from snapaudit_jax.estimation.estimators import ASSUMPTION_FREE, ESTIMATORS, VIOLATION_RTOL, estimate, is_violation
 from snapaudit_jax.estimation.rates import RateBound
 from snapaudit_jax.utils import validate
-from snapaudit_jax.utils.io import dumps, to_json
+from snapaudit_jax.utils.io import JSONRecord
 
 __all__ = ["AuditResult", "GDP_BY_CONSTRUCTION_LABEL", "GDP_ENVELOPE_LABEL", "HEURISTIC_NOTE", "audit_result"]
 
 @dataclasses.dataclass(frozen=True)
-class AuditResult:
+class AuditResult(JSONRecord):
     """Immutable, JSON-serialisable result of one audit (one ``eps_theory``); built by :func:`audit_result`.
 
     ``epsilon_emp`` is the ``(eps, delta)`` lower bound that ``violation`` is decided from: the assumption-free
@@ -117,21 +117,6 @@ class AuditResult:
     mu_violation_p_value: float | None = None
     mu_familywise_violation: bool | None = None
     stream: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        """Every field in strict-JSON form (:func:`~snapaudit_jax.utils.io.to_json`: non-finite numbers ``None``)."""
-        return to_json(dataclasses.asdict(self))
-
-    def to_json(self, **kwargs) -> str:
-        """:meth:`to_dict` as a strict JSON string.
-
-        Args:
-          **kwargs: passed to :func:`json.dumps` (e.g. ``indent``).
-
-        Returns:
-          The JSON text.
-        """
-        return dumps(self.to_dict(), **kwargs)
 
     def summary(self) -> dict[str, Any]:
         """The fields of the command-line JSON contract, as a dict in strict-JSON form.

@@ -15,7 +15,7 @@ from typing import Any
 
 from snapaudit_jax.dpsgd.canaries import CanaryConfig
 from snapaudit_jax.utils import validate
-from snapaudit_jax.utils.config import ConfigFileError, read_toml, reject_unknown
+from snapaudit_jax.utils.config import ConfigFileError, dataclass_section, read_toml, reject_unknown
 from snapaudit_jax.utils.errors import InputError
 
 __all__ = [
@@ -337,35 +337,6 @@ _SECTIONS = {"data": DataConfig, "model": ModelConfig, "finetune": TrainConfig, 
              "canaries": CanarySection, "export": ExportConfig}
 
 
-def _section(default, body: Any, where: str):
-    """``dataclasses.replace(default, **body)`` (lists as tuples), then ``validate()``; errors name ``where.key``."""
-    if not isinstance(body, dict):
-        raise ConfigFileError(f"{where}: must be a table ([{where}]), got {body!r}")
-    names = [f.name for f in dataclasses.fields(default)]
-    unknown = sorted(set(body) - set(names))
-    if unknown:
-        raise ConfigFileError(f"{where}: unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(names))})")
-    values = {}
-    for key, value in body.items():
-        kind = type(getattr(default, key))
-        if kind is tuple:
-            if isinstance(value, str) or not isinstance(value, list):
-                raise ConfigFileError(f"{where}.{key}: must be a list, got {value!r}")
-            value = tuple(value)
-        elif kind is bool and not isinstance(value, bool):
-            raise ConfigFileError(f"{where}.{key}: must be true or false, got {value!r}")
-        elif kind is str and not isinstance(value, str):
-            raise ConfigFileError(f"{where}.{key}: must be a string, got {value!r}")
-        values[key] = value
-    try:
-        return dataclasses.replace(default, **values).validate()
-    except (TypeError, ValueError) as err:
-        msg = str(err)
-        field = msg.split(" ", 1)[0].split("[", 1)[0]
-        key = field if field in names else None
-        raise ConfigFileError(f"{where}.{key}: {msg}" if key else f"{where}: {msg}") from None
-
-
 def _resolve_path(path: str, config_path: str) -> str:
     """A data path relative to the config file's folder (absolute paths are kept)."""
     if not path or os.path.isabs(path):
@@ -420,7 +391,7 @@ def load_finetune_config(path: str | os.PathLike) -> FinetuneConfig:
             for key in ("path", "held_out_path"):
                 if isinstance(body.get(key), str):
                     body[key] = _resolve_path(body[key], path)
-        kw[name] = _section(default, body, name)
+        kw[name] = dataclass_section(default, body, name)
     reject_unknown(raw, path)
     config = FinetuneConfig(**kw)
     if config.privacy.unit == "user" and not config.data.user_field:

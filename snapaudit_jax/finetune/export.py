@@ -55,7 +55,7 @@ from snapaudit_jax.models.config import GPT2Config, LlamaConfig
 from snapaudit_jax.models.decoders import GPT2, Llama
 from snapaudit_jax.models.tokenizer import Tokenizer
 # The loader's name maps are the one source of the checkpoint names: an export cannot drift from what loads.
-from snapaudit_jax.models.weights import CheckpointError, _gpt2_map, _llama_map
+from snapaudit_jax.models.weights import CheckpointError, gpt2_weight_map, llama_weight_map, read_folder_json
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.io import check_output_dir, dumps
 
@@ -144,7 +144,8 @@ def hf_tensors(model, *, lora: str = "merge") -> dict[str, np.ndarray]:
     """
     model = _plain(_decoder(model), lora)
     cfg = model.cfg
-    entries, prefix = (_llama_map(cfg), "model.") if isinstance(cfg, LlamaConfig) else (_gpt2_map(cfg), "transformer.")
+    llama = isinstance(cfg, LlamaConfig)
+    entries, prefix = (llama_weight_map(cfg), "model.") if llama else (gpt2_weight_map(cfg), "transformer.")
     flat = {path: var[...] for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
     slices = target_slices(cfg)
     out: dict[str, np.ndarray] = {}
@@ -674,14 +675,9 @@ def read_peft_adapter(model, folder: str | os.PathLike):
     folder = os.fspath(folder)
     config_path = os.path.join(folder, "adapter_config.json")
     weights_path = os.path.join(folder, "adapter_model.safetensors")
-    for p in (config_path, weights_path):
-        if not os.path.isfile(p):
-            raise CheckpointError(f"{folder}: no {os.path.basename(p)} (not a PEFT adapter folder)")
-    try:
-        with open(config_path) as fh:
-            config = json.load(fh)
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"{config_path}: not valid JSON ({err})") from None
+    config = read_folder_json(folder, "adapter_config.json", "a PEFT adapter folder")
+    if not os.path.isfile(weights_path):
+        raise CheckpointError(f"{folder}: no adapter_model.safetensors (not a PEFT adapter folder)")
     if not isinstance(config, dict) or config.get("peft_type") != "LORA":
         raise CheckpointError(f"{config_path}: peft_type must be 'LORA', got {config.get('peft_type')!r}")
     for key, fine in (("use_dora", False), ("use_rslora", False), ("bias", "none"), ("lora_bias", False)):

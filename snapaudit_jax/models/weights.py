@@ -46,7 +46,16 @@ class CheckpointError(InputError):
 Entry = tuple[tuple, "str | tuple[str, ...]", bool]
 
 
-def _gpt2_map(cfg: GPT2Config) -> list[Entry]:
+def gpt2_weight_map(cfg: GPT2Config) -> list[Entry]:
+    """Where each of our GPT-2 parameters lives in a Hugging Face checkpoint.
+
+    Args:
+      cfg: the model's shape.
+
+    Returns:
+      ``[(our state path, Hugging Face tensor name without the "transformer." prefix, transposed), ...]``; the
+      fused projections appear once each (GPT-2's Conv1D already stores ``(in, out)``).
+    """
     out: list[Entry] = [
         (("wte", "embedding"), "wte.weight", False),
         (("wpe", "embedding"), "wpe.weight", False),
@@ -66,7 +75,16 @@ def _gpt2_map(cfg: GPT2Config) -> list[Entry]:
     return out
 
 
-def _llama_map(cfg: LlamaConfig) -> list[Entry]:
+def llama_weight_map(cfg: LlamaConfig) -> list[Entry]:
+    """Where each of our Llama parameters lives in a Hugging Face checkpoint.
+
+    Args:
+      cfg: the model's shape.
+
+    Returns:
+      ``[(our state path, Hugging Face tensor name(s) without the "model." prefix, transposed), ...]``: a fused
+      projection (``qkv_proj``, ``gate_up_proj``) names its Hugging Face parts, concatenated along the output axis.
+    """
     out: list[Entry] = [
         (("embed", "embedding"), "embed_tokens.weight", False),
         (("norm", "scale"), "norm.weight", False),
@@ -110,8 +128,8 @@ def _bert_map(cfg: BertConfig) -> list[Entry]:
 
 
 _MODELS: dict[type, tuple[type, Callable, tuple[str, ...]]] = {
-    GPT2Config: (GPT2, _gpt2_map, ("transformer.", "")),
-    LlamaConfig: (Llama, _llama_map, ("model.", "")),
+    GPT2Config: (GPT2, gpt2_weight_map, ("transformer.", "")),
+    LlamaConfig: (Llama, llama_weight_map, ("model.", "")),
     BertConfig: (Bert, _bert_map, ("bert.", "")),
 }
 
@@ -331,6 +349,30 @@ def _weight_files(folder: str, allow_pickle: bool) -> tuple[str, list[str]]:
     raise CheckpointError(f"{folder}: no model.safetensors, model.safetensors.index.json or weights file found")
 
 
+def read_folder_json(folder: str, name: str, kind: str):
+    """The parsed JSON file ``name`` of a model folder.
+
+    Args:
+      folder: the folder.
+      name: the file's name in it (``config.json``, ``adapter_config.json``...).
+      kind: what a folder holding the file is, for the error (``"a Hugging Face checkpoint folder"``).
+
+    Returns:
+      The parsed JSON value.
+
+    Raises:
+      CheckpointError: the file is missing (the folder is not ``kind``), unreadable, or not valid JSON.
+    """
+    path = os.path.join(folder, name)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{folder}: no {name} (not {kind})")
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path}: not valid JSON ({err})") from None
+
+
 def read_config(folder: str):
     """The model config of a Hugging Face checkpoint folder's ``config.json``.
 
@@ -345,13 +387,7 @@ def read_config(folder: str):
       CheckpointError: ``config.json`` is missing, not valid JSON, or describes an unsupported model.
     """
     path = os.path.join(folder, "config.json")
-    if not os.path.isfile(path):
-        raise CheckpointError(f"{folder}: no config.json (not a Hugging Face checkpoint folder)")
-    try:
-        with open(path) as fh:
-            raw = json.load(fh)
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"{path}: not valid JSON ({err})") from None
+    raw = read_folder_json(folder, "config.json", "a Hugging Face checkpoint folder")
     try:
         return config_from_hf(raw, source=path), raw
     except ConfigError as err:

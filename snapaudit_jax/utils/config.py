@@ -8,6 +8,7 @@ A section is read by popping its keys with :func:`take` and a converter
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import stat
@@ -17,7 +18,7 @@ from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import ConfigFileError, InputError
 
 __all__ = ["ConfigFileError", "check_regular_file", "read_toml", "table", "take", "choice", "choices", "pos_int",
-           "boolean", "string", "number_list", "reject_unknown"]
+           "boolean", "string", "number_list", "reject_unknown", "dataclass_section"]
 
 
 def read_toml(path: str | os.PathLike) -> dict:
@@ -245,3 +246,53 @@ def reject_unknown(section: dict, where: str):
     """
     if section:
         raise ConfigFileError(f"{where}: unknown key(s) {', '.join(sorted(section))}")
+
+
+def _tuples(value):
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def dataclass_section(default, body, where: str):
+    """A TOML table read into a frozen dataclass section: ``dataclasses.replace(default, **body)``, then ``validate()``.
+
+    A list becomes a tuple (nested lists nested tuples), and a string is refused where the default is a tuple; a key
+    whose default is a bool or a str must be given one (TOML's integers are not booleans here). Anything else is
+    left to the section's ``validate()``.
+
+    Args:
+      default: the section's defaults (a dataclass instance with a ``validate()`` returning the instance and
+        raising :class:`ValueError` / :class:`InputError` whose message starts with the field's name).
+      body: the parsed table.
+      where: the section's dotted name, used in errors.
+
+    Returns:
+      The validated section.
+
+    Raises:
+      ConfigFileError: ``body`` not a table, an unknown key, a value of the wrong kind or one breaking its rule
+        (``where: <the rule and the value> (where.key)``; without the key for a rule over several keys).
+    """
+    if not isinstance(body, dict):
+        raise ConfigFileError(f"{where}: must be a table ([{where}]), got {body!r}")
+    names = [f.name for f in dataclasses.fields(default)]
+    unknown = sorted(set(body) - set(names))
+    if unknown:
+        raise ConfigFileError(f"{where}: unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(names))})")
+    values = {}
+    for key, value in body.items():
+        kind = type(getattr(default, key))
+        if kind is tuple:
+            if isinstance(value, str):
+                raise ConfigFileError(f"{where}.{key}: must be a list, got {value!r}")
+            value = _tuples(value)
+        elif kind is bool and not isinstance(value, bool):
+            raise ConfigFileError(f"{where}.{key}: must be true or false, got {value!r}")
+        elif kind is str and not isinstance(value, str):
+            raise ConfigFileError(f"{where}.{key}: must be a string, got {value!r}")
+        values[key] = value
+    try:
+        return dataclasses.replace(default, **values).validate()
+    except (TypeError, ValueError) as err:
+        msg = str(err)
+        field = msg.split(" ", 1)[0].split("[", 1)[0]
+        raise ConfigFileError(f"{where}: {msg}" + (f" ({where}.{field})" if field in names else "")) from None

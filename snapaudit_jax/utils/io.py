@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import dataclasses
 import os
 import tempfile
 from collections.abc import Callable
@@ -21,8 +22,8 @@ import numpy as np
 
 from snapaudit_jax.utils.errors import InputError
 
-__all__ = ["PLOT_FORMATS", "atomic_write", "check_output_dir", "check_output_file", "dumps", "to_json", "write_json",
-           "write_text"]
+__all__ = ["PLOT_FORMATS", "JSONRecord", "atomic_write", "check_output_dir", "check_output_file", "dumps", "to_json",
+           "write_json", "write_text"]
 
 
 def _umask() -> int:
@@ -224,3 +225,22 @@ def check_output_dir(name: str, path: str | os.PathLike) -> None:
     target = path if os.path.isdir(path) else _nearest_existing(os.path.join(path, "x"))
     _check_name_lengths(name, path, target)
     _probe_writable(name, target, "the output folder")
+
+
+class JSONRecord:
+    """Mixin of a dataclass record written as strict JSON: :meth:`to_dict` and :meth:`to_json`."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field in strict-JSON form (:func:`to_json`: non-finite numbers ``None``, tuples lists)."""
+        return to_json(dataclasses.asdict(self))
+
+    def to_json(self, **kwargs) -> str:
+        """:meth:`to_dict` as a strict JSON string.
+
+        Args:
+          **kwargs: passed to :func:`json.dumps` (e.g. ``indent``).
+
+        Returns:
+          The JSON text.
+        """
+        return dumps(self.to_dict(), **kwargs)
