@@ -16,11 +16,20 @@ One step (Abadi et al. 2016, Alg. 1, with Poisson sampling as accounted):
 The whole step is one jitted kernel; sizes (``N``, ``m``, ``L``) and the optimizer kind are static,
 while ``q``, ``C``, ``sigma C``, ``1 / (q N)`` and the learning rate are traced, so neither later steps
 nor later runs with other privacy settings recompile.
+
+Data parallelism (``train(..., mesh=...)``, :mod:`~snapaudit_jax.dpsgd.parallel`): over a 1-D mesh of ``D``
+devices the units are split over the devices (``N`` padded to a multiple of ``D`` with units that are never
+selected) and everything else is replicated. Step 1 is unchanged (the same global mask, so the batch of step
+``t`` does not depend on ``D``); step 2 runs on every device over the selected units it holds, with
+``m`` units per microbatch on each device, and the ``D`` clipped sums are added (``psum``); steps 3 and 4 run
+once on the replicated sum, with the same key, so there is one noise draw, the single-device one. Only the
+float32 summation order differs from one device.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 import sys
@@ -35,6 +44,7 @@ import optax
 from flax import nnx
 from jax_privacy import noise_addition
 
+from snapaudit_jax.dpsgd import parallel
 from snapaudit_jax.dpsgd.accounting import (
     PROTECTED_UNIT,
     UNIT_GROUP,
@@ -150,10 +160,9 @@ def _make_tx(spec: _StepSpec, hyper: _Hyper, noise_key: jax.Array) -> optax.Grad
     return optax.chain(*parts)
 
 
-def _dp_step_kernel(key, step, params, opt_state, rest, tokens, mask, hyper: _Hyper, *, graphdef, spec: _StepSpec):
-    """One DP-SGD step (pure; key first): ``(params, opt_state, metrics)``."""
-    m = spec.microbatch_size
-    selected = _poisson_mask(jax.random.fold_in(key, _SAMPLE_STREAM), step, spec.num_records, hyper.threshold)
+def _local_sums(params, rest, hyper: _Hyper, tokens, mask, selected, *, graphdef, microbatch_size: int):
+    """Clipped gradient sum over the selected units of ``tokens`` (one device's): ``(grad_sum, sums, maxima)``."""
+    m = microbatch_size
     indices, count = compact_indices(selected, m)
     rows = jnp.arange(m, dtype=jnp.int32)
 
@@ -176,20 +185,37 @@ def _dp_step_kernel(key, step, params, opt_state, rest, tokens, mask, hyper: _Hy
     zero = jnp.zeros((), jnp.float32)
     init = (jax.tree.map(jnp.zeros_like, params), zero, zero, zero, jnp.zeros((), jnp.int32))
     grad_sum, loss_sum, norm_sum, norm_max, clipped = jax.lax.fori_loop(0, (count + m - 1) // m, body, init)
+    sums = {"batch_size": count, "loss_sum": loss_sum, "norm_sum": norm_sum, "clipped": clipped}
+    return grad_sum, sums, {"norm_max": norm_max}
+
+
+def _dp_step_kernel(
+    key, step, params, opt_state, rest, tokens, mask, hyper: _Hyper, *, graphdef, spec: _StepSpec, mesh=None
+):
+    """One DP-SGD step (pure; key first): ``(params, opt_state, metrics)``.
+
+    ``mesh=None``: one device. A 1-D mesh: ``tokens`` and ``mask`` are ``(N_pad, ...)`` split over its axis and
+    everything else replicated; the per-unit clipped sums run where the units live and are summed over the axis
+    (:mod:`~snapaudit_jax.dpsgd.parallel`), then the one noise draw and the update run on the replicated sum.
+    """
+    selected = _poisson_mask(jax.random.fold_in(key, _SAMPLE_STREAM), step, spec.num_records, hyper.threshold)
+    local = functools.partial(_local_sums, graphdef=graphdef, microbatch_size=spec.microbatch_size)
+    if mesh is None:
+        grad_sum, sums, maxima = local(params, rest, hyper, tokens, mask, selected)
+        metrics = {**sums, **maxima}
+    else:
+        grad_sum, metrics = parallel._sharded_sums(mesh, local, (params, rest, hyper), tokens, mask, selected)
     tx = _make_tx(spec, hyper, jax.random.fold_in(key, _NOISE_STREAM))
     updates, opt_state = tx.update(grad_sum, opt_state, params)
     params = optax.apply_updates(params, updates)
-    metrics = {
-        "batch_size": count,
-        "loss_sum": loss_sum,
-        "norm_sum": norm_sum,
-        "norm_max": norm_max,
-        "clipped": clipped,
-    }
+    if mesh is not None:
+        params, opt_state = parallel._constrain_replicated(mesh, (params, opt_state))
     return params, opt_state, metrics
 
 
-_dp_step = jax.jit(_dp_step_kernel, static_argnames=("graphdef", "spec"), donate_argnames=("params", "opt_state"))
+_dp_step = jax.jit(
+    _dp_step_kernel, static_argnames=("graphdef", "spec", "mesh"), donate_argnames=("params", "opt_state")
+)
 
 
 def _as_key(key, seed: int) -> jax.Array:
@@ -253,10 +279,15 @@ class _Prepared(NamedTuple):
     tokens: jax.Array
     mask: jax.Array
     identity: dict[str, Any]
+    mesh: Any  # None or the 1-D data-parallel jax.sharding.Mesh
 
 
-def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param) -> _Prepared:
-    """Validates the data, resolves ``q``/``sigma`` (calibration), and builds the step's static and traced inputs."""
+def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh=None) -> _Prepared:
+    """Validates the data, resolves ``q``/``sigma`` (calibration), and builds the step's static and traced inputs.
+
+    ``mesh``: ``None`` or a resolved 1-D mesh (:func:`~snapaudit_jax.dpsgd.parallel._resolve_mesh`); the units are
+    then padded and split over it and everything else is replicated.
+    """
     tokens_np, mask_np = _check_dataset(dataset, model, units=True)
     n = tokens_np.shape[0]
     key = _as_key(key, config.seed)
@@ -294,11 +325,16 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param) -> _
         "trainable": getattr(trainable, "__name__", repr(trainable)),
         "key_data": np.asarray(jax.random.key_data(key)).tolist(),
         "key_impl": str(jax.random.key_impl(key)),
+        # The device count sets the float32 summation order of the clipped sums: a checkpoint resumes bit for
+        # bit only on as many devices (None: the single-device step, as in checkpoints written before meshes).
+        "data_parallel_devices": None if mesh is None else int(mesh.devices.size),
     }
-    return _Prepared(
-        key, privacy, spec, hyper, graphdef, params, opt_state, rest, jnp.asarray(tokens_np), jnp.asarray(mask_np),
-        identity,
-    )
+    if mesh is None:
+        tokens, mask = jnp.asarray(tokens_np), jnp.asarray(mask_np)
+    else:
+        tokens, mask = parallel._shard_units(mesh, tokens_np, mask_np)
+        key, hyper, params, opt_state, rest = parallel._replicate(mesh, (key, hyper, params, opt_state, rest))
+    return _Prepared(key, privacy, spec, hyper, graphdef, params, opt_state, rest, tokens, mask, identity, mesh)
 
 
 def _progress_line(info: dict[str, Any]) -> None:
@@ -322,6 +358,7 @@ def train(
     progress: bool | Callable[[dict[str, Any]], None] = False,
     trainable: Any = nnx.Param,
     protected_unit: str | None = None,
+    mesh: Any = None,
 ) -> tuple[Any, dict[str, np.ndarray], DPReport]:
     """Trains a decoder language model with DP-SGD (or plainly, with ``config.non_private``).
 
@@ -347,6 +384,11 @@ def train(
         ``nnx.LoRAParam``: LoRA adapters only, see :mod:`snapaudit_jax.finetune.lora`). Parameters outside it
         are returned bitwise unchanged.
       protected_unit: the report's words for one unit (default: one row, or one ``tokens[i]`` group).
+      mesh: data parallelism (see the module docstring): ``None`` (one device, the default), a number ``D`` of
+        local devices (the first ``D`` of ``jax.local_devices()``, as ``jax.make_mesh((D,), ("data",))``), or a
+        1-D :class:`jax.sharding.Mesh` of local devices (any axis name and type). The units are split over its
+        axis; the returned model's arrays are replicated on it. A checkpoint records ``D`` (``None`` without a
+        mesh) and is resumed only with the same ``D``, since ``D`` sets the float32 summation order.
 
     Returns:
       ``(trained_model, history, report)``: a new model with the trained parameters; ``history`` maps
@@ -356,7 +398,9 @@ def train(
     Raises:
       InputError: ``config`` not a :class:`DPSGDConfig`; invalid dataset, key,
         ``stop_after``, ``checkpoint_every`` or ``progress``; unreachable target epsilon; an unreadable
-        checkpoint, or one of another run (configuration, data, model or key) in ``checkpoint_dir``.
+        checkpoint, or one of another run (configuration, data, model, key or device count) in
+        ``checkpoint_dir``; ``mesh`` not ``None``, not a device count in ``[1, len(jax.local_devices())]`` and not
+        a 1-D mesh of local devices.
 
     Guarantees:
       With ``config.non_private = False`` and ``sigma > 0``, the sequence of parameters (every checkpoint and
@@ -367,6 +411,16 @@ def train(
       after is post-processing. This assumes the records of ``dataset`` are the units to protect, the key is
       secret and random, and the ``history`` and progress reports (not private) are not released. A run
       stopped and resumed from a checkpoint is bit-for-bit the uninterrupted run (same batches, same noise).
+
+      With a ``mesh`` the guarantee is unchanged: the batches are the same Poisson masks (the batch of step
+      ``t`` is the single-device one, whatever ``D``), each unit's gradient is clipped to ``C`` on the device that
+      holds it, the ``D`` partial sums are added, and one Gaussian draw of std ``sigma C`` (the single-device
+      draw, from the same key, computed once on the replicated sum) is added to that sum once. The batch sizes
+      equal the single-device ones exactly; the parameters (and the loss and norm metrics) agree with the
+      single-device run up to the float32 summation order of the ``D`` partial sums (measured on tiny GPT-2 and
+      Llama-LoRA runs of 5 steps on 8 host devices: at most 2.4e-7 apart, within 5% of the tested
+      ``atol=1e-6 + rtol=1e-5 |x|``). A run on ``D`` devices stopped and resumed (also after ``kill -9``) on
+      ``D`` devices is bit-for-bit the uninterrupted one.
 
     References:
       Abadi et al. 2016, "Deep learning with differential privacy", Alg. 1; Mironov, Talwar & Zhang 2019.
@@ -380,7 +434,8 @@ def train(
         checkpoint_every = validate.positive_int("checkpoint_every", checkpoint_every)
     if not (isinstance(progress, bool) or callable(progress)):
         raise InputError(f"progress must be a bool or a callable, got {progress!r}")
-    run = _prepare(model, dataset, config, key, trainable)
+    mesh = parallel._resolve_mesh(mesh)
+    run = _prepare(model, dataset, config, key, trainable, mesh)
     privacy, params, opt_state = run.privacy, run.params, run.opt_state
 
     raw: dict[str, list] = {name: [] for name in _RAW_KEYS}
@@ -395,6 +450,8 @@ def train(
                         f"checkpoint {found}: {name} differs from this run (checkpoint "
                         f"{meta.get('run', {}).get(name)!r}, run {value!r}); use another checkpoint_dir"
                     )
+            if mesh is not None:
+                params, opt_state = parallel._replicate(mesh, (params, opt_state))
             start = int(meta["step"])
             raw = {name: list(meta["history"][name]) for name in _RAW_KEYS}
             if start > stop:
@@ -426,7 +483,7 @@ def train(
     for t in range(start, stop):
         params, opt_state, metrics = _dp_step(
             run.key, np.int32(t), params, opt_state, run.rest, run.tokens, run.mask, run.hyper,
-            graphdef=run.graphdef, spec=run.spec,
+            graphdef=run.graphdef, spec=run.spec, mesh=run.mesh,
         )
         pending.append(metrics)
         done = t + 1
