@@ -1,12 +1,12 @@
-"""Private data stays in the run folder: ``snapaudit audit``, ``cpa`` and ``pii`` write no copy of the records they
-read anywhere else, and ``--quiet`` prints nothing from the libraries.
+"""Private data stays in the run folder: ``snapaudit audit``, ``cpa``, ``pii`` and ``finetune`` write no copy of the
+records they read anywhere else, and ``--quiet`` prints nothing from the libraries.
 
 Each command runs in a subprocess whose home and every cache a library could use (``HOME``, ``HF_HOME``,
 ``HF_DATASETS_CACHE``, ``XDG_CACHE_HOME``, ``XDG_CONFIG_HOME``, ``XDG_DATA_HOME``, ``XDG_STATE_HOME``,
 ``TMPDIR``) and its working directory are fresh folders under ``watched/``: after the run they must hold no file.
 The records carry a marker string, and no file under the test's folder may hold it except the input files and
-the run folder. The five subprocesses (about 25 s of CPU time together) run concurrently, one per command and
-one for the power check.
+the run folder. The six subprocesses (about 35 s of CPU time together) run concurrently: the commands, a
+failing audit, and the power check.
 
 Matplotlib's font list is the one file a library writes outside the run folder (the reports draw plots; it is
 written once per ``MPLCONFIGDIR``): it lists the system's fonts and holds no user data. The test points
@@ -16,6 +16,8 @@ and no byte of the records.
 ``snapaudit pii`` reads no user file (its private corpus is generated), and a complete tiny run trains two models
 (about a minute on 2 cores), so its subprocess stops at the end of the data stage (corpus, tokenizer, tagger)
 with a bad ``model.max_length``: the check covers what the run does with its private records before training.
+``snapaudit finetune`` runs to the end (a tiny LoRA fine-tune of 2 steps, about 10 s of CPU time): its records
+go through tokenisation, training, checkpoints, evaluations, both exports and the report card.
 """
 
 from __future__ import annotations
@@ -137,6 +139,34 @@ categories = ["famous"]
 kind = "retrieval"
 """
 
+# A complete tiny fine-tune: LoRA, 2 DP-SGD steps at a given sigma, no baseline, no canaries, both exports.
+_FINETUNE = """[run]
+seed = 1
+baseline = false
+eval_batch_size = 8
+
+[data]
+path = "{data}"
+max_length = 32
+held_out_fraction = 0.2
+
+[model]
+base = "{llm}"
+
+[finetune]
+method = "lora"
+rank = 2
+steps = 2
+batch_size = 4
+
+[privacy]
+target_epsilon = 0.0
+noise_multiplier = 1.0
+
+[canaries]
+n_canaries = 0
+"""
+
 # The old reading path of a local data_path (datasets' default cache), run under the same watch.
 _OLD_READER = "import datasets, sys; datasets.load_dataset('json', data_files={'train': sys.argv[1]}, split='train')"
 
@@ -157,6 +187,7 @@ def runs(tmp_path_factory):
         "cpa": _CPA.format(tab=data["tab"], textwash=data["textwash"]),
         # Stops at the end of the data stage: every record is longer than 8 tokens.
         "pii": tiny_pii_toml('variants = ["undefended"]').replace("max_length = 192", "max_length = 8"),
+        "finetune": _FINETUNE.format(data=data["jsonl"], llm=llm),
     }
     argv = {name: [sys.executable, "-m", "snapaudit_jax", name.split("_")[0], str(tmp / f"{name}.toml"),
                    "--out", str(tmp / name / "out"), "--quiet"] for name in configs}
@@ -222,6 +253,22 @@ def test_pii_data_stage_writes_nothing_outside_and_prints_only_the_error(runs):
     assert proc.returncode == 2 and proc.stdout == ""
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("snapaudit pii: error: model.max_length: must be >="), lines
+    _assert_nothing_left_outside(root, data)
+
+
+def test_finetune_trains_and_exports_without_a_copy_and_prints_only_its_report_under_quiet(runs):
+    """A complete fine-tune (tokenised records, DP-SGD checkpoints, evaluations, the Hugging Face and PEFT
+    exports, the report card) keeps every byte of its records in the run folder, and ``--quiet`` leaves stderr
+    empty (no JAX, transformers or progress-bar output)."""
+    _, data, done = runs
+    root, proc = done["finetune"]
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert proc.stdout.startswith("# DP fine-tuning report") and MARKER not in proc.stdout
+    out = root / "out"
+    for name in ("report.json", "report.md", "export/private/model.safetensors",
+                 "export/private_adapter/adapter_model.safetensors", "checkpoints/private"):
+        assert (out / name).exists(), name
     _assert_nothing_left_outside(root, data)
 
 

@@ -59,6 +59,7 @@ __all__ = [
     "RandomStopping",
     "SweepAccounting",
     "account_sweep",
+    "calibrate_sweep",
     "repeat_and_select_rdp",
     "draw_repetitions",
     "draw_candidates",
@@ -355,6 +356,20 @@ def _rule(rule: Any, params: dict[str, Any]) -> Compose | RandomStopping:
                          f"got {sorted(params)} ({err})") from None
 
 
+def _composed_pld_epsilon(cands: Sequence[Candidate], delta: float, disc: float) -> float:
+    """PLD epsilon of the composition of the candidates' runs; runs with the same ``(sigma, q)`` are one event.
+
+    Composing ``T_1`` and ``T_2`` steps of the same Poisson-sampled Gaussian is ``T_1 + T_2`` steps of it (one
+    self-composition, exactly), which dp_accounting's PLD evaluates far faster than a composition of
+    different events.
+    """
+    merged: dict[tuple[float, float], int] = {}
+    for c in cands:
+        merged[(c.noise_multiplier, c.sampling_rate)] = merged.get((c.noise_multiplier, c.sampling_rate), 0) + c.steps
+    event = dp_accounting.ComposedDpEvent([dpsgd_event(sigma, q, steps) for (sigma, q), steps in merged.items()])
+    return float(PLDAccountant(_ADD_REMOVE, value_discretization_interval=disc).compose(event).get_epsilon(delta))
+
+
 def _rdp_curve(c: Candidate, orders: np.ndarray) -> np.ndarray:
     with _quiet_dropped_orders():
         acc = RdpAccountant(orders=orders, neighboring_relation=_ADD_REMOVE)
@@ -498,9 +513,7 @@ def account_sweep(
         disc = rule.pld_discretization
         rdp = curves.sum(axis=0)
         eps_rdp = _rdp_epsilon(orders, rdp, delta)
-        event = dp_accounting.ComposedDpEvent([dpsgd_event(*c) for c in cands])
-        eps_pld = float(PLDAccountant(_ADD_REMOVE, value_discretization_interval=disc)
-                        .compose(event).get_epsilon(delta))
+        eps_pld = _composed_pld_epsilon(cands, delta, disc)
         single = tuple(min(r, compute_epsilon(noise_multiplier=c.noise_multiplier, sampling_rate=c.sampling_rate,
                                               steps=c.steps, delta=delta, accountant="pld",
                                               pld_discretization=disc))
@@ -536,6 +549,141 @@ def account_sweep(
             "the best run is chosen by its score with a fixed tie-break (a total order)",
         ),
     )
+
+
+def calibrate_sweep(
+    target_epsilon: float,
+    delta: float,
+    runs: Sequence[tuple[float, int]],
+    rule: str | Compose | RandomStopping = "compose",
+    *,
+    max_margin: float = 0.01,
+    **params: Any,
+) -> tuple[float, SweepAccounting]:
+    """The one noise multiplier of every candidate of a sweep whose accounted ``epsilon`` is just below a target.
+
+    Every candidate runs at the same ``sigma``; :func:`account_sweep` gives the sweep's ``epsilon(sigma)``, which
+    decreases in ``sigma``. The search first bisects on the sweep's RDP bound (cheap, and never below the accounted
+    ``epsilon``); for a composition, whose PLD bound is lower still, it then solves ``epsilon(sigma) = target`` by
+    false position (Illinois) on ``log epsilon`` between there and a lower ``sigma``, until
+    ``(1 - max_margin) target <= epsilon(sigma) <= target``.
+
+    Args:
+      target_epsilon: the sweep's target, ``> 0``.
+      delta: in ``(0, 1)``.
+      runs: the candidates' ``(sampling_rate, steps)``, at least one.
+      rule: as :func:`account_sweep`.
+      max_margin: the largest allowed ``(target - epsilon) / target``, in ``(0, 1)``.
+      **params: the rule's parameters, as :func:`account_sweep`.
+
+    Returns:
+      ``(sigma, accounting)``: ``accounting = account_sweep(...)`` at ``sigma``, with ``accounting.epsilon <=
+      target_epsilon``.
+
+    Raises:
+      InputError: an invalid argument; a target no ``sigma <= 1e4`` reaches; or the margin unattainable (the
+        accountant's ``epsilon`` jumps over the window).
+
+    Guarantees:
+      ``accounting.epsilon <= target_epsilon`` (the returned accounting is the one evaluated at the returned
+      ``sigma``), and ``>= (1 - max_margin) target_epsilon`` unless the search floor ``sigma = 0.3`` already meets
+      the target.
+    """
+    target = validate.positive_float("target_epsilon", target_epsilon)
+    max_margin = validate._as_float("max_margin", max_margin)
+    if not 0.0 < max_margin < 1.0:
+        raise InputError(f"max_margin must be in (0, 1), got {max_margin!r}")
+    if isinstance(runs, (str, bytes)) or not isinstance(runs, Sequence) or not runs:
+        raise InputError(f"runs must be a non-empty sequence of (sampling_rate, steps), got {runs!r}")
+    pairs = []
+    for i, r in enumerate(runs):
+        try:
+            q, steps = r
+        except (TypeError, ValueError):
+            raise InputError(f"runs[{i}] must be (sampling_rate, steps), got {r!r}") from None
+        pairs.append((q, steps))
+    rule = _rule(rule, params)
+    orders = np.asarray(DEFAULT_RDP_ORDERS, dtype=np.float64)
+    delta = _candidates([(1.0, q, steps) for q, steps in pairs], delta)[1]
+
+    def rdp_epsilon(sigma: float) -> float:
+        # The RDP side of the sweep's accounting, cheap to evaluate: never below the accounted epsilon.
+        # A Poisson-sampled Gaussian's RDP is additive over steps: one curve per sampling rate, scaled.
+        unit = {q: _rdp_curve(Candidate(sigma, q, 1), orders) for q in {q for q, _ in pairs}}
+        curves = np.stack([steps * unit[q] for q, steps in pairs])
+        rdp = curves.sum(axis=0) if isinstance(rule, Compose) else repeat_and_select_rdp(
+            orders, curves.max(axis=0), rule.distribution)
+        return _rdp_epsilon(orders, rdp, delta)
+
+    def epsilon(sigma: float) -> float:
+        # account_sweep(...).epsilon at sigma, without its per-candidate epsilons.
+        if isinstance(rule, RandomStopping):
+            return rdp_epsilon(sigma)
+        cands = [Candidate(sigma, q, steps) for q, steps in pairs]
+        return min(rdp_epsilon(sigma), _composed_pld_epsilon(cands, delta, rule.pld_discretization))
+
+    sigma = _solve_sweep_sigma(target, (1.0 - max_margin) * target, rdp_epsilon, epsilon,
+                               exact_is_rdp=isinstance(rule, RandomStopping))
+    accounting = account_sweep([(sigma, q, steps) for q, steps in pairs], delta, rule)
+    if not accounting.epsilon <= target:  # the search's epsilon is account_sweep's; a mismatch is a bug
+        raise ArithmeticError(f"calibrate_sweep: epsilon {accounting.epsilon} above the target {target} at sigma "
+                              f"{sigma}")
+    return sigma, accounting
+
+
+def _solve_sweep_sigma(target: float, window: float, rdp_epsilon, epsilon, *, exact_is_rdp: bool) -> float:
+    """The sigma of :func:`calibrate_sweep`: ``window <= epsilon(sigma) <= target`` (``rdp_epsilon >= epsilon``)."""
+    floor, ceiling = 0.3, 1e4
+    if rdp_epsilon(ceiling) > target:
+        raise InputError(f"target_epsilon {target} is unreachable for this sweep: even sigma = 1e4 gives "
+                         f"epsilon {epsilon(ceiling):.4g}")
+    # 1. Bisection on the RDP bound: rdp_epsilon(high) <= target, hence epsilon(high) <= target.
+    if rdp_epsilon(floor) <= target:
+        high = floor
+    else:
+        low, high = floor, ceiling
+        while high / low > 1.0 + 1e-3:
+            mid = math.sqrt(low * high)
+            low, high = (mid, high) if rdp_epsilon(mid) > target else (low, mid)
+    e_high = epsilon(high)
+    if e_high >= window or high == floor:
+        return high
+    if exact_is_rdp:
+        raise InputError(f"max_margin is unattainable: the sweep's epsilon is {e_high:.6g} at sigma = {high:.8g} "
+                         f"and above {target} just below it; raise max_margin")
+    # 2. A composition's PLD bound lies below its RDP bound, so the root is lower: bracket it, then solve
+    # log epsilon(sigma) = log target by the Illinois variant of false position (few PLD evaluations).
+    low = max(floor, high / 1.25)
+    e_low = epsilon(low)
+    while e_low <= target:
+        if e_low >= window or low == floor:
+            return low
+        high, e_high = low, e_low
+        low = max(floor, low / 1.25)
+        e_low = epsilon(low)
+    f_low, f_high = math.log(e_low / target), math.log(e_high / target)
+    side = 0
+    for _ in range(60):
+        if e_high >= window:
+            return high
+        x_low, x_high = math.log(low), math.log(high)
+        x = x_high - f_high * (x_high - x_low) / (f_high - f_low)
+        guard = 1e-3 * (x_high - x_low)
+        mid = math.exp(min(max(x, x_low + guard), x_high - guard))
+        e_mid = epsilon(mid)
+        f_mid = math.log(e_mid / target)
+        if e_mid > target:
+            low, f_low = mid, f_mid
+            if side == -1:
+                f_high /= 2.0
+            side = -1
+        else:
+            high, e_high, f_high = mid, e_mid, f_mid
+            if side == 1:
+                f_low /= 2.0
+            side = 1
+    raise InputError(f"max_margin is unattainable: the sweep's epsilon jumps from above {target} to {e_high:.6g} "
+                     f"between sigma = {low:.8g} and {high:.8g}; raise max_margin")
 
 
 def _key(key: Any) -> jax.Array:

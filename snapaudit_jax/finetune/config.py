@@ -10,6 +10,7 @@ a rank above a projection's width, a target epsilon no sigma reaches) are made b
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Any
 
@@ -27,12 +28,15 @@ __all__ = [
     "PrivacyConfig",
     "CanarySection",
     "ExportConfig",
+    "SweepSection",
     "FinetuneConfig",
     "load_finetune_config",
 ]
 
 METHODS = ("full", "lora")
 UNITS = ("record", "user")
+SWEEP_RULES = ("compose", "random_stopping")
+MAX_CANDIDATES = 64
 MAX_LENGTH = 8192
 
 
@@ -301,6 +305,92 @@ class ExportConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class SweepSection:
+    """``[sweep]``: a hyperparameter search whose selection is accounted (:mod:`snapaudit_jax.dpsgd.tuning`).
+
+    The candidates are the grid ``learning_rate x clip_norm x steps`` (an empty list keeps the value of
+    ``[finetune]`` / ``[privacy]``). Every candidate is a DP-SGD run at one common sigma on the training units; each
+    is scored by its mean loss on a validation split of whole units, held out of training and disjoint from the
+    evaluation split; the best is released, and its epsilon is the sweep's, by ``rule``.
+
+    Attributes:
+      learning_rate, clip_norm, steps: the candidates' values (at least one list non-empty to sweep).
+      rule: ``"compose"`` (train every candidate once; epsilon of their composition, PLD and RDP) or
+        ``"random_stopping"`` (Papernot & Steinke 2022: ``K`` runs, ``K`` from a truncated negative binomial,
+        each on a uniformly drawn candidate; only the best is released; RDP).
+      mean_runs: random stopping's ``E[K]`` (``0``: the number of candidates).
+      eta: random stopping's truncated-negative-binomial shape (``1``: geometric, ``0``: logarithmic), ``> -1``.
+      validation_fraction: the fraction of the training units held out to score the candidates (not protected:
+        the report lists the validation split as a non-private release).
+    """
+
+    learning_rate: tuple[float, ...] = ()
+    clip_norm: tuple[float, ...] = ()
+    steps: tuple[int, ...] = ()
+    rule: str = "compose"
+    mean_runs: float = 0.0
+    eta: float = 1.0
+    validation_fraction: float = 0.1
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the table sweeps anything."""
+        return bool(self.learning_rate or self.clip_norm or self.steps)
+
+    def validate(self) -> "SweepSection":
+        """Checks every field.
+
+        Returns:
+          ``self``, unchanged.
+
+        Raises:
+          InputError: a field breaking its rule (naming the field, the rule and the value).
+        """
+        for name, check in (("learning_rate", validate.positive_float), ("clip_norm", validate.positive_float),
+                            ("steps", validate.positive_int)):
+            values = getattr(self, name)
+            for v in values:
+                check(name, v)
+                if name == "steps" and v > 10**7:
+                    raise InputError(f"steps must be <= 10000000, got {v}")
+            if len(set(values)) != len(values):
+                raise InputError(f"{name} must not repeat a value, got {list(values)}")
+        if not self.enabled:
+            raise InputError("learning_rate must list the candidates' values, or clip_norm or steps must (a [sweep] "
+                             "table without them sweeps nothing; remove it), got none")
+        n = max(1, len(self.learning_rate)) * max(1, len(self.clip_norm)) * max(1, len(self.steps))
+        if n > MAX_CANDIDATES:
+            raise InputError(f"learning_rate must, with clip_norm and steps, give at most {MAX_CANDIDATES} "
+                             f"candidates, got {n}")
+        validate.choice("rule", self.rule, SWEEP_RULES)
+        mean = validate.nonnegative_float("mean_runs", self.mean_runs)
+        if mean and not 1.0 < mean <= 1000.0:
+            raise InputError(f"mean_runs must be in (1, 1000] (or 0: the number of candidates), got {self.mean_runs!r}")
+        eta = validate._as_float("eta", self.eta)
+        if not (eta > -1.0 and math.isfinite(eta)):
+            raise InputError(f"eta must be a finite number > -1, got {self.eta!r}")
+        value = validate._as_float("validation_fraction", self.validation_fraction)
+        if not 0.0 < value < 1.0:
+            raise InputError(f"validation_fraction must be in (0, 1), got {self.validation_fraction!r}")
+        return self
+
+    def candidates(self, finetune: TrainConfig, privacy: PrivacyConfig) -> tuple[dict[str, Any], ...]:
+        """The grid, ``({"learning_rate", "clip_norm", "steps"}, ...)`` in a fixed order (learning rate outermost).
+
+        Args:
+          finetune: supplies ``learning_rate`` and ``steps`` where the sweep lists none.
+          privacy: supplies ``clip_norm`` where the sweep lists none.
+
+        Returns:
+          The candidates.
+        """
+        return tuple({"learning_rate": float(lr), "clip_norm": float(c), "steps": int(t)}
+                     for lr in (self.learning_rate or (finetune.learning_rate,))
+                     for c in (self.clip_norm or (privacy.clip_norm,))
+                     for t in (self.steps or (finetune.steps,)))
+
+
+@dataclasses.dataclass(frozen=True)
 class FinetuneConfig:
     """A ``snapaudit finetune`` run (``examples/finetune_small.toml`` documents every key).
 
@@ -310,6 +400,7 @@ class FinetuneConfig:
       baseline: also train the non-private twin (same data, model, steps, Poisson batches and seed).
       eval_batch_size: rows per evaluation pass.
       data, model, finetune, privacy, canaries, export: the tables.
+      sweep: the accounted hyperparameter search (``None``: one run with the configured values).
     """
 
     seed: int = 0
@@ -321,6 +412,7 @@ class FinetuneConfig:
     privacy: PrivacyConfig = PrivacyConfig()
     canaries: CanarySection = CanarySection()
     export: ExportConfig = ExportConfig()
+    sweep: SweepSection | None = None
 
     def to_table(self) -> dict[str, Any]:
         """The configuration in its TOML shape, ``{section: {key: value}}`` (``[run]`` holds the top-level keys)."""
@@ -330,7 +422,7 @@ class FinetuneConfig:
             value = getattr(self, f.name)
             if dataclasses.is_dataclass(value):
                 out[f.name] = dataclasses.asdict(value)
-        return out
+        return out  # no "sweep" key without a sweep: the stamps of runs without one stay as they were
 
 
 _SECTIONS = {"data": DataConfig, "model": ModelConfig, "finetune": TrainConfig, "privacy": PrivacyConfig,
@@ -349,8 +441,8 @@ def load_finetune_config(path: str | os.PathLike) -> FinetuneConfig:
 
     Args:
       path: the TOML file: ``[run]`` (``seed``, ``baseline``, ``eval_batch_size``) and the tables ``[data]``,
-        ``[model]``, ``[finetune]``, ``[privacy]``, ``[canaries]``, ``[export]``; absent keys keep
-        the defaults. ``data.path`` and ``data.held_out_path`` are relative to the file's folder.
+        ``[model]``, ``[finetune]``, ``[privacy]``, ``[canaries]``, ``[export]`` and optionally ``[sweep]``; absent
+        keys keep the defaults. ``data.path`` and ``data.held_out_path`` are relative to the file's folder.
 
     Returns:
       The validated :class:`FinetuneConfig`.
@@ -392,6 +484,8 @@ def load_finetune_config(path: str | os.PathLike) -> FinetuneConfig:
                 if isinstance(body.get(key), str):
                     body[key] = _resolve_path(body[key], path)
         kw[name] = dataclass_section(default, body, name)
+    if "sweep" in raw:
+        kw["sweep"] = dataclass_section(SweepSection(), raw.pop("sweep"), "sweep")
     reject_unknown(raw, path)
     config = FinetuneConfig(**kw)
     if config.privacy.unit == "user" and not config.data.user_field:

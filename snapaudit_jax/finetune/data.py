@@ -4,8 +4,9 @@ One record is one training sequence: a record longer than ``max_length`` tokens 
 split into several sequences (that would turn one protected unit into several). A unit is a record
 (``privacy.unit = "record"``) or all of one user's records (``"user"``), at most ``max_records_per_user`` of
 them, drawn without replacement before training. The held-out part is a set of whole units (a user is never on
-both sides). Canaries (:mod:`snapaudit_jax.dpsgd.canaries`) are units of their own, each inserted with
-probability ``insert_probability``.
+both sides); with a ``[sweep]``, a validation split of whole units is taken from the rest the same way.
+Canaries (:mod:`snapaudit_jax.dpsgd.canaries`) are units of their own, each inserted with probability
+``insert_probability``.
 
 The records file is read in memory (:func:`~snapaudit_jax.dpicl.data.records.read_records`): no copy of the
 data is written outside the run folder.
@@ -39,6 +40,8 @@ class FinetuneData:
       canaries: the canaries (``None`` without).
       canary_units: indices into ``train_units`` of the inserted canaries.
       stats: counts for the report (records read, truncated, users, capped users, dropped records ...).
+      validation: with a ``[sweep]``, token ids of the validation records that score the candidates (whole units
+        taken out of training, disjoint from ``held_out``); else empty.
     """
 
     train_units: tuple[tuple[tuple[int, ...], ...], ...]
@@ -46,6 +49,7 @@ class FinetuneData:
     canaries: CanarySet | None
     canary_units: tuple[int, ...]
     stats: dict[str, Any]
+    validation: tuple[tuple[int, ...], ...] = ()
 
     @property
     def num_units(self) -> int:
@@ -171,6 +175,18 @@ def prepare_data(config: FinetuneConfig, tokenizer) -> FinetuneData:
         train_groups = [groups[g] for g in sorted(order[n_held:])]
     if not held:
         raise ConfigFileError(f"data.held_out_path: {data.held_out_path} holds no records")
+    validation: list[tuple[int, ...]] = []
+    if config.sweep is not None:
+        # Whole units, drawn from a stream of their own (runs without a sweep split as before).
+        fraction = config.sweep.validation_fraction
+        order = np.random.default_rng([config.seed, 0x5EE9]).permutation(len(train_groups))
+        n_val = int(round(fraction * len(train_groups)))
+        if n_val == 0 or n_val >= len(train_groups):
+            raise ConfigFileError(
+                f"sweep.validation_fraction: {fraction} of the {len(train_groups)} training units holds out "
+                f"{n_val}; it must leave at least one unit on each side")
+        validation = [records[i] for g in sorted(order[:n_val]) for i in train_groups[g]]
+        train_groups = [train_groups[g] for g in sorted(order[n_val:])]
 
     capped_users = dropped = 0
     units: list[tuple[tuple[int, ...], ...]] = []
@@ -213,7 +229,10 @@ def prepare_data(config: FinetuneConfig, tokenizer) -> FinetuneData:
         "canaries": config.canaries.n_canaries,
         "canaries_inserted": len(canary_units),
     }
-    return FinetuneData(tuple(units), tuple(held), canaries, tuple(canary_units), stats)
+    if config.sweep is not None:
+        stats["validation_records"] = len(validation)
+        stats["validation_fraction"] = config.sweep.validation_fraction
+    return FinetuneData(tuple(units), tuple(held), canaries, tuple(canary_units), stats, tuple(validation))
 
 
 def pack_units(units: Sequence[Sequence[Sequence[int]]], *, user_level: bool, length: int | None = None):

@@ -5,7 +5,8 @@ know"): the protected unit and adjacency, ``N``, ``q``, the expected batch, the 
 ``(epsilon, delta)`` by each accountant, the sampling actually run, the records truncated, the per-user cap, and
 every other data-dependent release with its privacy status (the non-private baseline, evaluations on private
 data, the training history). Hyperparameters chosen by the user on this data are not accounted: the report
-says so.
+says so. With a ``[sweep]`` the claim is the whole search's epsilon, the rule is named, and the validation split
+and (random stopping) the runs' record are listed as releases the accounting does not cover.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ RELEASE_STATUS = {
 
 
 def build_report(prep, trainings: dict[str, tuple[dict, dict]], evaluations: dict[str, dict],
-                 exports: dict[str, str], *, seconds: float) -> dict[str, Any]:
+                 exports: dict[str, str], *, seconds: float, sweep: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report card's dictionary.
 
     Args:
@@ -39,6 +40,7 @@ def build_report(prep, trainings: dict[str, tuple[dict, dict]], evaluations: dic
       evaluations: ``{"base" | "private" | "baseline": evaluation}``.
       exports: the exported folders.
       seconds: the run's wall time.
+      sweep: with a ``[sweep]``, its record (``sweep.json``): the runs, the selection, the accounting.
 
     Returns:
       The card (strict JSON).
@@ -60,9 +62,25 @@ def build_report(prep, trainings: dict[str, tuple[dict, dict]], evaluations: dic
     if prep.data.canaries is not None:
         releases.append({"release": "canary exposure, extraction and one-run bound of the private model",
                          "status": RELEASE_STATUS["private_canary_results"]})
-    releases.append({"release": "hyperparameters (learning rate, clip norm, steps) if chosen by trying them on "
-                                "this data", "status": "NOT accounted: choose them on public or synthetic data, "
-                                "or account every trial (snapaudit_jax.dpsgd.tuning.account_sweep)"})
+    if sweep is None:
+        releases.append({"release": "hyperparameters (learning rate, clip norm, steps) if chosen by trying them on "
+                                    "this data", "status": "NOT accounted: choose them on public or synthetic data, "
+                                    "or use a [sweep] (every trial accounted)"})
+    else:
+        acc = sweep["accounting"]
+        releases.append({"release": "the selected hyperparameters (the sweep's choice on the validation split)",
+                         "status": f"accounted: {acc['covered']}"})
+        releases.append({"release": "the validation split's records (they decide which model is released)",
+                         "status": "NOT covered: " + acc["not_covered"][0]})
+        if sweep["rule"] == "random_stopping":
+            releases.append({"release": "sweep.json: the number of runs K, every run's candidate, validation loss "
+                                        "and checkpoints (checkpoints/sweep_<j>)",
+                             "status": "NOT covered, and releasing any of it voids the random-stopping bound: "
+                                       "keep it with the private data"})
+        else:
+            releases.append({"release": "every candidate's model (checkpoints/sweep_<j>) and validation loss",
+                             "status": "models: covered by the composition; validation losses: NOT covered "
+                                       "(validation split)"})
     if unit == "record" and cfg.data.user_field:
         releases.append({"release": "users with several records",
                          "status": "protected per record only: group privacy over a user's records"})
@@ -79,6 +97,16 @@ def build_report(prep, trainings: dict[str, tuple[dict, dict]], evaluations: dic
         if "canaries" in ev:
             row["canaries"] = ev["canaries"]
         models[name] = row
+    claim_extra = {}
+    if sweep is not None:
+        acc = sweep["accounting"]
+        rule = ("composition of every candidate's run (dp_accounting ComposedDpEvent, PLD and RDP)"
+                if sweep["rule"] == "compose" else
+                f"random stopping (Papernot & Steinke 2022, RDP): K ~ {acc['distribution']} runs, each on a uniformly "
+                "drawn candidate, only the best released")
+        claim_extra = {"epsilon": acc["epsilon"], "epsilon_pld": acc["epsilon_pld"], "epsilon_rdp": acc["epsilon_rdp"],
+                       "accounted_epsilon": acc["epsilon"], "accounting_rule": f"hyperparameter sweep: {rule}",
+                       "selected_run_epsilon_alone": dp["epsilon"]}
     card = {
         "command": "finetune",
         "claim": {
@@ -106,6 +134,19 @@ def build_report(prep, trainings: dict[str, tuple[dict, dict]], evaluations: dic
         "histories": {name: h for name, (h, _) in trainings.items()},
         "seconds": seconds,
     }
+    card["claim"].update(claim_extra)
+    if sweep is not None:
+        card["sweep"] = {
+            "rule": sweep["rule"], "candidates": list(prep.sweep["candidates"]),
+            "selected": {k: sweep["selected"][k] for k in ("candidate", "learning_rate", "clip_norm", "steps",
+                                                            "validation_loss")},
+            "validation_records": stats.get("validation_records"),
+            "accounting": sweep["accounting"],
+        }
+        if sweep["rule"] == "compose":
+            card["sweep"]["runs"] = sweep["runs"]
+        else:
+            card["sweep"]["runs"] = "in sweep.json only (keep private: releasing K or the other runs voids the bound)"
     return to_json(card)
 
 
@@ -152,6 +193,20 @@ def format_report(card: dict[str, Any]) -> str:
     if data.get("canaries"):
         lines.append(f"| canaries / inserted (probability 1/2 each) | {data['canaries']} / "
                      f"{data['canaries_inserted']} |")
+    sw = card.get("sweep")
+    if sw:
+        sel = sw["selected"]
+        lines += ["", "## Hyperparameter sweep", "",
+                  f"Rule: {sw['rule']}; {len(sw['candidates'])} candidates (learning rate, clip norm, steps), scored "
+                  f"by mean token loss on {sw['validation_records']} validation records; selected: learning rate "
+                  f"{sel['learning_rate']:g}, clip {sel['clip_norm']:g}, {sel['steps']} steps. The released model's "
+                  f"epsilon is the sweep's, {_num(c['accounted_epsilon'])}; the selected run alone would claim "
+                  f"{_num(c.get('selected_run_epsilon_alone'))}, which is not the released model's epsilon."]
+        if isinstance(sw.get("runs"), list):
+            lines += ["", "| candidate | learning rate | clip | steps | validation loss (NOT covered) |",
+                      "|---:|---:|---:|---:|---:|"]
+            lines += [f"| {r['candidate']} | {r['learning_rate']:g} | {r['clip_norm']:g} | {r['steps']} | "
+                      f"{_num(r['validation_loss'])} |" for r in sw["runs"]]
     lines += ["", "## Models", "", "| model | release | held-out perplexity | canary exposure (median / max, "
               "inserted) | greedy extraction | one-run epsilon lower bound |", "|---|---|---:|---:|---:|---:|"]
     for name, row in card["models"].items():

@@ -12,8 +12,11 @@ checkpoints, finished evaluations are JSON files.
 Run folder::
 
     run.json, run.lock          the configuration stamp and the run's lock
-    checkpoints/<model>/        DP-SGD checkpoints (resume after a kill)
-    evaluations/<model>.json    held-out perplexity and canary results of each model
+    checkpoints/<model>/        DP-SGD checkpoints (resume after a kill); sweep_<j>/ for the runs of a [sweep]
+    evaluations/<model>.json    held-out perplexity and canary results of each model; sweep_<j>.json: a run's
+                                validation loss
+    sweep.json                  with a [sweep]: every run, its candidate and validation loss, the selection and
+                                the search's accounting (with random stopping, keep it private: see the report)
     export/private/             the private model as a Hugging Face folder (LoRA merged)
     export/private_adapter/     its LoRA adapter as a PEFT folder (with export/base/ when the base is a GGUF file)
     report.json, report.md      the report card
@@ -49,7 +52,7 @@ __all__ = ["Prepared", "prepare", "plan", "run_finetune", "run_folder", "RESULT_
 
 RESULT_FILES = ("report.json", "report.md")
 RESUME_VERSION = 1
-_LORA_STREAM, _TRAIN_STREAM = 7, 11
+_LORA_STREAM, _TRAIN_STREAM, _SWEEP_STREAM, _PLAN_STREAM = 7, 11, 17, 19
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +69,10 @@ class Prepared:
       noise_multiplier: sigma (given or calibrated).
       calibration: how sigma was found (target, accountant, achieved epsilons, margin), or ``None``.
       lora: the adapters' configuration (``None`` for full fine-tuning).
+      validation: with a ``[sweep]``, ``(tokens, mask)`` of the validation records that score the candidates.
+      sweep: with a ``[sweep]``, ``{"candidates", "rule", "distribution", "accounting"}``: the grid, the rule, the
+        distribution of ``K`` (random stopping) and the :class:`~snapaudit_jax.dpsgd.tuning.SweepAccounting` of
+        the whole search at ``noise_multiplier``.
     """
 
     config: FinetuneConfig
@@ -77,6 +84,8 @@ class Prepared:
     noise_multiplier: float
     calibration: dict[str, Any] | None
     lora: LoRAConfig | None
+    validation: tuple[np.ndarray, np.ndarray] | None = None
+    sweep: dict[str, Any] | None = None
 
     @property
     def sampling_rate(self) -> float:
@@ -130,6 +139,12 @@ def _base_header(config: FinetuneConfig):
             cfg, _ = read_config(path)
     except InputError as err:
         raise ConfigFileError(f"model.base: {err}") from None
+    from snapaudit_jax.models.config import GPT2Config, LlamaConfig
+
+    if not isinstance(cfg, (GPT2Config, LlamaConfig)):
+        raise ConfigFileError(f"model.base: {config.model.base}: fine-tuning needs a GPT-2 or Llama decoder, got a "
+                              f"{type(cfg).__name__} checkpoint (a BERT checkpoint is an embedder, not a language "
+                              "model)")
     return tokenizer, cfg
 
 
@@ -168,6 +183,40 @@ def _calibrate(config: FinetuneConfig, q: float, delta: float) -> tuple[float, d
         raise ConfigFileError(f"privacy.target_epsilon: {err}") from None
     info = {"target_epsilon": privacy.target_epsilon, **to_json(cal._asdict())}
     return float(cal.noise_multiplier), info
+
+
+def _sweep_plan(config: FinetuneConfig, q: float, delta: float) -> tuple[float, dict[str, Any] | None, dict]:
+    """sigma of every candidate of the ``[sweep]`` and the search's accounting (calibrated to the target, or at the
+    given sigma)."""
+    from snapaudit_jax.dpsgd import tuning
+
+    sweep, privacy = config.sweep, config.privacy
+    candidates = sweep.candidates(config.finetune, privacy)
+    params: dict[str, Any] = {}
+    distribution = None
+    if sweep.rule == "random_stopping":
+        mean = sweep.mean_runs or max(2.0, float(len(candidates)))
+        try:
+            distribution = tuning.TruncatedNegativeBinomial.with_mean(sweep.eta, mean)
+        except InputError as err:
+            raise ConfigFileError(f"sweep.mean_runs: {err}") from None
+        params["distribution"] = distribution
+    runs = [(q, c["steps"]) for c in candidates]
+    try:
+        if privacy.noise_multiplier:
+            sigma = float(privacy.noise_multiplier)
+            accounting = tuning.account_sweep([(sigma, q, t) for q, t in runs], delta, sweep.rule, **params)
+            info = None
+        else:
+            sigma, accounting = tuning.calibrate_sweep(privacy.target_epsilon, delta, runs, sweep.rule, **params)
+            info = {"target_epsilon": privacy.target_epsilon, "accountant": f"sweep ({sweep.rule})",
+                    "epsilon": accounting.epsilon,
+                    "margin": (privacy.target_epsilon - accounting.epsilon) / privacy.target_epsilon,
+                    "noise_multiplier": sigma}
+    except InputError as err:
+        raise ConfigFileError(f"privacy.target_epsilon: {err}") from None
+    return sigma, info, {"candidates": candidates, "rule": sweep.rule, "distribution": distribution,
+                         "accounting": accounting}
 
 
 def _parameter_count(cfg) -> int:
@@ -230,13 +279,18 @@ def prepare(config: FinetuneConfig, log=None) -> Prepared:
     q = config.finetune.batch_size / n
     inclusion_threshold(q)
     delta = _resolve_delta(config, n)
-    sigma, calibration = _calibrate(config, q, delta)
+    sweep = None
+    if config.sweep is not None:
+        sigma, calibration, sweep = _sweep_plan(config, q, delta)
+    else:
+        sigma, calibration = _calibrate(config, q, delta)
     log(f"data: {n} training units ({data.stats['train_records']} records, {data.stats['records_truncated']} "
         f"truncated), {data.stats['held_out_records']} held out; q = {q:.4g}, sigma = {sigma:.4g}, delta = {delta:.3g}")
     dataset = pack_units(data.train_units, user_level=config.privacy.unit == "user")
     held_out = pack_records(data.held_out)
+    validation = pack_records(data.validation) if data.validation else None
     lm = _load_base(config)
-    return Prepared(config, lm, data, dataset, held_out, delta, sigma, calibration, lora)
+    return Prepared(config, lm, data, dataset, held_out, delta, sigma, calibration, lora, validation, sweep)
 
 
 def _build_model(prep: Prepared):
@@ -269,8 +323,15 @@ def _step_timing(prep: Prepared) -> dict[str, Any]:
     per_unit = (time.perf_counter() - began) / 2
     trainable = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     batch = prep.config.finetune.batch_size
+    if prep.sweep is None:
+        private_steps = baseline_steps = prep.config.finetune.steps
+    else:
+        steps = [c["steps"] for c in prep.sweep["candidates"]]
+        private_steps = prep.sweep["accounting"].runs * sum(steps) / len(steps)  # expected, over the runs
+        baseline_steps = max(steps)
+    total_steps = private_steps + (baseline_steps if prep.config.baseline else 0)
     return {"seconds_per_unit": per_unit, "seconds_per_step": per_unit * batch,
-            "seconds_total": per_unit * batch * prep.config.finetune.steps * (2 if prep.config.baseline else 1),
+            "seconds_total": per_unit * batch * total_steps,
             "trainable_parameters": trainable,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
@@ -288,8 +349,12 @@ def plan_dict(prep: Prepared, *, timing: bool = True) -> dict[str, Any]:
     """
     cfg = prep.config
     q, steps, sigma = prep.sampling_rate, cfg.finetune.steps, prep.noise_multiplier
-    eps = {name: compute_epsilon(noise_multiplier=sigma, sampling_rate=q, steps=steps, delta=prep.delta,
-                                 accountant=name) for name in ("pld", "rdp")}
+    if prep.sweep is not None:
+        acc = prep.sweep["accounting"]
+        eps = {"pld": acc.epsilon_pld, "rdp": acc.epsilon_rdp}
+    else:
+        eps = {name: compute_epsilon(noise_multiplier=sigma, sampling_rate=q, steps=steps, delta=prep.delta,
+                                     accountant=name) for name in ("pld", "rdp")}
     total = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(prep.lm.module, nnx.Param)))
     out = {
         "units": prep.data.num_units, "unit": cfg.privacy.unit, "sampling": "poisson", "sampling_rate": q,
@@ -298,6 +363,13 @@ def plan_dict(prep: Prepared, *, timing: bool = True) -> dict[str, Any]:
         "calibration": prep.calibration, "data": prep.data.stats, "method": cfg.finetune.method,
         "parameters": total,
     }
+    if prep.sweep is not None:
+        acc = prep.sweep["accounting"]
+        out["sweep"] = {"rule": prep.sweep["rule"], "candidates": list(prep.sweep["candidates"]),
+                        "expected_runs": acc.runs, "epsilon": acc.epsilon,
+                        "candidate_epsilons": list(acc.candidate_epsilons), "covered": acc.covered,
+                        "not_covered": list(acc.not_covered)}
+        out["steps"] = max(c["steps"] for c in prep.sweep["candidates"])
     if timing:
         t = _step_timing(prep)
         out["timing"] = t
@@ -326,8 +398,23 @@ def format_plan(info: dict[str, Any]) -> str:
         f"noise multiplier sigma = {info['noise_multiplier']:.6g}"
         + (f" (calibrated to epsilon {cal['target_epsilon']:g} with {cal['accountant']}; margin "
            f"{100 * cal['margin']:.2f}% below the target)" if cal else " (given)"),
-        f"epsilon at delta = {info['delta']:.3g}: {info['epsilon_pld']:.4f} (PLD), {info['epsilon_rdp']:.4f} (RDP)",
     ]
+    sweep = info.get("sweep")
+    if sweep:
+        pld = "" if info["epsilon_pld"] is None else f"{info['epsilon_pld']:.4f} (PLD), "
+        lines[2] = lines[2].replace("noise multiplier sigma", "noise multiplier sigma of every candidate")
+        lines += [
+            f"sweep: {len(sweep['candidates'])} candidates, rule {sweep['rule']}, {sweep['expected_runs']:.4g} "
+            "runs" + (" expected" if sweep["rule"] == "random_stopping" else ""),
+            *(f"  candidate {i}: learning rate {c['learning_rate']:g}, clip {c['clip_norm']:g}, {c['steps']} steps "
+              f"(epsilon {e:.4f} alone)" for i, (c, e) in enumerate(zip(sweep["candidates"],
+                                                                       sweep["candidate_epsilons"]))),
+            f"epsilon of the released model (the whole sweep) at delta = {info['delta']:.3g}: {pld}"
+            f"{info['epsilon_rdp']:.4f} (RDP)",
+        ]
+    else:
+        lines.append(f"epsilon at delta = {info['delta']:.3g}: {info['epsilon_pld']:.4f} (PLD), "
+                     f"{info['epsilon_rdp']:.4f} (RDP)")
     if "timing" in info:
         t, mem = info["timing"], info["memory"]
         lines += [
@@ -386,8 +473,12 @@ def _file_digest(path: str) -> str | None:
         return None  # the data stage names the unreadable file
 
 
-def _train_one(name: str, prep: Prepared, private: bool, out_dir: str, log) -> tuple[Any, dict, dict]:
-    config = prep.dpsgd_config(private)
+def _train_one(name: str, prep: Prepared, private: bool, out_dir: str, log, *, candidate: dict | None = None,
+               key: jax.Array | None = None) -> tuple[Any, dict, dict]:
+    """Trains one model into ``checkpoints/<name>`` (resuming); ``candidate`` overrides the hyperparameters."""
+    hyper = {} if candidate is None else {"learning_rate": candidate["learning_rate"],
+                                          "clip_norm": candidate["clip_norm"], "steps": candidate["steps"]}
+    config = prep.dpsgd_config(private, **hyper)
     model = _build_model(prep)
     unit = ("one user: all of the user's records (at most "
             f"{prep.config.privacy.max_records_per_user}, drawn before training), summed and clipped together"
@@ -396,17 +487,65 @@ def _train_one(name: str, prep: Prepared, private: bool, out_dir: str, log) -> t
     def progress(info):
         log(f"{name}: step {info['step']}/{info['steps']}, loss {info['loss']:.4f}, batch {info['batch_size']}")
 
+    if key is None:
+        key = jax.random.fold_in(jax.random.key(prep.config.seed), _TRAIN_STREAM)
     trained, history, report = train(
-        model, prep.dataset, config, key=jax.random.fold_in(jax.random.key(prep.config.seed), _TRAIN_STREAM),
+        model, prep.dataset, config, key=key,
         checkpoint_dir=os.path.join(out_dir, "checkpoints", name),
         checkpoint_every=prep.config.finetune.checkpoint_every, progress=progress,
         trainable=_trainable(prep), protected_unit=unit,
     )
     rep = report.to_dict()
-    if private and prep.calibration:
+    if private and prep.calibration and prep.sweep is None:
         rep["target_epsilon"] = prep.calibration["target_epsilon"]
         rep["calibration_accountant"] = prep.calibration["accountant"]
     return trained, {k: np.asarray(v).tolist() for k, v in history.items()}, rep
+
+
+def _run_sweep(prep: Prepared, out_dir: str, log) -> tuple[tuple[Any, dict, dict], dict[str, Any]]:
+    """Trains the sweep's runs, scores each on the validation split, and returns the best with the sweep's record.
+
+    Compose: run ``j`` is candidate ``j``. Random stopping: ``K`` and the runs' candidates come from
+    :func:`~snapaudit_jax.dpsgd.tuning.draw_candidates` (data-independent). Run ``j`` trains with the key
+    ``fold_in(fold_in(key(seed), 17), j)`` into ``checkpoints/sweep_<j>`` and is scored by its mean token loss on
+    the validation records (``evaluations/sweep_<j>.json``); the lowest loss wins (the earliest run on a tie, a
+    non-finite loss never wins). Only the best model is kept in memory.
+    """
+    from snapaudit_jax.dpsgd.tuning import draw_candidates
+
+    sweep, cfg = prep.sweep, prep.config
+    candidates = sweep["candidates"]
+    if sweep["rule"] == "compose":
+        plan = tuple(range(len(candidates)))
+    else:
+        plan = draw_candidates(jax.random.fold_in(jax.random.key(cfg.seed), _PLAN_STREAM), sweep["distribution"],
+                               len(candidates))
+    root = jax.random.fold_in(jax.random.key(cfg.seed), _SWEEP_STREAM)
+    best, best_loss, runs = None, float("inf"), []
+    for j, c in enumerate(plan):
+        name = f"sweep_{j}"
+        log(f"sweep run {j + 1}/{len(plan)}: candidate {c} {candidates[c]}")
+        trained = _train_one(name, prep, True, out_dir, log, candidate=candidates[c],
+                             key=jax.random.fold_in(root, j))
+        path = os.path.join(out_dir, "evaluations", f"{name}.json")
+        if os.path.exists(path):
+            with open(path) as fh:
+                score = json.load(fh)
+        else:
+            summary = loss_summary(trained[0], prep.validation, batch_size=cfg.eval_batch_size)
+            score = to_json({"run": j, "candidate": c, "validation": summary.to_dict()})
+            write_json(path, score)
+        loss = score["validation"]["token_loss"]
+        loss = float("inf") if loss is None or not np.isfinite(loss) else float(loss)
+        runs.append({"run": j, "candidate": c, **candidates[c], "validation_loss": loss,
+                     "epsilon_alone": trained[2]["epsilon"]})
+        log(f"sweep run {j + 1}/{len(plan)}: validation loss {loss:.4f}")
+        if best is None or loss < best_loss:
+            best, best_loss = (j, trained), loss
+    selected, trained = best
+    record = {"rule": sweep["rule"], "runs": runs, "selected_run": selected,
+              "selected": dict(runs[selected]), "accounting": sweep["accounting"].to_dict()}
+    return trained, record
 
 
 def _evaluate(name: str, model, prep: Prepared, out_dir: str, log) -> dict[str, Any]:
@@ -485,8 +624,12 @@ def run_finetune(config: FinetuneConfig, out_dir: str, *, progress: bool = True)
     Guarantees:
       The private model (``export/private``, its adapter, every checkpoint) is ``(epsilon, delta)``-DP for the
       configured unit under add/remove adjacency, with ``epsilon`` the report's accountant bound, under
-      :func:`snapaudit_jax.dpsgd.train`'s assumptions. The baseline, the held-out evaluations and the canary
-      results are computed from the private data without noise: the report lists each as a non-private release.
+      :func:`snapaudit_jax.dpsgd.train`'s assumptions. With a ``[sweep]``, ``epsilon`` is the whole search's
+      (:func:`snapaudit_jax.dpsgd.tuning.account_sweep`, the rule the report names), the validation split held
+      fixed; with ``compose`` it covers every run's checkpoints, with ``random_stopping`` only the released run
+      (``sweep.json`` and the other runs' checkpoints stay private). The baseline, the held-out evaluations and
+      the canary results are computed from the private data without noise: the report lists each as a non-private
+      release.
     """
     from snapaudit_jax.finetune.report import build_report, write_report
 
@@ -496,18 +639,25 @@ def run_finetune(config: FinetuneConfig, out_dir: str, *, progress: bool = True)
     began = time.perf_counter()
     prep = prepare(config, log)
     with folder.claim():
-        models = {}
-        private, history, dp_report = _train_one("private", prep, True, out_dir, log)
-        models["private"] = (private, history, dp_report)
+        models, sweep = {}, None
+        if prep.sweep is None:
+            models["private"] = _train_one("private", prep, True, out_dir, log)
+        else:
+            models["private"], sweep = _run_sweep(prep, out_dir, log)
+            write_json(os.path.join(out_dir, "sweep.json"), sweep)
         if config.baseline:
-            baseline, b_history, b_report = _train_one("baseline", prep, False, out_dir, log)
-            models["baseline"] = (baseline, b_history, b_report)
+            chosen = key = None
+            if sweep is not None:  # the twin of the released run: its hyperparameters, batches and seed
+                chosen = prep.sweep["candidates"][sweep["selected"]["candidate"]]
+                key = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), _SWEEP_STREAM),
+                                         sweep["selected_run"])
+            models["baseline"] = _train_one("baseline", prep, False, out_dir, log, candidate=chosen, key=key)
         evaluations = {"base": _evaluate("base", prep.lm.module, prep, out_dir, log)}
         for name, (model, _, _) in models.items():
             evaluations[name] = _evaluate(name, model, prep, out_dir, log)
         exports = _export(prep, models, out_dir, log)
         card = build_report(prep, {k: (h, r) for k, (_, h, r) in models.items()}, evaluations, exports,
-                            seconds=time.perf_counter() - began)
+                            seconds=time.perf_counter() - began, sweep=sweep)
         write_report(out_dir, card)
     log(f"done in {time.perf_counter() - began:.0f}s -> {out_dir}")
     return card

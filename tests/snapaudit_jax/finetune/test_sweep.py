@@ -1,0 +1,164 @@
+"""``[sweep]``: an accounted hyperparameter search in ``snapaudit finetune``, and its sigma calibration.
+
+Oracles: dp_accounting directly (the composition of every candidate's run, and the single-event form the
+calibration uses for runs of one sampling rate), the sweep record's own validation losses (the selection), and the
+data split's counts (the validation split disjoint from training and from the held-out part).
+"""
+
+from __future__ import annotations
+
+import json
+
+import dp_accounting
+import numpy as np
+import pytest
+from dp_accounting.pld import PLDAccountant
+
+from snapaudit_jax.cli import main
+from snapaudit_jax.dpsgd.accounting import dpsgd_event
+from snapaudit_jax.dpsgd.tuning import TruncatedNegativeBinomial, account_sweep, calibrate_sweep
+from snapaudit_jax.finetune.config import load_finetune_config
+from snapaudit_jax.finetune.run import plan_dict, prepare
+from snapaudit_jax.utils.config import ConfigFileError
+from snapaudit_jax.utils.errors import InputError
+from tests.snapaudit_jax.finetune.test_finetune import _toml, tiny  # noqa: F401  (the module's fixture)
+
+ADD_REMOVE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+
+
+def _pld(events, delta):
+    return PLDAccountant(ADD_REMOVE, value_discretization_interval=1e-4).compose(
+        dp_accounting.ComposedDpEvent(events)).get_epsilon(delta)
+
+
+def test_merged_composition_equals_dp_accounting_composition_of_every_run():
+    """account_sweep composes runs of one (sigma, q) as one self-composition: dp_accounting's composition of the
+    separate runs gives the same epsilon (to its discretisation)."""
+    cands = [(1.1, 0.05, 10), (1.1, 0.05, 6), (1.1, 0.1, 5)]
+    acc = account_sweep(cands, 1e-5)
+    separate = _pld([dpsgd_event(*c) for c in cands], 1e-5)
+    assert acc.epsilon_pld == pytest.approx(separate, rel=2e-3)
+    single = account_sweep(cands[:1], 1e-5)
+    assert acc.epsilon_pld > single.epsilon_pld  # the sweep costs more than any run
+
+
+@pytest.mark.parametrize("rule, runs, target", [
+    ("compose", [(0.05, 10), (0.05, 20)], 1.0),
+    ("compose", [(0.1, 5), (0.05, 10), (0.05, 3)], 2.0),
+    ("random_stopping", [(0.02, 40), (0.02, 80)], 1.0),
+    ("random_stopping", [(0.02, 40), (0.02, 80)], 4.0),
+])
+def test_calibrate_sweep_lands_within_one_percent_below_the_target(rule, runs, target):
+    params = {"distribution": TruncatedNegativeBinomial.with_mean(1.0, 3.0)} if rule == "random_stopping" else {}
+    sigma, acc = calibrate_sweep(target, 1e-5, runs, rule, **params)
+    assert 0.99 * target <= acc.epsilon <= target
+    assert acc.epsilon == account_sweep([(sigma, q, t) for q, t in runs], 1e-5, rule, **params).epsilon
+    if rule == "compose":  # independent oracle: dp_accounting's composition of every run at that sigma
+        assert min(acc.epsilon_rdp, _pld([dpsgd_event(sigma, q, t) for q, t in runs], 1e-5)) == pytest.approx(
+            acc.epsilon, rel=2e-3)
+    # power: 2% less noise breaks the target (the calibration does not overshoot)
+    assert account_sweep([(0.98 * sigma, q, t) for q, t in runs], 1e-5, rule, **params).epsilon > target
+
+
+def test_calibrate_sweep_refuses_what_it_cannot_do():
+    with pytest.raises(InputError, match="unreachable"):
+        calibrate_sweep(1e-6, 1e-9, [(1.0, 1000)])
+    with pytest.raises(InputError, match=r"runs\[0\] must be \(sampling_rate, steps\)"):
+        calibrate_sweep(1.0, 1e-5, [(0.1,)])
+    with pytest.raises(InputError, match="max_margin must be in"):
+        calibrate_sweep(1.0, 1e-5, [(0.1, 10)], max_margin=0.0)
+
+
+SWEEP = 'learning_rate = [0.003, 0.03]\nvalidation_fraction = 0.15\n'
+GIVEN = "noise_multiplier = 1.0\ntarget_epsilon = 0.0\nclip_norm = 1.0\n"  # the runs' tests: no calibration
+
+
+@pytest.mark.parametrize("body, key", [
+    ("rule = \"compose\"\n", "sweep.learning_rate"),  # a table that sweeps nothing
+    ("learning_rate = [0.01, 0.01]\n", "sweep.learning_rate"),
+    ("learning_rate = [-0.01]\n", "sweep.learning_rate"),
+    ("steps = [0, 3]\n", "sweep.steps"),
+    ("clip_norm = \"1\"\n", "sweep.clip_norm"),
+    ("learning_rate = [0.1]\nrule = \"best\"\n", "sweep.rule"),
+    ("learning_rate = [0.1]\nvalidation_fraction = 1.0\n", "sweep.validation_fraction"),
+    ("learning_rate = [0.1]\nmean_runs = 0.5\n", "sweep.mean_runs"),
+    ("learning_rate = [0.1]\neta = -1.0\n", "sweep.eta"),
+    ("learning_rate = [0.1]\nbogus = 1\n", "sweep: unknown key"),
+    ("learning_rate = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]\nclip_norm = [1, 2, 3, 4, 5, 6, 7, 8, 9]\n",
+     "sweep.learning_rate"),
+])
+def test_bad_sweep_tables_are_refused_naming_the_key(tiny, tmp_path, body, key):  # noqa: F811
+    root, model, data, _ = tiny
+    with pytest.raises(ConfigFileError, match=key.replace(".", r"\.")):
+        load_finetune_config(_toml(root, model, data, sweep=body))
+
+
+def test_sweep_plan_accounts_the_search_and_splits_validation_units(tiny):  # noqa: F811
+    root, model, data, rows = tiny
+    prep = prepare(load_finetune_config(_toml(root, model, data, sweep=SWEEP + "steps = [2, 3]\n",
+                                              privacy="target_epsilon = 1.0\nclip_norm = 1.0\n")))
+    acc = prep.sweep["accounting"]
+    assert len(prep.sweep["candidates"]) == 4 and acc.rule == "compose"
+    assert 0.99 * 1.0 <= acc.epsilon <= 1.0 and max(acc.candidate_epsilons) < acc.epsilon
+    q = prep.sampling_rate
+    runs = [(prep.noise_multiplier, q, c["steps"]) for c in prep.sweep["candidates"]]
+    assert acc.epsilon_pld == pytest.approx(_pld([dpsgd_event(*r) for r in runs], prep.delta), rel=2e-3)
+    # whole records on exactly one side: training, validation, held out (no user split without unit = "user")
+    stats = prep.data.stats
+    assert stats["validation_records"] == len(prep.data.validation) > 0
+    assert stats["train_units"] - stats["canaries_inserted"] + stats["validation_records"] + \
+        stats["held_out_records"] == len(rows)
+    info = plan_dict(prep, timing=False)
+    assert info["sweep"]["epsilon"] == acc.epsilon and info["epsilon_pld"] == acc.epsilon_pld
+    # the same data without a sweep splits as before: the validation draw has a stream of its own
+    plain = prepare(load_finetune_config(_toml(root, model, data, privacy=GIVEN)))
+    assert set(plain.data.held_out) == set(prep.data.held_out) and not plain.data.validation
+
+
+def test_compose_sweep_releases_the_best_run_at_the_sweeps_epsilon(tiny, tmp_path):  # noqa: F811
+    root, model, data, _ = tiny
+    cfg = _toml(root, model, data, sweep=SWEEP, privacy=GIVEN,
+                finetune="method = \"lora\"\nrank = 2\nsteps = 2\nbatch_size = 4\n",
+                canaries="n_canaries = 0\n", export="hf = false\n")
+    out = tmp_path / "run"
+    assert main(["finetune", cfg, "--out", str(out), "--quiet"]) == 0
+    card = json.loads((out / "report.json").read_text())
+    record = json.loads((out / "sweep.json").read_text())
+    losses = [r["validation_loss"] for r in record["runs"]]
+    assert [r["learning_rate"] for r in record["runs"]] == [0.003, 0.03]
+    assert record["selected_run"] == int(np.argmin(losses))  # the selection is the argmin of its own scores
+    claim = card["claim"]
+    assert claim["accounted_epsilon"] == record["accounting"]["epsilon"]
+    assert record["accounting"]["epsilon"] == account_sweep(
+        [(1.0, card["dpsgd"]["sampling_rate"], 2)] * 2, claim["delta"]).epsilon
+    assert claim["selected_run_epsilon_alone"] < claim["accounted_epsilon"]
+    assert claim["accounting_rule"].startswith("hyperparameter sweep: composition")
+    assert card["sweep"]["runs"] == record["runs"]
+    assert card["dpsgd"]["learning_rate"] == record["selected"]["learning_rate"]
+    statuses = {r["release"]: r["status"] for r in card["releases"]}
+    assert any(k.startswith("the validation split") and v.startswith("NOT covered") for k, v in statuses.items())
+    assert not any("NOT accounted" in v for v in statuses.values())
+    md = (out / "report.md").read_text()
+    assert "## Hyperparameter sweep" in md and "not the released model's epsilon" in md
+    # resume: every run and score is read back; the same card
+    assert main(["finetune", cfg, "--out", str(out), "--quiet"]) == 0
+    again = json.loads((out / "report.json").read_text())
+    card.pop("seconds"), again.pop("seconds")
+    assert again == card
+
+
+def test_random_stopping_sweep_keeps_the_runs_out_of_the_report(tiny, tmp_path):  # noqa: F811
+    root, model, data, _ = tiny
+    cfg = _toml(root, model, data, sweep=SWEEP + "rule = \"random_stopping\"\nmean_runs = 2\n", privacy=GIVEN,
+                run="seed = 3\nbaseline = false\neval_batch_size = 8\n",
+                finetune="method = \"lora\"\nrank = 2\nsteps = 2\nbatch_size = 4\n",
+                canaries="n_canaries = 0\n", export="hf = false\n")
+    out = tmp_path / "run"
+    assert main(["finetune", cfg, "--out", str(out), "--quiet"]) == 0
+    card = json.loads((out / "report.json").read_text())
+    record = json.loads((out / "sweep.json").read_text())
+    assert len(record["runs"]) >= 1 and card["claim"]["epsilon_pld"] is None
+    assert card["claim"]["accounting_rule"].startswith("hyperparameter sweep: random stopping")
+    assert isinstance(card["sweep"]["runs"], str) and "K" not in json.dumps(card["sweep"]["selected"])
+    assert any("voids the random-stopping bound" in r["status"] for r in card["releases"])
+    assert record["selected_run"] == int(np.argmin([r["validation_loss"] for r in record["runs"]]))
