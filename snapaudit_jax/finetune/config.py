@@ -131,6 +131,8 @@ class TrainConfig:
       learning_rate, optimizer, weight_decay: the optimizer (optax).
       microbatch_size: units per vectorised clipped-gradient call (speed only; default: the backend's).
       checkpoint_every: steps between checkpoints (resume after a kill).
+      devices: data parallelism over this many local devices (``0``: one device; see
+        :func:`snapaudit_jax.dpsgd.train`'s ``mesh``); a run resumes only on as many.
     """
 
     method: str = "lora"
@@ -144,6 +146,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     microbatch_size: int = 0
     checkpoint_every: int = 10
+    devices: int = 0
 
     def validate(self) -> "TrainConfig":
         """Checks every field.
@@ -170,6 +173,8 @@ class TrainConfig:
         validate.nonnegative_float("weight_decay", self.weight_decay)
         validate.positive_int("microbatch_size", self.microbatch_size, minimum=0)
         validate.positive_int("checkpoint_every", self.checkpoint_every)
+        if validate.positive_int("devices", self.devices, minimum=0) > 4096:
+            raise InputError(f"devices must be <= 4096, got {self.devices}")
         return self
 
 

@@ -255,6 +255,9 @@ def prepare(config: FinetuneConfig, log=None) -> Prepared:
         (``privacy.target_epsilon``).
     """
     log = log or (lambda message: None)
+    if config.finetune.devices > len(jax.local_devices()):
+        raise ConfigFileError(f"finetune.devices: this process has {len(jax.local_devices())} local devices "
+                              f"({jax.default_backend()}), got {config.finetune.devices}")
     tokenizer, cfg = _base_header(config)
     lora = None
     if config.finetune.method == "lora":
@@ -493,7 +496,7 @@ def _train_one(name: str, prep: Prepared, private: bool, out_dir: str, log, *, c
         model, prep.dataset, config, key=key,
         checkpoint_dir=os.path.join(out_dir, "checkpoints", name),
         checkpoint_every=prep.config.finetune.checkpoint_every, progress=progress,
-        trainable=_trainable(prep), protected_unit=unit,
+        trainable=_trainable(prep), protected_unit=unit, mesh=prep.config.finetune.devices or None,
     )
     rep = report.to_dict()
     if private and prep.calibration and prep.sweep is None:

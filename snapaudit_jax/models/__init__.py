@@ -71,6 +71,7 @@ __all__ = [
     "option_logprobs",
     "greedy_matches",
     "load_language_model",
+    "local_identity",
     "load_embedder",
     "load_tokenizer",
     "default_model_path",
@@ -146,17 +147,46 @@ def load_language_model(
     path = default_model_path(name_or_path) if name_or_path == "smollm2" else os.fspath(name_or_path)
     if path.endswith(".gguf"):
         cfg, module, reader = load_gguf(path)
-        return LanguageModel(name_or_path, cfg, module, Tokenizer.from_gguf(reader, path), data_parallel=data_parallel)
+        lm = LanguageModel(name_or_path, cfg, module, Tokenizer.from_gguf(reader, path), data_parallel=data_parallel)
+        lm.identity = local_identity(name_or_path, path)
+        return lm
     if os.path.isdir(path):
         cfg, _ = read_config(path)
         if isinstance(cfg, BertConfig):
             raise CheckpointError(f"{path}: a BERT checkpoint is an embedder, not a language model (use load_embedder)")
         cfg, module = load_hf_folder(path, allow_pickle=allow_pickle)
         tokenizer = Tokenizer.from_folder(path, eos_token_id=cfg.eos_token_id)
-        return LanguageModel(name_or_path, cfg, module, tokenizer, data_parallel=data_parallel)
+        lm = LanguageModel(name_or_path, cfg, module, tokenizer, data_parallel=data_parallel)
+        lm.identity = local_identity(name_or_path, path)
+        return lm
     if path.endswith(tuple(".bin .pt .pth .pkl .pickle .ckpt".split())):
         raise CheckpointError(f"{path}: pass the checkpoint folder (with config.json), not the weights file")
     raise CheckpointError(f"{path}: not a .gguf file or a checkpoint folder")
+
+
+def local_identity(name: str, path: str) -> str:
+    """What a local model's answers are cached under: its name and a digest of its files' names, sizes and times.
+
+    A model rewritten at the same path (a new fine-tuning export, another download) gets another identity, so an
+    answer cache or a snapshot never mixes the answers of two models; reading the files' metadata costs nothing
+    beside loading them.
+
+    Args:
+      name: the model's name (``"smollm2"`` or the path as given).
+      path: the ``.gguf`` file or the checkpoint folder (its regular files, not its subfolders).
+
+    Returns:
+      ``"<name> files:<16 hex digits>"``.
+    """
+    import hashlib
+
+    files = [path] if os.path.isfile(path) else sorted(
+        os.path.join(path, f) for f in os.listdir(path) if os.path.isfile(os.path.join(path, f)))
+    h = hashlib.sha256()
+    for f in files:
+        st = os.stat(f)
+        h.update(f"{os.path.basename(f)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return f"{name} files:{h.hexdigest()[:16]}"
 
 
 def load_tokenizer(name_or_path: str = DEFAULT_LLM) -> Tokenizer:

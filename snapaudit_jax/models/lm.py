@@ -218,6 +218,9 @@ class LanguageModel:
 
     Attributes:
       name: the label.
+      identity: what the answer cache keys the model's answers by (:class:`~snapaudit_jax.models.LLMOracle`): the
+        name, and for a model loaded from files (:func:`~snapaudit_jax.models.load_language_model`) a digest of
+        their names, sizes and modification times (:func:`~snapaudit_jax.models.local_identity`).
       config: the model config.
       tokenizer: the tokenizer.
       graphdef: the model's NNX graph definition.
@@ -237,6 +240,7 @@ class LanguageModel:
           data_parallel: see :class:`LanguageModel`.
         """
         self.name = name
+        self.identity = name
         self.config = config
         self.tokenizer = tokenizer
         self.graphdef, state = nnx.split(module)

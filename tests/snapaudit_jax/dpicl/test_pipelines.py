@@ -143,7 +143,9 @@ def test_phase_a_writes_manifest_and_resumes(tiny_lm, tmp_path):
         return generate_snapshots(PrivateVotingPipeline(LLMOracle(Served(tiny_lm, identity)), case, partitions=3),
                                   snapshots=12, seed=1, run_dir=str(tmp_path), verify=0)
 
-    assert served(tiny_lm.name).manifest["resumed"] is True  # the identity of an in-process model is its name
+    # the identity of a model loaded from files is its name and its files' digest (models.local_identity)
+    assert tiny_lm.identity.startswith(f"{tiny_lm.name} files:")
+    assert served(tiny_lm.identity).manifest["resumed"] is True
     elsewhere = served("openai:tiny@0123456789abcdef").manifest
     assert "resumed" not in elsewhere and elsewhere["model_identity"] == "openai:tiny@0123456789abcdef"
     assert elsewhere["model"] == tiny_lm.name and elsewhere["fingerprint"] != other.manifest["fingerprint"]

@@ -202,7 +202,9 @@ def test_the_identity_is_the_api_root_model_root_and_fingerprint(lm):
     assert len({identity(), identity("http://h:2"), identity(model="n"), identity(model_root="/w"),
                 identity(fingerprint="fp")}) == 5
     oracle = LLMOracle(ServerLanguageModel(ServerConfig("http://h:1", "m"), lm.tokenizer))
-    assert oracle.model_identity == identity() and LLMOracle(lm).model_identity == lm.name  # in-process: unchanged
+    # in-process: the model's own identity, its name and (loaded from files) their digest
+    assert oracle.model_identity == identity() and LLMOracle(lm).model_identity == lm.identity
+    assert lm.identity.startswith(lm.name)
 
 
 # --------------------------------------------------------------------------- how echoed tokens are verified
@@ -315,3 +317,22 @@ def test_an_oversized_body_is_refused_without_reading_it(lm, monkeypatch):
         with pytest.raises(ServerError, match=r"answered a body of \d+ bytes \(counted as read, without a "
                                               r"Content-Length\), more than the 40 bytes"):
             client.request("/models", what="model listing")
+
+
+def test_a_local_model_rewritten_at_the_same_path_gets_another_cache_identity(tmp_path):
+    """The answer cache keys a local model by its path and its files' names, sizes and times: new weights written
+    to the same folder (a new fine-tuning export) never reuse the old model's answers."""
+    import os
+
+    from snapaudit_jax.models import load_language_model, local_identity
+    from tests.helpers.tiny_llm import make_tiny_llm_folder
+
+    folder = make_tiny_llm_folder(str(tmp_path / "m"), ["a few words of text", "more words"], vocab_size=300)
+    lm = load_language_model(folder)
+    first = LLMOracle(lm).model_identity
+    assert first == lm.identity == local_identity(folder, folder) and first.startswith(f"{folder} files:")
+    assert local_identity(folder, folder) == first  # stable while nothing changes
+    weights = os.path.join(folder, "model.safetensors")
+    st = os.stat(weights)
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert LLMOracle(load_language_model(folder)).model_identity != first
