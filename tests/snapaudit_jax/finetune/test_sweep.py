@@ -162,3 +162,14 @@ def test_random_stopping_sweep_keeps_the_runs_out_of_the_report(tiny, tmp_path):
     assert isinstance(card["sweep"]["runs"], str) and "K" not in json.dumps(card["sweep"]["selected"])
     assert any("voids the random-stopping bound" in r["status"] for r in card["releases"])
     assert record["selected_run"] == int(np.argmin([r["validation_loss"] for r in record["runs"]]))
+
+
+@pytest.mark.parametrize("name", ["finetune_small.toml", "finetune_gpu.toml"])
+def test_the_shipped_finetune_examples_load(name):
+    import os
+
+    config = load_finetune_config(os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", name))
+    assert config.data.path.endswith("clinical_notes.jsonl") and os.path.isfile(config.data.path)
+    if name == "finetune_gpu.toml":
+        assert config.sweep is not None and len(config.sweep.candidates(config.finetune, config.privacy)) == 3
+        assert config.privacy.unit == "user" and config.finetune.method == "full"
