@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib.metadata
 import logging
 import math
@@ -156,6 +157,13 @@ def compute_epsilon(
     )
     if sigma == 0.0:
         return math.inf
+    return _epsilon(sigma, q, steps, delta, accountant, disc)
+
+
+@functools.lru_cache(maxsize=4096)
+def _epsilon(sigma: float, q: float, steps: int, delta: float, accountant: str, disc: float) -> float:
+    # A pure function of validated numbers, memoised: calibrations, plans, reports and resumed runs ask for the
+    # same epsilon again, and one PLD evaluation at a small sigma costs seconds.
     acc = _make_accountant(accountant, disc)
     with _quiet_dropped_orders():
         return float(acc.compose(dpsgd_event(sigma, q, steps)).get_epsilon(delta))
