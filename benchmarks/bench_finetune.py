@@ -1,0 +1,745 @@
+"""DP fine-tuning step on the SmolLM2-135M shape: ours (full and LoRA) against the non-private step and Opacus + PEFT.
+
+Usage::
+
+    python benchmarks/bench_finetune.py [--json] [--out FILE.json] [--method full|lora|both] [--layers L] \
+        [--dim 576] [--heads 9] [--kv-heads 3] [--intermediate 1536] [--vocab 49152] [--seq 64] [--batch 8] \
+        [--records 64] [--repeats 5] [--rank 8] [--alpha 16] [--targets q_proj v_proj] [--microbatch M] \
+        [--skip-torch] [--seed 0]
+
+What is measured
+----------------
+A Llama decoder (:class:`snapaudit_jax.models.decoders.Llama`, float32, random weights) of the SmolLM2-135M shape:
+width 576, 9 query and 3 key/value heads of 64, SwiGLU 1536, vocabulary 49152, tied embeddings, RoPE base 1e5,
+30 layers (``--layers``; the CPU default is 2, the shape's other sizes unchanged; the JSON's ``shape`` says which
+was run). ``--records`` synthetic records of ``--seq`` tokens (random ids and lengths from ``seq / 2`` to ``seq``,
+right-padded); Poisson sampling at ``q = batch / records``; the batches of steps ``0 .. R`` are
+:func:`snapaudit_jax.dpsgd.poisson_batch`'s, the ones our step draws, and every implementation runs on them.
+
+Per method (``full``: every ``nnx.Param``; ``lora``: :func:`snapaudit_jax.finetune.lora.apply_lora` adapters of
+rank ``--rank`` on ``--targets``, the ``nnx.LoRAParam`` state only):
+
+* ``ours_dp_<m>``: the jitted step of :func:`snapaudit_jax.dpsgd.train` (``_prepare`` and ``_dp_step``, as
+  ``benchmarks/bench_dpsgd.py`` calls them): per-record gradients in microbatches of ``--microbatch`` (library
+  default: 1 on CPU), clipped to ``C`` (the mean per-record norm at step 0), summed, Gaussian noise ``sigma C``
+  (``sigma = 1``), divided by ``q N``, AdamW;
+* ``ours_nonprivate_<m>``: the same step of a ``DPSGDConfig(non_private=True)`` run (no clipping, no noise; it
+  still computes per-record gradients, ``C = inf``);
+* ``ours_batched_<m>``: one jitted ``jax.grad`` of the summed per-record losses of the same batch (no per-record
+  gradients; compiled once per distinct batch size before timing, so nothing is padded), ``1 / (q N)``, the same
+  AdamW: what a plain fine-tuning step costs;
+* ``torch_opacus_<m>``: transformers' ``LlamaForCausalLM`` of the same config (``snapaudit_jax.finetune.export``'s
+  ``hf_config``) holding *our* weights (``hf_tensors``), LoRA by PEFT ``get_peft_model`` with the same rank, alpha,
+  targets and adapter values; Opacus ``PrivacyEngine.make_private`` (``grad_sample_mode="hooks"``,
+  ``loss_reduction="mean"``, expected batch ``q N``), same ``C`` and ``sigma``, torch AdamW;
+* ``torch_nonprivate_<m>``: the same torch model, one batched backward, the same AdamW.
+
+Same function on both sides: the same weights, adapters, loss (each record's mean next-token cross-entropy over
+its real targets) and batches. After a warm-up step each, the ``R`` timed steps go through every implementation in
+turn (the order rotating from step to step). ``median_step_seconds`` is the median of the ``R`` steps;
+``tokens_per_s`` counts the real (unpadded) tokens of the timed batches over their summed step times. ``ratios``
+(and the goals) are medians over the steps of the per-step ratio on the same batch: Poisson batch sizes vary, so a
+ratio of median steps would compare different batches, and a median of paired ratios is robust to a step slowed by
+other load; ``ratios_total_time`` gives summed step times (the inverse ratio of ``tokens_per_s``).
+``peak_rss_delta_mb``: the largest rise of the process's peak RSS during one step, the peak reset before each step
+(``/proc/self/clear_refs``; ``null`` where that is not allowed). PyTorch runs ``torch.set_num_threads(cores)``,
+the cores XLA's CPU client uses, with ``OMP_WAIT_POLICY=PASSIVE`` unless set (OpenMP threads spinning at
+barriers take the cores from the working thread when other processes run).
+
+Goals (printed and saved; a missed goal does not fail the run): ``ours_dp_lora <= 1.3 x`` the non-private LoRA step
+and faster than ``torch_opacus_lora``; ``ours_dp_full <= 2 x`` the non-private full step. The non-private step is
+given both ways: ``ours_batched`` (the cost of DP against plain fine-tuning) and ``ours_nonprivate``
+(``train(non_private=True)``, which also computes per-record gradients, so its ratio is close to 1 by design).
+
+Checks (before timing; on failure the script exits 1 and writes no ``--out`` file):
+
+* ours: step 0 with ``C = inf`` and the noise off; the clipped sum (read back from AdamW's first moment,
+  ``mu = (1 - b1) S / (q N)``) of both ``ours_dp`` and ``ours_nonprivate`` equals the batched gradient sum of the
+  same batch within ``1e-4`` relative L2 (float64);
+* torch: on batch 0, the sum of Opacus's per-sample gradients equals ``n`` times the batched gradient that
+  autograd accumulates in the same backward pass, within ``1e-4``; after one DP step every trainable tensor has
+  moved and (LoRA) no base weight has.
+
+LoRA's ``B`` starts at small random values (here and in PEFT), not zero, so that the checks see nonzero gradients
+for both adapter matrices; speed is the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+
+# PyTorch's OpenMP threads spin at every barrier by default; with other processes on the cores a spinning thread
+# takes the core from the one doing the work (a tiny step ran 75x slower on a loaded 2-core machine). Set before
+# libgomp loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from _common import CompileCounter, int_at_least
+from bench_dpsgd import flat64, make_data, ours_step
+from snapaudit_jax.dpsgd import DPSGDConfig, poisson_batch, sequence_losses
+from snapaudit_jax.dpsgd.train import _SAMPLE_STREAM, _prepare
+from snapaudit_jax.finetune.export import hf_config, hf_tensors
+from snapaudit_jax.finetune.lora import TARGETS, LoRAConfig, LoRAProjection, apply_lora, lora_adapters
+from snapaudit_jax.models.config import LlamaConfig
+from snapaudit_jax.models.decoders import Llama
+from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.io import write_json
+
+# SmolLM2-135M (HuggingFaceTB/SmolLM2-135M config.json).
+SMOLLM2 = dict(layers=30, dim=576, heads=9, kv_heads=3, intermediate=1536, vocab=49152)
+SMOLLM2_FIXED = dict(rms_norm_eps=1e-5, rope_theta=1e5, tie_word_embeddings=True, max_position_embeddings=8192)
+CPU_LAYERS = 2
+SUM_TOL = 1e-4
+NOISE_MULTIPLIER, LEARNING_RATE, B1, DELTA = 1.0, 1e-3, 0.9, 1e-5
+LORA_B_STD = 0.02
+GOALS = {"lora_dp_over_nonprivate": 1.3, "full_dp_over_nonprivate": 2.0}
+METHODS = ("full", "lora")
+
+
+# ---------------------------------------------------------------------------
+# Memory: the peak RSS of one call
+# ---------------------------------------------------------------------------
+
+
+def _status_kb(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+        return True
+    except OSError:
+        return False
+
+
+def measured(fn) -> tuple[float, float, float | None]:
+    """``(wall seconds, process CPU seconds, peak RSS rise in MB or None)`` of ``fn()``."""
+    reset = _reset_peak()
+    rss0 = _status_kb("VmRSS") if reset else None
+    start, cpu0 = time.perf_counter(), time.process_time()
+    fn()
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
+    hwm = _status_kb("VmHWM") if reset else None
+    rise = None if rss0 is None or hwm is None else (hwm - rss0) / 1024.0
+    return wall, cpu, rise
+
+
+# ---------------------------------------------------------------------------
+# Ours
+# ---------------------------------------------------------------------------
+
+
+def make_config(args) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=args.vocab, hidden_size=args.dim, intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+        head_dim=args.dim // args.heads, **SMOLLM2_FIXED,
+    )
+
+
+def build_models(args) -> tuple[LlamaConfig, dict]:
+    cfg = make_config(args)
+    models = {}
+    for method in args.methods:
+        model = Llama(cfg, rngs=nnx.Rngs(args.seed))  # the same base weights for both methods
+        if method == "lora":
+            apply_lora(model, LoRAConfig(rank=args.rank, alpha=args.alpha, targets=tuple(args.targets)),
+                       key=jax.random.key(args.seed + 1))
+            rng = np.random.default_rng(args.seed + 2)
+            for block in model.blocks:
+                for value in vars(block).values():
+                    if isinstance(value, LoRAProjection):
+                        for b in value.lora_b:
+                            b[...] = jnp.asarray(rng.normal(0.0, LORA_B_STD, b[...].shape), b[...].dtype)
+        models[method] = model
+    return cfg, models
+
+
+class Batched:
+    """The plain step: one ``jax.grad`` of the summed per-record losses of the batch, ``1 / (q N)``, AdamW."""
+
+    def __init__(self, model, trainable, tokens, mask, *, inv_normaliser: float):
+        graphdef, params, rest = nnx.split(model, trainable, ...)
+        self.params = jax.tree.map(jnp.array, params)
+        self.rest = rest  # an argument of the jitted step, never a constant in it (LoRA: the frozen base weights)
+        defaults = DPSGDConfig(steps=1, learning_rate=LEARNING_RATE, non_private=True, batch_size=1)
+        tx = optax.chain(optax.scale(inv_normaliser),
+                         optax.adamw(LEARNING_RATE, b1=B1, b2=defaults.b2, eps=defaults.eps,
+                                     weight_decay=defaults.weight_decay))
+        self.opt_state = tx.init(self.params)
+        self.tokens, self.mask = tokens, mask
+        self.inv_normaliser = inv_normaliser
+
+        def step(params, opt_state, rest, tokens, mask, idx):
+            def loss(p):
+                return jnp.sum(sequence_losses(nnx.merge(graphdef, p, rest), tokens[idx], mask[idx]))
+
+            updates, opt_state = tx.update(jax.grad(loss)(params), opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        self._step = jax.jit(step, donate_argnums=(0, 1))
+
+    def check_sum(self, indices: np.ndarray) -> np.ndarray:
+        """The gradient sum of one step from copies of the state (AdamW's first moment ``(1 - b1) S / (q N)``)."""
+        params, opt_state = jax.tree.map(jnp.array, self.params), jax.tree.map(jnp.array, self.opt_state)
+        _, opt_after = self._step(params, opt_state, self.rest, self.tokens, self.mask,
+                                  jnp.asarray(indices, jnp.int32))
+        return flat64(optax.tree_utils.tree_get(opt_after, "mu")) / (self.inv_normaliser * (1.0 - B1))
+
+    def step(self, indices: np.ndarray) -> None:
+        self.params, self.opt_state = self._step(self.params, self.opt_state, self.rest, self.tokens, self.mask,
+                                                 jnp.asarray(indices, jnp.int32))
+        jax.block_until_ready(self.params)
+
+
+class Ours:
+    """Our DP and non-private ``train`` steps of one method, and the batched plain step."""
+
+    def __init__(self, model, trainable, data, *, q: float, microbatch: int | None, key, batches):
+        tokens_np, mask_np = data
+        self.key = key
+        base = dict(steps=len(batches), learning_rate=LEARNING_RATE, sampling_rate=q, optimizer="adamw", b1=B1,
+                    microbatch_size=microbatch)
+        self.runs = {
+            "dp": _prepare(model, data, DPSGDConfig(clip_norm=1.0, noise_multiplier=NOISE_MULTIPLIER, delta=DELTA,
+                                                    **base), key, trainable),
+            "nonprivate": _prepare(model, data, DPSGDConfig(non_private=True, **base), key, trainable),
+        }
+        self.batched = Batched(model, trainable, jnp.asarray(tokens_np), jnp.asarray(mask_np),
+                               inv_normaliser=1.0 / (q * tokens_np.shape[0]))
+        self.batches = batches
+        self.num_records = tokens_np.shape[0]
+        self.q = q
+        self.state = {}
+
+    def check(self, perturb: bool = False) -> tuple[dict, dict, float]:
+        """Step 0 with ``C = inf`` and no noise against the batched gradient sum (stops at the first failure).
+
+        Returns ``(relative errors, compile seconds, mean per-record gradient norm)``.
+        """
+        compile_s, errors = {}, {}
+        start = time.perf_counter()
+        batched = self.batched.check_sum(self.batches[0])
+        compile_s["batched"] = round(time.perf_counter() - start, 2)
+        norm_mean = float("nan")
+        for name, run in self.runs.items():
+            params0, opt0 = jax.tree.map(jnp.array, run.params), jax.tree.map(jnp.array, run.opt_state)
+            hyper = run.hyper._replace(clip_norm=jnp.float32(np.inf), noise_std=jnp.float32(0.0))
+            start = time.perf_counter()
+            _, opt_after, metrics = ours_step(run, 0, params0, opt0, hyper)
+            compile_s[name] = round(time.perf_counter() - start, 2)
+            if int(metrics["batch_size"]) != self.batches[0].size:
+                raise RuntimeError(f"ours_{name}: step 0 has {int(metrics['batch_size'])} records, "
+                                   f"poisson_batch {self.batches[0].size}")
+            total = flat64(optax.tree_utils.tree_get(opt_after, "mu")) * (self.q * self.num_records) / (1.0 - B1)
+            if perturb:
+                total = total * (1.0 + 1e-3)
+            errors[name] = float(np.linalg.norm(total - batched) / np.linalg.norm(batched))
+            if name == "dp":
+                norm_mean = float(metrics["norm_sum"]) / max(1, int(metrics["batch_size"]))
+            if not errors[name] <= SUM_TOL:
+                break
+        return errors, compile_s, norm_mean
+
+    def start(self, clip: float, sizes: list[int]) -> dict:
+        """Sets ``C`` and warms every step up (compiling the batched step for every batch size to be timed)."""
+        run = self.runs["dp"]
+        self.runs["dp"] = run._replace(hyper=run.hyper._replace(
+            clip_norm=jnp.float32(clip), noise_std=jnp.float32(NOISE_MULTIPLIER * clip)))
+        compile_s = {}
+        for name, run in self.runs.items():
+            start = time.perf_counter()
+            self.state[name] = ours_step(run, 0, run.params, run.opt_state, run.hyper)[:2]
+            compile_s[name + "_warmup"] = round(time.perf_counter() - start, 2)
+        start = time.perf_counter()
+        for size in sorted(set(sizes)):  # every batch size of the timed steps, so that none compiles there
+            self.batched.step(next(b for b in self.batches if b.size == size))
+        compile_s["batched_warmup"] = round(time.perf_counter() - start, 2)
+        compile_s["batched_sizes"] = sorted(set(sizes) | {self.batches[0].size})
+        return compile_s
+
+    def step(self, name: str, t: int) -> None:
+        if name == "batched":
+            self.batched.step(self.batches[t])
+            return
+        run = self.runs[name]
+        params, opt_state, metrics = ours_step(run, t, *self.state[name], run.hyper)
+        self.state[name] = params, opt_state
+        if int(metrics["batch_size"]) != self.batches[t].size:
+            raise RuntimeError(f"ours_{name}: step {t} batch differs from poisson_batch")
+
+
+# ---------------------------------------------------------------------------
+# PyTorch: transformers + PEFT + Opacus
+# ---------------------------------------------------------------------------
+
+
+def torch_available() -> str | None:
+    """``None`` if torch, transformers, peft and opacus import; else why not."""
+    try:
+        import opacus  # noqa: F401
+        import peft  # noqa: F401
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        return f"{exc.name or exc}: not installed (pip install 'snapaudit-jax[bench]')"
+    return None
+
+
+def _torch_modules(method: str, model, cfg: LlamaConfig, args):
+    """A ``LlamaForCausalLM`` (PEFT-wrapped for LoRA) holding ``model``'s weights (and adapters)."""
+    import peft
+    import torch
+    import transformers
+
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**hf_config(cfg)))
+    tensors = {k: torch.from_numpy(np.array(v)) for k, v in hf_tensors(model, lora="base").items()}
+    missing, unexpected = hf.load_state_dict(tensors, strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:
+        raise RuntimeError(f"torch model: missing {missing}, unexpected {unexpected}")
+    hf = hf.float()
+    if method == "full":
+        return hf
+    lora = peft.LoraConfig(r=args.rank, lora_alpha=args.alpha, target_modules=list(args.targets), lora_dropout=0.0,
+                           bias="none")
+    wrapped = peft.get_peft_model(hf, lora)
+    with torch.no_grad():
+        for (layer, name), (a, b, _) in lora_adapters(model).items():
+            part = "mlp" if name in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+            module = wrapped.get_submodule(f"base_model.model.model.layers.{layer}.{part}.{name}")
+            module.lora_A["default"].weight.copy_(torch.from_numpy(np.array(a).T))
+            module.lora_B["default"].weight.copy_(torch.from_numpy(np.array(b).T))
+    return wrapped
+
+
+def _torch_losses(module, tokens, mask):
+    """``(n,)`` per-record mean next-token cross-entropy over real targets (as :func:`sequence_losses`)."""
+    import torch
+
+    logits = module(input_ids=tokens, attention_mask=mask.long(), use_cache=False).logits
+    valid = mask[:, 1:] & mask[:, :-1]
+    labels = torch.full_like(tokens, -100)  # transformers' causal-LM loss: shifted labels, no copy of the logits
+    labels[:, :-1] = torch.where(valid, tokens[:, 1:], -100)
+    nll = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                            reduction="none", ignore_index=-100)
+    return nll.reshape(tokens.shape).sum(1) / valid.sum(1).clamp(min=1).float()
+
+
+class Torch:
+    """The torch DP (Opacus) and non-private steps of one method."""
+
+    def __init__(self, method: str, model, cfg, args, data, *, q: float, batches, clip: float):
+        import torch
+        from opacus import PrivacyEngine
+
+        self.torch = torch
+        tokens_np, mask_np = data
+        self.tokens, self.mask = torch.from_numpy(tokens_np.astype(np.int64)), torch.from_numpy(mask_np)
+        self.batches = batches
+        self.normaliser = q * tokens_np.shape[0]
+        defaults = DPSGDConfig(steps=1, learning_rate=LEARNING_RATE, non_private=True, batch_size=1)
+
+        def adamw(module):
+            params = [p for p in module.parameters() if p.requires_grad]
+            return torch.optim.AdamW(params, lr=LEARNING_RATE, betas=(B1, defaults.b2), eps=defaults.eps,
+                                     weight_decay=defaults.weight_decay)
+
+        self.plain = _torch_modules(method, model, cfg, args).train()
+        self.plain_opt = adamw(self.plain)
+        dp_module = _torch_modules(method, model, cfg, args).train()
+        self.frozen = {n: p.detach().clone() for n, p in dp_module.named_parameters() if not p.requires_grad}
+        self.trainable_before = {n: p.detach().clone() for n, p in dp_module.named_parameters() if p.requires_grad}
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(tokens_np.shape[0])),
+                                             batch_size=args.batch)
+        engine = PrivacyEngine(accountant="rdp")
+        self.dp, self.dp_opt, _ = engine.make_private(
+            module=dp_module, optimizer=adamw(dp_module), data_loader=loader, noise_multiplier=NOISE_MULTIPLIER,
+            max_grad_norm=clip, poisson_sampling=True, grad_sample_mode="hooks", loss_reduction="mean",
+        )
+        # Opacus derives the expected batch from the loader (N / ceil(N / B)); ours divides by q N exactly.
+        self.dp_opt.expected_batch_size = self.normaliser
+        self.trainable_tensors = len(self.trainable_before)
+        self.trainable_parameters = sum(p.numel() for p in self.trainable_before.values())
+
+    def _rows(self, t: int):
+        idx = self.torch.from_numpy(self.batches[t].astype(np.int64))
+        if idx.numel() == 0:
+            raise RuntimeError(f"step {t}: empty Poisson batch (torch cannot step on it); use another --seed")
+        return self.tokens[idx], self.mask[idx]
+
+    def check(self, perturb: bool = False) -> dict:
+        """Opacus's per-sample gradients against autograd's batched gradient (same backward pass), on batch 0."""
+        torch = self.torch
+        tokens, mask = self._rows(0)
+        n = tokens.shape[0]
+        self.dp_opt.zero_grad(set_to_none=True)
+        losses = _torch_losses(self.dp, tokens, mask)
+        losses.mean().backward()
+        err = ref = 0.0
+        sq_norms = torch.zeros(n, dtype=torch.float64)
+        for p in self.dp.parameters():
+            if not p.requires_grad:
+                continue
+            gs = p.grad_sample.double()
+            total = gs.sum(0) * (1.0 + 1e-3 if perturb else 1.0)
+            err += float(((total - n * p.grad.double()) ** 2).sum())
+            ref += float(((n * p.grad.double()) ** 2).sum())
+            sq_norms += (gs.reshape(n, -1) ** 2).sum(1)
+        self.dp_opt.zero_grad(set_to_none=True)
+        return {"rel_error": math.sqrt(err / ref), "losses": losses.detach().double().numpy(),
+                "norm_mean": float(sq_norms.sqrt().mean())}
+
+    def start(self) -> dict:
+        """One warm-up step of each; checks that the DP step moved every trainable tensor and no frozen one."""
+        seconds = {}
+        for name in ("dp", "nonprivate"):
+            start = time.perf_counter()
+            self.step(name, 0)
+            seconds[name + "_warmup"] = round(time.perf_counter() - start, 2)
+        params = dict(self.dp._module.named_parameters()) if hasattr(self.dp, "_module") else dict(
+            self.dp.named_parameters())
+        moved = sum(not torch_equal(params[n], v) for n, v in self.trainable_before.items())
+        frozen_moved = sum(not torch_equal(params[n], v) for n, v in self.frozen.items())
+        seconds["dp_trainable_tensors_moved"] = f"{moved}/{len(self.trainable_before)}"
+        seconds["dp_frozen_tensors_moved"] = frozen_moved
+        self.moved_ok = moved == len(self.trainable_before) and frozen_moved == 0
+        return seconds
+
+    def step(self, name: str, t: int) -> None:
+        tokens, mask = self._rows(t)
+        if name == "dp":
+            self.dp_opt.zero_grad(set_to_none=True)
+            _torch_losses(self.dp, tokens, mask).mean().backward()  # Opacus: loss_reduction="mean"
+            self.dp_opt.step()
+        else:
+            self.plain_opt.zero_grad(set_to_none=True)
+            (_torch_losses(self.plain, tokens, mask).sum() / self.normaliser).backward()
+            self.plain_opt.step()
+
+
+def torch_equal(a, b) -> bool:
+    return bool((a.detach() == b).all())
+
+
+# ---------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------
+
+
+def _failed(out: dict) -> bool:
+    """Records (``checks_failed``) and says whether any check so far failed."""
+    failed = [k for k, v in out["checks"].items()
+              if k != "tolerance" and (v is False or (not isinstance(v, bool) and not v <= SUM_TOL))]
+    if failed:
+        out["checks_failed"] = failed
+    return bool(failed)
+
+
+def benchmark(args) -> dict:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cfg, models = build_models(args)
+    tokens_np, mask_np = make_data(args.records, args.seq, args.vocab, args.seed)
+    data = (tokens_np, mask_np)
+    q = args.batch / args.records
+    key = jax.random.key(args.seed)
+    sample_key = jax.random.fold_in(key, _SAMPLE_STREAM)
+    batches = [np.flatnonzero(poisson_batch(sample_key, t, args.records, q)) for t in range(args.repeats + 1)]
+    sizes = [int(b.size) for b in batches[1:]]
+    real_tokens = [int(mask_np[b].sum()) for b in batches[1:]]
+
+    out = {"checks": {"tolerance": SUM_TOL}, "compile_seconds": {}, "clip_norm": {}, "parity": {}}
+    num_params = {}
+    trainable = {}
+    ours, torch_side = {}, {}
+    threads = {"xla_cpu_intra_op": cores, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+    if not args.skip_torch:  # main() checked that it imports
+        import torch
+
+        torch.set_num_threads(cores)
+        torch.manual_seed(args.seed)
+        threads["torch"] = torch.get_num_threads()
+        warnings.filterwarnings("ignore", message=".*[Ff]ull backward hook.*")
+        warnings.filterwarnings("ignore", module="opacus")
+    for method in args.methods:
+        model = models[method]
+        flt = nnx.LoRAParam if method == "lora" else nnx.Param
+        num_params[method] = int(sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param))))
+        trainable[method] = int(sum(x.size for x in jax.tree.leaves(nnx.state(model, flt))))
+        side = ours[method] = Ours(model, flt, data, q=q, microbatch=args.microbatch, key=key, batches=batches)
+        errors, compile_s, norm_mean = side.check(perturb=args.perturb_check == "ours")
+        out["checks"].update({f"ours_{name}_{method}": err for name, err in errors.items()})
+        if _failed(out):
+            return out
+        clip = out["clip_norm"][method] = norm_mean
+        out["compile_seconds"][f"ours_{method}"] = {**compile_s, **side.start(clip, sizes)}
+        if not args.skip_torch:
+            ts = torch_side[method] = Torch(method, model, cfg, args, data, q=q, batches=batches, clip=clip)
+            if ts.trainable_parameters != trainable[method]:
+                raise RuntimeError(f"{method}: torch trains {ts.trainable_parameters} parameters, ours "
+                                   f"{trainable[method]}")
+            check = ts.check(perturb=args.perturb_check == "torch")
+            out["checks"][f"torch_opacus_{method}"] = check["rel_error"]
+            ours_losses = np.asarray(sequence_losses(model, jnp.asarray(tokens_np[batches[0]]),
+                                                     jnp.asarray(mask_np[batches[0]])), np.float64)
+            out["parity"][method] = {
+                "loss_max_abs_diff": float(np.max(np.abs(ours_losses - check["losses"]))),
+                "mean_record_grad_norm": {"ours": norm_mean, "torch": check["norm_mean"]},
+            }
+            out["compile_seconds"][f"torch_{method}"] = ts.start()
+            out["checks"][f"torch_opacus_{method}_updates"] = ts.moved_ok
+            if _failed(out):
+                return out
+
+    names = []
+    for method in args.methods:
+        names += [("ours", method, "dp"), ("ours", method, "nonprivate"), ("ours", method, "batched")]
+        if not args.skip_torch:
+            names += [("torch", method, "dp"), ("torch", method, "nonprivate")]
+
+    def label(side, method, kind):
+        return f"{side}_{'opacus' if (side, kind) == ('torch', 'dp') else kind}_{method}"
+
+    wall = {label(*n): [] for n in names}
+    cpu = dict.fromkeys(wall, 0.0)
+    peak = {k: [] for k in wall}
+    with CompileCounter() as compiles:
+        for t in range(1, args.repeats + 1):
+            shift = (t - 1) % len(names)  # the order rotates, so that no variant always follows the same one
+            for side, method, kind in names[shift:] + names[:shift]:
+                impl = ours[method] if side == "ours" else torch_side[method]
+                s, c, rise = measured(lambda: impl.step(kind, t))  # noqa: B023
+                name = label(side, method, kind)
+                wall[name].append(s)
+                cpu[name] += c
+                peak[name].append(rise)
+
+    total_tokens = sum(real_tokens)
+    variants = {}
+    for name, times in wall.items():
+        rises = [r for r in peak[name] if r is not None]
+        variants[name] = {
+            "median_step_seconds": round(statistics.median(times), 4),
+            "step_seconds": [round(s, 4) for s in times],
+            "tokens_per_s": round(total_tokens / sum(times), 1),
+            "records_per_s": round(sum(sizes) / sum(times), 2),
+            "cpu_seconds_per_step": round(cpu[name] / len(times), 3),
+            "peak_rss_delta_mb": round(max(rises), 1) if rises else None,
+        }
+
+    total_time = {}
+
+    def ratio(a, b):
+        """The median over steps of ``a``'s step time over ``b``'s on the same batch (``total_time``: summed times)."""
+        if a not in variants or b not in variants:
+            return None
+        total_time[f"{a}/{b}"] = round(sum(wall[a]) / sum(wall[b]), 3)
+        return round(statistics.median(x / y for x, y in zip(wall[a], wall[b])), 3)
+
+    ratios, goals = {}, {}
+    for method in args.methods:
+        ratios[f"dp_over_batched_{method}"] = ratio(f"ours_dp_{method}", f"ours_batched_{method}")
+        ratios[f"dp_over_train_nonprivate_{method}"] = ratio(f"ours_dp_{method}", f"ours_nonprivate_{method}")
+        if not args.skip_torch:
+            ratios[f"dp_over_opacus_{method}"] = ratio(f"ours_dp_{method}", f"torch_opacus_{method}")
+            ratios[f"opacus_over_torch_nonprivate_{method}"] = ratio(f"torch_opacus_{method}",
+                                                                     f"torch_nonprivate_{method}")
+            ratios[f"batched_over_torch_nonprivate_{method}"] = ratio(f"ours_batched_{method}",
+                                                                      f"torch_nonprivate_{method}")
+        limit = GOALS[f"{method}_dp_over_nonprivate"]
+        vs_batched, vs_train = ratios[f"dp_over_batched_{method}"], ratios[f"dp_over_train_nonprivate_{method}"]
+        goals[f"{method}_dp_within_{limit:g}x_nonprivate"] = {
+            "limit": limit, "ratio_vs_batched": vs_batched, "met_vs_batched": vs_batched <= limit,
+            "ratio_vs_train_nonprivate": vs_train, "met_vs_train_nonprivate": vs_train <= limit,
+        }
+        if method == "lora":
+            r = ratios.get("dp_over_opacus_lora")
+            goals["lora_dp_faster_than_opacus_peft"] = {"ratio": r, "met": None if r is None else r < 1.0}
+
+    shape = {
+        "name": "SmolLM2-135M" if args.full_shape else "SmolLM2-135M shape, shrunk",
+        "full_shape": args.full_shape,
+        "layers": args.layers, "layers_full_shape": SMOLLM2["layers"], "hidden_size": args.dim,
+        "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": cfg.head_dim,
+        "intermediate_size": args.intermediate, "vocab": args.vocab, "tie_word_embeddings": True,
+        "rope_theta": cfg.rope_theta, "parameters": num_params, "dtype": "float32",
+    }
+    out.update({
+        "shape": shape, "seq": args.seq, "records": args.records, "expected_batch": args.batch,
+        "sampling_rate": q, "batch_sizes": sizes, "real_tokens": real_tokens, "methods": list(args.methods),
+        "lora": {"rank": args.rank, "alpha": args.alpha, "targets": list(args.targets), "b_init_std": LORA_B_STD},
+        "trainable_parameters": trainable, "noise_multiplier": NOISE_MULTIPLIER, "optimizer": "adamw",
+        "learning_rate": LEARNING_RATE,
+        "microbatch_size": {m: ours[m].runs["dp"].spec.microbatch_size for m in args.methods},
+        "threads": threads, "repeats": args.repeats, "variants": variants, "ratios": ratios,
+        "ratios_total_time": total_time, "goals": goals,
+        "jax_compiles_timed": compiles.count,
+        "peak_rss_method": "max over timed steps of VmHWM - VmRSS, VmHWM reset before each step (clear_refs 5)",
+    })
+    if args.skip_torch:
+        out["torch"] = {"skipped": True}
+    else:
+        import opacus
+        import peft
+        import torch
+        import transformers
+
+        out["torch"] = {
+            "skipped": False, "torch": torch.__version__, "transformers": transformers.__version__,
+            "peft": peft.__version__, "opacus": opacus.__version__, "device": "cpu",
+            "opacus_setup": ("PrivacyEngine.make_private(grad_sample_mode='hooks', poisson_sampling=True, "
+                             "loss_reduction='mean'), our batches fed directly, expected_batch_size = q N"),
+            "opacus_notes": (
+                "LoRA: the base model is frozen (PEFT), so Opacus hooks only the LoRA nn.Linear modules; full: "
+                "Opacus has no grad sampler for LlamaRMSNorm and computes its per-sample gradients with its "
+                "functorch fallback, the tied embedding/lm_head weight accumulates both modules' grad samples, "
+                "rotary embeddings have no parameters; checked against autograd before timing"),
+            "attn_implementation": getattr(torch_side[args.methods[0]].plain.config, "_attn_implementation", None),
+        }
+    return out
+
+
+def readable(r: dict) -> str:
+    s = r["shape"]
+    head = (
+        f"{s['name']}: Llama {s['layers']} layers (of {s['layers_full_shape']}) x {s['hidden_size']}, heads "
+        f"{s['heads']}/{s['kv_heads']}, MLP {s['intermediate_size']}, vocab {s['vocab']}, seq {r['seq']} | "
+        f"N={r['records']}, Poisson q={r['sampling_rate']:.4g} (expected batch {r['expected_batch']}, realised "
+        f"{min(r['batch_sizes'])}..{max(r['batch_sizes'])}), sigma={r['noise_multiplier']:g}, C "
+        + ", ".join(f"{m} {c:.4g}" for m, c in r["clip_norm"].items())
+        + f", LoRA r={r['lora']['rank']} alpha={r['lora']['alpha']:g} on {'/'.join(r['lora']['targets'])}, AdamW"
+    )
+    rows = [("", "median step s", "tokens/s", "records/s", "CPU s/step", "peak RSS +MB")]
+    for name, v in r["variants"].items():
+        mem = "n/a" if v["peak_rss_delta_mb"] is None else f"{v['peak_rss_delta_mb']:.0f}"
+        rows.append((name, f"{v['median_step_seconds']:.4f}", f"{v['tokens_per_s']:.1f}", f"{v['records_per_s']:.2f}",
+                     f"{v['cpu_seconds_per_step']:.3f}", mem))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    table = "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+                      for row in rows)
+    ratios = ", ".join(f"{k} {v:.3g}" for k, v in r["ratios"].items() if v is not None)
+    goal_lines = []
+    for name, g in r["goals"].items():
+        if "limit" in g:
+            goal_lines.append(f"goal {name}: vs batched {g['ratio_vs_batched']:.3g}x "
+                              f"({'met' if g['met_vs_batched'] else 'NOT met'}), vs train(non_private) "
+                              f"{g['ratio_vs_train_nonprivate']:.3g}x "
+                              f"({'met' if g['met_vs_train_nonprivate'] else 'NOT met'})")
+        else:
+            state = "n/a (--skip-torch)" if g["met"] is None else ("met" if g["met"] else "NOT met")
+            goal_lines.append(f"goal {name}: {'n/a' if g['ratio'] is None else format(g['ratio'], '.3g') + 'x'} "
+                              f"({state})")
+    checks = ", ".join(f"{k} {v:.1e}" if not isinstance(v, bool) else f"{k} {v}"
+                       for k, v in r["checks"].items() if k != "tolerance")
+    tail = (
+        f"ratios (median of per-step time ratios): {ratios}\n" + "\n".join(goal_lines) + "\n"
+        f"checks: {checks} (tolerance {SUM_TOL:g}); compiles during timing {r['jax_compiles_timed']}; threads "
+        f"{r['threads']}; {r['cpu_count']} CPUs, load at start {r['loadavg_at_start']}; total "
+        f"{r['wall_seconds_total']:.0f} s"
+    )
+    return f"{head}\n{table}\n{tail}"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a readable table")
+    parser.add_argument("--out", help="also write the JSON object to this file (atomically)")
+    parser.add_argument("--method", choices=("full", "lora", "both"), default="both")
+    parser.add_argument("--layers", type=int_at_least(1), default=None,
+                        help=f"decoder layers (SmolLM2-135M: 30; default {CPU_LAYERS} on CPU, 30 elsewhere)")
+    parser.add_argument("--dim", type=int_at_least(2), default=SMOLLM2["dim"], help="hidden size")
+    parser.add_argument("--heads", type=int_at_least(1), default=SMOLLM2["heads"], help="query heads")
+    parser.add_argument("--kv-heads", type=int_at_least(1), default=SMOLLM2["kv_heads"], help="key/value heads")
+    parser.add_argument("--intermediate", type=int_at_least(1), default=SMOLLM2["intermediate"],
+                        help="SwiGLU hidden size")
+    parser.add_argument("--vocab", type=int_at_least(2), default=SMOLLM2["vocab"])
+    parser.add_argument("--seq", type=int_at_least(4, 8192), default=64, help="tokens per record")
+    parser.add_argument("--batch", type=int_at_least(1), default=8, help="expected (Poisson) batch size")
+    parser.add_argument("--records", type=int_at_least(1), default=64, help="dataset size N (q = batch / N)")
+    parser.add_argument("--repeats", type=int_at_least(1), default=5, help="timed steps per implementation")
+    parser.add_argument("--rank", type=int_at_least(1), default=8, help="LoRA rank")
+    parser.add_argument("--alpha", type=float, default=16.0, help="LoRA alpha (scale alpha / rank)")
+    parser.add_argument("--targets", nargs="+", default=["q_proj", "v_proj"], metavar="PROJ",
+                        help=f"LoRA targets, of {', '.join(TARGETS['llama'])}")
+    parser.add_argument("--microbatch", type=int_at_least(1), default=None,
+                        help="records per clipped-gradient call of ours (default: the library's, 1 on CPU)")
+    parser.add_argument("--skip-torch", action="store_true", help="no PyTorch / Opacus baseline")
+    parser.add_argument("--seed", type=int_at_least(0), default=0)
+    parser.add_argument("--perturb-check", choices=("ours", "torch"), default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.layers is None:
+        args.layers = CPU_LAYERS if jax.default_backend() == "cpu" else SMOLLM2["layers"]
+    if args.dim % args.heads:
+        parser.error(f"--dim must be a multiple of --heads, got {args.dim} and {args.heads}")
+    if args.heads % args.kv_heads:
+        parser.error(f"--heads must be a multiple of --kv-heads, got {args.heads} and {args.kv_heads}")
+    if args.batch > args.records:
+        parser.error(f"--batch must be <= --records, got {args.batch} > {args.records}")
+    if not (math.isfinite(args.alpha) and args.alpha > 0):
+        parser.error(f"--alpha must be a finite number > 0, got {args.alpha}")
+    bad = [t for t in args.targets if t not in TARGETS["llama"]]
+    if bad or len(set(args.targets)) != len(args.targets):
+        parser.error(f"--targets must be distinct Llama projections ({', '.join(TARGETS['llama'])}), got "
+                     f"{' '.join(args.targets)}")
+    try:
+        LoRAConfig(rank=args.rank, alpha=args.alpha, targets=tuple(args.targets)).resolved_targets(make_config(args))
+    except InputError as exc:
+        parser.error(f"--rank/--targets: {exc}")
+    if args.skip_torch and args.perturb_check == "torch":
+        parser.error("--perturb-check torch needs the torch baseline (drop --skip-torch)")
+    args.methods = METHODS if args.method == "both" else (args.method,)
+    args.full_shape = all(getattr(args, k) == v for k, v in SMOLLM2.items())
+    if not args.skip_torch:
+        missing = torch_available()
+        if missing:
+            parser.error(f"the torch baseline needs {missing}; or pass --skip-torch")
+
+    start = time.perf_counter()
+    result = {
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "jax_version": jax.__version__,
+        "jax_backend": jax.default_backend(),
+        "jax_devices": len(jax.devices()),
+    }
+    result.update(benchmark(args))
+    result["wall_seconds_total"] = round(time.perf_counter() - start, 1)
+    if "checks_failed" in result:
+        print(json.dumps(result["checks"]) if args.json else f"checks: {result['checks']}", flush=True)
+        print(f"error: correctness check failed: {', '.join(result['checks_failed'])} (relative L2 tolerance "
+              f"{SUM_TOL:g}; *_updates: a DP step must move every adapter and no base weight)", file=sys.stderr)
+        return 1
+    print(json.dumps(result) if args.json else readable(result), flush=True)
+    if result["jax_compiles_timed"]:
+        print(f"warning: {result['jax_compiles_timed']} XLA compilation(s) during the timed steps", file=sys.stderr)
+    if args.out:
+        write_json(args.out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

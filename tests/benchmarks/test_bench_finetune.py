@@ -1,0 +1,102 @@
+"""benchmarks/bench_finetune.py on a tiny Llama: it runs, reports every variant, and its correctness checks can fail.
+
+The script runs in subprocesses (tests never import benchmarks). They share a JAX compilation cache in a temporary
+folder, so the steps compiled by one run are not compiled again by the next, and XLA compiles without its expensive
+CPU passes (about half the compile time; the checks' tolerance is far above the float32 rounding this changes).
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers.paths import ROOT
+
+SCRIPT = os.path.join(str(ROOT), "benchmarks", "bench_finetune.py")
+TINY = ["--layers", "1", "--dim", "64", "--heads", "4", "--kv-heads", "2", "--intermediate", "96", "--vocab", "256",
+        "--seq", "16", "--batch", "4", "--records", "16", "--repeats", "1", "--seed", "0"]
+HAS_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers", "peft", "opacus"))
+TORCH_FLAGS = [] if HAS_TORCH else ["--skip-torch"]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("jax_cache")
+    return dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", JAX_PLATFORMS="cpu",
+                XLA_FLAGS="--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
+
+
+def _run(args, env, timeout=240):
+    return subprocess.run([sys.executable, SCRIPT, *args], env=env, capture_output=True, text=True, timeout=timeout,
+                          cwd=str(ROOT))
+
+
+@pytest.mark.slow
+def test_tiny_run_reports_every_variant_ratio_goal_and_check(tmp_path, env):
+    out = tmp_path / "finetune.json"
+    proc = _run([*TINY, *TORCH_FLAGS, "--method", "both", "--json", "--out", str(out)], env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert json.loads(proc.stdout) == r
+    assert r["shape"]["layers"] == 1 and r["shape"]["hidden_size"] == 64 and not r["shape"]["full_shape"]
+    assert r["methods"] == ["full", "lora"] and r["seq"] == 16 and r["expected_batch"] == 4
+    sides = ["ours_dp", "ours_nonprivate", "ours_batched"] + (["torch_opacus", "torch_nonprivate"] if HAS_TORCH else [])
+    assert sorted(r["variants"]) == sorted(f"{s}_{m}" for s in sides for m in ("full", "lora"))
+    for v in r["variants"].values():
+        assert v["median_step_seconds"] > 0 and v["tokens_per_s"] > 0 and len(v["step_seconds"]) == 1
+    assert r["jax_compiles_timed"] == 0
+    # the real tokens of the timed batches, and LoRA trains far fewer parameters than full fine-tuning
+    assert r["real_tokens"][0] <= 16 * r["batch_sizes"][0] and r["real_tokens"][0] >= 8 * r["batch_sizes"][0]
+    assert 0 < r["trainable_parameters"]["lora"] < r["trainable_parameters"]["full"] == r["shape"]["parameters"]["full"]
+    # correctness checks ran before timing and passed: ours' clipped sums (C = inf, no noise) = the batched sum
+    checks = r["checks"]
+    for m in ("full", "lora"):
+        assert checks[f"ours_dp_{m}"] <= 1e-4 and checks[f"ours_nonprivate_{m}"] <= 1e-4
+        assert r["clip_norm"][m] > 0
+    goals = r["goals"]
+    assert goals["lora_dp_within_1.3x_nonprivate"]["limit"] == 1.3
+    assert goals["full_dp_within_2x_nonprivate"]["limit"] == 2.0
+    for g in (goals["lora_dp_within_1.3x_nonprivate"], goals["full_dp_within_2x_nonprivate"]):
+        assert isinstance(g["met_vs_batched"], bool) and g["ratio_vs_batched"] > 0
+    if HAS_TORCH:
+        assert not r["torch"]["skipped"] and r["torch"]["opacus"] == "1.6.0"
+        for m in ("full", "lora"):
+            assert checks[f"torch_opacus_{m}"] <= 1e-4 and checks[f"torch_opacus_{m}_updates"] is True
+            # the torch model holds our weights: the same per-record losses and gradient norms
+            assert r["parity"][m]["loss_max_abs_diff"] < 1e-4
+            norms = r["parity"][m]["mean_record_grad_norm"]
+            assert norms["torch"] == pytest.approx(norms["ours"], rel=1e-3)
+        assert r["threads"]["torch"] == r["threads"]["xla_cpu_intra_op"]
+        assert isinstance(goals["lora_dp_faster_than_opacus_peft"]["met"], bool)
+    else:
+        assert r["torch"] == {"skipped": True} and goals["lora_dp_faster_than_opacus_peft"]["met"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("side", ["ours", "torch"])
+def test_a_perturbed_sum_fails_the_check_exit_1_and_no_file(tmp_path, env, side):
+    if side == "torch" and not HAS_TORCH:
+        pytest.skip("opacus / peft / transformers / torch not installed")
+    out = tmp_path / "finetune.json"
+    flags = ["--skip-torch"] if side == "ours" else []
+    proc = _run([*TINY, *flags, "--method", "lora", "--perturb-check", side, "--out", str(out)], env)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "correctness check failed" in proc.stderr
+    assert ("ours_dp_lora" if side == "ours" else "torch_opacus_lora") in proc.stderr
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_bad_flags_exit_2_naming_them(tmp_path, env):
+    for args, message in [
+        (["--dim", "63", "--heads", "4"], "--dim must be a multiple of --heads"),
+        (["--targets", "q_proj", "wq"], "--targets must be distinct Llama projections"),
+        (["--rank", "200"], "--rank/--targets: rank must be <= the width 192 of the targeted projection 'v_proj'"),
+    ]:
+        proc = _run([*args, "--skip-torch", "--out", str(tmp_path / "x.json")], env, timeout=120)
+        assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr[-500:])
+    assert not (tmp_path / "x.json").exists()
