@@ -6,12 +6,28 @@ Import it after any environment variable a script sets for XLA: it imports jax.
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import time
 from typing import NamedTuple
 
 import jax
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+def machine_info() -> dict:
+    """Where a benchmark ran: load at start, CPUs, platform, Python, jax version, backend and device count."""
+    return {
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "jax_version": jax.__version__,
+        "jax_backend": jax.default_backend(),
+        "jax_devices": len(jax.devices()),
+    }
 
 
 class CompileCounter:

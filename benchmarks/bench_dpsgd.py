@@ -44,8 +44,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -56,7 +54,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from _common import CompileCounter, int_at_least
+from _common import CompileCounter, int_at_least, machine_info
 from snapaudit_jax.utils.io import write_json
 from snapaudit_jax.dpsgd import DPSGDConfig, poisson_batch, sequence_losses
 from snapaudit_jax.dpsgd.train import _SAMPLE_STREAM, _dp_step, _prepare
@@ -283,16 +281,7 @@ def main(argv=None) -> int:
         parser.error(f"--batch must be <= --records, got {args.batch} > {args.records}")
 
     start = time.perf_counter()
-    result = {
-        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
-        "cpu_count": os.cpu_count(),
-        "machine": platform.machine(),
-        "processor": platform.processor() or platform.machine(),
-        "python": platform.python_version(),
-        "jax_version": jax.__version__,
-        "jax_backend": jax.default_backend(),
-        "jax_devices": len(jax.devices()),
-    }
+    result = machine_info()
     result.update(benchmark(args))
     result["wall_seconds_total"] = round(time.perf_counter() - start, 1)
     print(json.dumps(result) if args.json else readable(result), flush=True)

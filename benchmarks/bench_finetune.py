@@ -70,7 +70,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -87,7 +86,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from _common import CompileCounter, int_at_least
+from _common import CompileCounter, int_at_least, machine_info
 from bench_dpsgd import flat64, make_data, ours_step
 from snapaudit_jax.dpsgd import DPSGDConfig, poisson_batch, sequence_losses
 from snapaudit_jax.dpsgd.train import _SAMPLE_STREAM, _prepare
@@ -716,16 +715,7 @@ def main(argv=None) -> int:
             parser.error(f"the torch baseline needs {missing}; or pass --skip-torch")
 
     start = time.perf_counter()
-    result = {
-        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
-        "cpu_count": os.cpu_count(),
-        "machine": platform.machine(),
-        "processor": platform.processor() or platform.machine(),
-        "python": platform.python_version(),
-        "jax_version": jax.__version__,
-        "jax_backend": jax.default_backend(),
-        "jax_devices": len(jax.devices()),
-    }
+    result = machine_info()
     result.update(benchmark(args))
     result["wall_seconds_total"] = round(time.perf_counter() - start, 1)
     if "checks_failed" in result:

@@ -115,15 +115,19 @@ def test_sweep_plan_accounts_the_search_and_splits_validation_units(tiny):  # no
     assert set(plain.data.held_out) == set(prep.data.held_out) and not plain.data.validation
 
 
-def test_compose_sweep_releases_the_best_run_at_the_sweeps_epsilon(tiny, tmp_path):  # noqa: F811
+def _sweep_run(tiny, out, sweep: str, **sections):  # noqa: F811
+    """A 2-step LoRA run of the tiny fixture with ``sweep`` at the given sigma: ``(config, card, sweep.json)``."""
     root, model, data, _ = tiny
-    cfg = _toml(root, model, data, sweep=SWEEP, privacy=GIVEN,
+    cfg = _toml(root, model, data, sweep=sweep, privacy=GIVEN,
                 finetune="method = \"lora\"\nrank = 2\nsteps = 2\nbatch_size = 4\n",
-                canaries="n_canaries = 0\n", export="hf = false\n")
-    out = tmp_path / "run"
+                canaries="n_canaries = 0\n", export="hf = false\n", **sections)
     assert main(["finetune", cfg, "--out", str(out), "--quiet"]) == 0
-    card = json.loads((out / "report.json").read_text())
-    record = json.loads((out / "sweep.json").read_text())
+    return cfg, json.loads((out / "report.json").read_text()), json.loads((out / "sweep.json").read_text())
+
+
+def test_compose_sweep_releases_the_best_run_at_the_sweeps_epsilon(tiny, tmp_path):  # noqa: F811
+    out = tmp_path / "run"
+    cfg, card, record = _sweep_run(tiny, out, SWEEP)
     losses = [r["validation_loss"] for r in record["runs"]]
     assert [r["learning_rate"] for r in record["runs"]] == [0.003, 0.03]
     assert record["selected_run"] == int(np.argmin(losses))  # the selection is the argmin of its own scores
@@ -148,15 +152,8 @@ def test_compose_sweep_releases_the_best_run_at_the_sweeps_epsilon(tiny, tmp_pat
 
 
 def test_random_stopping_sweep_keeps_the_runs_out_of_the_report(tiny, tmp_path):  # noqa: F811
-    root, model, data, _ = tiny
-    cfg = _toml(root, model, data, sweep=SWEEP + "rule = \"random_stopping\"\nmean_runs = 2\n", privacy=GIVEN,
-                run="seed = 3\nbaseline = false\neval_batch_size = 8\n",
-                finetune="method = \"lora\"\nrank = 2\nsteps = 2\nbatch_size = 4\n",
-                canaries="n_canaries = 0\n", export="hf = false\n")
-    out = tmp_path / "run"
-    assert main(["finetune", cfg, "--out", str(out), "--quiet"]) == 0
-    card = json.loads((out / "report.json").read_text())
-    record = json.loads((out / "sweep.json").read_text())
+    _, card, record = _sweep_run(tiny, tmp_path / "run", SWEEP + "rule = \"random_stopping\"\nmean_runs = 2\n",
+                                 run="seed = 3\nbaseline = false\neval_batch_size = 8\n")
     assert len(record["runs"]) >= 1 and card["claim"]["epsilon_pld"] is None
     assert card["claim"]["accounting_rule"].startswith("hyperparameter sweep: random stopping")
     assert isinstance(card["sweep"]["runs"], str) and "K" not in json.dumps(card["sweep"]["selected"])
