@@ -217,6 +217,7 @@ def _assert_nothing_left_outside(root: Path, data: dict[str, Path]):
     assert all(p.exists() for p in data.values())
 
 
+@pytest.mark.slow
 def test_audit_reads_its_data_in_memory_and_prints_nothing_under_quiet(runs):
     _, data, done = runs
     root, proc = done["audit"]
@@ -228,6 +229,7 @@ def test_audit_reads_its_data_in_memory_and_prints_nothing_under_quiet(runs):
     _assert_nothing_left_outside(root, data)
 
 
+@pytest.mark.slow
 def test_a_run_that_fails_after_loading_its_data_leaves_no_copy(runs):
     _, data, done = runs
     root, proc = done["audit_failed"]
@@ -238,6 +240,7 @@ def test_a_run_that_fails_after_loading_its_data_leaves_no_copy(runs):
     _assert_nothing_left_outside(root, data)
 
 
+@pytest.mark.slow
 def test_cpa_reads_its_data_files_without_a_copy_and_prints_nothing_under_quiet(runs):
     _, data, done = runs
     root, proc = done["cpa"]
@@ -247,6 +250,7 @@ def test_cpa_reads_its_data_files_without_a_copy_and_prints_nothing_under_quiet(
     _assert_nothing_left_outside(root, data)
 
 
+@pytest.mark.slow
 def test_pii_data_stage_writes_nothing_outside_and_prints_only_the_error(runs):
     _, data, done = runs
     root, proc = done["pii"]
@@ -256,6 +260,7 @@ def test_pii_data_stage_writes_nothing_outside_and_prints_only_the_error(runs):
     _assert_nothing_left_outside(root, data)
 
 
+@pytest.mark.slow
 def test_finetune_trains_and_exports_without_a_copy_and_prints_only_its_report_under_quiet(runs):
     """A complete fine-tune (tokenised records, DP-SGD checkpoints, evaluations, the Hugging Face and PEFT
     exports, the report card) keeps every byte of its records in the run folder, and ``--quiet`` leaves stderr
@@ -272,6 +277,7 @@ def test_finetune_trains_and_exports_without_a_copy_and_prints_only_its_report_u
     _assert_nothing_left_outside(root, data)
 
 
+@pytest.mark.slow
 def test_the_watch_sees_the_copy_that_datasets_load_dataset_makes(runs):
     """Power check: the old reading path, plain ``datasets.load_dataset`` under the same environment, writes
     an Arrow copy of the records and lock files into the watched cache and prints its progress bar."""

@@ -142,6 +142,7 @@ with RunFolder(sys.argv[1], stamp["command"], stamp["config"], version=stamp["ve
 """
 
 
+@pytest.mark.slow
 def test_a_live_holder_refuses_a_second_cpa_run_and_its_death_frees_the_folder(tmp_path, capsys):
     """A process holds a cpa run folder: ``snapaudit cpa`` into it exits 2 naming the holder's pid and changes
     no byte. SIGKILL leaves its lock file behind, but the kernel released the lock: the same command then runs."""

@@ -44,6 +44,7 @@ def lm():
     return small_lm()
 
 
+@pytest.mark.slow
 def test_scores_match_slow_loop_training_loss_and_do_not_recompile(lm):
     model, tok = lm
     texts = [r.text for r in SHORT]
@@ -66,6 +67,7 @@ def test_scores_match_slow_loop_training_loss_and_do_not_recompile(lm):
     assert blackbox._logprob_kernel._cache_size() == before
 
 
+@pytest.mark.slow
 def test_top1_sampling_is_greedy_decoding(lm):
     """Oracle: LanguageModel.generate (greedy) on the same framed prompts."""
     model, tok = lm
@@ -81,6 +83,7 @@ def test_top1_sampling_is_greedy_decoding(lm):
         assert mine == expected
 
 
+@pytest.mark.slow
 def test_topk_sampler_draws_the_truncated_softmax(lm):
     """First tokens of 1600 unconditional samples with k = 5, at temperatures 1 and 1/2: none outside the top 5,
     and a chi-square test against the renormalised top-5 probabilities at that temperature (false failure

@@ -34,6 +34,7 @@ def test_config_errors_name_the_field(tmp_path, old, new, match):
         load_pii_config(write_toml(tmp_path, text.replace("{variants}", "")))
 
 
+@pytest.mark.slow
 def test_cli_exit_code_on_bad_config(tmp_path):
     path = write_toml(tmp_path, TINY.format(variants="").replace("n_embd = 32", "n_embd = 33"))
     proc = subprocess.run([sys.executable, "-m", "snapaudit_jax", "pii", path, "--out", str(tmp_path / "o")],
@@ -42,6 +43,7 @@ def test_cli_exit_code_on_bad_config(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_one_run_audit_refuses_unfair_canary_insertion_before_writing(tmp_path):
     """epsilon_audited is our one-run bound of an (eps, delta) claim, and jax_privacy's one-run value its
     cross-reference: both need canaries inserted with probability 1/2 (Steinke et al. 2023), so any other

@@ -30,6 +30,7 @@ def tiny_run(tmp_path_factory):
     return cfg, out, run_pii(cfg, out, progress=False)
 
 
+@pytest.mark.slow
 def test_results_json_has_every_variant_and_key(tiny_run):
     cfg, out, result = tiny_run
     assert {"results.json", "results_full.json", "table.md", "leakage.png", "config.json"} <= set(os.listdir(out))
@@ -59,6 +60,7 @@ def test_results_json_has_every_variant_and_key(tiny_run):
         assert f"| {name} |" in table
 
 
+@pytest.mark.slow
 def test_rerun_resumes_without_retraining(tiny_run, capfd):
     cfg, out, first = tiny_run
     again = run_pii(cfg, out, progress=True)
@@ -67,6 +69,7 @@ def test_rerun_resumes_without_retraining(tiny_run, capfd):
     assert again["results"] == first["results"]
 
 
+@pytest.mark.slow
 def test_other_configuration_refuses_the_folder(tiny_run, tmp_path):
     _, out, _ = tiny_run
     other = load_pii_config(write_toml(tmp_path, TINY.format(variants="").replace("seed = 1", "seed = 2")))
@@ -74,6 +77,7 @@ def test_other_configuration_refuses_the_folder(tiny_run, tmp_path):
         run_pii(other, out, progress=False)
 
 
+@pytest.mark.slow
 def test_headline_columns_follow_the_paper(tiny_run):
     """Row = Table III's PERSON extraction against tagged training PII, accuracies excluding what the public
     model already gets right (raw beside them), and both membership attacks."""
@@ -108,6 +112,7 @@ def test_headline_columns_follow_the_paper(tiny_run):
     assert "MIA AUC (reference)" in table and "inference |C| = 5" in table
 
 
+@pytest.mark.slow
 def test_scrubbed_variants_are_evaluated_on_scrubbed_text(tiny_run):
     """Perplexity and membership members/non-members of a scrubbed variant use the text as it trained on."""
     import numpy as np

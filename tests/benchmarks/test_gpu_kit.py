@@ -54,6 +54,7 @@ def test_cpu_smoke_runs_every_part_and_writes_their_json(tmp_path):
     assert all(row["status"] == "ok" for row in llm["architectures"])
 
 
+@pytest.mark.slow
 def test_bad_arguments_exit_2_naming_them(tmp_path):
     proc = subprocess.run(["bash", RUN, "--fast"], env=_env(tmp_path), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "unknown argument '--fast'" in proc.stderr

@@ -61,6 +61,7 @@ def test_calibrate_keeps_float64_thresholds():
 # --------------------------------------------------------------------------- top-K truncation, open world
 
 
+@pytest.mark.slow
 def test_truncation_conditional_and_unconditional_coverage():
     """CPA Corollary 5.3 over 1000 random splits (99 calibration documents; top-8 drops ~16% of the truths).
 

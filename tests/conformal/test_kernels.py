@@ -249,6 +249,7 @@ def set_cases(draw):
     return w / w.sum(axis=1, keepdims=True), kinds, picks, scalar, u
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(set_cases())
 def test_sets_equal_score_rule_hypothesis(case):
@@ -323,6 +324,7 @@ def aps_thresholds(scores, rng):
     return [np.float32(x) for x in scalars], rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n, m", [(67, 31), (7, 10007), (5, 2)])
 def test_aps_sets_match_brute_force_oracle(n, m):
     """The APS level search (blocks of rows, interpolation/bisection passes) against a brute-force NumPy oracle and
@@ -1143,6 +1145,7 @@ def test_bad_sampling_truncation_calibration_input():
 # --------------------------------------------------------------------------- jit, vmap, compilation
 
 
+@pytest.mark.slow
 def test_kernels_under_jit_and_vmap():
     probs, labels, scores_pool = pool()
     p, y = probs[:64], labels[:64]

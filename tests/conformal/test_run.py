@@ -44,6 +44,7 @@ def rows_of(rows, kind=None, alpha=None, suite=None):
 # --------------------------------------------------------------------------- run folder
 
 
+@pytest.mark.slow
 def test_run_folder_files_and_summary_keys(small_run):
     cfg, out, _ = small_run
     names = set(os.listdir(out))
@@ -77,6 +78,7 @@ def test_run_folder_files_and_summary_keys(small_run):
         assert len(ln["set"]) == ln["set_size"][str(cfg.report_alpha)]
 
 
+@pytest.mark.slow
 def test_qualitative_findings_on_the_synthetic_ladder(small_run):
     """K1 -> K3 shrinks sets; quasi-ID redaction enlarges them; alpha trades coverage for size; drift under-covers."""
     _, _, result = small_run
@@ -98,6 +100,7 @@ def test_qualitative_findings_on_the_synthetic_ladder(small_run):
     assert drift["coverage"] < standard["coverage"] - 0.05
 
 
+@pytest.mark.slow
 def test_truncation_rows_follow_corollary_5_3(small_run):
     """With one split: coverage = conditional coverage x (1 - miss rate), exactly; misses fall as K grows."""
     _, _, result = small_run
@@ -109,6 +112,7 @@ def test_truncation_rows_follow_corollary_5_3(small_run):
     assert trunc[0]["candidate_miss_rate"] > trunc[1]["candidate_miss_rate"] > 0
 
 
+@pytest.mark.slow
 def test_mondrian_rows(small_run):
     _, _, result = small_run
     pooled = rows_of(result["rows"], "pooled", 0.1)
@@ -118,12 +122,14 @@ def test_mondrian_rows(small_run):
     assert len({r["qhat"] for r in mondrian}) == 2  # one per stratum
 
 
+@pytest.mark.slow
 def test_run_is_deterministic(small_run, tmp_path):
     cfg, out, _ = small_run
     run_cpa(cfg, str(tmp_path / "again"), progress=False)
     assert json.load(open(tmp_path / "again" / "summary.json")) == json.load(open(os.path.join(out, "summary.json")))
 
 
+@pytest.mark.slow
 def test_a_finished_folder_resumes_its_configuration_and_refuses_another(small_run, tmp_path, capsys):
     """The same configuration into the finished folder reruns to the same summary; another one exits 2 before
     any work, naming the differing key, and leaves every byte of the folder as it was."""
@@ -202,6 +208,7 @@ def llm_run(tiny_model, tmp_path_factory):
     return cfg, out, run_cpa(cfg, out, progress=False)
 
 
+@pytest.mark.slow
 def test_llm_attackers_run_cache_and_resume(llm_run):
     cfg, out, first = llm_run
     rows = {r["attacker"]: r for r in first["rows"] if r["kind"] == "standard"}
@@ -281,6 +288,7 @@ def _served_llm_config(tmp_path, tiny_model, base_url: str, attackers=("clues", 
     return write_config(tmp_path, text, "served.toml")
 
 
+@pytest.mark.slow
 def test_llm_attackers_through_a_model_server_match_the_in_process_model(tiny_model, llm_run, tmp_path):
     """``model = "openai"``: the clue attacker's greedy clues and the profile attackers' forced-choice
     log-probabilities come from a loopback server in vLLM's format serving the same tiny model; the run's
@@ -316,6 +324,7 @@ def test_llm_attackers_through_a_model_server_match_the_in_process_model(tiny_mo
         assert sum(1 for _ in fh) > 0
 
 
+@pytest.mark.slow
 def test_a_profile_attacker_needs_log_probs_and_stops_before_any_output(tiny_model, tmp_path):
     """A server without log-probabilities (as ``transformers serve``) runs the clue attacker, but a profile
     attacker stops with the capability error before the run folder exists."""

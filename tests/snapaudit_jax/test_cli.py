@@ -170,6 +170,7 @@ def test_bad_snapshot_files(capsys, tmp_path, content, needle):
     assert code == 2 and needle in err
 
 
+@pytest.mark.slow
 def test_python_dash_m_entry_point():
     """`python -m snapaudit_jax` is the same command (checked in a fresh process)."""
     proc = subprocess.run(

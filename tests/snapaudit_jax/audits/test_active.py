@@ -90,6 +90,7 @@ def test_false_alarm_rate_on_a_correct_mechanism():
     assert estimate_alarms >= limit
 
 
+@pytest.mark.slow
 def test_sampled_snapshot_bounds_cover_the_pipeline_rates():
     """Random clean stage: the stratified Bernstein bounds cover the true mixture TPR/FPR.
 
@@ -192,6 +193,7 @@ def test_white_box_is_at_least_as_strong_as_black_box_for_pv():
     assert white.threshold is not None
 
 
+@pytest.mark.slow
 def test_ksa_audit_runs_both_threats():
     """KSA audits (JEM) give valid, non-trivial bounds below eps_theory at eps = 8."""
     w = np.array([[8, 7, 6, 5, 5, 2, 2, 1, 1, 0]], float)

@@ -119,6 +119,7 @@ def _gdp_delta(eps, mu):  # Dong, Roth, Su 2022, Cor. 2.13 (independent of calib
     return stats.norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sigma,m,delta", [(5.3, 32, 1e-6), (0.9, 7, 1e-5), (2.0, 64, 1e-3)])
 def test_gaussian_composition_matches_gdp_and_pld(sigma, m, delta):
     import dp_accounting
@@ -213,6 +214,7 @@ def test_no_leakage_answerer_rarely_reports_privacy_loss(pipeline):
     assert alarms["black"] < _MAX_ALARMS and alarms["white"] < _MAX_ALARMS, alarms
 
 
+@pytest.mark.slow
 def test_fully_leaking_answerer_gives_a_positive_bound_below_the_composed_claim():
     """Power: votes = coins; deterministic (fixed seeds), each bound must be > 0 and <= the composed claim.
 
@@ -313,6 +315,7 @@ def test_one_run_config_defaults_and_pure_claims(tmp_path):
 # --- (e) end to end with the tiny model -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_run_audit_writes_the_one_run_table_and_json(tmp_path):
     pytest.importorskip("flax")
     pytest.importorskip("torch")

@@ -164,6 +164,7 @@ def test_keywords_and_ksa_histograms(tiny_lm):
     assert ksa.count([({"not-a-known-word"},)]).sum() == 0
 
 
+@pytest.mark.slow
 def test_esa_pipeline_means_and_candidates(tiny_lm):
     embedder = load_embedder("minilm")
     oracle = LLMOracle(tiny_lm, embedder)

@@ -124,6 +124,7 @@ def test_missing_config_file(capsys, tmp_path):
     assert "cannot read" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_run_audit_writes_results_and_resumes(tmp_path, tiny_folder):
     cfg = load_config(_config(tmp_path, tiny_folder))
     out = str(tmp_path / "run")
@@ -174,12 +175,14 @@ def _resumed_same_and_another_refused(tmp_path, tiny_folder, out, first, again):
     assert _tree(tmp_path / "run") == before
 
 
+@pytest.mark.slow
 def test_cli_audit_prints_the_table(tmp_path, tiny_folder, capsys):
     path = _config(tmp_path, tiny_folder)
     assert main(["audit", path, "--out", str(tmp_path / "cli"), "--quiet"]) == 0
     assert "| eps_theory |" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_cli_generate_and_embed_json(tiny_folder, capsys):
     assert main(["generate", "--model", tiny_folder, "--prompt", "Hello there", "--chat", "--max-new-tokens", "5",
                  "--json"]) == 0
@@ -286,6 +289,7 @@ def _resume_files(run, new):
     return str(new)
 
 
+@pytest.mark.slow
 def test_esa_fixed_pool_keeps_the_previous_budget_and_a_changed_setting_recomputes(tmp_path, scripted):
     """"fixed": the pool (y1, y2), active = passive = 2 x 20 calls as before (the candidate-stage diagnostic is
     not counted); switching the setting is refused in the stamped run folder, and with that folder's resume
@@ -365,6 +369,7 @@ def _served_config(tmp_path, tiny_folder, base_url: str, audit: str = "", body: 
     return str(path)
 
 
+@pytest.mark.slow
 def test_pv_and_poe_audits_through_a_vllm_format_server_match_the_flax_backend(tmp_path, tiny_folder, tiny_lm):
     """The same audit, in process and through a loopback server in vLLM's format: the same snapshots (PoE's
     label probabilities to 1e-3, the server's float32 full-vocabulary log-softmax against our packed kernels),
@@ -407,6 +412,7 @@ def test_pv_and_poe_audits_through_a_vllm_format_server_match_the_flax_backend(t
     assert served["summary"]["llm_calls"]["calls"] == local["summary"]["llm_calls"]["calls"]
 
 
+@pytest.mark.slow
 def test_a_non_deterministic_server_is_measured_and_audited_as_sampled_or_stopped(tmp_path, tiny_folder, tiny_lm):
     """Noise on the server's logits: the determinism check measures the mismatches on the server's own answers
     (PV's Yes/No votes of the direct query), the report prints the rate, and clean = fixed falls back to

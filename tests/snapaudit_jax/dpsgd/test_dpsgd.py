@@ -93,6 +93,7 @@ DATA = make_data()
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sequence_loss_is_mean_next_token_cross_entropy_of_real_tokens():
     """Oracle: NumPy log-softmax of the unpadded sequence's logits; padding side and length do not matter.
     record_losses / loss_summary (batched, padded last batch) give the same per-record losses; on prefixes of
@@ -147,6 +148,7 @@ def test_sequence_loss_is_mean_next_token_cross_entropy_of_real_tokens():
         record_losses(model, DATA, batch_size=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_clipped_grad_sum_matches_per_record_python_loop(kind):
     """jax_privacy vmapped clipping == a loop of jax.grad per record, clipped and summed in float64."""
@@ -198,6 +200,7 @@ def _chi2_accepts(stat: float, dof: int) -> bool:
     return stats.chi2.ppf(ALPHA / 2, dof) <= stat <= stats.chi2.isf(ALPHA / 2, dof)
 
 
+@pytest.mark.slow
 def test_noise_is_gaussian_sigma_c_on_the_sum_divided_by_qn():
     """Zero-gradient construction: C = 1e-20 makes the clipped sum ~1e-19 while sigma C = 0.1.
 
@@ -282,6 +285,7 @@ def _mask(key, t, n, q):
     return _poisson_mask(key, t, n, inclusion_threshold(q))
 
 
+@pytest.mark.slow
 def test_train_uses_the_documented_poisson_batches():
     """history batch sizes == poisson_batch(fold_in(key, 0), t, N, q) counts, step by step."""
     q = 0.3
@@ -348,6 +352,7 @@ REPORT_KEYS = {
 }
 
 
+@pytest.mark.slow
 def test_report_holds_the_claim_and_matches_dp_accounting():
     """Report: both epsilons equal dp_accounting's, computed here independently; strict JSON with every
     field seed 002 asks for."""
@@ -374,6 +379,7 @@ def test_report_holds_the_claim_and_matches_dp_accounting():
     assert "epsilon" in report.summary() and "Poisson" in report.summary()
 
 
+@pytest.mark.slow
 def test_non_private_report_says_so_and_stays_strict_json():
     # momentum 0.9 like the optax-loop test below: the two share one compiled step
     config = DPSGDConfig(
@@ -439,6 +445,7 @@ def test_unreachable_target_and_bad_dataset_raise():
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_non_private_equals_hand_written_optax_loop():
     """Clip and noise off: the same updates as optax SGD-momentum on grad(sum of batch losses / (q N))
     over the same Poisson batches (float32 summation order differs: rtol 1e-5)."""
@@ -552,6 +559,7 @@ def test_steps_and_later_runs_do_not_recompile():
     assert fresh["trace"] >= 1 and fresh["compile"] >= 1
 
 
+@pytest.mark.slow
 def test_llama_trains_with_dp_sgd_and_the_default_microbatch():
     """Llama through the default microbatch (1 record per clipped-gradient call on CPU: no padding rows)."""
     config = DPSGDConfig(

@@ -208,6 +208,7 @@ def test_gdp_audits_the_mu_claim_not_the_epsilon_claim():
         assert r.gaussian_by_construction == (threat == "white")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mechanism", ["poe", "ksa"])
 def test_pure_dp_mechanisms_never_flag_a_violation(mechanism):
     """Exactly calibrated exponential mechanisms: no violation at any eps, threat or method; gdp refused."""
@@ -251,6 +252,7 @@ def test_certified_curve_white_box_exact_and_simulated():
     assert np.all(1 - tpr >= special.ndtr(-special.ndtri(np.clip(fpr, 1e-300, 1)) - mu) - 1e-12)
 
 
+@pytest.mark.slow
 def test_simulate_counts_a_threshold_grid_like_single_thresholds():
     """simulate(threshold=grid) gives the same counts as one run per threshold (same key, same trials)."""
     import jax
@@ -313,6 +315,7 @@ def test_bernstein_coverage_fails_for_wald_and_for_a_dropped_range_term():
     assert wald > limit and dropped > limit
 
 
+@pytest.mark.slow
 def test_audit_false_alarms_at_the_nominal_rate_with_power():
     """sa.audit on a fixed PV pair: the joint miss of (tpr_low, fpr_up) against the exact rates over R = 1500
     seeded audits stays below the 1e-6 quantile of Bin(R, 0.05); the same results re-bounded at a doubled

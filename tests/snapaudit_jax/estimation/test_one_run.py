@@ -139,6 +139,7 @@ def _rejects_zero(counts, pairs, *, m, delta, level, p, drop_delta_term=False):
     return out
 
 
+@pytest.mark.slow
 def test_null_false_alarms_below_alpha_and_the_check_tells_six_from_five_percent():
     """No leakage (scores independent of the coins), 1,000 fair-coin canaries, the default declared grid.
 
@@ -217,6 +218,7 @@ def test_general_insertion_probability_is_valid_and_ignoring_it_is_not():
     assert wrong_prior.sum() > _limit(runs, alpha)
 
 
+@pytest.mark.slow
 def test_gaussian_canaries_bounded_by_the_true_epsilon_and_the_bound_grows_with_m():
     """Scores N(mu S_i, 1): the run is mu-GDP in each coin, so (eps(delta), delta)-DP for G_mu.
 

@@ -220,6 +220,7 @@ def _assert_bitwise(a, b):
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_merged_export_matches_transformers(case):
     ids = _ids(case.base.cfg.vocab_size)
     ours, before = _ours(case.adapted, ids), _ours(case.base, ids)
@@ -442,6 +443,7 @@ def test_bad_arguments_are_refused_by_name(small, tmp_path):
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_smollm2_gguf_tokenizer_exports_to_transformers(tmp_path):
     """The SmolLM2 tokenizer (rebuilt from GGUF metadata: digits split one by one, control tokens, ChatML) written
     as Hugging Face files encodes, decodes and renders the chat template as ours; with a tiny random Llama of the

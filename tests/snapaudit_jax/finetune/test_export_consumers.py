@@ -94,6 +94,7 @@ def hf_private(private):
     return model.eval()
 
 
+@pytest.mark.slow
 def test_the_export_is_the_folder_the_report_names(run, private):
     _, _, out = run
     card = json.loads((out / "report.json").read_text())
@@ -103,6 +104,7 @@ def test_the_export_is_the_folder_the_report_names(run, private):
     assert sorted(os.listdir(out / "export")) == ["private", "private_adapter"]  # no baseline, no temporary folder
 
 
+@pytest.mark.slow
 def test_snapaudit_generate_decodes_the_export_as_transformers_does(private, hf_private, capsys):
     assert main(["generate", "--model", private, "--prompt", PROMPT, "--chat", "--max-new-tokens", str(NEW_TOKENS),
                  "--json"]) == 0
@@ -122,6 +124,7 @@ def test_snapaudit_generate_decodes_the_export_as_transformers_does(private, hf_
     assert min(gaps) > 1e-3, gaps
 
 
+@pytest.mark.slow
 def test_snapaudit_audit_runs_with_the_export_as_its_model(run, private):
     root, _, _ = run
     config = root / "audit.toml"
@@ -144,6 +147,7 @@ def test_snapaudit_audit_runs_with_the_export_as_its_model(run, private):
     assert {r["pipeline"] for r in rows} == {"pv"} and all(r["epsilon_emp"] >= 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_transformers_serve_answers_as_our_greedy_decoding(private):
     from snapaudit_jax.models import load_language_model, load_tokenizer
     from snapaudit_jax.models.server import ServerConfig, connect
@@ -162,6 +166,7 @@ def test_transformers_serve_answers_as_our_greedy_decoding(private):
     assert theirs == ours and any(t.strip() for t in ours), (theirs, ours)
 
 
+@pytest.mark.slow
 def test_the_pipelines_peft_adapter_over_its_base_computes_the_merged_export(run, private, hf_private):
     from snapaudit_jax.finetune import lora_adapters, read_peft_adapter
     from snapaudit_jax.models import load_language_model

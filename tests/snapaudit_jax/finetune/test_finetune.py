@@ -56,6 +56,7 @@ def _toml(root, model, data_path, extra="", **sections):
     return str(path)
 
 
+@pytest.mark.slow
 def test_plan_matches_dp_accounting_and_trains_nothing(tiny, tmp_path):
     root, model, data, rows = tiny
     config = load_finetune_config(_toml(root, model, data))
@@ -120,6 +121,7 @@ def test_held_out_part_must_not_be_empty(tiny, tmp_path):
         prepare(load_finetune_config(cfg))
 
 
+@pytest.mark.slow
 def test_user_level_units_group_and_cap_records(tiny):
     root, model, data, rows = tiny
     cfg = _toml(root, model, data, privacy="unit = \"user\"\ntarget_epsilon = 4.0\nmax_records_per_user = 2\n",
@@ -140,6 +142,7 @@ def test_user_level_units_group_and_cap_records(tiny):
     assert s["train_records"] + s["records_dropped_by_cap"] + s["held_out_records"] == len(rows)
 
 
+@pytest.mark.slow
 def test_run_report_card_resume_and_export(tiny, tmp_path, capsys):
     root, model, data, _ = tiny
     cfg = _toml(root, model, data)

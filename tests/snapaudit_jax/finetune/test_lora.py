@@ -30,6 +30,7 @@ def _tokens(seed=0, shape=(3, 11)):
     return jnp.asarray(np.random.default_rng(seed).integers(0, 53, shape), jnp.int32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls, cfg, targets", [
     (Llama, LLAMA, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")),
     (Llama, LLAMA, ("v_proj", "up_proj")),
@@ -79,6 +80,7 @@ def _leaves(model, filt):
     return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, filt))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("private", [False, True])
 def test_lora_training_moves_only_the_adapters_and_the_loss_falls(private):
     model = apply_lora(Llama(LLAMA, nnx.Rngs(0)), LoRAConfig(rank=4, alpha=8.0), key=jax.random.key(1))
@@ -107,6 +109,7 @@ def test_trainable_must_select_parameters():
                                                                         non_private=True), trainable=TRAINABLE)
 
 
+@pytest.mark.slow
 def test_user_level_units_are_summed_then_clipped_together():
     """The clipped sum of (B, k, L) units equals clip(sum of the unit's per-record gradients), summed over units."""
     model = Llama(LLAMA, nnx.Rngs(0))
@@ -144,6 +147,7 @@ def test_user_level_units_are_summed_then_clipped_together():
     assert gap > 1e-3
 
 
+@pytest.mark.slow
 def test_gpt2_position_embedding_per_record_gradients_are_each_records_own():
     """Records of different lengths: each one's wpe gradient (vmapped path) equals its gradient computed alone."""
     model = GPT2(GPT, nnx.Rngs(0))

@@ -116,6 +116,7 @@ def _oracle_scores(model, tok, prefix, continuations) -> np.ndarray:
     return out
 
 
+@pytest.mark.slow
 def test_exact_exposure_equals_a_one_at_a_time_oracle(setup, report):
     tok, model, memo, _ = setup
     secrets = [f"{i:04d}" for i in range(SPACE)]
@@ -135,6 +136,7 @@ def test_exact_exposure_equals_a_one_at_a_time_oracle(setup, report):
     assert report.scores.tolist() == [r.score for r in report.rows]
 
 
+@pytest.mark.slow
 def test_memorised_canary_is_exposed_and_extracted_and_held_out_ones_are_not(setup, report):
     tok, model, memo, _ = setup
     inserted, *held = report.rows
@@ -160,6 +162,7 @@ def test_memorised_canary_is_exposed_and_extracted_and_held_out_ones_are_not(set
     assert got.rows == again.rows
 
 
+@pytest.mark.slow
 def test_large_space_path_extrapolates_and_extracts_by_beam_search(setup, report):
     """``exact_limit=100`` treats the 10^4 secrets as too many to score: extrapolation from 500 samples, a beam
     of width 3. The estimate agrees with the exact exposure to within a bit for every canary."""
@@ -180,6 +183,7 @@ def test_large_space_path_extrapolates_and_extracts_by_beam_search(setup, report
     assert list(beam.candidates) == [f"{i:04d}" for i in exact_top]
 
 
+@pytest.mark.slow
 def test_beam_search_over_two_groups_against_brute_force_over_its_beam(setup):
     """Five-digit secrets "dddd d": step 1 keeps the 2 best first groups (exact scores over all 10^4), step 2 ranks
     their 20 completions; oracle: the same two stages by :func:`secret_scores` and sorting."""

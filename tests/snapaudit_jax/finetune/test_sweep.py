@@ -31,6 +31,7 @@ def _pld(events, delta):
         dp_accounting.ComposedDpEvent(events)).get_epsilon(delta)
 
 
+@pytest.mark.slow
 def test_merged_composition_equals_dp_accounting_composition_of_every_run():
     """account_sweep composes runs of one (sigma, q) as one self-composition: dp_accounting's composition of the
     separate runs gives the same epsilon (to its discretisation)."""
@@ -42,6 +43,7 @@ def test_merged_composition_equals_dp_accounting_composition_of_every_run():
     assert acc.epsilon_pld > single.epsilon_pld  # the sweep costs more than any run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule, runs, target", [
     ("compose", [(0.05, 10), (0.05, 20)], 1.0),
     ("compose", [(0.1, 5), (0.05, 10), (0.05, 3)], 2.0),
@@ -93,6 +95,7 @@ def test_bad_sweep_tables_are_refused_naming_the_key(tiny, tmp_path, body, key):
         load_finetune_config(_toml(root, model, data, sweep=body))
 
 
+@pytest.mark.slow
 def test_sweep_plan_accounts_the_search_and_splits_validation_units(tiny):  # noqa: F811
     root, model, data, rows = tiny
     prep = prepare(load_finetune_config(_toml(root, model, data, sweep=SWEEP + "steps = [2, 3]\n",
@@ -125,6 +128,7 @@ def _sweep_run(tiny, out, sweep: str, **sections):  # noqa: F811
     return cfg, json.loads((out / "report.json").read_text()), json.loads((out / "sweep.json").read_text())
 
 
+@pytest.mark.slow
 def test_compose_sweep_releases_the_best_run_at_the_sweeps_epsilon(tiny, tmp_path):  # noqa: F811
     out = tmp_path / "run"
     cfg, card, record = _sweep_run(tiny, out, SWEEP)
@@ -151,6 +155,7 @@ def test_compose_sweep_releases_the_best_run_at_the_sweeps_epsilon(tiny, tmp_pat
     assert again == card
 
 
+@pytest.mark.slow
 def test_random_stopping_sweep_keeps_the_runs_out_of_the_report(tiny, tmp_path):  # noqa: F811
     _, card, record = _sweep_run(tiny, tmp_path / "run", SWEEP + "rule = \"random_stopping\"\nmean_runs = 2\n",
                                  run="seed = 3\nbaseline = false\neval_batch_size = 8\n")

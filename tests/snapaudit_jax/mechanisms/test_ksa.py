@@ -53,6 +53,7 @@ def _chi2_pvalue(observed, probs):
     return stats.chisquare(obs, exp).pvalue
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "counts,k,scale",
     [
@@ -71,6 +72,7 @@ def test_jem_matches_enumeration(counts, k, scale):
     assert _chi2_pvalue(_histogram(samples, seqs), probs) > P_REJECT
 
 
+@pytest.mark.slow
 def test_jem_test_distinguishes_floored_gaps():
     """Power check: with non-integer counts the same test rejects the floor(diff) variant of JEM."""
     counts, k, scale = [3.5, 2.25, 2.0, 0.75, 0.5, 2.25], 3, 1.5
@@ -79,6 +81,7 @@ def test_jem_test_distinguishes_floored_gaps():
     assert _chi2_pvalue(_histogram(samples, seqs), floored) < 1e-30
 
 
+@pytest.mark.slow
 def test_jem_num_values_bound_does_not_change_distribution():
     """A tighter static bound on distinct counts gives the same table (up to padding)."""
     counts = np.array([5, 5, 3, 3, 3, 1, 0, 0], np.float32)
@@ -92,6 +95,7 @@ def test_jem_num_values_bound_does_not_change_distribution():
     np.testing.assert_allclose(np.sort(lf[np.isfinite(lf)]), np.sort(ls[np.isfinite(ls)]), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_joint_exponential_topk_public_kernel():
     """The one-call kernel returns distinct ids and concentrates on the true top-k at large epsilon."""
     counts = jnp.array([9.0, 1.0, 7.0, 0.0, 8.0])
@@ -100,6 +104,7 @@ def test_joint_exponential_topk_public_kernel():
     assert np.all(seqs == np.array([0, 4, 2]))
 
 
+@pytest.mark.slow
 def test_ksa_outcome_hit_and_likelihood_ratio_score():
     """KSA hit is 'target selected'; the white-box score is u_with(s) - u_without(s)."""
     w = np.array([8, 7, 6, 5, 5, 2, 2, 1, 1, 0], np.float32)

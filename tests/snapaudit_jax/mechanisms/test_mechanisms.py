@@ -70,6 +70,7 @@ def test_poe_kernel_is_softmax():
         assert abs(_binomial_z((labels == t).sum(), n, probs[t])) < Z_1E7
 
 
+@pytest.mark.slow
 def test_poe_margin_is_logistic():
     """Max-stability: the margin of the Gumbel kernel and the simulator's one-logistic outcome are both
     Logistic(m_t - LSE_{j!=t} m_j, 1) (KS tests, p > 1e-6); power: a location off by 0.1 is rejected."""
@@ -132,6 +133,7 @@ def test_pv_contrast_noise_equals_full_noise():
     np.testing.assert_allclose(np.asarray(score), noisy @ w, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_outcome_matches_batched_outcomes():
     """The one-trial outcome equals the batched outcomes, with shared and per-trial prepared inputs."""
     u1, u2 = esa_unit_pair(1.2, 16)
@@ -155,6 +157,7 @@ def test_outcome_matches_batched_outcomes():
             assert bool(h) == bool(hits[t]) and float(sc) == pytest.approx(float(scores[t]), rel=1e-5, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_mechanisms_are_jittable_vmappable_key_first():
     """Every kernel takes the key first, runs under jit and vmaps over keys."""
     u1, u2 = esa_unit_pair(1.0, 8)
@@ -239,6 +242,7 @@ PV_CONDITIONAL_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("votes,sigma,target", PV_CONDITIONAL_CASES)
 def test_pv_conditional_hit_has_the_arg_max_law(votes, sigma, target):
     """PV's black-box-only draw (the target's normal and a coin on prod Phi) hits at the exact rate of the arg-max
@@ -275,6 +279,7 @@ def _coin_words(u: np.ndarray, heads: bool) -> np.ndarray:
                      lo.astype(np.uint64)]).astype(np.uint32)
 
 
+@pytest.mark.slow
 def test_pv_conditional_hit_is_exact_in_both_tails():
     """Quantile-spaced coins around p = P(hit | z) ~ 1e-12 and around 1 - p ~ 1e-12: the decision flips exactly at
     p (float64 reference, within 1e-5 relative), so neither tail is lost to float32 rounding of p near 0 or 1."""

@@ -220,6 +220,7 @@ def _torch_generate(model, ids, mask):
 
 
 # Prompt seeds whose greedy paths have a clear winner (margin >= MARGIN) at most steps; asserted below.
+@pytest.mark.slow
 @pytest.mark.parametrize("name,seed", [("llama", 3), ("gpt2", 2)])
 def test_bf16_greedy_decode_matches_transformers(tiny, name, seed):
     hf_bf16, hf_f32, ours = tiny[name]
@@ -261,6 +262,7 @@ def test_bf16_kv_cache_and_float32_unchanged(tiny):
     assert np.abs(np.asarray(a, np.float64) - _torch_logits(hf_f32, ids, mask))[real].max() <= 1e-4
 
 
+@pytest.mark.slow
 def test_build_model_takes_device_arrays_without_copy(tiny):
     """DLPack tensors stay on their device: untransposed parameters alias torch's memory, and the model equals
     the one built from NumPy copies of the same weights."""

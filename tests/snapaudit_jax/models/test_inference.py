@@ -125,6 +125,7 @@ def test_top_k_never_leaves_the_top_k(name):
     assert seen_rank == set(range(k))  # power: not greedy in disguise
 
 
+@pytest.mark.slow
 def test_per_row_keys_make_rows_independent():
     """Row ``b`` depends on its key and prompt only: alone, permuted or next to other rows, the same tokens."""
     model = MODELS["llama"]
@@ -141,6 +142,7 @@ def test_per_row_keys_make_rows_independent():
     assert not np.array_equal(other[0], full[2])
 
 
+@pytest.mark.slow
 def test_batch_sample_stream_splits_one_key_per_step():
     """:class:`BatchSample`: step ``s`` draws every row with ``sub`` of the ``(s + 1)``-th ``key, sub = split(key)``
     (oracle: the same draws made step by step without a cache)."""
@@ -177,6 +179,7 @@ def test_decode_reuses_its_compilation_and_validates():
         decode(model, tokens, mask, max_new_tokens=26)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_scoring_equals_a_per_token_float64_loop(name):
     model = MODELS[name]
@@ -202,6 +205,7 @@ def test_scoring_equals_a_per_token_float64_loop(name):
         assert int(count[i]) == len(ids) - score_from[i]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_label_kernels_equal_a_float64_oracle(name):
     """last_token_logprobs and greedy_matches against log-softmax / argmax of full no-cache forward passes."""

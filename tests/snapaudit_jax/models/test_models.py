@@ -22,6 +22,7 @@ from tests.helpers.parallel_inputs import PARALLEL_LABELS, PARALLEL_PROMPTS, PAR
 
 import contextlib
 import functools
+import importlib.util
 import json
 import os
 import shutil
@@ -267,6 +268,7 @@ def _cached_logits(graphdef, state, full, full_mask, prompt_len, chunks):
     return jnp.concatenate(out, axis=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2", "llama3"])
 def test_cached_decoding_equals_uncached_forward(tiny, name):
     """Prefill a left-padded prompt, then feed 1, 3 and 1 tokens through the cache: logits equal the full forward."""
@@ -283,6 +285,7 @@ def test_cached_decoding_equals_uncached_forward(tiny, name):
     assert np.abs(np.asarray(got, np.float64) - ref)[full_mask.astype(bool)].max() <= CACHE_TOL
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["llama"])  # the tiny GPT-2 has 64 positions; both share this attention path
 def test_long_prefill_block_causal_attention(tiny, name):
     """Prompts of >= 128 tokens take the block-causal prefill path (queries split into blocks that skip
@@ -303,6 +306,7 @@ def test_long_prefill_block_causal_attention(tiny, name):
     assert np.abs(np.asarray(got, np.float64) - ref)[full_mask.astype(bool)].max() <= CACHE_TOL
 
 
+@pytest.mark.slow
 def test_block_causal_attention_equals_full_attention():
     """``attend(..., causal_blocks=k)`` equals the unsplit computation on every query that sees a key,
     for a prefill into a cache with spare slots (S > L) and an odd length that does not split evenly."""
@@ -441,6 +445,7 @@ def test_many_multi_token_labels_in_several_packed_groups(tiny, monkeypatch):
 
 
 
+@pytest.mark.slow
 def test_data_parallel_matches_single_device(tiny):
     import subprocess
     import sys
@@ -488,6 +493,7 @@ def _count_compiles():
         _COMPILES["active"] = False
 
 
+@pytest.mark.slow
 def test_second_call_in_same_bucket_does_not_recompile(tiny):
     lm = load_language_model(str(tiny["gpt2"][1]))
     emb = load_embedder(str(tiny["bert"][1]))
@@ -548,6 +554,7 @@ def smollm2_hf():
     return model, tok
 
 
+@pytest.mark.slow
 def test_smollm2_matches_transformers_gguf(smollm2, smollm2_hf):
     """Chat templates, token ids and next-token distributions (left-padded batch of two chats)."""
     hf_model, hf_tok = smollm2_hf
@@ -576,6 +583,7 @@ def test_smollm2_matches_transformers_gguf(smollm2, smollm2_hf):
 _DIGIT_TEXTS = ["Year 2024 had 365 days", "a  1", "x\n\n2", "Total:   42", "pi=3.14159, 1000000 and 12 34", "\t\t7"]
 
 
+@pytest.mark.slow
 def test_smollm2_tokenizer_isolates_digits(smollm2):
     """llama.cpp's ``smollm`` pre-tokenizer isolates every digit before the GPT-2 split.
 
@@ -600,8 +608,10 @@ def test_smollm2_tokenizer_isolates_digits(smollm2):
     assert [tok.decode([i]) for i in tok.encode("x\n\n2")] == ["x", "\n\n", "2"]
 
 
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama_cpp (llama-cpp-python) not installed")
 def test_smollm2_tokenizer_matches_llama_cpp(smollm2):
-    llama_cpp = pytest.importorskip("llama_cpp")
+    import llama_cpp
+
     ref = llama_cpp.Llama(model_path=_embedded("smollm2"), vocab_only=True, verbose=False)
     for text in _DIGIT_TEXTS + [smollm2.chat_prompt("Add 12 and 30.", system="Be brief.")]:
         assert smollm2.tokenizer.encode(text) == ref.tokenize(text.encode(), add_bos=False, special=True), text

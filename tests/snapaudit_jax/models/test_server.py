@@ -133,6 +133,7 @@ def _clean_greedy(lm, n_tokens):
     return [p for p, _ in keep[:4]], [t for _, t in keep[:4]]
 
 
+@pytest.mark.slow
 def test_greedy_generation_and_continuation_checks_match(lm, server):
     remote, _ = _remote(server, lm, max_concurrency=3)
     ours = lm.generate(PROMPTS, max_new_tokens=6)
@@ -226,6 +227,7 @@ def test_a_server_that_ignores_logprobs_cannot_run_poe(lm):
         assert not remote.greedy_continues_with(prompts, wrong).any()
 
 
+@pytest.mark.slow
 def test_a_text_only_server_gets_text_prompts_and_decoded_greedy_checks(lm):
     with FakeOpenAI(lm, token_prompts=False) as srv:
         remote, caps = connect(ServerConfig(srv.base_url, "tiny"), lm.tokenizer)
@@ -263,11 +265,12 @@ def test_transient_faults_are_retried_and_malformed_answers_refused(lm, server, 
 
 
 def test_a_hung_response_times_out_and_is_retried(lm):
+    expected = lm.generate(PROMPTS[:1], max_new_tokens=3)[0].text  # compiled here, so the server answers in time
     with FakeOpenAI(lm, hang_s=1.5) as srv:
         remote, _ = _remote(srv, lm, timeout_s=0.4)
         srv.faults = ["hang"]
         out = remote.generate(PROMPTS[:1], max_new_tokens=3)
-        assert out[0].text == lm.generate(PROMPTS[:1], max_new_tokens=3)[0].text
+        assert out[0].text == expected
         assert remote.client.retries == 1
 
 

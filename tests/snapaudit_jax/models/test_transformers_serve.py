@@ -33,6 +33,7 @@ def remote(served):
     return connect(ServerConfig(served.base_url, served.model_id, max_concurrency=2), load_tokenizer("smollm2"))
 
 
+@pytest.mark.slow
 def test_the_probe_finds_a_text_only_server_without_log_probs(remote, served):
     from snapaudit_jax.models.server import ServerError
 
@@ -44,6 +45,7 @@ def test_the_probe_finds_a_text_only_server_without_log_probs(remote, served):
         caps.require("logprobs", "PoE", served.base_url)
 
 
+@pytest.mark.slow
 def test_greedy_answers_match_the_flax_backend(remote):
     from tests.helpers.embedded import smollm2
 
@@ -76,6 +78,7 @@ def _run(path, out):
     return run_audit(load_config(path), str(out), progress=False)
 
 
+@pytest.mark.slow
 def test_a_small_pv_audit_runs_through_the_server(served, tmp_path):
     path = tmp_path / "served.toml"
     path.write_text(_config(served, "[pipelines.pv]\nnum_exemplars = 4\npartitions = 2\n"))
@@ -90,6 +93,7 @@ def test_a_small_pv_audit_runs_through_the_server(served, tmp_path):
         assert len(fh.readlines()) > 0  # every server answer went through the answer cache
 
 
+@pytest.mark.slow
 def test_poe_through_the_server_stops_before_any_output(served, tmp_path):
     from snapaudit_jax.utils.errors import EXIT_INPUT, ServerError
 

@@ -176,6 +176,7 @@ def test_two_processes_match_one_process():
             assert single[key] == multi[key], key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["pv", "poe", "esa", "ksa"])
 def test_vectorised_blocks_give_the_same_counts(name):
     """Blocks vectorised 4 at a time (the accelerator layout) give exactly the counts of one block per scan step

@@ -1,0 +1,113 @@
+"""The fast tier's hooks (:mod:`tests.helpers.tiers`) on small suites run by pytester, and the real suite's
+fast tier: every test module keeps a test in it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import tiers
+from tests.helpers.paths import ROOT
+
+_CONFTEST = "from tests.helpers.tiers import *  # noqa\n"
+_INI = "[pytest]\nfast_test_limit_s = 0.45\nmarkers =\n    slow: the slow tier\n"
+_MODULE = """
+import time
+import pytest
+
+@pytest.fixture
+def slow_setup():
+    time.sleep(0.3)
+
+def test_quick():
+    pass
+
+def test_sleeps():
+    time.sleep(0.5)
+
+def test_setup_counts(slow_setup):
+    time.sleep(0.3)
+
+@pytest.mark.slow
+def test_marked():
+    time.sleep(0.5)
+"""
+
+
+@pytest.fixture
+def suite(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makeini(_INI)
+    pytester.makeconftest(_CONFTEST)
+    pytester.makepyfile(test_mixed=_MODULE)
+    return pytester
+
+
+@pytest.mark.parametrize(
+    ("markexpr", "fast"),
+    [("", False), ("not slow", True), ("slow", False), ("not slow and not gpu", True), ("slow or not slow", False),
+     ("  ", False)],
+)
+def test_deselects_slow(markexpr, fast):
+    assert tiers.deselects_slow(markexpr) is fast
+
+
+def test_modules_without_selected():
+    assert tiers.modules_without_selected(["a", "a", "b"], ["a", "c", "c", "d"]) == ["c", "d"]
+    assert tiers.modules_without_selected(["a"], []) == []
+    assert tiers.modules_without_selected(["a"], ["c", "d"], exempt=["d", "e"]) == ["c"]
+
+
+def test_a_fast_tier_run_fails_the_tests_over_the_limit_setup_included(suite):
+    result = suite.runpytest("-m", "not slow")
+    result.assert_outcomes(passed=1, failed=2, deselected=1)
+    result.stdout.fnmatch_lines(["*test_sleeps took 0.5 s (setup and call), over the fast tier's limit of 0.45 s*"])
+    result.stdout.fnmatch_lines(["*test_setup_counts took 0.6 s*"])
+
+
+def test_the_whole_suite_lists_them_and_passes(suite):
+    result = suite.runpytest()
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*tests outside 'slow' over 0.45 s*", "*test_setup_counts", "*test_sleeps"])
+    assert "test_marked" not in result.stdout.str().split("over 0.45 s")[1]
+
+
+@pytest.fixture
+def modules(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makeini(_INI)
+    pytester.makeconftest(_CONFTEST)
+    pytester.makepyfile(
+        test_all_slow="import pytest\n\n@pytest.mark.slow\ndef test_only():\n    pass\n",
+        test_one_fast="import pytest\n\ndef test_quick():\n    pass\n\n@pytest.mark.slow\ndef test_marked():\n    pass\n",
+    )
+    return pytester
+
+
+def test_a_module_with_no_fast_test_fails_the_fast_tier(modules):
+    result = modules.runpytest("-m", "not slow")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED  # every test that ran passed: the module check fails the run
+    result.assert_outcomes(passed=1, deselected=2)
+    result.stdout.fnmatch_lines(["*test modules with no test in the fast tier*", "*test_all_slow.py"])
+    assert "test_one_fast.py" not in result.stdout.str().split("no test in the fast tier")[1]
+    assert modules.runpytest().ret == pytest.ExitCode.OK
+
+
+def test_a_selection_of_tests_is_not_the_tier(modules):
+    assert modules.runpytest("-m", "not slow", "-k", "quick or only").ret == pytest.ExitCode.OK
+    assert modules.runpytest("-m", "not slow", "test_all_slow.py", "test_one_fast.py::test_quick").ret == 0
+
+
+@pytest.mark.slow
+def test_every_module_of_the_suite_keeps_a_fast_test():
+    """The collection of the real fast tier (no test runs) passes the module check, which lists no module."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "not slow", "-p", "no:xdist", "-p", "no:cacheprovider"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "with no test in the fast tier" not in result.stdout
+    collected = {line.split("::")[0] for line in result.stdout.splitlines() if "::" in line}
+    modules = {str(path.relative_to(ROOT)) for path in (ROOT / "tests").rglob("test_*.py")}
+    assert set(tiers.SLOW_ONLY_MODULES) <= modules
+    assert collected == modules - set(tiers.SLOW_ONLY_MODULES), sorted(collected ^ modules)
