@@ -8,4 +8,5 @@ from tests.helpers.tiers import (  # noqa: F401  (pytest finds hooks by name in 
     pytest_runtest_makereport,
     pytest_sessionfinish,
     pytest_terminal_summary,
+    pytest_testnodedown,
 )

@@ -12,7 +12,8 @@ instead.
 
 In a fast-tier run, a test over the limit fails with a message that names the limit, and a test module none of
 whose tests is in the tier fails the session. In any other run the over-limit tests outside ``slow`` are listed
-at the end (timings on a loaded machine are no verdict on the gate).
+at the end (timings on a loaded machine are no verdict on the gate). Both work under pytest-xdist: the workers
+hand their findings to the controller.
 """
 
 from __future__ import annotations
@@ -148,5 +149,20 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if session.config.stash.get(_EMPTY_MODULES_KEY, []) and exitstatus == pytest.ExitCode.OK:
+    config = session.config
+    if hasattr(config, "workeroutput"):  # a pytest-xdist worker: its findings go to the controller
+        config.workeroutput["tiers_empty_modules"] = list(config.stash.get(_EMPTY_MODULES_KEY, []))
+        config.workeroutput["tiers_over"] = [list(row) for row in config.stash[_OVER_KEY]]
+        return
+    if config.stash.get(_EMPTY_MODULES_KEY, []) and exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist's controller: gathers what each worker found (every worker collects the whole selection)."""
+    out = getattr(node, "workeroutput", None) or {}
+    config = node.config
+    empty = set(config.stash.get(_EMPTY_MODULES_KEY, [])) | set(out.get("tiers_empty_modules", []))
+    config.stash[_EMPTY_MODULES_KEY] = sorted(empty)
+    config.stash[_OVER_KEY].extend((nodeid, total) for nodeid, total in out.get("tiers_over", []))
