@@ -1,5 +1,14 @@
-"""Suite-wide hooks: the fast tier's limits (:mod:`tests.helpers.tiers`)."""
+"""Suite-wide set-up: the fast tier's limits (:mod:`tests.helpers.tiers`) and a persistent XLA compilation cache.
 
+The cache keeps the compiled kernels of the tests (XLA programs of their tiny models and kernels, keyed by the
+program, the flags and the jax version) under ``.pytest_cache/jax-compilation-cache`` in the repository, so a
+second run of a tier compiles little. It is set in this process only: the commands that tests run in
+subprocesses (the private-data suite, the benchmark smoke runs) keep their own environment.
+"""
+
+import jax
+
+from tests.helpers.paths import ROOT
 from tests.helpers.tiers import (  # noqa: F401  (pytest finds hooks by name in this module)
     pytest_addoption,
     pytest_collection_finish,
@@ -10,3 +19,7 @@ from tests.helpers.tiers import (  # noqa: F401  (pytest finds hooks by name in 
     pytest_terminal_summary,
     pytest_testnodedown,
 )
+
+jax.config.update("jax_compilation_cache_dir", str(ROOT / ".pytest_cache" / "jax-compilation-cache"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -148,7 +148,6 @@ def test_sequence_loss_is_mean_next_token_cross_entropy_of_real_tokens():
         record_losses(model, DATA, batch_size=0)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_clipped_grad_sum_matches_per_record_python_loop(kind):
     """jax_privacy vmapped clipping == a loop of jax.grad per record, clipped and summed in float64."""
@@ -480,6 +479,7 @@ def test_non_private_equals_hand_written_optax_loop():
     assert np.all(history["clipped_fraction"] == 0)
 
 
+@pytest.mark.slow
 def test_resume_from_checkpoint_gives_identical_parameters(tmp_path):
     """Stopped at step 3 (checkpoints at 2 and 3) and resumed from a model with other weights: bit for bit
     the uninterrupted run (parameters, history, report). A checkpoint of another config, key or dataset
@@ -535,6 +535,7 @@ def _on_event(event, duration, **kwargs):
         _EVENTS["compile"] += 1
 
 
+@pytest.mark.slow
 def test_steps_and_later_runs_do_not_recompile():
     """After one run, a longer run with other q, sigma, C and learning rate traces and compiles nothing:
     the step's jit cache keeps one entry and JAX reports no trace or backend compilation (power: a new
