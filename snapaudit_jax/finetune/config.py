@@ -243,7 +243,8 @@ class CanarySection:
 
     Attributes:
       n_canaries: canaries (``0``: none); each is inserted independently with ``insert_probability``.
-      template, digits, insert_probability, seed: as :class:`~snapaudit_jax.dpsgd.canaries.CanaryConfig`.
+      template, digits, insert_probability, seed: as :class:`~snapaudit_jax.dpsgd.canaries.CanaryConfig`;
+        ``insert_probability`` must be 1/2 (the report's one-run bound assumes fair coins).
       exact_limit: exposure by exact rank when ``10**digits`` is at most this.
       samples: candidates sampled for the skew-normal exposure extrapolation.
       top_k: the top-k extraction test's ``k``.
@@ -270,6 +271,11 @@ class CanarySection:
         validate.positive_int("n_canaries", self.n_canaries, minimum=0)
         if self.n_canaries:
             self.canary_config().validate()
+            if self.insert_probability != 0.5:  # checked here, not after training (one_run_bound's check_design)
+                raise InputError(
+                    f"insert_probability must be 1/2: the report's one-run bound is an (eps, delta) claim with "
+                    f"delta > 0, whose delta term Steinke, Nasr, Jagielski 2023 prove for fair coins, got "
+                    f"{self.insert_probability!r}")
         validate.positive_int("exact_limit", self.exact_limit, minimum=0)
         if validate.positive_int("samples", self.samples, minimum=16) > 10**6:
             raise InputError(f"samples must be <= 1000000, got {self.samples}")
