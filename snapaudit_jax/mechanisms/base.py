@@ -75,18 +75,39 @@ class Release(NamedTuple):
 
 
 def pytree_dataclass(cls):
-    """Makes ``cls`` a frozen dataclass registered as a JAX pytree.
+    """Makes ``cls`` a frozen dataclass registered as a JAX pytree whose tree definition names ``cls``.
 
-    Fields declared with :func:`static_field` become static (hashed into the jit cache); all other fields are
-    traced leaves, so changing them does not recompile.
+    Fields declared with :func:`static_field` (or ``metadata={"static": True}``) become static (hashed into the jit
+    cache); all other fields are traced leaves, so changing them does not recompile. The static part of the tree
+    definition starts with ``cls`` itself: with :func:`jax.tree_util.register_dataclass` (jax 0.10), the tree
+    definitions of two classes with the same fields compare equal while hashing differently, so a jitted function
+    called with a ``ProductOfExperts`` could, on a hash-table collision in jit's cache, run the program traced for
+    a ``PrivateVoting`` (seen as a PoE simulation handed PV's prepared snapshots).
 
     Args:
       cls: the class to decorate.
 
     Returns:
-      The frozen dataclass ``cls``, registered with :func:`jax.tree_util.register_dataclass`.
+      The frozen dataclass ``cls``, registered with :func:`jax.tree_util.register_pytree_with_keys` (leaves keyed
+      by attribute name, as ``register_dataclass`` keys them).
     """
-    return jax.tree_util.register_dataclass(dataclasses.dataclass(frozen=True)(cls))
+    cls = dataclasses.dataclass(frozen=True)(cls)
+    fields = dataclasses.fields(cls)
+    data = tuple(f.name for f in fields if not f.metadata.get("static"))
+    meta = tuple(f.name for f in fields if f.metadata.get("static"))
+    keys = tuple(jax.tree_util.GetAttrKey(name) for name in data)
+
+    def flatten_with_keys(obj):
+        return [(k, getattr(obj, n)) for k, n in zip(keys, data)], (cls, *(getattr(obj, n) for n in meta))
+
+    def flatten(obj):
+        return [getattr(obj, n) for n in data], (cls, *(getattr(obj, n) for n in meta))
+
+    def unflatten(aux, children):
+        return cls(**dict(zip(data, children)), **dict(zip(meta, aux[1:])))
+
+    jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
+    return cls
 
 
 def static_field(default=dataclasses.MISSING):

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from snapaudit_jax.mechanisms.base import pytree_dataclass
 from snapaudit_jax.models.decoders import empty_cache
 from snapaudit_jax.models.layers import positions_from_mask
 from snapaudit_jax.utils.errors import InputError
@@ -46,14 +47,12 @@ __all__ = [
 ]
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
+@pytree_dataclass  # not register_dataclass: Sample and BatchSample have the same fields
 class Greedy:
     """Token choice: the arg-max of the logits (ties to the lowest id)."""
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
+@pytree_dataclass  # not register_dataclass: Sample and BatchSample have the same fields
 class Sample:
     """Token choice: a draw from ``softmax(logits / temperature)``, optionally restricted to the top ``k``.
 
@@ -71,8 +70,7 @@ class Sample:
     top_k: int | None = dataclasses.field(default=None, metadata={"static": True})
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
+@pytree_dataclass  # not register_dataclass: Sample and BatchSample have the same fields
 class BatchSample:
     """Token choice: a draw from ``softmax(logits / temperature)`` with one key for the whole batch.
 

@@ -304,3 +304,29 @@ def test_pv_conditional_hit_is_exact_in_both_tails():
         below = grid < edge
         # heads: hit iff u < p; tails: hit iff u > 1 - p (V = 1 - u < p).
         assert np.array_equal(hit, below if heads else ~below), (tail, grid, edge, hit)
+
+
+def test_tree_definitions_tell_the_mechanism_classes_apart():
+    """Two pytree dataclasses with the same fields must not share a tree definition: jit's cache compares them, and
+    with ``jax.tree_util.register_dataclass`` (jax 0.10) they compared equal, so a PoE simulation could run the
+    program traced for PV. Power: ``register_dataclass`` itself gives equal definitions here."""
+    import dataclasses
+
+    from snapaudit_jax.models.inference import BatchSample, Sample
+
+    pv, poe = sa.PrivateVoting.calibrated(4.0, 1e-5), sa.ProductOfExperts.calibrated(4.0, clip=5.0)
+    assert jax.tree_util.tree_structure(pv) != jax.tree_util.tree_structure(poe)
+    assert jax.tree_util.tree_structure(pv) == jax.tree_util.tree_structure(sa.PrivateVoting.calibrated(2.0, 1e-3))
+    key = jax.random.key(0)
+    assert jax.tree_util.tree_structure(Sample(key)) != jax.tree_util.tree_structure(BatchSample(key))
+    # the round trip keeps the class, its traced leaves and its static fields
+    sample = Sample(key, 0.5, top_k=3)
+    again = jax.tree_util.tree_unflatten(*reversed(jax.tree_util.tree_flatten(sample)))
+    assert type(again) is Sample and again.top_k == 3 and again.temperature == 0.5
+    paths = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(sample)[0]]
+    assert paths == [".key", ".temperature"]
+    # power: the library registration this replaces confuses two such classes
+    pair = []
+    for name in ("One", "Two"):
+        pair.append(jax.tree_util.register_dataclass(dataclasses.make_dataclass(name, [("x", float)], frozen=True)))
+    assert jax.tree_util.tree_structure(pair[0](1.0)) == jax.tree_util.tree_structure(pair[1](1.0))
