@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 
-@pytree_dataclass  # not register_dataclass: Sample and BatchSample have the same fields
+@pytree_dataclass
 class Greedy:
     """Token choice: the arg-max of the logits (ties to the lowest id)."""
 
@@ -70,7 +70,7 @@ class Sample:
     top_k: int | None = dataclasses.field(default=None, metadata={"static": True})
 
 
-@pytree_dataclass  # not register_dataclass: Sample and BatchSample have the same fields
+@pytree_dataclass
 class BatchSample:
     """Token choice: a draw from ``softmax(logits / temperature)`` with one key for the whole batch.
 

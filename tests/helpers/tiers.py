@@ -3,7 +3,8 @@
 * The **fast tier**, ``python -m pytest -q -m "not slow"``: what developers run while they work. Every test module
   keeps at least one test in it, and no test in it may take longer than :data:`FAST_TEST_LIMIT_S` (its setup
   included: a module fixture that trains a model counts against the first test that uses it).
-* The **whole suite**, ``python -m pytest -q`` (the README's test line and ``.ci/run``): both tiers, the gate.
+* The **whole suite**, ``python -m pytest -q -n 2 --dist loadfile`` (the README's test line and ``.ci/run``): both
+  tiers, the gate.
 
 ``slow`` is for what must be slow: whole-command runs on the embedded model, training runs, Monte Carlo validity
 checks at full size, subprocess fleets (several devices or processes), the benchmark and GPU-kit smoke runs.
