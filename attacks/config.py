@@ -131,7 +131,11 @@ class PIIConfig:
     """A PII leakage experiment (``examples/pii_small.toml`` documents every key).
 
     Attributes:
-      seed: seed of the train/test split and of every attack's key.
+      seed: seed of the train/test split, the shared initialisation's data and every attack's key (public).
+      noise_seed: ``None`` (default): every variant's Poisson batches and DP noise come from a secret key drawn
+        from the operating system's entropy and kept in the run folder (``checkpoints/run_key.json``); an integer:
+        a replayable key from it (the report then says the DP variants' guarantee holds only while it stays
+        secret).
       n_test: held-out records (non-members: perplexity and membership inference).
       public_records: records of the public corpus (tokenizer and baseline model).
       variants: which of :data:`VARIANTS` to run.
@@ -144,6 +148,7 @@ class PIIConfig:
     """
 
     seed: int = 0
+    noise_seed: int | None = None
     n_test: int = 100
     public_records: int = 400
     variants: tuple[str, ...] = VARIANTS
@@ -266,10 +271,10 @@ def load_pii_config(path: str | os.PathLike) -> PIIConfig:
     """Reads and validates a TOML PII experiment.
 
     Args:
-      path: the TOML file: a ``[run]`` table (``seed``, ``n_test``, ``public_records``, ``eval_batch_size``,
-        ``variants``, ``mia_fprs``, ``lazy_slots``) and one table per stage (``corpus``, ``canaries``, ``model``,
-        ``training``, ``extraction``, ``reconstruction``, ``inference``, ``audit``); absent keys keep
-        :class:`PIIConfig`'s defaults.
+      path: the TOML file: a ``[run]`` table (``seed``, ``noise_seed``, ``n_test``, ``public_records``,
+        ``eval_batch_size``, ``variants``, ``mia_fprs``, ``lazy_slots``) and one table per stage (``corpus``,
+        ``canaries``, ``model``, ``training``, ``extraction``, ``reconstruction``, ``inference``, ``audit``);
+        absent keys keep :class:`PIIConfig`'s defaults.
 
     Returns:
       The validated :class:`PIIConfig`.
@@ -285,6 +290,7 @@ def load_pii_config(path: str | os.PathLike) -> PIIConfig:
     base = PIIConfig()
     kw: dict[str, Any] = {}
     kw["seed"] = take(run, "seed", "run", lambda v: validate.seed("seed", v), 0)
+    kw["noise_seed"] = take(run, "noise_seed", "run", lambda v: validate.seed("noise_seed", v), None)
     kw["n_test"] = take(run, "n_test", "run", lambda v: validate.positive_int("n_test", v, minimum=4), base.n_test)
     kw["public_records"] = take(run, "public_records", "run",
                                 lambda v: validate.positive_int("public_records", v, minimum=10), base.public_records)

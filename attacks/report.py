@@ -133,7 +133,8 @@ def format_table(results: Mapping[str, dict], full: Mapping[str, dict], config: 
                          f"{rep.get('epsilon_rdp', float('nan')):.3g} RDP, {rep.get('delta'):.2g}); protected unit: "
                          f"{rep.get('protected_unit')}; adjacency: {rep.get('adjacency')}; Poisson sampling q = "
                          f"{rep.get('sampling_rate', float('nan')):.4g}, {rep.get('steps')} steps, C = "
-                         f"{rep.get('clip_norm')}, sigma = {rep.get('noise_multiplier', float('nan')):.4g}.")
+                         f"{rep.get('clip_norm')}, sigma = {rep.get('noise_multiplier', float('nan')):.4g}; "
+                         f"randomness: {rep.get('randomness')}.")
     return "\n".join(lines) + "\n"
 
 

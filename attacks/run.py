@@ -75,7 +75,9 @@ from snapaudit_jax.utils.run_folder import RunFolder
 
 __all__ = ["RESULT_FILES", "RESUME_VERSION", "fingerprint", "perplexity", "run_folder", "run_pii", "train_variant"]
 
-RESUME_VERSION = 2  # of the resume files' layout (``checkpoints/``, ``variants/*.json``), in the run stamp
+# Of the resume files' layout (``checkpoints/``, ``variants/*.json``), in the run stamp; 3: the batches and noise
+# come from the run's secret key (``checkpoints/run_key.json``).
+RESUME_VERSION = 3
 RESULT_FILES = ("results.json", "results_full.json", "table.md", "config.json")  # a finished run's files
 
 
@@ -99,9 +101,19 @@ def _dpsgd_config(config: PIIConfig, dp: bool, n_records: int):
     if dp:
         return DPSGDConfig(steps=t.steps, learning_rate=t.learning_rate, clip_norm=t.clip_norm,
                            target_epsilon=t.epsilon, delta=delta, batch_size=t.batch_size, optimizer=t.optimizer,
-                           accountant=t.accountant, seed=config.seed)
+                           accountant=t.accountant, seed=config.noise_seed)
     return DPSGDConfig(steps=t.steps, learning_rate=t.learning_rate, batch_size=t.batch_size, optimizer=t.optimizer,
-                       non_private=True, seed=config.seed)
+                       non_private=True, seed=config.noise_seed)
+
+
+def _root_key(config: PIIConfig, out_dir: str):
+    """The key of every variant's batches and noise: secret (drawn once into ``checkpoints/run_key.json``), or
+    from ``[run] noise_seed``."""
+    from snapaudit_jax.dpsgd.keys import stored_key
+
+    if config.noise_seed is not None:
+        return jax.random.key(config.noise_seed)
+    return stored_key(os.path.join(out_dir, "checkpoints"))
 
 
 def train_variant(name: str, texts: list[str], dp: bool, config: PIIConfig, data: PreparedData, out_dir: str,
@@ -132,9 +144,12 @@ def train_variant(name: str, texts: list[str], dp: bool, config: PIIConfig, data
     log(f"training {name}: {len(texts)} records, {cfg.steps} steps" + (" (DP-SGD)" if dp else ""))
     model, history, report = train(
         _init_model(config, data.tokenizer), (tokens, mask), cfg,
-        key=jax.random.fold_in(jax.random.key(config.seed), 1 if name in VARIANTS else 2),  # variants: same batches
+        key=jax.random.fold_in(_root_key(config, out_dir), 1 if name in VARIANTS else 2),  # variants: same batches
         checkpoint_dir=os.path.join(out_dir, "checkpoints", name), checkpoint_every=max(1, cfg.steps // 4),
         progress=log.enabled)
+    from snapaudit_jax.dpsgd.keys import RANDOMNESS
+
+    report = dataclasses.replace(report, randomness=RANDOMNESS["secret" if config.noise_seed is None else "seed"])
     loss = np.asarray(history["loss"], np.float64)
     tail = loss[-max(1, len(loss) // 10):]
     log(f"trained {name} in {time.perf_counter() - start:.0f}s; final loss {np.nanmean(tail):.3f}"

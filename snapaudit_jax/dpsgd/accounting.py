@@ -474,6 +474,8 @@ class DPReport:
       microbatch_size: records per clipped-gradient call (no privacy effect).
       not_covered: releases the guarantee does not cover (the training history, tuning on the private data,
         several sequences of one person beyond group privacy).
+      randomness: where the batches and the noise came from (:data:`~snapaudit_jax.dpsgd.keys.RANDOMNESS`): a
+        secret key, a user's seed (the guarantee holds only while it stays secret), or the caller's key.
 
     Guarantees:
       ``epsilon_rdp`` and ``epsilon_pld`` are both upper bounds on the privacy loss of the mechanism
@@ -506,6 +508,8 @@ class DPReport:
     learning_rate: float
     microbatch_size: int
     not_covered: tuple[str, ...]
+    randomness: str = "batches and noise from the caller's key: the guarantee holds only if that key is secret " \
+                      "and uniformly random"
 
     @property
     def epsilon(self) -> float:
@@ -574,6 +578,7 @@ def make_report(
     protected_unit: str = PROTECTED_UNIT,
     adjacency: str = ADJACENCY,
     not_covered: tuple[str, ...] = NOT_COVERED,
+    randomness: str | None = None,
 ) -> DPReport:
     """Runs both accountants and assembles a :class:`DPReport`.
 
@@ -600,6 +605,7 @@ def make_report(
       protected_unit: the unit the guarantee protects (default: one dataset row).
       adjacency: the neighbouring relation (default: add/remove one record).
       not_covered: the releases the guarantee does not cover.
+      randomness: where the batches and noise came from (default: the caller's key).
 
     Returns:
       The :class:`DPReport`.
@@ -652,4 +658,5 @@ def make_report(
         learning_rate=learning_rate,
         microbatch_size=microbatch_size,
         not_covered=tuple(not_covered),
+        **({} if randomness is None else {"randomness": randomness}),
     )

@@ -2,8 +2,11 @@
 
 A checkpoint is a folder ``<dir>/step_<8 digits>/`` holding ``state.safetensors`` (model
 parameters under ``params/<path>`` and optimizer state, including the noise generator's key, under
-``opt_state/<path>``) and ``meta.json`` (step, run key, accountant ledger, the configuration and
-fingerprints of the data and model it belongs to, the history so far). It is written to a
+``opt_state/<path>``) and ``meta.json`` (step, the SHA-256 digest of the run key -- never the key --,
+accountant ledger, the configuration and fingerprints of the data and model it belongs to, the history so far).
+A checkpoint is private state: its optimizer state holds the noise generator's current key, which replays the
+noise of the steps after it, and its parameters before the last step are covered only as part of the whole
+sequence; keep the checkpoint folder (with a secret run's ``run_key.json``) with the private data. It is written to a
 temporary folder next to it, fsynced, then renamed into place: a checkpoint folder is complete or
 absent. The two newest are kept.
 """

@@ -62,7 +62,10 @@ class DPSGDConfig:
       pld_discretization: value discretisation interval of the PLD accountant.
       non_private: turn clipping and noise off (plain optax training on the same Poisson batches and the
         same normaliser ``q * N``); the report then says ``dp = False``.
-      seed: seed ``>= 0`` of the run's key when :func:`~snapaudit_jax.dpsgd.train` gets no ``key``.
+      seed: ``None`` (default): :func:`~snapaudit_jax.dpsgd.train` draws a secret key from the operating
+        system's entropy when it gets no ``key``; an integer in ``[0, 2**63 - 1]``: the replayable key
+        ``jax.random.key(seed)`` instead, and the guarantee then holds only while the seed stays secret (the
+        report says so).
 
     Raises:
       InputError: (on construction) a field out of range, both or neither of
@@ -89,7 +92,7 @@ class DPSGDConfig:
     calibration_tol: float = 1e-4
     pld_discretization: float = 1e-4
     non_private: bool = False
-    seed: int = 0
+    seed: int | None = None
 
     def __post_init__(self):
         fix = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -145,7 +148,8 @@ class DPSGDConfig:
         fix("accountant", validate.choice("accountant", self.accountant, ACCOUNTANTS))
         fix("calibration_tol", validate.positive_float("calibration_tol", self.calibration_tol))
         fix("pld_discretization", validate.positive_float("pld_discretization", self.pld_discretization))
-        fix("seed", validate.positive_int("seed", self.seed, minimum=0))
+        if self.seed is not None:
+            fix("seed", validate.seed("seed", self.seed))
 
     @property
     def private(self) -> bool:

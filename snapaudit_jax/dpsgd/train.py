@@ -59,6 +59,7 @@ from snapaudit_jax.dpsgd.accounting import (
 from snapaudit_jax.dpsgd.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from snapaudit_jax.dpsgd.config import DPSGDConfig
 from snapaudit_jax.dpsgd.gradients import _check_dataset, _clipped_sum
+from snapaudit_jax.dpsgd.keys import RANDOMNESS, key_digest, resolve_run_key
 from snapaudit_jax.dpsgd.sampling import _poisson_mask, compact_indices, inclusion_threshold, sampling_probability
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
@@ -221,9 +222,7 @@ _dp_step = jax.jit(
 )
 
 
-def _as_key(key, seed: int) -> jax.Array:
-    if key is None:
-        return jax.random.key(seed)
+def _as_key(key) -> jax.Array:
     key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
     if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
         if key.shape != ():
@@ -293,7 +292,7 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
     """
     tokens_np, mask_np = _check_dataset(dataset, model, units=True)
     n = tokens_np.shape[0]
-    key = _as_key(key, config.seed)
+    key = _as_key(key)
     privacy = resolve_privacy(config, n)
     spec = _StepSpec(
         num_records=n,
@@ -326,7 +325,9 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
         "dataset_shape": list(tokens_np.shape),
         "model": f"{type(model).__name__}({getattr(model, 'cfg', None)!r})",
         "trainable": getattr(trainable, "__name__", repr(trainable)),
-        "key_data": np.asarray(jax.random.key_data(key)).tolist(),
+        # The key's digest only: a checkpoint's meta.json never holds the key (keys.py); the key of a secret run
+        # is in the checkpoint folder's run_key.json.
+        "key_sha256": key_digest(key),
         "key_impl": str(jax.random.key_impl(key)),
         # The device count sets the float32 summation order of the clipped sums: a checkpoint resumes bit for
         # bit only on as many devices (None: the single-device step, as in checkpoints written before meshes).
@@ -392,12 +393,19 @@ def train(
         unit ``i`` is the ``k`` rows ``tokens[i]`` (e.g. one user's records; empty rows are padding), sampled
         as one, its rows' losses summed and the gradient of the sum clipped as one (user-level DP).
       config: the run (:class:`~snapaudit_jax.dpsgd.DPSGDConfig`).
-      key: the run's PRNG key, typed or raw ``uint32`` data (default ``jax.random.key(config.seed)``): batch
-        of step ``t`` from ``fold_in(fold_in(key, 0), t)``, noise generator seeded by ``fold_in(key, 1)``.
+      key: the run's PRNG key, typed or raw ``uint32`` data: batch of step ``t`` from
+        ``fold_in(fold_in(key, 0), t)``, noise generator seeded by ``fold_in(key, 1)``. The guarantee needs it
+        secret and uniformly random. Default: ``jax.random.key(config.seed)`` when ``config.seed`` is set (a
+        replayable run; the report says the guarantee then holds only while the seed stays secret), else a secret
+        key from the operating system's entropy (:mod:`~snapaudit_jax.dpsgd.keys`), kept in
+        ``checkpoint_dir/run_key.json`` (mode ``0600``) so that a stopped run resumes with it. Over several
+        processes process 0 draws or reads it and sends it to the others.
       checkpoint_dir: if set, resume from its newest checkpoint (which must belong to the same configuration,
-        data, model architecture and key) and save checkpoints there. With a mesh over several processes it must
-        be one folder that every process sees (a shared file system): process 0 writes, every process reads,
-        and no process goes on before a checkpoint is complete (``multihost_utils.sync_global_devices``).
+        data, model architecture and key) and save checkpoints there. Its checkpoints and ``run_key.json`` are
+        private state (they replay the noise): keep them with the private data. With a mesh over several
+        processes it must be one folder that every process sees (a shared file system): process 0 writes, every
+        process reads, and no process goes on before a checkpoint is complete
+        (``multihost_utils.sync_global_devices``).
       checkpoint_every: save every this many steps (and always when the call ends); default: only when the
         call ends.
       stop_after: stop once this many steps (in total, ``<= config.steps``) are done, e.g. to split a run
@@ -482,7 +490,8 @@ def train(
         raise InputError(f"progress must be a bool or a callable, got {progress!r}")
     mesh = parallel._resolve_mesh(mesh)
     multi = parallel._spans_processes(mesh)  # a jax.distributed run: process 0 writes the checkpoints
-    run = _prepare(model, dataset, config, key, trainable, mesh)
+    drawn, randomness = resolve_run_key(key, config.seed, checkpoint_dir, processes=multi)
+    run = _prepare(model, dataset, config, key if drawn is None else drawn, trainable, mesh)
     privacy, params, opt_state = run.privacy, run.params, run.opt_state
 
     raw: dict[str, list] = {name: [] for name in _RAW_KEYS}
@@ -573,6 +582,7 @@ def train(
         learning_rate=config.learning_rate,
         microbatch_size=privacy.microbatch_size,
         protected_unit=protected_unit or (PROTECTED_UNIT if run.tokens.ndim == 2 else UNIT_GROUP),
+        randomness=RANDOMNESS[randomness],
     )
     rest = run.rest
     if multi:  # replicated over every process: this process's copy, usable without the other processes

@@ -406,8 +406,12 @@ class FinetuneConfig:
     """A ``snapaudit finetune`` run (``examples/finetune_small.toml`` documents every key).
 
     Attributes:
-      seed: seeds the held-out split, the user cap, the canaries' secrets (with ``canaries.seed``), the LoRA
-        initialisation and the training key (batches and noise).
+      seed: seeds what may be public: the held-out split, the user cap, the canaries' secrets (with
+        ``canaries.seed``) and the LoRA initialisation. Never the batches or the noise (see ``noise_seed``).
+      noise_seed: ``None`` (default): the batches, the noise and (random stopping) the sweep's runs come from a
+        secret key drawn from the operating system's entropy and kept in the run folder
+        (``checkpoints/run_key.json``); an integer: a replayable key from it, and the report then says that the
+        guarantee holds only while that seed stays secret.
       baseline: also train the non-private twin (same data, model, steps, Poisson batches and seed).
       eval_batch_size: rows per evaluation pass.
       data, model, finetune, privacy, canaries, export: the tables.
@@ -415,6 +419,7 @@ class FinetuneConfig:
     """
 
     seed: int = 0
+    noise_seed: int | None = None
     baseline: bool = True
     eval_batch_size: int = 16
     data: DataConfig = DataConfig()
@@ -429,6 +434,8 @@ class FinetuneConfig:
         """The configuration in its TOML shape, ``{section: {key: value}}`` (``[run]`` holds the top-level keys)."""
         out: dict[str, Any] = {"run": {"seed": self.seed, "baseline": self.baseline,
                                        "eval_batch_size": self.eval_batch_size}}
+        if self.noise_seed is not None:
+            out["run"]["noise_seed"] = self.noise_seed
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if dataclasses.is_dataclass(value):
@@ -451,9 +458,10 @@ def load_finetune_config(path: str | os.PathLike) -> FinetuneConfig:
     """Reads and validates a ``snapaudit finetune`` TOML file.
 
     Args:
-      path: the TOML file: ``[run]`` (``seed``, ``baseline``, ``eval_batch_size``) and the tables ``[data]``,
-        ``[model]``, ``[finetune]``, ``[privacy]``, ``[canaries]``, ``[export]`` and optionally ``[sweep]``; absent
-        keys keep the defaults. ``data.path`` and ``data.held_out_path`` are relative to the file's folder.
+      path: the TOML file: ``[run]`` (``seed``, ``noise_seed``, ``baseline``, ``eval_batch_size``) and the tables
+        ``[data]``, ``[model]``, ``[finetune]``, ``[privacy]``, ``[canaries]``, ``[export]`` and optionally
+        ``[sweep]``; absent keys keep the defaults. ``data.path`` and ``data.held_out_path`` are relative to the
+        file's folder.
 
     Returns:
       The validated :class:`FinetuneConfig`.
@@ -472,6 +480,8 @@ def load_finetune_config(path: str | os.PathLike) -> FinetuneConfig:
     try:
         if "seed" in run:
             kw["seed"] = validate.seed("seed", run.pop("seed"))
+        if "noise_seed" in run:
+            kw["noise_seed"] = validate.seed("noise_seed", run.pop("noise_seed"))
         if "baseline" in run:
             value = run.pop("baseline")
             if not isinstance(value, bool):

@@ -27,7 +27,12 @@ RELEASE_STATUS = {
     "held_out_evaluations": "NOT covered: computed without noise from private held-out records",
     "training_history": "NOT covered: per-step losses and gradient norms computed without noise",
     "base_evaluations": "NOT covered: the public base model scored on private held-out records",
+    "private_state": ("private state, never release it: whoever holds the run key or a checkpoint's optimizer "
+                      "state can replay the noise, and the guarantee no longer holds against them"),
 }
+SEED_WARNING = ("the batches and the noise were drawn from [run] noise_seed = {seed}: the run is replayable, and "
+                "the (epsilon, delta) guarantee holds only while that seed stays secret. Remove noise_seed for a "
+                "secret key from the operating system's entropy.")
 
 
 def build_report(prep, trainings: dict[str, tuple[dict, dict]], evaluations: dict[str, dict],
@@ -81,6 +86,9 @@ def build_report(prep, trainings: dict[str, tuple[dict, dict]], evaluations: dic
             releases.append({"release": "every candidate's model (checkpoints/sweep_<j>) and validation loss",
                              "status": "models: covered by the composition; validation losses: NOT covered "
                                        "(validation split)"})
+    releases.append({"release": "checkpoints/ (every training's checkpoints"
+                                + (" and run_key.json, the run's secret key" if cfg.noise_seed is None else "")
+                                + ")", "status": RELEASE_STATUS["private_state"]})
     if unit == "record" and cfg.data.user_field:
         releases.append({"release": "users with several records",
                          "status": "protected per record only: group privacy over a user's records"})
@@ -117,6 +125,7 @@ def build_report(prep, trainings: dict[str, tuple[dict, dict]], evaluations: dic
             "adjacency": f"add/remove one {unit}" + (" with all of their records" if unit == "user" else ""),
             "accounted_epsilon": dp["epsilon"],
             "accounting_rule": "one run: SelfComposed(PoissonSampled(q, Gaussian(sigma)), steps)",
+            "randomness": dp["randomness"],
         },
         "dpsgd": {
             "units": prep.data.num_units, "sampling": "poisson (each unit independently, every step)",
@@ -135,6 +144,8 @@ def build_report(prep, trainings: dict[str, tuple[dict, dict]], evaluations: dic
         "seconds": seconds,
     }
     card["claim"].update(claim_extra)
+    if cfg.noise_seed is not None:
+        card["claim"]["warning"] = SEED_WARNING.format(seed=cfg.noise_seed)
     if sweep is not None:
         card["sweep"] = {
             "rule": sweep["rule"], "candidates": list(prep.sweep["candidates"]),
@@ -170,7 +181,13 @@ def format_report(card: dict[str, Any]) -> str:
         f"**Claim:** ({_num(c['epsilon_pld'])}, {c['delta']:.3g})-DP by PLD, ({_num(c['epsilon_rdp'])}, "
         f"{c['delta']:.3g}) by RDP, for {c['protected_unit']}; adjacency: {c['adjacency']}.",
         f"Accounting rule: {c['accounting_rule']}; accounted epsilon of the released model: "
-        f"{_num(c['accounted_epsilon'])}.", "",
+        f"{_num(c['accounted_epsilon'])}.",
+        f"Randomness: {c['randomness']}.",
+    ]
+    if c.get("warning"):
+        lines.append(f"**Warning:** {c['warning']}")
+    lines += [
+        "",
         "| item | value |", "|---|---|",
         f"| protected unit | {c['unit']} |",
         f"| N units | {d['units']} |",

@@ -12,7 +12,10 @@ checkpoints, finished evaluations are JSON files.
 Run folder::
 
     run.json, run.lock          the configuration stamp and the run's lock
-    checkpoints/<model>/        DP-SGD checkpoints (resume after a kill); sweep_<j>/ for the runs of a [sweep]
+    checkpoints/run_key.json    the secret key of the batches, the noise and (random stopping) the sweep's runs
+                                (mode 0600; absent with [run] noise_seed): private state, never release it
+    checkpoints/<model>/        DP-SGD checkpoints (resume after a kill); sweep_<j>/ for the runs of a [sweep];
+                                private state (their optimizer state replays the noise)
     evaluations/<model>.json    held-out perplexity and canary results of each model; sweep_<j>.json: a run's
                                 validation loss
     sweep.json                  with a [sweep]: every run, its candidate and validation loss, the selection and
@@ -37,6 +40,7 @@ from flax import nnx
 
 from snapaudit_jax.dpsgd import DPSGDConfig, loss_summary, train
 from snapaudit_jax.dpsgd.accounting import compute_epsilon
+from snapaudit_jax.dpsgd.keys import RANDOMNESS, stored_key
 from snapaudit_jax.dpsgd.sampling import inclusion_threshold
 from snapaudit_jax.finetune.config import FinetuneConfig
 from snapaudit_jax.finetune.data import FinetuneData, pack_records, pack_units, prepare_data
@@ -51,7 +55,7 @@ from snapaudit_jax.utils.run_folder import RunFolder
 __all__ = ["Prepared", "prepare", "plan", "run_finetune", "run_folder", "RESULT_FILES", "RESUME_VERSION"]
 
 RESULT_FILES = ("report.json", "report.md")
-RESUME_VERSION = 1
+RESUME_VERSION = 2  # 2: the batches and noise come from the run's secret key (checkpoints/run_key.json)
 _LORA_STREAM, _TRAIN_STREAM, _SWEEP_STREAM, _PLAN_STREAM = 7, 11, 17, 19
 
 
@@ -92,6 +96,11 @@ class Prepared:
         """``q = batch_size / N``."""
         return self.config.finetune.batch_size / self.data.num_units
 
+    @property
+    def randomness(self) -> str:
+        """``"seed"`` with ``[run] noise_seed``, else ``"secret"``."""
+        return "secret" if self.config.noise_seed is None else "seed"
+
     def dpsgd_config(self, private: bool, *, learning_rate=None, clip_norm=None, steps=None,
                      noise_multiplier=None) -> DPSGDConfig:
         """The :class:`~snapaudit_jax.dpsgd.DPSGDConfig` of the private model (or of the baseline).
@@ -110,7 +119,7 @@ class Prepared:
         common = dict(
             steps=steps or ft.steps, learning_rate=learning_rate or ft.learning_rate, sampling_rate=self.sampling_rate,
             optimizer=ft.optimizer, weight_decay=ft.weight_decay, microbatch_size=ft.microbatch_size or None,
-            seed=self.config.seed, accountant=privacy.accountant,
+            seed=self.config.noise_seed, accountant=privacy.accountant,
         )
         if not private:
             return DPSGDConfig(non_private=True, delta=self.delta, **common)
@@ -476,6 +485,14 @@ def _file_digest(path: str) -> str | None:
         return None  # the data stage names the unreadable file
 
 
+def _root_key(prep: Prepared, out_dir: str) -> jax.Array:
+    """The key of every training's batches and noise and of random stopping's runs: secret (drawn once into
+    ``checkpoints/run_key.json``), or from ``[run] noise_seed``."""
+    if prep.config.noise_seed is not None:
+        return jax.random.key(prep.config.noise_seed)
+    return stored_key(os.path.join(out_dir, "checkpoints"))
+
+
 def _train_one(name: str, prep: Prepared, private: bool, out_dir: str, log, *, candidate: dict | None = None,
                key: jax.Array | None = None) -> tuple[Any, dict, dict]:
     """Trains one model into ``checkpoints/<name>`` (resuming); ``candidate`` overrides the hyperparameters."""
@@ -491,7 +508,7 @@ def _train_one(name: str, prep: Prepared, private: bool, out_dir: str, log, *, c
         log(f"{name}: step {info['step']}/{info['steps']}, loss {info['loss']:.4f}, batch {info['batch_size']}")
 
     if key is None:
-        key = jax.random.fold_in(jax.random.key(prep.config.seed), _TRAIN_STREAM)
+        key = jax.random.fold_in(_root_key(prep, out_dir), _TRAIN_STREAM)
     trained, history, report = train(
         model, prep.dataset, config, key=key,
         checkpoint_dir=os.path.join(out_dir, "checkpoints", name),
@@ -499,6 +516,7 @@ def _train_one(name: str, prep: Prepared, private: bool, out_dir: str, log, *, c
         trainable=_trainable(prep), protected_unit=unit, mesh=prep.config.finetune.devices or None,
     )
     rep = report.to_dict()
+    rep["randomness"] = RANDOMNESS[prep.randomness]
     if private and prep.calibration and prep.sweep is None:
         rep["target_epsilon"] = prep.calibration["target_epsilon"]
         rep["calibration_accountant"] = prep.calibration["accountant"]
@@ -509,9 +527,10 @@ def _run_sweep(prep: Prepared, out_dir: str, log) -> tuple[tuple[Any, dict, dict
     """Trains the sweep's runs, scores each on the validation split, and returns the best with the sweep's record.
 
     Compose: run ``j`` is candidate ``j``. Random stopping: ``K`` and the runs' candidates come from
-    :func:`~snapaudit_jax.dpsgd.tuning.draw_candidates` (data-independent). Run ``j`` trains with the key
-    ``fold_in(fold_in(key(seed), 17), j)`` into ``checkpoints/sweep_<j>`` and is scored by its mean token loss on
-    the validation records (``evaluations/sweep_<j>.json``); the lowest loss wins (the earliest run on a tie, a
+    :func:`~snapaudit_jax.dpsgd.tuning.draw_candidates` (data-independent, from the run's secret key: ``K`` must
+    stay private). Run ``j`` trains with the key ``fold_in(fold_in(root, 17), j)`` (``root``: the run's secret
+    key, or ``key(noise_seed)``) into ``checkpoints/sweep_<j>`` and is scored by its mean token loss on the
+    validation records (``evaluations/sweep_<j>.json``); the lowest loss wins (the earliest run on a tie, a
     non-finite loss never wins). Only the best model is kept in memory.
     """
     from snapaudit_jax.dpsgd.tuning import draw_candidates
@@ -521,9 +540,9 @@ def _run_sweep(prep: Prepared, out_dir: str, log) -> tuple[tuple[Any, dict, dict
     if sweep["rule"] == "compose":
         plan = tuple(range(len(candidates)))
     else:
-        plan = draw_candidates(jax.random.fold_in(jax.random.key(cfg.seed), _PLAN_STREAM), sweep["distribution"],
+        plan = draw_candidates(jax.random.fold_in(_root_key(prep, out_dir), _PLAN_STREAM), sweep["distribution"],
                                len(candidates))
-    root = jax.random.fold_in(jax.random.key(cfg.seed), _SWEEP_STREAM)
+    root = jax.random.fold_in(_root_key(prep, out_dir), _SWEEP_STREAM)
     best, best_loss, runs = None, float("inf"), []
     for j, c in enumerate(plan):
         name = f"sweep_{j}"
@@ -625,12 +644,16 @@ def run_finetune(config: FinetuneConfig, out_dir: str, *, progress: bool = True)
       InputError: ``out_dir`` held by another live run.
 
     Guarantees:
-      The private model (``export/private``, its adapter, every checkpoint) is ``(epsilon, delta)``-DP for the
-      configured unit under add/remove adjacency, with ``epsilon`` the report's accountant bound, under
-      :func:`snapaudit_jax.dpsgd.train`'s assumptions. With a ``[sweep]``, ``epsilon`` is the whole search's
-      (:func:`snapaudit_jax.dpsgd.tuning.account_sweep`, the rule the report names), the validation split held
-      fixed; with ``compose`` it covers every run's checkpoints, with ``random_stopping`` only the released run
-      (``sweep.json`` and the other runs' checkpoints stay private). The baseline, the held-out evaluations and
+      The private model (``export/private``, its adapter, every checkpoint's parameters) is ``(epsilon, delta)``-DP
+      for the configured unit under add/remove adjacency, with ``epsilon`` the report's accountant bound, under
+      :func:`snapaudit_jax.dpsgd.train`'s assumptions: the batches and the noise come from a secret key drawn from
+      the operating system's entropy (``checkpoints/run_key.json``; with ``[run] noise_seed``, from that seed, and
+      the guarantee holds only while it stays secret). The key, the checkpoints' optimizer states (the noise
+      generator's state) and, with random stopping, the number of runs are private state, never released. With
+      a ``[sweep]``, ``epsilon`` is the whole search's (:func:`snapaudit_jax.dpsgd.tuning.account_sweep`, the
+      rule the report names), the validation split held fixed; with ``compose`` it covers every run's
+      checkpoints, with ``random_stopping`` only the released run (``sweep.json`` and the other runs' checkpoints
+      stay private). The baseline, the held-out evaluations and
       the canary results are computed from the private data without noise: the report lists each as a non-private
       release.
     """
@@ -652,7 +675,7 @@ def run_finetune(config: FinetuneConfig, out_dir: str, *, progress: bool = True)
             chosen = key = None
             if sweep is not None:  # the twin of the released run: its hyperparameters, batches and seed
                 chosen = prep.sweep["candidates"][sweep["selected"]["candidate"]]
-                key = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), _SWEEP_STREAM),
+                key = jax.random.fold_in(jax.random.fold_in(_root_key(prep, out_dir), _SWEEP_STREAM),
                                          sweep["selected_run"])
             models["baseline"] = _train_one("baseline", prep, False, out_dir, log, candidate=chosen, key=key)
         evaluations = {"base": _evaluate("base", prep.lm.module, prep, out_dir, log)}

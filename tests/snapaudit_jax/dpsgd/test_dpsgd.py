@@ -347,7 +347,7 @@ REPORT_KEYS = {
     "dp", "epsilon", "epsilon_rdp", "epsilon_pld", "delta", "noise_multiplier", "clip_norm", "sampling",
     "sampling_rate", "sampling_probability", "expected_batch_size", "steps", "steps_planned", "dataset_size",
     "protected_unit", "adjacency", "target_epsilon", "calibration_accountant", "accountants", "software",
-    "optimizer", "learning_rate", "microbatch_size", "not_covered",
+    "optimizer", "learning_rate", "microbatch_size", "not_covered", "randomness",
 }
 
 
@@ -375,6 +375,7 @@ def test_report_holds_the_claim_and_matches_dp_accounting():
     assert set(data) == REPORT_KEYS
     assert data["epsilon_pld"] == report.epsilon_pld and data["noise_multiplier"] == sigma
     assert data["epsilon"] == report.epsilon and data["sampling"] == "poisson"
+    assert "caller" in data["randomness"]  # the key was passed in
     assert "epsilon" in report.summary() and "Poisson" in report.summary()
 
 
@@ -514,7 +515,7 @@ def test_resume_from_checkpoint_gives_identical_parameters(tmp_path):
     other = DPSGDConfig(**{**config.__dict__, "noise_multiplier": 1.4})
     with pytest.raises(ValueError, match=r"config differs from this run"):
         train(make_model(), DATA, other, key=key, checkpoint_dir=str(folder))
-    with pytest.raises(ValueError, match=r"key_data differs from this run"):
+    with pytest.raises(ValueError, match=r"key_sha256 differs from this run"):
         train(make_model(), DATA, config, key=jax.random.key(5), checkpoint_dir=str(folder))
     tokens = DATA[0].copy()
     col = int(np.argmax(DATA[1][0]))  # one real token of record 0 changed

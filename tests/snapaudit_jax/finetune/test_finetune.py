@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 
+import jax
 import numpy as np
 import pytest
 
 from snapaudit_jax.cli import main
 from snapaudit_jax.dpsgd.accounting import compute_epsilon
+from snapaudit_jax.dpsgd.keys import KEY_FILE, key_digest
 from snapaudit_jax.finetune.config import load_finetune_config
-from snapaudit_jax.finetune.run import plan_dict, prepare
+from snapaudit_jax.finetune.run import _TRAIN_STREAM, plan_dict, prepare
 from snapaudit_jax.utils.config import ConfigFileError
 from tests.helpers.tiny_llm import make_tiny_llm_folder
 
@@ -54,6 +57,56 @@ def _toml(root, model, data_path, extra="", **sections):
     path = root / f"cfg{abs(hash(text)) % 10**8}.toml"
     path.write_text(text)
     return str(path)
+
+
+def _checkpoint_arrays(out, name):
+    from safetensors.numpy import load_file
+
+    folder = out / "checkpoints" / name
+    last = sorted(n for n in os.listdir(folder) if n.startswith("step_"))[-1]
+    return {k: v for k, v in load_file(str(folder / last / "state.safetensors")).items() if k.startswith("params")}
+
+
+def _assert_key_not_released(out):
+    """Neither the key's two words (decimal, hex or raw bytes) nor its file are in a released file."""
+    words = json.loads((out / "checkpoints" / KEY_FILE).read_text())["key_data"]
+    raw = np.asarray(words, "<u4").tobytes()
+    needles = [raw, raw.hex().encode()] + [str(w).encode() for w in words]
+    released = [out / "report.json", out / "report.md", out / "run.json"]
+    released += [p for p in (out / "export").rglob("*") if p.is_file()]
+    assert len(released) > 5
+    for path in released:
+        body = path.read_bytes()
+        for needle in needles:
+            assert needle not in body, (path, needle)
+
+
+@pytest.mark.slow
+def test_noise_is_secret_by_default_and_replayable_only_by_request(tiny, tmp_path):
+    """Two default runs of one configuration draw different batches and noise; a run with [run] noise_seed
+    trains with the key derived from that seed (its checkpoints' key digest), keeps no key file, and the report
+    says the guarantee then rests on the seed."""
+    root, model, data, _ = tiny
+    lean = {"canaries": "n_canaries = 0\n", "export": "hf = false\n"}
+    default = _toml(root, model, data, run="seed = 1\nbaseline = false\neval_batch_size = 8\n", **lean)
+    seeded = _toml(root, model, data, run="seed = 1\nnoise_seed = 5\nbaseline = false\neval_batch_size = 8\n",
+                   **lean)
+    runs = {}
+    for name, cfg in (("a", default), ("b", default), ("c", seeded)):
+        assert main(["finetune", cfg, "--out", str(tmp_path / name), "--quiet"]) == 0
+        runs[name] = _checkpoint_arrays(tmp_path / name, "private")
+    lora = [k for k in runs["a"] if "lora" in k]
+    assert any(not np.array_equal(runs["a"][k], runs["b"][k]) for k in lora)
+    folder = tmp_path / "c" / "checkpoints" / "private"
+    meta = json.loads((folder / sorted(os.listdir(folder))[-1] / "meta.json").read_text())
+    assert meta["run"]["key_sha256"] == key_digest(jax.random.fold_in(jax.random.key(5), _TRAIN_STREAM))
+    assert not (tmp_path / "c" / "checkpoints" / KEY_FILE).exists()
+    card = json.loads((tmp_path / "c" / "report.json").read_text())
+    assert "noise_seed = 5" in card["claim"]["warning"] and "only while" in card["claim"]["randomness"]
+    assert "**Warning:** the batches and the noise were drawn from [run] noise_seed = 5" in (
+        tmp_path / "c" / "report.md").read_text()
+    plain = json.loads((tmp_path / "a" / "report.json").read_text())["claim"]
+    assert "warning" not in plain and "secret key" in plain["randomness"]
 
 
 @pytest.mark.slow
@@ -151,6 +204,15 @@ def test_run_report_card_resume_and_export(tiny, tmp_path, capsys):
     card = json.loads((out / "report.json").read_text())
     claim, dp = card["claim"], card["dpsgd"]
     assert claim["dp"] and claim["unit"] == "record" and claim["epsilon_pld"] <= 4.0
+    # sigma is the plan's (an independent prepare of the same configuration), and the private model is not its twin
+    assert dp["noise_multiplier"] == plan_dict(prepare(load_finetune_config(cfg)), timing=False)["noise_multiplier"]
+    private, twin = _checkpoint_arrays(out, "private"), _checkpoint_arrays(out, "baseline")
+    lora = [k for k in private if "lora" in k]
+    assert lora and all(not np.array_equal(private[k], twin[k]) for k in lora)
+    # the noise's key is secret: private state in the run folder only, named in the card, in no released file
+    assert "secret key" in claim["randomness"] and "warning" not in claim
+    assert stat.S_IMODE(os.stat(out / "checkpoints" / KEY_FILE).st_mode) == 0o600
+    _assert_key_not_released(out)
     assert dp["sampling"].startswith("poisson") and dp["steps"] == 3 and dp["clip_norm"] == 1.0
     for item in ("records_truncated", "train_records", "held_out_records", "canaries_inserted"):
         assert item in card["data"]
