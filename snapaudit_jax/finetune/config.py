@@ -52,8 +52,9 @@ class DataConfig:
         chat template; replaces ``text_field``.
       user_field: the column naming each record's user (the protected unit when ``privacy.unit = "user"``).
       held_out_path: a second file of held-out records (same fields), or ``""``.
-      held_out_fraction: without ``held_out_path``, this fraction of the units (users or records) is held out
-        (never trained on): evaluation on private data.
+      held_out_fraction: without ``held_out_path``, each unit (user or record) is held out (never trained on) with
+        this probability, by a keyed hash of its id, so that adding or removing a unit moves no other: evaluation
+        on private data.
       max_length: tokens per record; a longer record is truncated to it (and counted), never split.
     """
 
@@ -192,8 +193,8 @@ class PrivacyConfig:
       allow_large_delta: accept ``delta >= 1 / N`` (a guarantee that allows releasing one unit outright).
       clip_norm: L2 clipping norm ``C`` of one unit's gradient.
       accountant: ``"pld"`` (default, tight) or ``"rdp"``: the one sigma is calibrated with; both are reported.
-      max_records_per_user: user-level cap ``k``: a user with more records keeps ``k`` drawn without replacement
-        before training (stated in the report).
+      max_records_per_user: user-level cap ``k``: a user with more records keeps the ``k`` with the smallest keyed
+        hashes (of ``seed``, the user and the record), chosen before training (stated in the report).
     """
 
     unit: str = "record"
@@ -331,8 +332,9 @@ class SweepSection:
         each on a uniformly drawn candidate; only the best is released; RDP).
       mean_runs: random stopping's ``E[K]`` (``0``: the number of candidates).
       eta: random stopping's truncated-negative-binomial shape (``1``: geometric, ``0``: logarithmic), ``> -1``.
-      validation_fraction: the fraction of the training units held out to score the candidates (not protected:
-        the report lists the validation split as a non-private release).
+      validation_fraction: each training unit is held out to score the candidates with this probability (a keyed
+        hash of its id, as ``data.held_out_fraction``; not protected: the report lists the validation split as a
+        non-private release).
     """
 
     learning_rate: tuple[float, ...] = ()
@@ -406,7 +408,8 @@ class FinetuneConfig:
     """A ``snapaudit finetune`` run (``examples/finetune_small.toml`` documents every key).
 
     Attributes:
-      seed: seeds what may be public: the held-out split, the user cap, the canaries' secrets (with
+      seed: keys what may be public: the held-out and validation splits and the user cap (keyed hashes of the
+        units' ids), the canaries' secrets (with
         ``canaries.seed``) and the LoRA initialisation. Never the batches or the noise (see ``noise_seed``).
       noise_seed: ``None`` (default): the batches, the noise and (random stopping) the sweep's runs come from a
         secret key drawn from the operating system's entropy and kept in the run folder

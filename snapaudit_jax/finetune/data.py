@@ -3,8 +3,17 @@
 One record is one training sequence: a record longer than ``max_length`` tokens is truncated and counted, never
 split into several sequences (that would turn one protected unit into several). A unit is a record
 (``privacy.unit = "record"``) or all of one user's records (``"user"``), at most ``max_records_per_user`` of
-them, drawn without replacement before training. The held-out part is a set of whole units (a user is never on
-both sides); with a ``[sweep]``, a validation split of whole units is taken from the rest the same way.
+them, chosen before training. The held-out part is a set of whole units (a user is never on both sides); with a
+``[sweep]``, a validation split of whole units is taken from the rest the same way.
+
+Every such choice is made for each unit on its own, by a keyed hash of its id (:func:`unit_coin`: SHA-256 of the
+run's ``seed``, the choice's name and the id, read as a uniform number in ``[0, 1)``): a unit is held out when its
+coin is below ``held_out_fraction``, and a user over the cap keeps the records with the smallest coins. So adding
+or removing one unit (a user with all their records, or one record) moves no other unit between training,
+held-out and validation, and changes no other user's kept records: the unit guarantee holds for the input file,
+not only for the realised training split. The held-out count is therefore binomial, not exact. A unit's id is
+its user id (``privacy.unit = "user"``, as read: the integer ``3`` and the string ``"3"`` differ) or its record's
+rendered text (``"record"``: identical records share a side).
 Canaries (:mod:`snapaudit_jax.dpsgd.canaries`) are units of their own, each inserted with probability
 ``insert_probability``.
 
@@ -15,6 +24,8 @@ data is written outside the run folder.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,7 +38,45 @@ from snapaudit_jax.models.inference import frame
 from snapaudit_jax.utils.config import ConfigFileError
 from snapaudit_jax.utils.errors import InputError
 
-__all__ = ["FinetuneData", "load_texts", "prepare_data", "pack_units", "pack_records"]
+__all__ = ["FinetuneData", "load_texts", "prepare_data", "pack_units", "pack_records", "unit_coin", "unit_id"]
+
+SPLIT_RULE = ("each unit on its own, by a keyed hash of its id (adding or removing one unit moves no other unit and "
+              "changes no other user's kept records)")
+
+
+def unit_id(user: Any | None, text: str | None = None) -> bytes:
+    """The bytes that name a unit (a user, as read) or, with ``text``, a record (of ``user`` if given).
+
+    Args:
+      user: the user id (an int or a str), or ``None`` for a record-level unit.
+      text: the record's rendered text, or ``None`` for the user itself.
+
+    Returns:
+      The id's bytes.
+    """
+    parts = []
+    if user is not None:
+        parts.append(b"user\0" + json.dumps(user).encode())
+    if text is not None:
+        parts.append(b"record\0" + text.encode())
+    return b"\0".join(parts)
+
+
+def unit_coin(seed: int, choice: str, ident: bytes) -> float:
+    """A unit's uniform number in ``[0, 1)`` for one choice: the first 64 bits of
+    ``SHA-256("snapaudit-jax finetune split" | choice | seed | id)`` over ``2**64``.
+
+    Args:
+      seed: the run's ``seed``.
+      choice: ``"held_out"``, ``"validation"`` or ``"cap"``.
+      ident: :func:`unit_id`'s bytes.
+
+    Returns:
+      The coin.
+    """
+    h = hashlib.sha256(b"snapaudit-jax finetune split\0" + choice.encode() + b"\0"
+                       + int(seed).to_bytes(8, "little") + ident)
+    return int.from_bytes(h.digest()[:8], "little") / 2.0**64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +183,6 @@ def prepare_data(config: FinetuneConfig, tokenizer) -> FinetuneData:
         ``data.max_length``.
     """
     data, privacy = config.data, config.privacy
-    rng = np.random.default_rng([config.seed, 0xF17E])
     texts, users = load_texts(data.path, config, tokenizer)
     n_records = len(texts)
     encoded = tokenizer.encode_batch(texts)
@@ -146,56 +194,65 @@ def prepare_data(config: FinetuneConfig, tokenizer) -> FinetuneData:
         row, cut = _truncate(start + list(ids) + end, data.max_length)
         truncated += cut
         records.append(row)
-    del texts, encoded
+    del encoded
 
     by_user: dict[Any, list[int]] = {}
     if privacy.unit == "user":
         for i, user in enumerate(users):
             by_user.setdefault(user, []).append(i)
         groups = list(by_user.values())
+        ids = [unit_id(user) for user in by_user]
     else:
         groups = [[i] for i in range(n_records)]
+        ids = [unit_id(None, text) for text in texts]
+    coin = lambda choice, g: unit_coin(config.seed, choice, ids[g])  # noqa: E731
 
     held: list[tuple[int, ...]] = []
     if data.held_out_path:
         held_texts, _ = load_texts(data.held_out_path, config, tokenizer, key="data.held_out_path")
-        for ids in tokenizer.encode_batch(held_texts):
-            held.append(_truncate(start + list(ids) + end, data.max_length)[0])
-        train_groups = groups
+        for enc in tokenizer.encode_batch(held_texts):
+            held.append(_truncate(start + list(enc) + end, data.max_length)[0])
+        train_idx = list(range(len(groups)))
     else:
-        order = rng.permutation(len(groups))
-        n_held = int(round(data.held_out_fraction * len(groups)))
-        if n_held == 0:
+        fraction = data.held_out_fraction
+        held_idx = [g for g in range(len(groups)) if coin("held_out", g) < fraction]
+        if not held_idx:
             raise ConfigFileError(
-                f"data.held_out_fraction: {data.held_out_fraction} of {len(groups)} units holds out none; raise it "
-                "or give data.held_out_path")
-        if n_held >= len(groups):
-            raise ConfigFileError(f"data.held_out_fraction: holds out every one of the {len(groups)} units")
-        held = [records[i] for g in sorted(order[:n_held]) for i in groups[g]]
-        train_groups = [groups[g] for g in sorted(order[n_held:])]
+                f"data.held_out_fraction: {fraction} of {len(groups)} units held out none (each unit is held out "
+                f"with probability {fraction}, by a keyed hash of its id); raise it or give data.held_out_path")
+        if len(held_idx) == len(groups):
+            raise ConfigFileError(f"data.held_out_fraction: held out every one of the {len(groups)} units (each "
+                                  f"with probability {fraction}); lower it")
+        held = [records[i] for g in held_idx for i in groups[g]]
+        chosen = set(held_idx)
+        train_idx = [g for g in range(len(groups)) if g not in chosen]
     if not held:
         raise ConfigFileError(f"data.held_out_path: {data.held_out_path} holds no records")
     validation: list[tuple[int, ...]] = []
     if config.sweep is not None:
-        # Whole units, drawn from a stream of their own (runs without a sweep split as before).
+        # Whole units, by a coin of their own (runs without a sweep split as before).
         fraction = config.sweep.validation_fraction
-        order = np.random.default_rng([config.seed, 0x5EE9]).permutation(len(train_groups))
-        n_val = int(round(fraction * len(train_groups)))
-        if n_val == 0 or n_val >= len(train_groups):
+        val_idx = [g for g in train_idx if coin("validation", g) < fraction]
+        if not val_idx or len(val_idx) == len(train_idx):
             raise ConfigFileError(
-                f"sweep.validation_fraction: {fraction} of the {len(train_groups)} training units holds out "
-                f"{n_val}; it must leave at least one unit on each side")
-        validation = [records[i] for g in sorted(order[:n_val]) for i in train_groups[g]]
-        train_groups = [train_groups[g] for g in sorted(order[n_val:])]
+                f"sweep.validation_fraction: {fraction} of the {len(train_idx)} training units held out "
+                f"{len(val_idx)} (each with probability {fraction}); it must leave at least one unit on each side")
+        validation = [records[i] for g in val_idx for i in groups[g]]
+        chosen = set(val_idx)
+        train_idx = [g for g in train_idx if g not in chosen]
 
     capped_users = dropped = 0
     units: list[tuple[tuple[int, ...], ...]] = []
-    for group in train_groups:
+    for g in train_idx:
+        group = groups[g]
         if privacy.unit == "user" and len(group) > privacy.max_records_per_user:
-            keep = rng.choice(len(group), size=privacy.max_records_per_user, replace=False)
+            user = users[group[0]]
+            coins = [unit_coin(config.seed, "cap", unit_id(user, texts[i])) for i in group]
+            order = sorted(range(len(group)), key=lambda j: (coins[j], j))
+            keep = sorted(order[:privacy.max_records_per_user])
             capped_users += 1
             dropped += len(group) - privacy.max_records_per_user
-            group = [group[j] for j in sorted(keep)]
+            group = [group[j] for j in keep]
         units.append(tuple(records[i] for i in group))
     if not units:
         raise ConfigFileError("data.path: no training units are left after the held-out split")
@@ -226,6 +283,7 @@ def prepare_data(config: FinetuneConfig, tokenizer) -> FinetuneData:
         "train_records": sum(len(u) for u in units),
         "held_out_records": len(held),
         "held_out_source": data.held_out_path or f"fraction {data.held_out_fraction} of the units",
+        "split": SPLIT_RULE,
         "canaries": config.canaries.n_canaries,
         "canaries_inserted": len(canary_units),
     }

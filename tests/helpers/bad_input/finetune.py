@@ -148,8 +148,8 @@ CASES: list[Case] = [
          _ft(files=_data("held.jsonl", ""), data=_data_section("notes.jsonl", 'held_out_path = "{root}/held.jsonl"\n')),
          ("data.held_out_path", "held.jsonl", "is empty")),
     Case("finetune-held-out-fraction-holds-out-none",
-         _ft(data=_data_section("notes.jsonl", "held_out_fraction = 0.02\n")),
-         ("data.held_out_fraction", "0.02 of 20 units holds out none", "data.held_out_path")),
+         _ft(data=_data_section("notes.jsonl", "held_out_fraction = 0.0005\n")),
+         ("data.held_out_fraction", "0.0005 of 20 units held out none", "data.held_out_path")),
     Case("finetune-user-missing-in-some-rows",
          _ft(files=_data("d.jsonl", _jsonl([{"text": f"note {i}", **({"user": f"u{i}"} if i != 3 else {})}
                                             for i in range(10)])),
@@ -195,8 +195,9 @@ CASES: list[Case] = [
          _ft(finetune='method = "lora"\nrank = 2\ntargets = ["q_proj", "mlp.c_proj"]\n'),
          ("finetune.targets", "'mlp.c_proj'")),
     Case("finetune-delta-at-least-one-over-n",
-         _ft(privacy="target_epsilon = 0.0\nnoise_multiplier = 1.0\ndelta = 0.0625\n"),  # N = 16, 1 / N = 0.0625
-         ("privacy.delta", "must be below 1 / N = 0.0625 for N = 16 records", "got 0.0625",
+         # N = 18: the keyed hashes of 2 of the 20 notes fall below the default held_out_fraction 0.1
+         _ft(privacy="target_epsilon = 0.0\nnoise_multiplier = 1.0\ndelta = 0.06\n"),
+         ("privacy.delta", "must be below 1 / N = 0.0556 for N = 18 records", "got 0.06",
           "privacy.allow_large_delta = true")),
     Case("finetune-more-devices-than-this-process-has",
          _ft(finetune='method = "lora"\nrank = 2\nsteps = 2\nbatch_size = 4\ndevices = 4000\n'),
@@ -207,8 +208,8 @@ CASES: list[Case] = [
     Case("finetune-sweep-of-repeated-values",
          _ft(sweep='steps = [2, 2]\n'), ("sweep.steps", "must not repeat a value", "[2, 2]")),
     Case("finetune-batch-above-the-units",
-         _ft(finetune='method = "lora"\nrank = 2\nsteps = 2\nbatch_size = 17\n'),
-         ("finetune.batch_size", "must be <= N = 16 units", "got 17")),
+         _ft(finetune='method = "lora"\nrank = 2\nsteps = 2\nbatch_size = 19\n'),
+         ("finetune.batch_size", "must be <= N = 18 units", "got 19")),
     # Keys: unknown, of the wrong type, out of range.
     Case("finetune-unknown-key", _ft(privacy="target_epsilon = 0.0\nnoise_multiplier = 1.0\nsigma = 2\n"),
          ("privacy: unknown key(s) sigma", "allowed:", "noise_multiplier")),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -57,6 +58,41 @@ def _toml(root, model, data_path, extra="", **sections):
     path = root / f"cfg{abs(hash(text)) % 10**8}.toml"
     path.write_text(text)
     return str(path)
+
+
+def _coin(seed, choice, ident):
+    """The split's keyed hash, written out independently of snapaudit_jax.finetune.data."""
+    digest = hashlib.sha256(b"snapaudit-jax finetune split\0" + choice.encode() + b"\0" + seed.to_bytes(8, "little")
+                            + ident).digest()
+    return int.from_bytes(digest[:8], "little") / 2**64
+
+
+@pytest.mark.slow
+def test_adding_one_user_moves_no_other_unit(tiny, tmp_path):
+    """A user added to the file lands on one side; every other user keeps their side (training, held-out,
+    validation) and their capped records. The old permutation split fails this (its power check: at least one
+    other user moved)."""
+    root, model, _, _ = tiny
+    rows = _notes(n_users=40, seed=3)
+    extra = [{"user": "new", "text": f"note of new: {w} {w} kappa."} for w in WORDS[:5]]
+    sides = []
+    for name, data_rows in (("before", rows), ("after", rows + extra)):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in data_rows))
+        cfg = _toml(root, model, str(path), canaries="n_canaries = 0\n",
+                    privacy="unit = \"user\"\ntarget_epsilon = 4.0\nmax_records_per_user = 2\n",
+                    sweep="learning_rate = [0.01, 0.02]\nvalidation_fraction = 0.25\n")
+        data = prepare(load_finetune_config(cfg)).data
+        sides.append({"train": {r for u in data.train_units for r in u}, "held": set(data.held_out),
+                      "validation": set(data.validation)})
+    before, after = sides
+    new = {k: after[k] - before[k] for k in after}
+    assert all(before[k] <= after[k] for k in before), "a unit moved or lost a record"
+    assert sum(len(v) > 0 for v in new.values()) == 1 and 2 <= sum(len(v) for v in new.values()) <= 5
+    assert all(len(before[k]) > 0 for k in before)
+    # power: the permutation split these coins replaced moves other users when one is added
+    perm = [np.random.default_rng([1, 0xF17E]).permutation(n)[:round(0.2 * n)] for n in (40, 41)]
+    assert set(perm[0]) != set(perm[1])
 
 
 def _checkpoint_arrays(out, name):
@@ -116,8 +152,11 @@ def test_plan_matches_dp_accounting_and_trains_nothing(tiny, tmp_path):
     prep = prepare(config)
     info = plan_dict(prep, timing=False)
     n = info["units"]
-    # 4 canaries, each inserted with probability 1/2, are units of their own
-    assert n == info["data"]["train_records"] == round(0.8 * len(rows)) + info["data"]["canaries_inserted"]
+    # each record is held out when its keyed hash (hashlib, here) is below 0.2; 4 canaries, each inserted with
+    # probability 1/2, are units of their own
+    trained = sum(_coin(1, "held_out", b"record\0" + r["text"].encode()) >= 0.2 for r in rows)
+    assert 0 < trained < len(rows)
+    assert n == info["data"]["train_records"] == trained + info["data"]["canaries_inserted"]
     assert info["sampling_rate"] == pytest.approx(4 / n) and info["delta"] == pytest.approx(1 / (10 * n))
     cal = info["calibration"]
     assert cal["accountant"] == "pld" and 0.0 <= cal["margin"] <= 0.01
@@ -182,7 +221,8 @@ def test_user_level_units_group_and_cap_records(tiny):
     prep = prepare(load_finetune_config(cfg))
     tokens, mask = prep.dataset
     users = {r["user"] for r in rows}
-    held = round(0.2 * len(users))
+    held = sum(_coin(1, "held_out", b"user\0" + json.dumps(u).encode()) < 0.2 for u in users)
+    assert 0 < held < len(users)
     assert tokens.shape[0] == len(users) - held and tokens.shape[1] == 2  # units are users, k = the cap
     counts = {}
     for r in rows:
