@@ -271,7 +271,14 @@ class RandomStopping:
                              f"{self.distribution!r}")
 
 
-_PROTECTED = ("each record of the private training set (add/remove one record), the validation split held fixed")
+UNITS = ("record", "user")
+
+
+def _protected(unit: str) -> str:
+    """The protected unit's words (``unit``: ``"record"`` or ``"user"``)."""
+    unit = validate.choice("unit", unit, UNITS)
+    whole = " with all of their records" if unit == "user" else ""
+    return f"each {unit} of the private training set (add/remove one {unit}{whole}), the validation split held fixed"
 _VALIDATION_NOT_COVERED = (
     "the validation split that scores the candidates: its records decide, without noise, which model is released "
     "and get no guarantee from this accounting (a non-private release of the validation data)",
@@ -461,6 +468,8 @@ def account_sweep(
     candidates: Sequence[tuple[float, float, int]],
     delta: float,
     rule: str | Compose | RandomStopping = "compose",
+    *,
+    unit: str = "record",
     **params: Any,
 ) -> SweepAccounting:
     """The ``(epsilon, delta)`` of a hyperparameter sweep of DP-SGD runs on the same private training data.
@@ -477,6 +486,8 @@ def account_sweep(
         tuples), at least one; for random stopping, the configurations each run draws from uniformly.
       delta: in ``(0, 1)``.
       rule: ``"compose"``, ``"random_stopping"``, or a :class:`Compose` / :class:`RandomStopping` value.
+      unit: the protected unit the ``covered`` text names: ``"record"`` (default) or ``"user"`` (one DP-SGD
+        unit is all of a user's records); the accounting is the same.
       **params: with a rule name, the fields of its value: ``pld_discretization`` (compose),
         ``distribution`` (random stopping, required).
 
@@ -506,6 +517,7 @@ def account_sweep(
     """
     cands, delta = _candidates(candidates, delta)
     rule = _rule(rule, params)
+    protected = _protected(unit)
     orders = np.asarray(DEFAULT_RDP_ORDERS, dtype=np.float64)
     curves = np.stack([_rdp_curve(c, orders) for c in cands])
     single_rdp = [_rdp_epsilon(orders, curve, delta) for curve in curves]
@@ -522,7 +534,7 @@ def account_sweep(
             rule="compose", epsilon=min(eps_rdp, eps_pld), delta=delta, epsilon_rdp=eps_rdp, epsilon_pld=eps_pld,
             candidate_epsilons=single, runs=float(len(cands)), distribution=None,
             orders=tuple(orders.tolist()), rdp=tuple(rdp.tolist()),
-            covered=f"{_PROTECTED}; releasing every candidate's trained model (all {len(cands)} runs), hence any "
+            covered=f"{protected}; releasing every candidate's trained model (all {len(cands)} runs), hence any "
                     "selection computed from those models and the held-out validation scores",
             not_covered=_VALIDATION_NOT_COVERED,
             assumptions=_COMMON_ASSUMPTIONS + (
@@ -536,7 +548,7 @@ def account_sweep(
         rule="random_stopping", epsilon=eps_rdp, delta=delta, epsilon_rdp=eps_rdp, epsilon_pld=None,
         candidate_epsilons=tuple(single_rdp), runs=dist.mean, distribution=dist.to_dict(),
         orders=tuple(orders.tolist()), rdp=tuple(rdp.tolist()),
-        covered=f"{_PROTECTED}; releasing only the best of K runs (its configuration, model and score), K drawn "
+        covered=f"{protected}; releasing only the best of K runs (its configuration, model and score), K drawn "
                 f"from {dist.to_dict()}",
         not_covered=_VALIDATION_NOT_COVERED + (
             "K, the other runs' models, scores and configurations, and the order of the runs: releasing any of "
@@ -558,6 +570,7 @@ def calibrate_sweep(
     rule: str | Compose | RandomStopping = "compose",
     *,
     max_margin: float = 0.01,
+    unit: str = "record",
     **params: Any,
 ) -> tuple[float, SweepAccounting]:
     """The one noise multiplier of every candidate of a sweep whose accounted ``epsilon`` is just below a target.
@@ -574,6 +587,7 @@ def calibrate_sweep(
       runs: the candidates' ``(sampling_rate, steps)``, at least one.
       rule: as :func:`account_sweep`.
       max_margin: the largest allowed ``(target - epsilon) / target``, in ``(0, 1)``.
+      unit: the protected unit, as :func:`account_sweep`.
       **params: the rule's parameters, as :func:`account_sweep`.
 
     Returns:
@@ -603,6 +617,7 @@ def calibrate_sweep(
             raise InputError(f"runs[{i}] must be (sampling_rate, steps), got {r!r}") from None
         pairs.append((q, steps))
     rule = _rule(rule, params)
+    _protected(unit)
     orders = np.asarray(DEFAULT_RDP_ORDERS, dtype=np.float64)
     delta = _candidates([(1.0, q, steps) for q, steps in pairs], delta)[1]
 
@@ -624,7 +639,7 @@ def calibrate_sweep(
 
     sigma = _solve_sweep_sigma(target, (1.0 - max_margin) * target, rdp_epsilon, epsilon,
                                exact_is_rdp=isinstance(rule, RandomStopping))
-    accounting = account_sweep([(sigma, q, steps) for q, steps in pairs], delta, rule)
+    accounting = account_sweep([(sigma, q, steps) for q, steps in pairs], delta, rule, unit=unit)
     if not accounting.epsilon <= target:  # the search's epsilon is account_sweep's; a mismatch is a bug
         raise ArithmeticError(f"calibrate_sweep: epsilon {accounting.epsilon} above the target {target} at sigma "
                               f"{sigma}")

@@ -70,6 +70,8 @@ __all__ = [
     "canary_exposure",
     "canary_extraction",
     "one_run_bound",
+    "one_run_ceiling",
+    "canaries_for_a_positive_bound",
     "secret_scores",
 ]
 
@@ -577,3 +579,53 @@ def one_run_bound(scores, canaries: CanarySet, *, delta: float, alpha: float = 0
         out[int(r)] = one_run_audit(s[group], inserted[group], insert_probability=canaries.insert_probability,
                                     delta=delta, alpha=alpha, rule=DeclaredGrid(grid))
     return out
+
+
+def one_run_ceiling(canaries: CanarySet, *, delta: float, alpha: float = 0.05,
+                    pairs: Sequence[tuple[int, int]] | None = None) -> dict[int, float]:
+    """The largest bound :func:`one_run_bound` can give on this canary design: every coin guessed right.
+
+    An attack can do no better than scores that rank every inserted canary above every other one; its bound is
+    the ceiling of what the design can show, whatever the model memorised. A ceiling of 0 means the canaries are
+    too few for any non-trivial one-run bound (see :func:`canaries_for_a_positive_bound`).
+
+    Args:
+      canaries: the design (its coins and repetition groups).
+      delta: as :func:`one_run_bound`.
+      alpha: as :func:`one_run_bound`.
+      pairs: as :func:`one_run_bound`.
+
+    Returns:
+      ``{r: epsilon}`` per repetition count, as :func:`one_run_bound`.
+    """
+    if not isinstance(canaries, CanarySet):
+        raise InputError(f"canaries must be a CanarySet (snapaudit_jax.dpsgd.make_canaries), got "
+                         f"{type(canaries).__name__}")
+    perfect = canaries.inserted.astype(np.float64)
+    return {r: res.epsilon for r, res in one_run_bound(perfect, canaries, delta=delta, alpha=alpha,
+                                                        pairs=pairs).items()}
+
+
+def canaries_for_a_positive_bound(*, delta: float, alpha: float = 0.05, insert_probability: float = 0.5,
+                                  limit: int = 4096) -> int | None:
+    """The fewest canaries whose one-run bound can be positive: every coin guessed right, half of them inserted.
+
+    Args:
+      delta: the claim's ``delta``.
+      alpha: the bound's failure probability.
+      insert_probability: each canary's inclusion probability (``1/2`` with ``delta > 0``).
+      limit: the largest count tried.
+
+    Returns:
+      The smallest even ``m <= limit`` whose perfect guesses (``m / 2`` inserted, each guessed right, the
+      :func:`~snapaudit_jax.estimation.one_run.default_grid` of ``m``) reject ``epsilon = 0`` at level ``alpha``;
+      ``None`` if none does.
+    """
+    check_design(insert_probability, delta)
+    for m in range(2, limit + 1, 2):
+        inserted = np.arange(m) % 2 == 0
+        result = one_run_audit(inserted.astype(np.float64), inserted, insert_probability=insert_probability,
+                               delta=delta, alpha=alpha, rule=DeclaredGrid(default_grid(m)))
+        if result.epsilon > 0.0:
+            return m
+    return None

@@ -36,7 +36,8 @@ SEED_WARNING = ("the batches and the noise were drawn from [run] noise_seed = {s
 
 
 def build_report(prep, trainings: dict[str, tuple[dict, dict]], evaluations: dict[str, dict],
-                 exports: dict[str, str], *, seconds: float, sweep: dict[str, Any] | None = None) -> dict[str, Any]:
+                 exports: dict[str, str], *, seconds: float | None,
+                 sweep: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report card's dictionary.
 
     Args:
@@ -44,7 +45,7 @@ def build_report(prep, trainings: dict[str, tuple[dict, dict]], evaluations: dic
       trainings: ``{"private" | "baseline": (history, DP report dict)}``.
       evaluations: ``{"base" | "private" | "baseline": evaluation}``.
       exports: the exported folders.
-      seconds: the run's wall time.
+      seconds: the run's wall time (``None``: withheld, as with random stopping, where it reveals ``K``).
       sweep: with a ``[sweep]``, its record (``sweep.json``): the runs, the selection, the accounting.
 
     Returns:
@@ -143,6 +144,8 @@ def build_report(prep, trainings: dict[str, tuple[dict, dict]], evaluations: dic
         "histories": {name: h for name, (h, _) in trainings.items()},
         "seconds": seconds,
     }
+    if seconds is None:
+        card["seconds_withheld"] = "random stopping: the run's duration depends on the private number of runs K"
     card["claim"].update(claim_extra)
     if cfg.noise_seed is not None:
         card["claim"]["warning"] = SEED_WARNING.format(seed=cfg.noise_seed)
@@ -163,6 +166,13 @@ def build_report(prep, trainings: dict[str, tuple[dict, dict]], evaluations: dic
 
 def _num(x, fmt: str = ".4g") -> str:
     return "n/a" if x is None else format(x, fmt)
+
+
+def _one_run_cell(one: dict[str, Any]) -> str:
+    if one.get("epsilon") is None:
+        return "n/a"
+    level = f" ({100 * one['confidence']:.0f}%)" if one.get("confidence") is not None else ""
+    return f"{one['epsilon']:.3f}{level}"
 
 
 def format_report(card: dict[str, Any]) -> str:
@@ -225,7 +235,9 @@ def format_report(card: dict[str, Any]) -> str:
             lines += [f"| {r['candidate']} | {r['learning_rate']:g} | {r['clip_norm']:g} | {r['steps']} | "
                       f"{_num(r['validation_loss'])} |" for r in sw["runs"]]
     lines += ["", "## Models", "", "| model | release | held-out perplexity | canary exposure (median / max, "
-              "inserted) | greedy extraction | one-run epsilon lower bound |", "|---|---|---:|---:|---:|---:|"]
+              "inserted) | greedy extraction | one-run epsilon lower bound (confidence) |",
+              "|---|---|---:|---:|---:|---:|"]
+    ceilings = []
     for name, row in card["models"].items():
         can = row.get("canaries") or {}
         exp = can.get("exposure") or {}
@@ -234,7 +246,21 @@ def format_report(card: dict[str, Any]) -> str:
         lines.append(
             f"| {name} | {row['release']} | {row['held_out_perplexity']:.3f} | "
             f"{_num(exp.get('median_inserted'), '.2f')} / {_num(exp.get('max_inserted'), '.2f')} | "
-            f"{_num(ext.get('greedy_inserted'), '.2f')} | {_num(one.get('epsilon'), '.3f')} |")
+            f"{_num(ext.get('greedy_inserted'), '.2f')} | {_one_run_cell(one)} |")
+        if one.get("ceiling") is not None:
+            ceilings.append(one)
+    if ceilings:
+        one = ceilings[0]
+        text = (f"One-run bounds: with these {one['canaries']} canaries, the largest bound any attack could show at "
+                f"{100 * one['confidence']:.0f}% confidence is {one['ceiling']:.3f} (every coin guessed right)")
+        if one["ceiling"] > 0:
+            text += "; the bound can never reach a claimed epsilon above it."
+        elif one.get("canaries_for_a_positive_bound"):
+            text += (f": too few canaries for a non-trivial bound; {one['canaries_for_a_positive_bound']} would "
+                     "give one (half of them inserted, every guess right).")
+        else:
+            text += ": too few canaries for a non-trivial bound."
+        lines += ["", text]
     lines += ["", "## Every data-dependent release", "", "| release | privacy status |", "|---|---|"]
     lines += [f"| {r['release']} | {r['status']} |" for r in card["releases"]]
     if card.get("exports"):

@@ -214,10 +214,12 @@ def _sweep_plan(config: FinetuneConfig, q: float, delta: float) -> tuple[float, 
     try:
         if privacy.noise_multiplier:
             sigma = float(privacy.noise_multiplier)
-            accounting = tuning.account_sweep([(sigma, q, t) for q, t in runs], delta, sweep.rule, **params)
+            accounting = tuning.account_sweep([(sigma, q, t) for q, t in runs], delta, sweep.rule,
+                                              unit=privacy.unit, **params)
             info = None
         else:
-            sigma, accounting = tuning.calibrate_sweep(privacy.target_epsilon, delta, runs, sweep.rule, **params)
+            sigma, accounting = tuning.calibrate_sweep(privacy.target_epsilon, delta, runs, sweep.rule,
+                                                       unit=privacy.unit, **params)
             info = {"target_epsilon": privacy.target_epsilon, "accountant": f"sweep ({sweep.rule})",
                     "epsilon": accounting.epsilon,
                     "margin": (privacy.target_epsilon - accounting.epsilon) / privacy.target_epsilon,
@@ -504,8 +506,10 @@ def _train_one(name: str, prep: Prepared, private: bool, out_dir: str, log, *, c
             f"{prep.config.privacy.max_records_per_user}, drawn before training), summed and clipped together"
             if prep.config.privacy.unit == "user" else "one record: one training sequence (truncated, never split)")
 
+    what = "loss per user (summed over the user's records)" if prep.config.privacy.unit == "user" else "loss"
+
     def progress(info):
-        log(f"{name}: step {info['step']}/{info['steps']}, loss {info['loss']:.4f}, batch {info['batch_size']}")
+        log(f"{name}: step {info['step']}/{info['steps']}, {what} {info['loss']:.4f}, batch {info['batch_size']}")
 
     if key is None:
         key = jax.random.fold_in(_root_key(prep, out_dir), _TRAIN_STREAM)
@@ -543,11 +547,16 @@ def _run_sweep(prep: Prepared, out_dir: str, log) -> tuple[tuple[Any, dict, dict
         plan = draw_candidates(jax.random.fold_in(_root_key(prep, out_dir), _PLAN_STREAM), sweep["distribution"],
                                len(candidates))
     root = jax.random.fold_in(_root_key(prep, out_dir), _SWEEP_STREAM)
+    secret_count = sweep["rule"] == "random_stopping"
+    if secret_count:  # K, the runs' candidates and scores stay in the run folder: no line per run
+        log("sweep (random stopping): training the runs; their number, candidates and scores stay private "
+            "(sweep.json in the run folder), so no line is printed per run")
+    quiet = (lambda message: None) if secret_count else log  # noqa: E731
     best, best_loss, runs = None, float("inf"), []
     for j, c in enumerate(plan):
         name = f"sweep_{j}"
-        log(f"sweep run {j + 1}/{len(plan)}: candidate {c} {candidates[c]}")
-        trained = _train_one(name, prep, True, out_dir, log, candidate=candidates[c],
+        quiet(f"sweep run {j + 1}/{len(plan)}: candidate {c} {candidates[c]}")
+        trained = _train_one(name, prep, True, out_dir, quiet, candidate=candidates[c],
                              key=jax.random.fold_in(root, j))
         path = os.path.join(out_dir, "evaluations", f"{name}.json")
         if os.path.exists(path):
@@ -561,7 +570,7 @@ def _run_sweep(prep: Prepared, out_dir: str, log) -> tuple[tuple[Any, dict, dict
         loss = float("inf") if loss is None or not np.isfinite(loss) else float(loss)
         runs.append({"run": j, "candidate": c, **candidates[c], "validation_loss": loss,
                      "epsilon_alone": trained[2]["epsilon"]})
-        log(f"sweep run {j + 1}/{len(plan)}: validation loss {loss:.4f}")
+        quiet(f"sweep run {j + 1}/{len(plan)}: validation loss {loss:.4f}")
         if best is None or loss < best_loss:
             best, best_loss = (j, trained), loss
     selected, trained = best
@@ -596,7 +605,13 @@ def _memorization(model, prep: Prepared) -> dict[str, Any]:
     extrapolation beside it; the headline is the exact value where there is one. The one-run bound tests the
     canaries' coins (each inserted with probability 1/2) with their scores ``log P(secret | prefix)``.
     """
-    from snapaudit_jax.finetune.memorization import canary_exposure, canary_extraction, one_run_bound
+    from snapaudit_jax.finetune.memorization import (
+        canaries_for_a_positive_bound,
+        canary_exposure,
+        canary_extraction,
+        one_run_bound,
+        one_run_ceiling,
+    )
 
     section, canaries, tokenizer = prep.config.canaries, prep.data.canaries, prep.lm.tokenizer
     key = jax.random.fold_in(jax.random.key(prep.config.seed), 13)
@@ -607,6 +622,8 @@ def _memorization(model, prep: Prepared) -> dict[str, Any]:
                                    exposure=exposure)
     bounds = one_run_bound(exposure.scores, canaries, delta=prep.delta)
     one = bounds[min(bounds)]
+    ceiling = one_run_ceiling(canaries, delta=prep.delta)[min(bounds)]
+    needed = None if ceiling > 0 else canaries_for_a_positive_bound(delta=prep.delta, alpha=one.alpha)
     summary = exposure.summary()
     kind = "exact" if exposure.method == "exact" else "extrapolated"
     rates = extraction.rates()
@@ -622,9 +639,12 @@ def _memorization(model, prep: Prepared) -> dict[str, Any]:
             f"top_{section.top_k}_inserted": rates["inserted"][f"top_{section.top_k}"],
             "rates": rates, "greedy_continuation": extraction.greedy_continuation,
         },
-        "one_run": {"epsilon": one.epsilon, "delta": one.delta, "alpha": one.alpha, "canaries": one.canaries,
-                    "guarantees": one.guarantees,
-                    "note": "a 95% lower bound on the epsilon of the training run (Steinke, Nasr, Jagielski 2023)"},
+        "one_run": {"epsilon": one.epsilon, "delta": one.delta, "alpha": one.alpha, "confidence": 1.0 - one.alpha,
+                    "canaries": one.canaries, "guarantees": one.guarantees,
+                    "ceiling": ceiling, "canaries_for_a_positive_bound": needed,
+                    "note": f"a {100 * (1 - one.alpha):.0f}% lower bound on the epsilon of the training run "
+                            "(Steinke, Nasr, Jagielski 2023); ceiling: the bound if every coin were guessed right, "
+                            "the most these canaries can show"},
     }
 
 
@@ -661,7 +681,9 @@ def run_finetune(config: FinetuneConfig, out_dir: str, *, progress: bool = True)
 
     folder = run_folder(config, out_dir)
     folder.check()
-    log = RunLog(progress)
+    # With random stopping the run's duration depends on K, which must stay private: no times in the log or card.
+    secret_count = config.sweep is not None and config.sweep.rule == "random_stopping"
+    log = RunLog(progress, clock=not secret_count)
     began = time.perf_counter()
     prep = prepare(config, log)
     with folder.claim():
@@ -683,9 +705,9 @@ def run_finetune(config: FinetuneConfig, out_dir: str, *, progress: bool = True)
             evaluations[name] = _evaluate(name, model, prep, out_dir, log)
         exports = _export(prep, models, out_dir, log)
         card = build_report(prep, {k: (h, r) for k, (_, h, r) in models.items()}, evaluations, exports,
-                            seconds=time.perf_counter() - began, sweep=sweep)
+                            seconds=None if secret_count else time.perf_counter() - began, sweep=sweep)
         write_report(out_dir, card)
-    log(f"done in {time.perf_counter() - began:.0f}s -> {out_dir}")
+    log(f"done -> {out_dir}" if secret_count else f"done in {time.perf_counter() - began:.0f}s -> {out_dir}")
     return card
 
 

@@ -93,26 +93,30 @@ class RunLog:
     Attributes:
       enabled: ``False`` makes every call a no-op.
       start: :func:`time.perf_counter` at construction (lines show the seconds since).
+      clock: lines show the seconds since ``start`` (``False``: no times, for runs whose duration is private).
     """
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, *, clock: bool = True):
         """Starts the run's clock.
 
         Args:
           enabled: ``False`` makes every call a no-op.
+          clock: prefix lines with the elapsed seconds.
         """
         self.enabled = enabled
+        self.clock = clock
         self.start = time.perf_counter()
         self._counters: dict[str, Counter] = {}
 
     def __call__(self, message: str) -> None:
-        """Writes ``[elapsed s] message`` to stderr.
+        """Writes ``[elapsed s] message`` (``message`` without a clock) to stderr.
 
         Args:
           message: the line, without a newline.
         """
         if self.enabled:
-            sys.stderr.write(f"[{time.perf_counter() - self.start:7.1f}s] {message}\n")
+            stamp = f"[{time.perf_counter() - self.start:7.1f}s] " if self.clock else ""
+            sys.stderr.write(f"{stamp}{message}\n")
             sys.stderr.flush()
 
     def bar(self, done: int, total: int, label: str, unit: str = "new prompts") -> None:

@@ -260,7 +260,12 @@ def test_run_report_card_resume_and_export(tiny, tmp_path, capsys):
     assert "NOT private" in statuses and "NOT covered" in statuses
     assert set(card["models"]) == {"base", "private", "baseline"}
     assert card["models"]["baseline"]["release"] == "NOT private"
-    assert (out / "report.md").read_text().startswith("# DP fine-tuning report")
+    md = (out / "report.md").read_text()
+    assert md.startswith("# DP fine-tuning report")
+    # the one-run column states its confidence, and the card the most these canaries could show
+    one = card["models"]["private"]["canaries"]["one_run"]
+    assert one["confidence"] == 0.95 and f"{one['epsilon']:.3f} (95%)" in md and one["ceiling"] >= one["epsilon"]
+    assert f"the largest bound any attack could show at 95% confidence is {one['ceiling']:.3f}" in md
     assert os.path.isfile(out / "export" / "private" / "config.json")
     assert os.path.isfile(out / "export" / "private_adapter" / "adapter_config.json")
     # a rerun resumes from the checkpoints and evaluations: the same card (wall time aside)

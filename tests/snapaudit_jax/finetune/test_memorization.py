@@ -2,10 +2,11 @@
 
 Oracles: every one of the 10^4 four-digit secrets scored one at a time by a float64 log-softmax over the logits of a
 plain forward pass, and the exact rank counted by a loop; the one-run bound against direct calls of
-:func:`snapaudit_jax.estimation.one_run.one_run_audit` per repetition group and against the PII experiment's canary
-audit (:func:`attacks.canary.canary_audit`) on the same scores. The model (width 32, 2 layers, a 300-token BPE) is
-trained with plain Adam on four filler texts and one canary repeated four times (about 5 s, mostly compilation); the
-other five canaries are held out. No statistical test: everything is deterministic for the fixed seeds.
+:func:`snapaudit_jax.estimation.one_run.one_run_audit` per repetition group and against guesses counted by hand
+(each pair's right "in" and "out" guesses walked one canary at a time, the pair's bound from ``one_run_epsilon``).
+The model (width 32, 2 layers, a 300-token BPE) is trained with plain Adam on four filler texts and one canary
+repeated four times (about 5 s, mostly compilation); the other five canaries are held out. No statistical test:
+everything is deterministic for the fixed seeds.
 """
 
 from __future__ import annotations
@@ -29,13 +30,20 @@ from snapaudit_jax.dpsgd import (  # noqa: E402
     make_canaries,
     sequence_losses,
 )
-from snapaudit_jax.estimation.one_run import DeclaredGrid, default_grid, one_run_audit  # noqa: E402
+from snapaudit_jax.estimation.one_run import (  # noqa: E402
+    DeclaredGrid,
+    default_grid,
+    one_run_audit,
+    one_run_epsilon,
+)
 from snapaudit_jax.finetune.memorization import (  # noqa: E402
     ExposureReport,
     ExtractionReport,
     canary_exposure,
     canary_extraction,
+    canaries_for_a_positive_bound,
     one_run_bound,
+    one_run_ceiling,
     secret_scores,
 )
 from snapaudit_jax.models import lm as lm_module  # noqa: E402
@@ -219,15 +227,54 @@ def test_one_run_bound_is_the_canary_audits_one_run_bound():
         one_run_bound(np.full(3, np.nan), skewed, delta=1e-5)
 
 
-def test_one_run_bound_matches_attacks_canary_audit(setup):
-    pytest.importorskip("faker")
-    from attacks.canary import CanaryAuditConfig, canary_audit
+def _hand_bound(scores, coins, pairs, *, delta, alpha):
+    """The declared-grid bound counted by hand: for each pair, walk the canaries from the highest score (ties by
+    index), guess "in" for the first k+ and "out" for the last k-, count the right guesses one by one, and take the
+    best pair's one_run_epsilon at level alpha / len(pairs)."""
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+    best = 0.0
+    for kp, km in pairs:
+        right_in = sum(1 for i in order[:kp] if coins[i])
+        right_out = sum(1 for i in order[len(order) - km:] if not coins[i])
+        best = max(best, one_run_epsilon(right_in, kp, right_out, km, canaries=len(scores), delta=delta,
+                                         alpha=alpha / len(pairs), insert_probability=0.5))
+    return best
 
-    tok, model, _, drawn = setup
-    audit = canary_audit(model, tok, drawn, CanaryAuditConfig(jax_privacy=False, selection="bonferroni",
-                                                              thresholds=(-10.0,)), jax.random.key(0))
-    got = one_run_bound(np.asarray(audit["scores"]), drawn, delta=1e-5)
-    assert [g["one_run"] for g in audit["groups"]] == [res.to_dict() for res in got.values()]
+
+def test_one_run_bound_and_its_ceiling_against_hand_counted_guesses():
+    """one_run_bound per group equals the hand count; the ceiling is the hand count with every coin guessed right
+    and is above the bound of any scores (40 random score vectors, one of them strong)."""
+    cs = make_canaries(CanaryConfig(n_canaries=40, digits=4, repetitions=(1, 2), seed=5))
+    rng = np.random.default_rng(1)
+    strong = cs.inserted * 4.0 + rng.normal(size=40)
+    got = one_run_bound(strong, cs, delta=1e-5)
+    ceiling = one_run_ceiling(cs, delta=1e-5)
+    assert sorted(got) == sorted(ceiling) == [1, 2]
+    for r in got:
+        group = np.flatnonzero(cs.repetitions == r)
+        coins = [bool(cs.inserted[i]) for i in group]
+        pairs = default_grid(len(group))
+        assert got[r].epsilon == pytest.approx(_hand_bound([strong[i] for i in group], coins, pairs, delta=1e-5,
+                                                           alpha=0.05), rel=1e-12)
+        perfect = _hand_bound([float(c) for c in coins], coins, pairs, delta=1e-5, alpha=0.05)
+        assert ceiling[r] == pytest.approx(perfect, rel=1e-12) and ceiling[r] >= got[r].epsilon > 0
+        bounds = [one_run_bound(rng.normal(size=40) + cs.inserted * rng.uniform(0, 10), cs, delta=1e-5)[r].epsilon
+                  for _ in range(20)]
+        assert max(bounds) <= ceiling[r] and min(bounds) < ceiling[r]  # never above; weak scores stay below
+
+
+def test_fewest_canaries_for_a_positive_bound():
+    """The count returned gives a positive hand-counted ceiling and two fewer give none; a stricter level needs
+    more; an unfair coin is refused."""
+    m = canaries_for_a_positive_bound(delta=1e-5)
+    assert m is not None and 4 <= m <= 64
+    for count, positive in ((m, True), (m - 2, False)):
+        coins = [i % 2 == 0 for i in range(count)]
+        bound = _hand_bound([float(c) for c in coins], coins, default_grid(count), delta=1e-5, alpha=0.05)
+        assert (bound > 0) is positive, (count, bound)
+    assert canaries_for_a_positive_bound(delta=1e-5, alpha=0.001) > m  # a stricter level needs more
+    with pytest.raises(InputError, match=r"insert_probability must be 1/2"):
+        canaries_for_a_positive_bound(delta=1e-5, insert_probability=0.8)
 
 
 @pytest.mark.parametrize("call, message", [

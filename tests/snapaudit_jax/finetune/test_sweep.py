@@ -8,17 +8,19 @@ data split's counts (the validation split disjoint from training and from the he
 from __future__ import annotations
 
 import json
+import re
 
 import dp_accounting
+import jax
 import numpy as np
 import pytest
 from dp_accounting.pld import PLDAccountant
 
 from snapaudit_jax.cli import main
 from snapaudit_jax.dpsgd.accounting import dpsgd_event
-from snapaudit_jax.dpsgd.tuning import TruncatedNegativeBinomial, account_sweep, calibrate_sweep
+from snapaudit_jax.dpsgd.tuning import TruncatedNegativeBinomial, account_sweep, calibrate_sweep, draw_candidates
 from snapaudit_jax.finetune.config import load_finetune_config
-from snapaudit_jax.finetune.run import plan_dict, prepare
+from snapaudit_jax.finetune.run import _PLAN_STREAM, plan_dict, prepare
 from snapaudit_jax.utils.config import ConfigFileError
 from snapaudit_jax.utils.errors import InputError
 from tests.snapaudit_jax.finetune.test_finetune import _toml, tiny  # noqa: F401  (the module's fixture)
@@ -155,15 +157,75 @@ def test_compose_sweep_releases_the_best_run_at_the_sweeps_epsilon(tiny, tmp_pat
     assert again == card
 
 
+def test_the_accounting_names_the_protected_unit():
+    """The covered release names the unit of the configuration, for both rules; the epsilon does not change."""
+    dist = {"distribution": TruncatedNegativeBinomial.with_mean(1.0, 2.0)}
+    for rule, params in (("compose", {}), ("random_stopping", dist)):
+        record = account_sweep([(1.0, 0.05, 5)] * 2, 1e-5, rule, **params)
+        user = account_sweep([(1.0, 0.05, 5)] * 2, 1e-5, rule, unit="user", **params)
+        assert "add/remove one record)" in record.covered and "user" not in record.covered
+        assert "each user of the private training set (add/remove one user with all of their records)" in user.covered
+        assert "one record" not in user.covered and user.epsilon == record.epsilon
+    with pytest.raises(InputError, match=r"unit must be one of .*got 'person'"):
+        account_sweep([(1.0, 0.05, 5)], 1e-5, unit="person")
+    sigma, acc = calibrate_sweep(2.0, 1e-5, [(0.05, 5)], "random_stopping", unit="user", **dist)
+    assert "one user with all of their records" in acc.covered
+
+
+def _differences(a, b, path=""):
+    """The paths where two JSON values differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in _differences(a.get(k), b.get(k), f"{path}.{k}")]
+    return [] if a == b else [path]
+
+
+def _plan_length(noise_seed: int) -> int:
+    """K of a random-stopping run with [run] noise_seed (mean 2 runs, 2 candidates), as finetune draws it."""
+    root = jax.random.key(noise_seed)
+    return len(draw_candidates(jax.random.fold_in(root, _PLAN_STREAM),
+                               TruncatedNegativeBinomial.with_mean(1.0, 2.0), 2))
+
+
 @pytest.mark.slow
-def test_random_stopping_sweep_keeps_the_runs_out_of_the_report(tiny, tmp_path):  # noqa: F811
-    _, card, record = _sweep_run(tiny, tmp_path / "run", SWEEP + "rule = \"random_stopping\"\nmean_runs = 2\n",
-                                 run="seed = 3\nbaseline = false\neval_batch_size = 8\n")
-    assert len(record["runs"]) >= 1 and card["claim"]["epsilon_pld"] is None
-    assert card["claim"]["accounting_rule"].startswith("hyperparameter sweep: random stopping")
-    assert isinstance(card["sweep"]["runs"], str) and "K" not in json.dumps(card["sweep"]["selected"])
-    assert any("voids the random-stopping bound" in r["status"] for r in card["releases"])
-    assert record["selected_run"] == int(np.argmin([r["validation_loss"] for r in record["runs"]]))
+def test_random_stopping_releases_and_logs_nothing_that_depends_on_k(tiny, tmp_path, capsys):  # noqa: F811
+    """Two random-stopping runs whose K differ (1 and more runs): their cards differ only in the selected run's
+    own values (its hyperparameters, epsilon alone, history, evaluations) and the seed's warning; their logs have
+    the same lines apart from numbers and carry no clock; no line names a run. The selection is the argmin of the
+    private record."""
+    seeds = {}
+    for s in range(1, 200):
+        seeds.setdefault(_plan_length(s) == 1, s)
+        if len(seeds) == 2:
+            break
+    cards, logs = [], []
+    for _, seed in sorted(seeds.items()):
+        out = tmp_path / f"run{seed}"
+        root, model, data, _ = tiny
+        cfg = _toml(root, model, data, sweep=SWEEP + "rule = \"random_stopping\"\nmean_runs = 2\n", privacy=GIVEN,
+                    finetune="method = \"lora\"\nrank = 2\nsteps = 2\nbatch_size = 4\n",
+                    canaries="n_canaries = 0\n", export="hf = false\n",
+                    run=f"seed = 3\nnoise_seed = {seed}\nbaseline = false\neval_batch_size = 8\n")
+        capsys.readouterr()
+        assert main(["finetune", cfg, "--out", str(out)]) == 0
+        logs.append(capsys.readouterr().err)
+        card = json.loads((out / "report.json").read_text())
+        record = json.loads((out / "sweep.json").read_text())
+        assert len(record["runs"]) == _plan_length(seed)  # the oracle's K is the run's
+        assert record["selected_run"] == int(np.argmin([r["validation_loss"] for r in record["runs"]]))
+        assert card["claim"]["epsilon_pld"] is None and card["seconds"] is None and card["seconds_withheld"]
+        assert card["claim"]["accounting_rule"].startswith("hyperparameter sweep: random stopping")
+        assert isinstance(card["sweep"]["runs"], str)
+        assert any("voids the random-stopping bound" in r["status"] for r in card["releases"])
+        cards.append(card)
+    assert {len(json.loads((tmp_path / f"run{s}" / "sweep.json").read_text())["runs"]) for s in seeds.values()} != {1}
+    own = {".claim.warning", ".claim.selected_run_epsilon_alone", ".dpsgd.learning_rate", ".dpsgd.clip_norm",
+           ".dpsgd.steps", ".histories", ".models.private", ".sweep.selected"}
+    differ = _differences(cards[0], cards[1])
+    assert differ and all(any(d == o or d.startswith(o + ".") for o in own) for d in differ), differ
+    shapes = [[re.sub(r"[-+0-9.e]+", "#", line) for line in log.splitlines()] for log in logs]
+    assert shapes[0] == shapes[1]
+    assert not any(re.match(r"\[\s*[0-9.]+s\]", line) for log in logs for line in log.splitlines())
+    assert not any("sweep run" in log for log in logs) and all("stay private" in log for log in logs)
 
 
 @pytest.mark.parametrize("name", ["finetune_small.toml", "finetune_gpu.toml"])
