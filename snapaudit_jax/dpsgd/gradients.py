@@ -24,7 +24,7 @@ import numpy as np
 from flax import nnx
 from jax_privacy import clipping
 
-from snapaudit_jax.models.inference import sequence_nll
+from snapaudit_jax.models.inference import CONTEXT, TARGET, sequence_nll
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 
@@ -142,7 +142,9 @@ def _model_limits(model) -> tuple[int | None, int | None]:
 
 
 def _check_dataset(dataset, model, *, units: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Validates ``(tokens, mask)`` against ``model``; returns int32 tokens (padding ids zeroed) and a bool mask.
+    """Validates ``(tokens, mask)`` against ``model``; returns int32 tokens (padding ids zeroed) and the mask: bool,
+    or an int8 loss mask (``0`` padding, ``CONTEXT``, ``TARGET``; see
+    :func:`~snapaudit_jax.models.inference.token_logprobs`) when it holds a ``TARGET``.
 
     ``(N, L)`` arrays hold one record per row. With ``units``, ``(N, k, L)`` arrays are also accepted: unit ``i``
     is the ``k`` rows ``tokens[i]``, of which empty rows (no real token) are padding and every unit needs one
@@ -168,7 +170,7 @@ def _check_dataset(dataset, model, *, units: bool = False) -> tuple[np.ndarray, 
             (tokens.reshape(n * k, length)[used], flat_mask[used]), model
         )
         out_tokens = np.zeros((n * k, length), np.int32)
-        out_mask = np.zeros((n * k, length), bool)
+        out_mask = np.zeros((n * k, length), flat_mask.dtype)
         out_tokens[used], out_mask[used] = flat_tokens, flat_mask
         return out_tokens.reshape(n, k, length), out_mask.reshape(n, k, length)
     if tokens.ndim != 2 or tokens.shape[0] < 1 or tokens.shape[1] < 2:
@@ -179,26 +181,29 @@ def _check_dataset(dataset, model, *, units: bool = False) -> tuple[np.ndarray, 
     if mask.shape != tokens.shape:
         raise InputError(f"dataset mask must have the tokens' shape {tokens.shape}, got {mask.shape}")
     if mask.dtype != np.bool_:
-        if not np.isin(mask, (0, 1)).all():
-            raise InputError("dataset mask must be boolean (or 0/1)")
-        mask = mask.astype(bool)
+        if not np.issubdtype(mask.dtype, np.integer) or not np.isin(mask, (0, CONTEXT, TARGET)).all():
+            raise InputError(f"dataset mask must be boolean (or 0/1), or a loss mask of 0 (padding), {CONTEXT} "
+                             f"(context, never a target) and {TARGET} (target), got values "
+                             f"{sorted(np.unique(mask).tolist())[:8]}")
+        mask = mask.astype(bool) if not (mask == TARGET).any() else mask.astype(np.int8)
+    real_mask = mask if mask.dtype == np.bool_ else mask > 0
+    scored = mask if mask.dtype == np.bool_ else mask == TARGET
     vocab, positions = _model_limits(model)
-    real = tokens[mask]
+    real = tokens[real_mask]
     if real.size and (real.min() < 0 or (vocab is not None and real.max() >= vocab)):
         bad = real.min() if real.min() < 0 else real.max()
         raise InputError(f"dataset tokens must be in [0, vocab_size={vocab}), got token id {bad}")
-    targets = np.sum(mask[:, 1:] & mask[:, :-1], axis=1)
+    targets = np.sum(scored[:, 1:] & real_mask[:, :-1], axis=1)
     if np.any(targets == 0):
         row = int(np.argmax(targets == 0))
         raise InputError(
-            f"dataset mask row {row} has no next-token target (needs two consecutive real tokens); "
+            f"dataset mask row {row} has no next-token target (needs a target token after a real token); "
             "drop such records before training"
         )
-    if positions is not None and int(mask.sum(axis=1).max()) > positions:
-        raise InputError(
-            f"dataset records must hold at most n_positions={positions} real tokens, got {int(mask.sum(axis=1).max())}"
-        )
-    tokens = np.where(mask, tokens, 0).astype(np.int32)  # padding ids are never read; keep them in range
+    longest = int(real_mask.sum(axis=1).max())
+    if positions is not None and longest > positions:
+        raise InputError(f"dataset records must hold at most n_positions={positions} real tokens, got {longest}")
+    tokens = np.where(real_mask, tokens, 0).astype(np.int32)  # padding ids are never read; keep them in range
     return tokens, mask
 
 
@@ -289,8 +294,9 @@ def loss_summary(model, dataset, *, batch_size: int = 64) -> LossSummary:
       InputError: invalid dataset or ``batch_size``.
     """
     losses = record_losses(model, dataset, batch_size=batch_size)
-    mask = np.asarray(dataset[1], bool)
-    targets = np.sum(mask[:, 1:] & mask[:, :-1], axis=1).astype(np.int64)
+    mask = np.asarray(dataset[1])
+    real, scored = (mask, mask) if mask.dtype == np.bool_ else (mask > 0, mask == TARGET)
+    targets = np.sum(scored[:, 1:] & real[:, :-1], axis=1).astype(np.int64)
     mean = float(np.mean(losses))
     token = float(np.sum(losses * targets) / np.sum(targets))
     with np.errstate(over="ignore"):  # a diverged model has perplexity inf

@@ -388,10 +388,12 @@ def train(
 
     Args:
       model: a :class:`~snapaudit_jax.models.decoders.GPT2` or ``Llama`` (flax.nnx); not modified.
-      dataset: ``(tokens, mask)``, ``(N, L)`` int token ids and ``(N, L)`` bool real-token mask; one row is
-        one record (the protected unit). Every row needs two consecutive real tokens. Or ``(N, k, L)`` arrays:
-        unit ``i`` is the ``k`` rows ``tokens[i]`` (e.g. one user's records; empty rows are padding), sampled
-        as one, its rows' losses summed and the gradient of the sum clipped as one (user-level DP).
+      dataset: ``(tokens, mask)``, ``(N, L)`` int token ids and ``(N, L)`` bool real-token mask (or an int8
+        loss mask: ``0`` padding, ``1`` context that is never a target, ``2`` target, as a chat record trained on
+        its answers); one row is one record (the protected unit). Every row needs a target after a real token.
+        Or ``(N, k, L)`` arrays: unit ``i`` is the ``k`` rows ``tokens[i]`` (e.g. one user's records; empty rows
+        are padding), sampled as one, its rows' losses summed and the gradient of the sum clipped as one
+        (user-level DP).
       config: the run (:class:`~snapaudit_jax.dpsgd.DPSGDConfig`).
       key: the run's PRNG key, typed or raw ``uint32`` data: batch of step ``t`` from
         ``fold_in(fold_in(key, 0), t)``, noise generator seeded by ``fold_in(key, 1)``. The guarantee needs it

@@ -48,8 +48,14 @@ class DataConfig:
       path: a local ``.jsonl`` / ``.json`` / ``.csv`` / ``.parquet`` file, read in memory
         (:func:`snapaudit_jax.dpicl.data.records.read_records`: no copy in any library cache).
       text_field: the column holding each record's text (unless ``messages_field``).
-      messages_field: a column of chat messages (``[{"role", "content"}, ...]``), rendered with the model's
-        chat template; replaces ``text_field``.
+      messages_field: a column of chat messages (``[{"role", "content"}, ...]``), rendered once with the model's
+        chat template (token ids as transformers' ``apply_chat_template(messages, tokenize=True)``); replaces
+        ``text_field``.
+      train_on: with ``messages_field``: ``"assistant"`` (default) trains on the assistant turns' tokens only (the
+        other turns are context), ``"all"`` on every token.
+      system_prompt: with ``messages_field``, a system message for conversations without one; ``""`` (default):
+        none, and a template that would insert its own default system prompt (SmolLM2's) gets an empty system
+        message instead.
       user_field: the column naming each record's user (the protected unit when ``privacy.unit = "user"``).
       held_out_path: a second file of held-out records (same fields), or ``""``.
       held_out_fraction: without ``held_out_path``, each unit (user or record) is held out (never trained on) with
@@ -61,6 +67,8 @@ class DataConfig:
     path: str = ""
     text_field: str = "text"
     messages_field: str = ""
+    train_on: str = "assistant"
+    system_prompt: str = ""
     user_field: str = ""
     held_out_path: str = ""
     held_out_fraction: float = 0.1
@@ -77,11 +85,12 @@ class DataConfig:
         """
         if not isinstance(self.path, str) or not self.path.strip():
             raise InputError(f"path must name the data file (.jsonl, .json, .csv or .parquet), got {self.path!r}")
-        for name in ("text_field", "messages_field", "user_field", "held_out_path"):
+        for name in ("text_field", "messages_field", "user_field", "held_out_path", "system_prompt"):
             if not isinstance(getattr(self, name), str):
                 raise InputError(f"{name} must be a string, got {getattr(self, name)!r}")
         if not self.messages_field and not self.text_field.strip():
             raise InputError("text_field must name a column (or set messages_field), got ''")
+        validate.choice("train_on", self.train_on, ("assistant", "all"))
         if not self.held_out_path:
             value = validate._as_float("held_out_fraction", self.held_out_fraction)
             if not 0.0 < value < 1.0:

@@ -34,7 +34,7 @@ import numpy as np
 from snapaudit_jax.dpicl.data.records import read_records
 from snapaudit_jax.dpsgd.canaries import CanarySet, make_canaries
 from snapaudit_jax.finetune.config import FinetuneConfig
-from snapaudit_jax.models.inference import frame
+from snapaudit_jax.models.inference import CONTEXT, TARGET, frame
 from snapaudit_jax.utils.config import ConfigFileError
 from snapaudit_jax.utils.errors import InputError
 
@@ -84,8 +84,10 @@ class FinetuneData:
     """The prepared data of a run (no text is kept beyond what training and evaluation need).
 
     Attributes:
-      train_units: per training unit, its records' token ids (canaries included, one record each).
-      held_out: token ids of the held-out records.
+      train_units: per training unit, its records' token ids (canaries included, one record each). A chat
+        record trained on its answers only stores each context token (the system and user turns, the template's
+        headers) as ``-1 - id``: attended to, never a target (:func:`pack_units` turns them into a loss mask).
+      held_out: token ids of the held-out records (context tokens likewise).
       canaries: the canaries (``None`` without).
       canary_units: indices into ``train_units`` of the inserted canaries.
       stats: counts for the report (records read, truncated, users, capped users, dropped records ...).
@@ -113,7 +115,70 @@ def _column(columns: dict[str, list], field: str, key: str, source: str) -> list
     return columns[field]
 
 
-def load_texts(path: str, config: FinetuneConfig, tokenizer, key: str = "data.path") -> tuple[list[str], list | None]:
+_PROBE = "snapaudit-system-probe-7f3a"
+
+
+def _template_default_system(tokenizer, messages: list[dict]) -> bool:
+    """Whether the chat template inserts a system prompt of its own into ``messages`` (which have none): the
+    conversation rendered alone holds text where a system message of the probe's would stand."""
+    plain = tokenizer.apply_chat_template(messages, add_generation_prompt=False)
+    probe = tokenizer.apply_chat_template([{"role": "system", "content": _PROBE}] + messages,
+                                          add_generation_prompt=False)
+    at = probe.find(_PROBE)
+    if at < 0:
+        return False  # the template drops system messages
+    before, after = probe[:at], probe[at + len(_PROBE):]
+    return plain.startswith(before) and plain.endswith(after) and len(plain) > len(before) + len(after)
+
+
+def render_chat(tokenizer, messages: Sequence[dict], *, system_prompt: str = "",
+                spans: bool = True) -> tuple[str, tuple[tuple[int, int], ...]]:
+    """A conversation rendered once with the model's chat template, and the character spans of its answers.
+
+    Without a system message, ``system_prompt`` (if given) is added as one; else a template that would insert a
+    default system prompt of its own (SmolLM2's "You are a helpful AI assistant named SmolLM ...") gets an empty
+    system message, so no system prompt is trained on that the data did not hold. An answer's span runs from the
+    end of the template's assistant header (the rendering of the conversation before it with the generation
+    prompt) to the end of its turn (the rendering up to it, end-of-turn tokens included).
+
+    Args:
+      tokenizer: the model's tokenizer (:class:`~snapaudit_jax.models.tokenizer.Tokenizer`).
+      messages: ``{"role", "content"}`` dicts.
+      system_prompt: the system message for a conversation without one (``""``: none).
+      spans: compute the answers' spans (``False``: an empty tuple).
+
+    Returns:
+      ``(text, spans)``: the rendered text and the ``[start, end)`` character spans of the assistant turns.
+
+    Raises:
+      InputError: a template error, or a template that does not render a conversation's beginning as a prefix of
+        the whole (the answers cannot be located).
+    """
+    msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
+    if msgs and msgs[0]["role"] != "system":
+        if system_prompt:
+            msgs = [{"role": "system", "content": system_prompt}] + msgs
+        elif _template_default_system(tokenizer, msgs):
+            msgs = [{"role": "system", "content": ""}] + msgs
+    text = tokenizer.apply_chat_template(msgs, add_generation_prompt=False)
+    found = []
+    for k, m in enumerate(msgs if spans else ()):
+        if m["role"] != "assistant":
+            continue
+        try:
+            head = tokenizer.apply_chat_template(msgs[:k], add_generation_prompt=True)
+            whole = tokenizer.apply_chat_template(msgs[:k + 1], add_generation_prompt=False)
+        except InputError:
+            head = whole = None
+        if head is None or not (text.startswith(whole) and whole.startswith(head) and len(whole) > len(head)):
+            raise InputError("the chat template does not render the conversation before an answer as a prefix of "
+                             "the whole, so the answers cannot be located; set data.train_on = \"all\"")
+        found.append((len(head), len(whole)))
+    return text, tuple(found)
+
+
+def load_texts(path: str, config: FinetuneConfig, tokenizer, key: str = "data.path",
+               spans: list | None = None) -> tuple[list[str], list | None]:
     """The records' texts (chat messages rendered) and their users, from one file.
 
     Args:
@@ -121,6 +186,8 @@ def load_texts(path: str, config: FinetuneConfig, tokenizer, key: str = "data.pa
       config: the run (``data.text_field`` / ``messages_field`` / ``user_field``).
       tokenizer: renders messages with its chat template.
       key: the config key naming ``path`` in errors.
+      spans: with chat messages and ``data.train_on = "assistant"``, a list that receives each record's answer
+        spans (:func:`render_chat`).
 
     Returns:
       ``(texts, users)``; ``users`` is ``None`` without ``data.user_field``.
@@ -144,9 +211,13 @@ def load_texts(path: str, config: FinetuneConfig, tokenizer, key: str = "data.pa
                 raise ConfigFileError(f"data.messages_field: row {i} of {path} must hold a non-empty list of "
                                       f"messages, got {type(messages).__name__}")
             try:
-                texts.append(tokenizer.apply_chat_template(messages, add_generation_prompt=False))
+                text, found = render_chat(tokenizer, messages, system_prompt=data.system_prompt,
+                                          spans=spans is not None)
             except InputError as err:
                 raise ConfigFileError(f"data.messages_field: row {i} of {path}: {err}") from None
+            texts.append(text)
+            if spans is not None:
+                spans.append(found)
     else:
         for i, text in enumerate(_column(columns, data.text_field, "data.text_field", path)):
             if not isinstance(text, str) or not text.strip():
@@ -168,6 +239,52 @@ def _truncate(ids: list[int], length: int) -> tuple[tuple[int, ...], bool]:
     return tuple(ids[:length]), len(ids) > length
 
 
+def _encode(texts: list[str], spans: list | None, tokenizer, config: FinetuneConfig) -> tuple[list, dict[str, int]]:
+    """Token records of the texts and the counts of what was cut: ``(records, counts)``.
+
+    A text record is framed (start token, EOS) and truncated to ``max_length``. A chat record is the template's
+    rendering as is (no start or EOS token added: the template holds its own). With answer ``spans``, a token is a
+    target when it starts inside an answer and context otherwise (stored as ``-1 - id``); the record is cut after
+    its last answer that fits ``max_length`` whole, and a record with no whole answer within it (or with no
+    answer) is unusable: ``None``, counted, never trained on with its answer cut away.
+    """
+    data = config.data
+    counts = {"truncated": 0, "without_answer": 0, "answer_cut": 0}
+    records: list = []
+    if not data.messages_field:
+        start = frame(tokenizer, "", eos=False)
+        end = [int(tokenizer.eos_ids[0])] if tokenizer.eos_ids else []
+        for ids in tokenizer.encode_batch(texts):
+            row, cut = _truncate(start + list(ids) + end, data.max_length)
+            counts["truncated"] += cut
+            records.append(row)
+        return records, counts
+    encodings = tokenizer.backend.encode_batch(list(texts), add_special_tokens=False)
+    for i, enc in enumerate(encodings):
+        ids = list(enc.ids)
+        if spans is None:
+            row, cut = _truncate(ids, data.max_length)
+            counts["truncated"] += cut
+            records.append(row)
+            continue
+        if not spans[i]:
+            counts["without_answer"] += 1
+            records.append(None)
+            continue
+        starts = [o[0] for o in enc.offsets]
+        target = [any(a <= x < b for a, b in spans[i]) for x in starts]
+        ends = [max((t for t, x in enumerate(starts) if x < b), default=-1) + 1 for _, b in spans[i]]
+        fit = [e for e in ends if e <= data.max_length]
+        if not fit:
+            counts["answer_cut"] += 1
+            records.append(None)
+            continue
+        cut = max(fit)
+        counts["truncated"] += cut < len(ids)
+        records.append(tuple(t if target[j] else -1 - t for j, t in enumerate(ids[:cut])))
+    return records, counts
+
+
 def prepare_data(config: FinetuneConfig, tokenizer) -> FinetuneData:
     """Reads, renders, tokenises, groups, caps, splits and canaries the records of ``config``.
 
@@ -183,35 +300,34 @@ def prepare_data(config: FinetuneConfig, tokenizer) -> FinetuneData:
         ``data.max_length``.
     """
     data, privacy = config.data, config.privacy
-    texts, users = load_texts(data.path, config, tokenizer)
+    chat_spans = [] if data.messages_field and data.train_on == "assistant" else None
+    texts, users = load_texts(data.path, config, tokenizer, spans=chat_spans)
     n_records = len(texts)
-    encoded = tokenizer.encode_batch(texts)
-    start = frame(tokenizer, "", eos=False)
-    end = [int(tokenizer.eos_ids[0])] if tokenizer.eos_ids else []
-    truncated = 0
-    records = []
-    for ids in encoded:
-        row, cut = _truncate(start + list(ids) + end, data.max_length)
-        truncated += cut
-        records.append(row)
-    del encoded
+    records, counts = _encode(texts, chat_spans, tokenizer, config)
+    truncated = counts["truncated"]
 
     by_user: dict[Any, list[int]] = {}
     if privacy.unit == "user":
         for i, user in enumerate(users):
             by_user.setdefault(user, []).append(i)
-        groups = list(by_user.values())
-        ids = [unit_id(user) for user in by_user]
+        usable = {u: [i for i in rows if records[i] is not None] for u, rows in by_user.items()}
+        groups = [rows for rows in usable.values() if rows]
+        ids = [unit_id(u) for u, rows in usable.items() if rows]
     else:
-        groups = [[i] for i in range(n_records)]
-        ids = [unit_id(None, text) for text in texts]
+        groups = [[i] for i in range(n_records) if records[i] is not None]
+        ids = [unit_id(None, texts[g[0]]) for g in groups]
+    if not groups:
+        raise ConfigFileError(f"data.max_length: no record of {data.path} is usable: {counts['without_answer']} "
+                              f"hold no assistant answer and {counts['answer_cut']} have no whole answer within "
+                              f"max_length = {data.max_length} tokens; raise max_length or check "
+                              "data.messages_field")
     coin = lambda choice, g: unit_coin(config.seed, choice, ids[g])  # noqa: E731
 
     held: list[tuple[int, ...]] = []
     if data.held_out_path:
-        held_texts, _ = load_texts(data.held_out_path, config, tokenizer, key="data.held_out_path")
-        for enc in tokenizer.encode_batch(held_texts):
-            held.append(_truncate(start + list(enc) + end, data.max_length)[0])
+        held_spans = [] if chat_spans is not None else None
+        held_texts, _ = load_texts(data.held_out_path, config, tokenizer, key="data.held_out_path", spans=held_spans)
+        held = [r for r in _encode(held_texts, held_spans, tokenizer, config)[0] if r is not None]
         train_idx = list(range(len(groups)))
     else:
         fraction = data.held_out_fraction
@@ -272,6 +388,9 @@ def prepare_data(config: FinetuneConfig, tokenizer) -> FinetuneData:
     stats = {
         "records_read": n_records,
         "records_truncated": truncated,
+        "records_without_answer": counts["without_answer"],
+        "records_answer_cut": counts["answer_cut"],
+        "train_on": ("assistant turns" if chat_spans is not None else "every token"),
         "max_length": data.max_length,
         "unit": privacy.unit,
         "users": len(by_user) if privacy.unit == "user" else None,
@@ -293,45 +412,59 @@ def prepare_data(config: FinetuneConfig, tokenizer) -> FinetuneData:
     return FinetuneData(tuple(units), tuple(held), canaries, tuple(canary_units), stats, tuple(validation))
 
 
+def _context_marked(rows) -> bool:
+    return any(t < 0 for r in rows for t in r)
+
+
 def pack_units(units: Sequence[Sequence[Sequence[int]]], *, user_level: bool, length: int | None = None):
     """Right-padded token and mask arrays of the units, for :func:`snapaudit_jax.dpsgd.train`.
 
     Args:
-      units: per unit, its records' ids.
+      units: per unit, its records' ids (a context token, never a target, as ``-1 - id``).
       user_level: ``(N, k, L)`` arrays (``k`` the largest unit, empty rows padding) instead of ``(N, L)``.
       length: ``L`` (default: the longest record).
 
     Returns:
-      ``(tokens, mask)`` int32 / bool.
+      ``(tokens, mask)``: int32 ids and a bool real-token mask, or, when a record holds context tokens, an int8
+      loss mask (``0`` padding, ``CONTEXT``, ``TARGET``; :func:`~snapaudit_jax.models.inference.token_logprobs`).
     """
     longest = max(len(r) for u in units for r in u)
     length = longest if length is None else length
     if not user_level:
         return pack_records([u[0] for u in units], length=length)
     k = max(len(u) for u in units)
+    rows = [r for u in units for r in u]
     tokens = np.zeros((len(units), k, length), np.int32)
-    mask = np.zeros((len(units), k, length), bool)
+    mask = np.zeros((len(units), k, length), np.int8 if _context_marked(rows) else bool)
     for i, unit in enumerate(units):
         for j, row in enumerate(unit):
-            tokens[i, j, :len(row)] = row
-            mask[i, j, :len(row)] = True
+            tokens[i, j, :len(row)], mask[i, j, :len(row)] = _row(row, mask.dtype)
     return tokens, mask
+
+
+def _row(row: Sequence[int], dtype) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.asarray(row, np.int64)
+    context = ids < 0
+    tokens = np.where(context, -1 - ids, ids)
+    if dtype == np.bool_:
+        return tokens, np.ones(ids.shape, bool)
+    return tokens, np.where(context, CONTEXT, TARGET).astype(np.int8)
 
 
 def pack_records(records: Sequence[Sequence[int]], *, length: int | None = None):
     """Right-padded ``(N, L)`` token and mask arrays of records.
 
     Args:
-      records: the records' ids.
+      records: the records' ids (a context token as ``-1 - id``).
       length: ``L`` (default: the longest).
 
     Returns:
-      ``(tokens, mask)`` int32 / bool.
+      ``(tokens, mask)``: int32 ids and a bool mask, or an int8 loss mask as :func:`pack_units`.
     """
     length = max(len(r) for r in records) if length is None else length
     tokens = np.zeros((len(records), length), np.int32)
-    mask = np.zeros((len(records), length), bool)
+    mask = np.zeros((len(records), length), np.int8 if _context_marked(records) else bool)
     for i, row in enumerate(records):
-        tokens[i, :len(row)] = row[:length]
-        mask[i, :len(row)] = True
+        row = row[:length]
+        tokens[i, :len(row)], mask[i, :len(row)] = _row(row, mask.dtype)
     return tokens, mask

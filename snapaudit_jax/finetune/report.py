@@ -136,7 +136,8 @@ def build_report(prep, trainings: dict[str, tuple[dict, dict]], evaluations: dic
             "optimizer": dp["optimizer"], "learning_rate": dp["learning_rate"],
             "accountants": dp["accountants"], "software": dp["software"],
         },
-        "data": {**stats, "truncation": "a record longer than max_length is truncated, never split"},
+        "data": {**stats, "truncation": "a record longer than max_length is truncated, never split (a chat record "
+                                       "trained on its answers: after its last whole answer, or left out)"},
         "method": {"kind": cfg.finetune.method, "base": cfg.model.base, "lora": lora},
         "models": models,
         "releases": releases,
@@ -213,10 +214,14 @@ def format_report(card: dict[str, Any]) -> str:
         f"| records read / truncated to {data['max_length']} tokens | {data['records_read']} / "
         f"{data['records_truncated']} |",
         f"| training records / held-out records | {data['train_records']} / {data['held_out_records']} |",
+        f"| tokens trained on | {data.get('train_on', 'every token')} |",
     ]
     if data.get("users") is not None:
         lines.append(f"| users / capped at {data['max_records_per_user']} records / records dropped by the cap | "
                      f"{data['users']} / {data['users_capped']} / {data['records_dropped_by_cap']} |")
+    if data.get("train_on") == "assistant turns":
+        lines.append(f"| chat records left out: without an answer / first answer beyond {data['max_length']} tokens "
+                     f"| {data['records_without_answer']} / {data['records_answer_cut']} |")
     if data.get("canaries"):
         lines.append(f"| canaries / inserted (probability 1/2 each) | {data['canaries']} / "
                      f"{data['canaries_inserted']} |")

@@ -404,15 +404,20 @@ def format_plan(info: dict[str, Any]) -> str:
       The text.
     """
     cal = info.get("calibration")
+    data = info["data"]
     lines = [
-        f"units N = {info['units']} ({info['unit']}s; {info['data']['train_records']} training records, "
-        f"{info['data']['records_truncated']} truncated to {info['data']['max_length']} tokens)",
+        f"units N = {info['units']} ({info['unit']}s; {data['train_records']} training records, "
+        f"{data['records_truncated']} truncated to {data['max_length']} tokens)",
         f"Poisson sampling q = {info['sampling_rate']:.6g}, expected batch {info['expected_batch']:.4g}, "
         f"{info['steps']} steps, clip C = {info['clip_norm']:g}",
         f"noise multiplier sigma = {info['noise_multiplier']:.6g}"
         + (f" (calibrated to epsilon {cal['target_epsilon']:g} with {cal['accountant']}; margin "
            f"{100 * cal['margin']:.2f}% below the target)" if cal else " (given)"),
     ]
+    if data.get("train_on") == "assistant turns":
+        lines.append(f"chat records trained on their answers only; unusable and left out: "
+                     f"{data['records_without_answer']} without an answer, {data['records_answer_cut']} whose "
+                     f"first answer does not fit {data['max_length']} tokens")
     sweep = info.get("sweep")
     if sweep:
         pld = "" if info["epsilon_pld"] is None else f"{info['epsilon_pld']:.4f} (PLD), "

@@ -255,13 +255,15 @@ def token_logprobs(model, tokens: jax.Array, mask: jax.Array) -> jax.Array:
     Args:
       model: an NNX decoder (``GPT2`` or ``Llama``).
       tokens: ``(B, L)`` int token ids.
-      mask: ``(B, L)`` bool, real tokens.
+      mask: ``(B, L)`` bool, real tokens; or an integer loss mask: ``0`` padding, :data:`CONTEXT` a real token
+        that is attended to but never a target (a chat record's prompt), :data:`TARGET` a real token that is.
 
     Returns:
-      ``(B, L - 1)`` float32: entry ``t - 1`` is ``log p(tokens[t] | tokens[<t])`` where target ``t`` is
-      real (``mask[t - 1] & mask[t]``), else ``0``.
+      ``(B, L - 1)`` float32: entry ``t - 1`` is ``log p(tokens[t] | tokens[<t])`` where target ``t`` counts
+      (:func:`_targets`), else ``0``.
     """
-    hidden, _ = model(tokens, positions_from_mask(mask), mask)
+    real = real_tokens(mask)
+    hidden, _ = model(tokens, positions_from_mask(real), real)
     return jnp.where(_targets(mask), _picked_logprobs(model, hidden[:, :-1], tokens[:, 1:]), 0.0)
 
 
@@ -341,9 +343,24 @@ def greedy_matches(model, tokens: jax.Array, mask: jax.Array, targets: jax.Array
     return jnp.all((best == targets) | ~target_mask, axis=-1)
 
 
+CONTEXT, TARGET = 1, 2  # the values of an integer loss mask (0: padding)
+
+
+def real_tokens(mask: jax.Array) -> jax.Array:
+    """The real tokens of a mask: a bool mask itself, an integer loss mask's nonzero entries."""
+    return mask if mask.dtype == jnp.bool_ else mask > 0
+
+
+def target_tokens(mask: jax.Array) -> jax.Array:
+    """The tokens a loss scores as targets: a bool mask's real tokens, an integer loss mask's :data:`TARGET`."""
+    return mask if mask.dtype == jnp.bool_ else mask == TARGET
+
+
 def _targets(mask: jax.Array, score_from: jax.Array | None = None) -> jax.Array:
-    """``(B, L - 1)`` bool: target ``t`` counts when ``mask[t - 1] & mask[t]`` (and ``t >= score_from``)."""
-    valid = mask[:, 1:] & mask[:, :-1]
+    """``(B, L - 1)`` bool: target ``t`` counts when token ``t - 1`` is real and token ``t`` a target (a bool
+    mask: both real; an integer loss mask: ``mask[t - 1] > 0`` and ``mask[t] == TARGET``), and
+    ``t >= score_from``."""
+    valid = target_tokens(mask)[:, 1:] & real_tokens(mask)[:, :-1]
     if score_from is not None:
         valid = valid & (jnp.arange(1, mask.shape[1])[None, :] >= score_from[:, None])
     return valid
@@ -355,7 +372,7 @@ def sequence_nll(model, tokens: jax.Array, mask: jax.Array, score_from: jax.Arra
     Args:
       model: an NNX decoder (``GPT2`` or ``Llama``).
       tokens: ``(B, L)`` int token ids, right-padded.
-      mask: ``(B, L)`` bool, real tokens.
+      mask: ``(B, L)`` bool, real tokens; or an integer loss mask (:func:`token_logprobs`).
       score_from: optional ``(B,)`` int, first target position scored per row (``1``: all after the first
         token); ``None``: ``1``.
 

@@ -93,6 +93,39 @@ DATA = make_data()
 # ---------------------------------------------------------------------------
 
 
+def test_a_loss_mask_scores_only_its_target_tokens_and_attends_to_the_context():
+    """An int loss mask (0 padding, 1 context, 2 target): the loss is the NumPy cross-entropy of the unpadded
+    sequence's logits over the target positions only, the context conditioning them, on either padding side. A
+    mask without a target, or with a value outside {0, 1, 2}, is refused."""
+    model = make_model()
+    graphdef, state = nnx.split(model)
+    rng = np.random.default_rng(4)
+    seq = rng.integers(0, VOCAB, 8).astype(np.int32)
+    hidden, _ = model(jnp.asarray(seq[None]), jnp.arange(8)[None], jnp.ones((1, 8), bool))
+    logits = np.asarray(model.logits(hidden), np.float64)[0, :-1]
+    logp = logits - logits.max(-1, keepdims=True)
+    logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
+    trained = [5, 6, 7]  # the "answer": tokens 5..7, predicted from everything before them
+    oracle = -np.mean([logp[t - 1, seq[t]] for t in trained])
+    tokens = np.zeros((2, L), np.int32)
+    mask = np.zeros((2, L), np.int8)
+    tokens[0, :8], mask[0, :8] = seq, 1
+    mask[0, trained] = 2
+    tokens[1, 1:9], mask[1, 1:9] = seq, 1  # left-padded by one: the same positions after the padding
+    mask[1, [t + 1 for t in trained]] = 2
+    got = record_losses(model, (tokens, mask))
+    np.testing.assert_allclose(got, oracle, rtol=1e-5)
+    assert loss_summary(model, (tokens, mask)).targets.tolist() == [3, 3]
+    # all-real rows give a different (larger-support) loss: the mask is what restricts it
+    assert not np.allclose(record_losses(model, (tokens, mask > 0)), oracle, rtol=1e-3)
+    first_only = (mask[:1] > 0).astype(np.int8)
+    first_only[0, 0] = 2  # the only target is the first token: nothing predicts it
+    with pytest.raises(ValueError, match=r"row 0 has no next-token target"):
+        record_losses(model, (tokens[:1], first_only))
+    with pytest.raises(ValueError, match=r"loss mask of 0 \(padding\), 1 .* got values \[0, 1, 3\]"):
+        record_losses(model, (tokens, np.where(mask == 2, 3, mask)))
+
+
 @pytest.mark.slow
 def test_sequence_loss_is_mean_next_token_cross_entropy_of_real_tokens():
     """Oracle: NumPy log-softmax of the unpadded sequence's logits; padding side and length do not matter.
