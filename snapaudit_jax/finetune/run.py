@@ -320,33 +320,89 @@ def _trainable(prep: Prepared):
     return TRAINABLE if prep.lora is not None else nnx.Param
 
 
-def _step_timing(prep: Prepared) -> dict[str, Any]:
-    """Seconds of one unit's clipped gradient at the planned length, measured on this machine (after compiling)."""
+def _timed(fn, repeats: int = 2) -> tuple[float, float]:
+    """``(first call, mean of the next calls)`` in seconds: the first compiles, the others are the steady cost."""
+    began = time.perf_counter()
+    jax.block_until_ready(fn())
+    first = time.perf_counter() - began
+    began = time.perf_counter()
+    for _ in range(repeats):
+        jax.block_until_ready(fn())
+    return first, (time.perf_counter() - began) / repeats
+
+
+def _canary_labels(prep: Prepared) -> tuple[int, list[str]]:
+    """The continuations each model's memorization scores (exposure, then the extraction's beam search when the
+    space is too large to score whole) and a sample of 512 of them to time: ``(count, sample)``."""
+    from snapaudit_jax.finetune.memorization import _space
+
+    section, canaries = prep.config.canaries, prep.data.canaries
+    space = _space(canaries)
+    n = len(canaries.canaries)
+    if space.size <= section.exact_limit:
+        count = space.size  # the whole space, once (exposure and extraction read the same scores)
+    else:
+        width = max(1, section.top_k)
+        sizes = [4] * (space.digits // 4) + ([space.digits % 4] if space.digits % 4 else [])
+        beam = sum((1 if j == 0 else width) * 10**size for j, size in enumerate(sizes)) + width
+        count = section.samples + n + beam
+    sample = [space.continuation(space.secret(i * (space.size // 512 or 1) % space.size)) for i in range(512)]
+    return count, sample
+
+
+def _phase_timing(prep: Prepared) -> dict[str, Any]:
+    """The run's time on this machine, phase by phase, each from one measured step of its kind (after compiling).
+
+    Kinds: one unit's clipped gradient at the longest unit's length (a DP-SGD step is ``q N`` of them, and the
+    twin's step costs the same: it also computes per-unit gradients); one evaluation batch of held-out records; 512
+    canary continuations scored after the canaries' prefix. Each phase is its count of steps times the measured
+    cost; compilation is counted once per kind (twice for training: the private and the twin's kernels).
+    """
+    from snapaudit_jax.dpsgd import record_losses
     from snapaudit_jax.dpsgd.gradients import _clipped_sum
 
+    cfg = prep.config
     model = _build_model(prep)
     graphdef, params, rest = nnx.split(model, _trainable(prep), ...)
     tokens, mask = prep.dataset
-    longest = int(np.argmax(mask.reshape(mask.shape[0], -1).sum(axis=1)))
+    longest = int(np.argmax((mask.reshape(mask.shape[0], -1) > 0).sum(axis=1)))
     t, m = jax.numpy.asarray(tokens[longest:longest + 1]), jax.numpy.asarray(mask[longest:longest + 1])
     fn = jax.jit(lambda p, t, m: _clipped_sum(graphdef, rest, p, t, m, jax.numpy.zeros(1, bool), 1.0).grad_sum)
-    jax.block_until_ready(fn(params, t, m))
-    began = time.perf_counter()
-    for _ in range(2):
-        jax.block_until_ready(fn(params, t, m))
-    per_unit = (time.perf_counter() - began) / 2
+    compile_train, per_unit = _timed(lambda: fn(params, t, m))
     trainable = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
-    batch = prep.config.finetune.batch_size
+    batch = prep.sampling_rate * prep.data.num_units
     if prep.sweep is None:
-        private_steps = baseline_steps = prep.config.finetune.steps
+        private_steps = baseline_steps = cfg.finetune.steps
     else:
         steps = [c["steps"] for c in prep.sweep["candidates"]]
         private_steps = prep.sweep["accounting"].runs * sum(steps) / len(steps)  # expected, over the runs
         baseline_steps = max(steps)
-    total_steps = private_steps + (baseline_steps if prep.config.baseline else 0)
-    return {"seconds_per_unit": per_unit, "seconds_per_step": per_unit * batch,
-            "seconds_total": per_unit * batch * total_steps,
-            "trainable_parameters": trainable,
+    bs = cfg.eval_batch_size
+    held_tokens, held_mask = prep.held_out
+    rows = (held_tokens[:bs], held_mask[:bs])
+    compile_eval, per_batch = _timed(lambda: record_losses(prep.lm.module, rows, batch_size=bs), repeats=1)
+    models = 2 + bool(cfg.baseline)  # base, private, baseline: each evaluated (and its canaries scored)
+    phases = {"private_training": per_unit * batch * private_steps}
+    if cfg.baseline:
+        phases["baseline_training"] = per_unit * batch * baseline_steps
+    phases["evaluations"] = per_batch * -(-len(prep.data.held_out) // bs) * models
+    if prep.sweep is not None:
+        runs = prep.sweep["accounting"].runs
+        phases["sweep_validation"] = per_batch * -(-len(prep.data.validation) // bs) * runs
+    compile_canaries = 0.0
+    measured = {"seconds_per_unit": per_unit, "seconds_per_eval_batch": per_batch}
+    if prep.data.canaries is not None:
+        from snapaudit_jax.finetune.memorization import _score, _space
+
+        count, sample = _canary_labels(prep)
+        prefix = _space(prep.data.canaries).prefix
+        compile_canaries, per_sample = _timed(lambda: _score(prep.lm, prep.lm.tokenizer, prefix, sample), repeats=1)
+        measured["seconds_per_canary_continuation"] = per_sample / len(sample)
+        measured["canary_continuations_per_model"] = count
+        phases["canary_memorization"] = per_sample / len(sample) * count * models
+    phases["compilation"] = 2 * compile_train + compile_eval + compile_canaries
+    return {**measured, "seconds_per_step": per_unit * batch, "phases": phases,
+            "seconds_total": sum(phases.values()), "trainable_parameters": trainable,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
@@ -355,7 +411,7 @@ def plan_dict(prep: Prepared, *, timing: bool = True) -> dict[str, Any]:
 
     Args:
       prep: the prepared run.
-      timing: measure one unit's clipped gradient on this machine.
+      timing: measure a step of each kind on this machine and estimate each phase's time.
 
     Returns:
       ``{"units", "unit", "sampling_rate", "expected_batch", "steps", "noise_multiplier", "delta",
@@ -385,7 +441,7 @@ def plan_dict(prep: Prepared, *, timing: bool = True) -> dict[str, Any]:
                         "not_covered": list(acc.not_covered)}
         out["steps"] = max(c["steps"] for c in prep.sweep["candidates"])
     if timing:
-        t = _step_timing(prep)
+        t = _phase_timing(prep)
         out["timing"] = t
         trainable = t["trainable_parameters"]
         moments = 2 if cfg.finetune.optimizer != "sgd" else 0
@@ -414,6 +470,10 @@ def format_plan(info: dict[str, Any]) -> str:
         + (f" (calibrated to epsilon {cal['target_epsilon']:g} with {cal['accountant']}; margin "
            f"{100 * cal['margin']:.2f}% below the target)" if cal else " (given)"),
     ]
+    if data.get("users") is not None:
+        lines.append(f"users: {data['users']}; {data['users_capped']} capped at {data['max_records_per_user']} "
+                     f"records, which drops {data['records_dropped_by_cap']} of the {data['records_read']} records "
+                     f"read ({100 * data['records_dropped_by_cap'] / max(1, data['records_read']):.0f}%)")
     if data.get("train_on") == "assistant turns":
         lines.append(f"chat records trained on their answers only; unusable and left out: "
                      f"{data['records_without_answer']} without an answer, {data['records_answer_cut']} whose "
@@ -439,7 +499,9 @@ def format_plan(info: dict[str, Any]) -> str:
         lines += [
             f"{info['method']} fine-tuning: {t['trainable_parameters']:,} of {info['parameters']:,} parameters train",
             f"step time on this machine: {t['seconds_per_unit']:.3g} s a unit, about {t['seconds_per_step']:.3g} s a "
-            f"step, about {t['seconds_total'] / 60:.1f} min for the run (baseline included)",
+            f"step; the run, about {t['seconds_total'] / 60:.1f} min: "
+            + ", ".join(f"{name.replace('_', ' ')} {sec / 60:.1f}" for name, sec in t["phases"].items())
+            + " (min, each from one measured step of its kind)",
             f"memory: parameters {format_bytes(mem['parameters_bytes'])}, trainable state "
             f"{format_bytes(mem['trainable_state_bytes'])}, peak resident "
             f"{format_bytes(mem['peak_rss_bytes_measured'])} measured",

@@ -277,3 +277,56 @@ def test_run_report_card_resume_and_export(tiny, tmp_path, capsys):
     other = _toml(root, model, data, finetune="method = \"lora\"\nrank = 2\nsteps = 4\nbatch_size = 4\n")
     assert main(["finetune", other, "--out", str(out), "--quiet"]) == 2
     assert "finetune.steps" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("digits", [4, 6])
+def test_the_plan_counts_the_canary_scoring_the_run_does(tiny, monkeypatch, digits):
+    """The plan's count of canary continuations per model equals the continuations the memorization measurement
+    scores (counted by wrapping LanguageModel.label_logprobs): the whole space when it is exact, else the
+    sample, the canaries and the beam search's labels."""
+    from snapaudit_jax.finetune import run as run_mod
+    from snapaudit_jax.models.lm import LanguageModel
+
+    root, model, data, _ = tiny
+    cfg = _toml(root, model, data, canaries=f"n_canaries = 4\ndigits = {digits}\nexact_limit = 10000\n"
+                                            "samples = 64\ntop_k = 5\n",
+                data=f'path = "{data}"\nuser_field = "user"\nmax_length = 40\nheld_out_fraction = 0.2\n')
+    prep = prepare(load_finetune_config(cfg))
+    count, _ = run_mod._canary_labels(prep)
+    scored = []
+    original = LanguageModel.label_logprobs
+
+    def counting(self, prompts, labels, **kw):
+        scored.append(len(prompts) * len(labels))
+        return original(self, prompts, labels, **kw)
+
+    monkeypatch.setattr(LanguageModel, "label_logprobs", counting)
+    run_mod._memorization(prep.lm.module, prep)
+    assert sum(scored) == count
+    assert count == (10**4 if digits == 4 else 64 + 4 + 10**4 + 5 * 10**2 + 5)
+
+
+@pytest.mark.slow
+def test_the_plan_lists_the_phases_that_run_and_the_records_the_cap_drops(tiny):
+    root, model, data, rows = tiny
+    user = "unit = \"user\"\ntarget_epsilon = 4.0\nmax_records_per_user = 1\n"
+    for baseline in (True, False):
+        cfg = _toml(root, model, data, run=f"seed = 1\nbaseline = {str(baseline).lower()}\neval_batch_size = 8\n",
+                    privacy=user)
+        info = plan_dict(prepare(load_finetune_config(cfg)))
+        phases = info["timing"]["phases"]
+        assert ("baseline_training" in phases) is baseline and "canary_memorization" in phases
+        assert info["timing"]["seconds_total"] == pytest.approx(sum(phases.values()))
+        text = run_mod_format(info)
+        assert ("baseline training" in text) is baseline and "(baseline included)" not in text
+    s = info["data"]
+    assert s["records_dropped_by_cap"] > 0
+    assert (f"{s['users_capped']} capped at 1 records, which drops {s['records_dropped_by_cap']} of the "
+            f"{len(rows)} records read") in text
+
+
+def run_mod_format(info):
+    from snapaudit_jax.finetune.run import format_plan
+
+    return format_plan(info)

@@ -55,9 +55,45 @@ def test_adapters_start_at_the_base_and_merge_exactly(cls, cfg, targets):
     merged = merge_lora(model)
     assert not lora_adapters(merged)
     np.testing.assert_allclose(_logits(merged, tokens), adapted, rtol=1e-5, atol=1e-5)
-    # Oracle for one slice: the adapter adds scale * x A B to exactly its own output columns.
-    (i, name), (a, b, scale) = next(iter(adapters.items()))
-    assert scale == 2.0 and a.shape[1] == 2 and b.shape[0] == 2
+    # Oracle for every adapter of block 0: it adds scale * x A B (NumPy float64) to exactly the output columns
+    # of its Hugging Face projection (written out by hand below), and nothing to the others.
+    for (i, name), (a, b, scale) in adapters.items():
+        if i != 0:
+            continue
+        assert scale == 2.0 and a.shape[1] == 2 and b.shape[0] == 2
+        attr, start, stop, width = HAND_SLICES[cls][name]
+        proj = getattr(model.blocks[0], attr)
+        xs = np.random.default_rng(4).normal(size=(5, width))
+        got = np.asarray(proj(jnp.asarray(xs, jnp.float32)) - proj.base(jnp.asarray(xs, jnp.float32)), np.float64)
+        own = {n: HAND_SLICES[cls][n][1:3] for n in proj.names}
+        expected = np.zeros_like(got)
+        for j, n in enumerate(proj.names):
+            s0, s1 = own[n]
+            expected[:, s0:s1] += 2.0 * xs @ np.asarray(proj.lora_a[j][...], np.float64) @ np.asarray(
+                proj.lora_b[j][...], np.float64)
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+        assert np.abs(got[:, start:stop]).max() > 1e-3
+
+
+# (module attribute, first output column, end column, input width) of each Hugging Face projection in our fused
+# modules for LLAMA and GPT below, written out by hand: qkv_proj = [q | k | v], gate_up_proj = [gate | up].
+HAND_SLICES = {
+    Llama: {
+        "q_proj": ("qkv_proj", 0, 16, 16),
+        "k_proj": ("qkv_proj", 16, 24, 16),
+        "v_proj": ("qkv_proj", 24, 32, 16),
+        "o_proj": ("o_proj", 0, 16, 16),
+        "gate_proj": ("gate_up_proj", 0, 24, 16),
+        "up_proj": ("gate_up_proj", 24, 48, 16),
+        "down_proj": ("down_proj", 0, 16, 24),
+    },
+    GPT2: {
+        "c_attn": ("c_attn", 0, 48, 16),
+        "attn.c_proj": ("attn_proj", 0, 16, 16),
+        "c_fc": ("c_fc", 0, 32, 16),
+        "mlp.c_proj": ("mlp_proj", 0, 16, 32),
+    },
+}
 
 
 def cfg_layers(cfg):
