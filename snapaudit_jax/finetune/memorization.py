@@ -106,8 +106,9 @@ def _template(prefix, template) -> str:
 
 
 def _score(lm: LanguageModel, tokenizer, prefix: str, continuations: list[str]) -> np.ndarray:
-    """``(n,)`` float64 ``log P(continuation | framed prefix)``, all packed after one prefix."""
-    return lm.label_logprobs([frame(tokenizer, prefix, eos=False)], continuations)[0]
+    """``(n,)`` float64 ``log P(continuation | framed prefix)``: the continuations' token tree after one prefix
+    (:meth:`~snapaudit_jax.models.LanguageModel.continuation_logprobs`, each shared prefix computed once)."""
+    return lm.continuation_logprobs(frame(tokenizer, prefix, eos=False), continuations)
 
 
 def secret_scores(model, tokenizer, prefix: str, secrets: Sequence[str], *, template: str | None = None) -> np.ndarray:
@@ -441,7 +442,7 @@ def _beam(lm: LanguageModel, tokenizer, space: _Space, width: int) -> tuple[str,
         labels = [(gap if j == 0 else " ") + v for v in values]
         prompts = [head + frame(tokenizer, gap + group_digits(b), eos=False, start=False) if b else head
                    for b in beams]
-        sums = totals[:, None] + lm.label_logprobs(prompts, labels)  # (beams, 10^size)
+        sums = totals[:, None] + np.stack([lm.continuation_logprobs(p, labels) for p in prompts])  # (beams, 10^size)
         keep = np.argsort(-sums, axis=None, kind="stable")[:width]  # ties: earlier beam, then smaller value
         beams = [beams[k // len(values)] + values[k % len(values)] for k in keep]
         totals = sums.reshape(-1)[keep]

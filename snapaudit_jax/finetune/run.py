@@ -331,31 +331,50 @@ def _timed(fn, repeats: int = 2) -> tuple[float, float]:
     return first, (time.perf_counter() - began) / repeats
 
 
-def _canary_labels(prep: Prepared) -> tuple[int, list[str]]:
-    """The continuations each model's memorization scores (exposure, then the extraction's beam search when the
-    space is too large to score whole) and a sample of 512 of them to time: ``(count, sample)``."""
-    from snapaudit_jax.finetune.memorization import _space
+def _canary_work(prep: Prepared) -> tuple[int, int, list[str]]:
+    """What each model's memorization measurement scores: ``(continuations, forward passes, a sample of 512)``.
 
-    section, canaries = prep.config.canaries, prep.data.canaries
+    Exposure scores the whole space when it is exact, else the sample and the canaries; the extraction's beam search
+    (a space too large to score whole) scores every value of each group after each surviving beam, then the final
+    beams. Every call scores a token tree (:meth:`~snapaudit_jax.models.LanguageModel.continuation_logprobs`), whose
+    passes are counted here from the continuations' own tokens.
+    """
+    from snapaudit_jax.finetune.memorization import _space
+    from snapaudit_jax.models.lm import _TREE_NODES, _Trie
+
+    tokenizer, section, canaries = prep.lm.tokenizer, prep.config.canaries, prep.data.canaries
     space = _space(canaries)
-    n = len(canaries.canaries)
+
+    def passes(continuations):
+        return len(_Trie([tokenizer.encode_continuation(c) for c in continuations]).chunks(_TREE_NODES))
+
+    def spread(k):
+        return [space.continuation(space.secret(i * (space.size // k) % space.size)) for i in range(k)]
+
     if space.size <= section.exact_limit:
-        count = space.size  # the whole space, once (exposure and extraction read the same scores)
-    else:
-        width = max(1, section.top_k)
-        sizes = [4] * (space.digits // 4) + ([space.digits % 4] if space.digits % 4 else [])
-        beam = sum((1 if j == 0 else width) * 10**size for j, size in enumerate(sizes)) + width
-        count = section.samples + n + beam
-    sample = [space.continuation(space.secret(i * (space.size // 512 or 1) % space.size)) for i in range(512)]
-    return count, sample
+        whole = [space.continuation(space.secret(i)) for i in range(space.size)]
+        return len(whole), passes(whole), spread(512)
+    exposure = spread(section.samples + len(canaries.canaries))
+    count, total = len(exposure), passes(exposure)
+    width = max(1, section.top_k)
+    gap = space.template.split("{secret}")[0][len(space.prefix):]
+    sizes = [4] * (space.digits // 4) + ([space.digits % 4] if space.digits % 4 else [])
+    for j, size in enumerate(sizes):
+        labels = [(gap if j == 0 else " ") + f"{v:0{size}d}" for v in range(10**size)]
+        prompts = 1 if j == 0 else width
+        count += prompts * len(labels)
+        total += prompts * passes(labels)
+    final = spread(width)
+    return count + len(final), total + passes(final), spread(512)
 
 
 def _phase_timing(prep: Prepared) -> dict[str, Any]:
     """The run's time on this machine, phase by phase, each from one measured step of its kind (after compiling).
 
     Kinds: one unit's clipped gradient at the longest unit's length (a DP-SGD step is ``q N`` of them, and the
-    twin's step costs the same: it also computes per-unit gradients); one evaluation batch of held-out records; 512
-    canary continuations scored after the canaries' prefix. Each phase is its count of steps times the measured
+    twin's step costs the same: it also computes per-unit gradients); one evaluation batch of held-out records; the
+    forward passes that score 512 canary continuations after the canaries' prefix (a pass holds a fixed number of
+    tree nodes, :func:`_canary_work` counts the run's). Each phase is its count of steps times the measured
     cost; compilation is counted once per kind (twice for training: the private and the twin's kernels).
     """
     from snapaudit_jax.dpsgd import record_losses
@@ -394,12 +413,16 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
     if prep.data.canaries is not None:
         from snapaudit_jax.finetune.memorization import _score, _space
 
-        count, sample = _canary_labels(prep)
+        from snapaudit_jax.models.lm import _TREE_NODES, _Trie
+
+        count, passes, sample = _canary_work(prep)
         prefix = _space(prep.data.canaries).prefix
+        sample_passes = len(_Trie([prep.lm.tokenizer.encode_continuation(c) for c in sample]).chunks(_TREE_NODES))
         compile_canaries, per_sample = _timed(lambda: _score(prep.lm, prep.lm.tokenizer, prefix, sample), repeats=1)
-        measured["seconds_per_canary_continuation"] = per_sample / len(sample)
+        measured["seconds_per_canary_pass"] = per_sample / sample_passes
         measured["canary_continuations_per_model"] = count
-        phases["canary_memorization"] = per_sample / len(sample) * count * models
+        measured["canary_passes_per_model"] = passes
+        phases["canary_memorization"] = per_sample / sample_passes * passes * models
     phases["compilation"] = 2 * compile_train + compile_eval + compile_canaries
     return {**measured, "seconds_per_step": per_unit * batch, "phases": phases,
             "seconds_total": sum(phases.values()), "trainable_parameters": trainable,

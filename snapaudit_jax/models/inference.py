@@ -41,6 +41,7 @@ __all__ = [
     "sequence_nll",
     "last_token_logprobs",
     "option_logprobs",
+    "tree_edge_logprobs",
     "greedy_matches",
     "start_id",
     "frame",
@@ -323,6 +324,34 @@ def option_logprobs(model, tokens, positions, key_mask, allowed, gather, targets
     return jnp.sum(jnp.where(target_mask, picked.reshape(b, v, span), 0.0), axis=-1)
 
 
+def tree_edge_logprobs(model, tokens, positions, key_mask, allowed, parents, targets) -> jax.Array:
+    """``log p(target_e | the path of parent_e)`` of a token tree packed after each prompt (one forward pass).
+
+    The layout (built on the host by :meth:`~snapaudit_jax.models.LanguageModel.continuation_logprobs`) holds the
+    prompt, then one slot per tree node, each attending to the prompt's real tokens and to its ancestors and
+    itself only, at the position its depth gives: every node's hidden state is the one it has at the end of its
+    own path, so one pass gives the next-token distribution of every node.
+
+    Args:
+      model: an NNX decoder (``GPT2`` or ``Llama``).
+      tokens: ``(B, W)`` int, prompt slots then the tree's node tokens.
+      positions: ``(B, W)`` int position ids.
+      key_mask: ``(B, W)`` bool, real tokens.
+      allowed: ``(B, W, W)`` bool attention pattern.
+      parents: ``(B, E)`` int, the slot whose hidden state predicts each edge's token (the prompt's last slot for
+        the root's edges).
+      targets: ``(B, E)`` int, each edge's token.
+
+    Returns:
+      ``(B, E)`` float32 edge log-probabilities.
+    """
+    hidden, _ = model(tokens, positions, key_mask, allowed=allowed)
+    logp = _logprobs(model, hidden)  # (B, W, vocab): one log-softmax per slot, shared by its children
+    vocab = logp.shape[-1]
+    flat = parents.astype(jnp.int32) * vocab + targets.astype(jnp.int32)
+    return jnp.take_along_axis(logp.reshape(logp.shape[0], -1), flat, axis=1)
+
+
 def greedy_matches(model, tokens: jax.Array, mask: jax.Array, targets: jax.Array, target_mask: jax.Array, *,
                    span: int) -> jax.Array:
     """Whether greedy decoding would emit the last ``span`` tokens of each row (one teacher-forced pass).
@@ -347,12 +376,27 @@ CONTEXT, TARGET = 1, 2  # the values of an integer loss mask (0: padding)
 
 
 def real_tokens(mask: jax.Array) -> jax.Array:
-    """The real tokens of a mask: a bool mask itself, an integer loss mask's nonzero entries."""
+    """The real tokens of a mask.
+
+    Args:
+      mask: ``(..., L)`` bool real-token mask, or an integer loss mask (``0`` padding, :data:`CONTEXT`,
+        :data:`TARGET`).
+
+    Returns:
+      The bool mask itself, or the loss mask's nonzero entries.
+    """
     return mask if mask.dtype == jnp.bool_ else mask > 0
 
 
 def target_tokens(mask: jax.Array) -> jax.Array:
-    """The tokens a loss scores as targets: a bool mask's real tokens, an integer loss mask's :data:`TARGET`."""
+    """The tokens a loss scores as targets.
+
+    Args:
+      mask: as :func:`real_tokens`.
+
+    Returns:
+      A bool mask's real tokens, or an integer loss mask's :data:`TARGET` entries.
+    """
     return mask if mask.dtype == jnp.bool_ else mask == TARGET
 
 

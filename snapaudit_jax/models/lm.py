@@ -24,6 +24,7 @@ from snapaudit_jax.models.inference import (
     greedy_matches,
     last_token_logprobs,
     option_logprobs,
+    tree_edge_logprobs,
 )
 from snapaudit_jax.models.parallel import DataParallel
 from snapaudit_jax.models.tokenizer import Tokenizer
@@ -144,6 +145,70 @@ def _pack_options(rows, options, length: int, batch: int, pad: int):
 
 
 _PACKED_OPTION_TOKENS = 512  # option tokens packed after one prompt per forward pass
+_TREE_NODES = 256  # tree nodes packed after one prompt per forward pass
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _tree_logprobs(graphdef, state, tokens, positions, key_mask, allowed, parents, targets):
+    """Jitted :func:`~snapaudit_jax.models.inference.tree_edge_logprobs`: ``(B, E)``."""
+    return tree_edge_logprobs(nnx.merge(graphdef, state), tokens, positions, key_mask, allowed, parents, targets)
+
+
+class _Trie:
+    """The token tree of several continuations: node 0 is the empty path; a node's parent has a smaller id."""
+
+    def __init__(self, sequences: Sequence[Sequence[int]]):
+        self.parent, self.token, self.depth, self.children = [-1], [-1], [0], [[]]
+        edges: dict[tuple[int, int], int] = {}
+        self.leaves = []
+        for ids in sequences:
+            node = 0
+            for t in ids:
+                child = edges.get((node, int(t)))
+                if child is None:
+                    child = edges[(node, int(t))] = len(self.parent)
+                    self.parent.append(node)
+                    self.token.append(int(t))
+                    self.depth.append(self.depth[node] + 1)
+                    self.children.append([])
+                    self.children[node].append(child)
+                node = child
+            self.leaves.append(node)
+
+    def chain(self, node: int) -> list[int]:
+        """The node's ancestors below the root, then the node."""
+        out = []
+        while node > 0:
+            out.append(node)
+            node = self.parent[node]
+        return out[::-1]
+
+    def chunks(self, capacity: int) -> list[tuple[list[int], list[int]]]:
+        """``(slots, owned)`` per forward pass: the non-root inner nodes in depth-first order, each pass holding
+        its nodes' ancestors (repeated where a pass starts below them), ``owned`` the nodes whose children's edges
+        the pass scores (the first pass also scores the root's)."""
+        inner, stack = [], [0]
+        while stack:
+            node = stack.pop()
+            if node and self.children[node]:
+                inner.append(node)
+            stack.extend(reversed(self.children[node]))
+        out: list[tuple[list[int], list[int]]] = []
+        slots: list[int] = []
+        owned: list[int] = []
+        held: set[int] = set()
+        for node in inner:
+            need = [a for a in self.chain(node) if a not in held]
+            if slots and len(slots) + len(need) > capacity:
+                out.append((slots, owned))
+                slots, owned, held = [], [], set()
+                need = self.chain(node)
+            slots.extend(need)
+            held.update(need)
+            owned.append(node)
+        out.append((slots, owned))
+        return out
+
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "span"))
@@ -408,6 +473,85 @@ class LanguageModel:
         if normalize:
             out = out - np.logaddexp.reduce(out, axis=1, keepdims=True)
         return out
+
+    def continuation_logprobs(self, prompt, continuations: Sequence[str], *, batch_size: int = 4,
+                              nodes_per_pass: int = _TREE_NODES) -> np.ndarray:
+        """``log P(continuation | prompt)`` of many continuations of one prompt, sharing their common prefixes.
+
+        The continuations' tokens (each tokenised on its own, as :meth:`label_logprobs` does) form a tree; every
+        inner node is computed once, packed with its ancestors after the prompt (:func:`~snapaudit_jax.models.
+        inference.tree_edge_logprobs`), and its next-token distribution scores all of its children. A
+        continuation's score is the sum of its edges. For ``10^k`` digit strings split into one token per digit
+        the forward passes see about ``10^(k-1)`` nodes instead of ``k 10^k`` tokens. The scores equal
+        :meth:`label_logprobs`'s up to float32 summation order.
+
+        Args:
+          prompt: the prompt (text, or token ids as :meth:`generate` takes them).
+          continuations: the continuation texts (non-empty after tokenisation).
+          batch_size: passes per forward batch.
+          nodes_per_pass: tree nodes packed after the prompt in one pass.
+
+        Returns:
+          ``(n,)`` float64 summed log-probabilities.
+
+        Raises:
+          InputError: no continuations, one empty after tokenisation, or the prompt plus the longest continuation
+            over ``max_length``.
+        """
+        if len(continuations) == 0:
+            raise InputError("continuations must not be empty")
+        ids = [self.tokenizer.encode_continuation(c) for c in continuations]
+        for c, x in zip(continuations, ids):
+            if not x:
+                raise InputError(f"continuation {c!r} is empty after tokenisation")
+        row = self._ids([prompt])[0]
+        if len(row) + max(map(len, ids)) > self.max_length:
+            raise InputError(f"the prompt plus its longest continuation has {len(row) + max(map(len, ids))} tokens, "
+                             f"more than the model's {self.max_length} positions")
+        trie = _Trie(ids)
+        passes = trie.chunks(nodes_per_pass)
+        length = length_bucket(len(row))
+        width = length + nodes_per_pass
+        start = length - len(row)  # the prompt's first real slot (left padding)
+        edges = [[c for node in ([0] if i == 0 else []) + owned for c in trie.children[node]]
+                 for i, (_, owned) in enumerate(passes)]
+        n_edges = batch_bucket(max(map(len, edges)))
+        edge_logp = np.zeros(len(trie.parent), np.float64)
+        for first in range(0, len(passes), batch_size):
+            group = list(range(first, min(first + batch_size, len(passes))))
+            batch = self._batch(len(group))
+            tokens = np.full((batch, width), self.tokenizer.pad_id, np.int32)
+            key_mask = np.zeros((batch, width), bool)
+            positions = np.ones((batch, width), np.int32)
+            allowed = np.zeros((batch, width, width), bool)
+            parents = np.full((batch, n_edges), length - 1, np.int32)
+            targets = np.zeros((batch, n_edges), np.int32)
+            for b in range(batch):
+                tokens[b, start:length], key_mask[b, start:length] = row, True
+                positions[b, start:length] = np.arange(len(row))
+                allowed[b, start:length, start:length] = np.tril(np.ones((len(row), len(row)), bool))
+                allowed[b, length:, start:length] = True  # every node slot (and padding) sees the prompt
+                if b >= len(group):
+                    continue
+                slots, _ = passes[group[b]]
+                where = {node: length + k for k, node in enumerate(slots)}
+                for node, slot in where.items():
+                    tokens[b, slot], key_mask[b, slot] = trie.token[node], True
+                    positions[b, slot] = len(row) - 1 + trie.depth[node]
+                    allowed[b, slot, [where[a] for a in trie.chain(node)]] = True
+                for e, child in enumerate(edges[group[b]]):
+                    parent = trie.parent[child]
+                    parents[b, e] = length - 1 if parent == 0 else where[parent]
+                    targets[b, e] = trie.token[child]
+            packed = self.parallel.split(tokens, positions, key_mask, allowed, parents, targets)
+            lp = np.asarray(_tree_logprobs(self.graphdef, self.state, *packed), np.float64)
+            for b, i in enumerate(group):
+                for e, child in enumerate(edges[i]):
+                    edge_logp[child] = lp[b, e]
+        score = np.zeros(len(trie.parent), np.float64)
+        for node in range(1, len(trie.parent)):  # parents have smaller ids
+            score[node] = score[trie.parent[node]] + edge_logp[node]
+        return score[trie.leaves]
 
     def greedy_continues_with(
         self, prompts: Sequence[str], continuations: Sequence[str], *, batch_size: int = 8

@@ -282,28 +282,34 @@ def test_run_report_card_resume_and_export(tiny, tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.parametrize("digits", [4, 6])
 def test_the_plan_counts_the_canary_scoring_the_run_does(tiny, monkeypatch, digits):
-    """The plan's count of canary continuations per model equals the continuations the memorization measurement
-    scores (counted by wrapping LanguageModel.label_logprobs): the whole space when it is exact, else the
-    sample, the canaries and the beam search's labels."""
+    """The plan's count of canary continuations and forward passes per model equals what the memorization
+    measurement scores (counted by wrapping LanguageModel.continuation_logprobs and the token tree's passes): the
+    whole space when it is exact, else the sample, the canaries and the beam search's labels."""
     from snapaudit_jax.finetune import run as run_mod
-    from snapaudit_jax.models.lm import LanguageModel
+    from snapaudit_jax.models.lm import LanguageModel, _Trie
 
     root, model, data, _ = tiny
     cfg = _toml(root, model, data, canaries=f"n_canaries = 4\ndigits = {digits}\nexact_limit = 10000\n"
                                             "samples = 64\ntop_k = 5\n",
                 data=f'path = "{data}"\nuser_field = "user"\nmax_length = 40\nheld_out_fraction = 0.2\n')
     prep = prepare(load_finetune_config(cfg))
-    count, _ = run_mod._canary_labels(prep)
-    scored = []
-    original = LanguageModel.label_logprobs
+    count, passes, _ = run_mod._canary_work(prep)
+    scored, chunks = [], []
+    original, original_chunks = LanguageModel.continuation_logprobs, _Trie.chunks
 
-    def counting(self, prompts, labels, **kw):
-        scored.append(len(prompts) * len(labels))
-        return original(self, prompts, labels, **kw)
+    def counting(self, prompt, continuations, **kw):
+        scored.append(len(continuations))
+        return original(self, prompt, continuations, **kw)
 
-    monkeypatch.setattr(LanguageModel, "label_logprobs", counting)
+    def counting_chunks(self, capacity):
+        out = original_chunks(self, capacity)
+        chunks.append(len(out))
+        return out
+
+    monkeypatch.setattr(LanguageModel, "continuation_logprobs", counting)
+    monkeypatch.setattr(_Trie, "chunks", counting_chunks)
     run_mod._memorization(prep.lm.module, prep)
-    assert sum(scored) == count
+    assert sum(scored) == count and sum(chunks) == passes
     assert count == (10**4 if digits == 4 else 64 + 4 + 10**4 + 5 * 10**2 + 5)
 
 

@@ -37,6 +37,7 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 from flax import nnx  # noqa: E402
 
+from snapaudit_jax.utils.errors import InputError  # noqa: E402
 from snapaudit_jax.models import (  # noqa: E402
     CheckpointError,
     LanguageModel,
@@ -419,6 +420,27 @@ def test_label_logprobs_match_transformers(tiny, name, labels):
     assert np.abs(got - ref).max() <= LOGIT_TOL
     norm = lm.label_logprobs(prompts, labels, normalize=True)
     assert np.abs(norm - (ref - np.logaddexp.reduce(ref, axis=1, keepdims=True))).max() <= LOGIT_TOL
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama3"])
+@pytest.mark.parametrize("nodes_per_pass, batch_size", [(256, 4), (3, 2)])
+def test_continuation_tree_scores_match_transformers(tiny, name, nodes_per_pass, batch_size):
+    """Continuations sharing prefixes (one a prefix of another, one of a single token, repeats) scored as one
+    token tree equal an unpadded teacher-forced transformers forward per continuation and label_logprobs; with
+    3 nodes a pass the tree is split over many passes, each repeating its nodes' ancestors."""
+    hf_model, folder = tiny[name]
+    lm = load_language_model(str(folder))
+    rng = np.random.default_rng(5)
+    conts = [" ".join(f"t{t}" for t in [7, *rng.integers(3, 9, rng.integers(0, 4))]) for _ in range(14)]
+    conts += ["t7", "t7 t3", "t7 t3 t4", "t50", "t7 t3"]
+    prompt = "t5 t17 t3 t88"
+    got = lm.continuation_logprobs(prompt, conts, nodes_per_pass=nodes_per_pass, batch_size=batch_size)
+    ids = [int(w[1:]) for w in prompt.split()]
+    ref = np.array([_hf_label_logprob(hf_model, ids, [int(w[1:]) for w in c.split()]) for c in conts])
+    assert np.abs(got - ref).max() <= LOGIT_TOL
+    np.testing.assert_allclose(got, lm.label_logprobs([prompt], conts)[0], atol=1e-5)
+    with pytest.raises(InputError, match=r"continuations must not be empty"):
+        lm.continuation_logprobs(prompt, [])
 
 
 def test_many_multi_token_labels_in_several_packed_groups(tiny, monkeypatch):
