@@ -373,9 +373,10 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
 
     Kinds: one unit's clipped gradient at the longest unit's length (a DP-SGD step is ``q N`` of them, and the
     twin's step costs the same: it also computes per-unit gradients); one evaluation batch of held-out records; the
-    forward passes that score 512 canary continuations after the canaries' prefix (a pass holds a fixed number of
-    tree nodes, :func:`_canary_work` counts the run's). Each phase is its count of steps times the measured
-    cost; compilation is counted once per kind (twice for training: the private and the twin's kernels).
+    canary memorization measurement of the base model (exposure, extraction, one-run bound), once per model
+    evaluated (:func:`_canary_work` counts the continuations and forward passes it scores). Each phase is its count
+    of steps times the measured cost; compilation is counted once per kind (twice for training: the private and the
+    twin's kernels; the canaries' is inside the base model's measurement, as in the run).
     """
     from snapaudit_jax.dpsgd import record_losses
     from snapaudit_jax.dpsgd.gradients import _clipped_sum
@@ -408,22 +409,17 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
     if prep.sweep is not None:
         runs = prep.sweep["accounting"].runs
         phases["sweep_validation"] = per_batch * -(-len(prep.data.validation) // bs) * runs
-    compile_canaries = 0.0
     measured = {"seconds_per_unit": per_unit, "seconds_per_eval_batch": per_batch}
     if prep.data.canaries is not None:
-        from snapaudit_jax.finetune.memorization import _score, _space
-
-        from snapaudit_jax.models.lm import _TREE_NODES, _Trie
-
-        count, passes, sample = _canary_work(prep)
-        prefix = _space(prep.data.canaries).prefix
-        sample_passes = len(_Trie([prep.lm.tokenizer.encode_continuation(c) for c in sample]).chunks(_TREE_NODES))
-        compile_canaries, per_sample = _timed(lambda: _score(prep.lm, prep.lm.tokenizer, prefix, sample), repeats=1)
-        measured["seconds_per_canary_pass"] = per_sample / sample_passes
+        count, passes, _ = _canary_work(prep)
+        began = time.perf_counter()
+        _memorization(prep.lm.module, prep)  # the base model's measurement, as the run does it first
+        one = time.perf_counter() - began
+        measured["seconds_canary_memorization_base"] = one
         measured["canary_continuations_per_model"] = count
         measured["canary_passes_per_model"] = passes
-        phases["canary_memorization"] = per_sample / sample_passes * passes * models
-    phases["compilation"] = 2 * compile_train + compile_eval + compile_canaries
+        phases["canary_memorization"] = one * models  # the first model's time includes the scoring's compilation
+    phases["compilation"] = 2 * compile_train + compile_eval
     return {**measured, "seconds_per_step": per_unit * batch, "phases": phases,
             "seconds_total": sum(phases.values()), "trainable_parameters": trainable,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
