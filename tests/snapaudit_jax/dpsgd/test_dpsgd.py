@@ -101,23 +101,30 @@ def test_a_loss_mask_scores_only_its_target_tokens_and_attends_to_the_context():
     graphdef, state = nnx.split(model)
     rng = np.random.default_rng(4)
     seq = rng.integers(0, VOCAB, 8).astype(np.int32)
-    hidden, _ = model(jnp.asarray(seq[None]), jnp.arange(8)[None], jnp.ones((1, 8), bool))
-    logits = np.asarray(model.logits(hidden), np.float64)[0, :-1]
+
+    @jax.jit  # one compiled forward of the unpadded sequence (eager dispatch costs seconds)
+    def logits_of(state, tokens):
+        m = nnx.merge(graphdef, state)
+        hidden, _ = m(tokens, jnp.arange(tokens.shape[1])[None], jnp.ones(tokens.shape, bool))
+        return m.logits(hidden)
+
+    logits = np.asarray(logits_of(state, jnp.asarray(seq[None])), np.float64)[0, :-1]
     logp = logits - logits.max(-1, keepdims=True)
     logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
     trained = [5, 6, 7]  # the "answer": tokens 5..7, predicted from everything before them
     oracle = -np.mean([logp[t - 1, seq[t]] for t in trained])
-    tokens = np.zeros((2, L), np.int32)
-    mask = np.zeros((2, L), np.int8)
+    every = -np.mean([logp[t - 1, seq[t]] for t in range(1, 8)])
+    tokens = np.zeros((3, L), np.int32)
+    mask = np.zeros((3, L), np.int8)
     tokens[0, :8], mask[0, :8] = seq, 1
     mask[0, trained] = 2
     tokens[1, 1:9], mask[1, 1:9] = seq, 1  # left-padded by one: the same positions after the padding
     mask[1, [t + 1 for t in trained]] = 2
-    got = record_losses(model, (tokens, mask))
-    np.testing.assert_allclose(got, oracle, rtol=1e-5)
-    assert loss_summary(model, (tokens, mask)).targets.tolist() == [3, 3]
-    # all-real rows give a different (larger-support) loss: the mask is what restricts it
-    assert not np.allclose(record_losses(model, (tokens, mask > 0)), oracle, rtol=1e-3)
+    tokens[2, :8], mask[2, :8] = seq, 2  # power: every token a target gives the all-token loss, not the answer's
+    got = record_losses(model, (tokens, mask))  # one compiled call for the three rows
+    np.testing.assert_allclose(got, [oracle, oracle, every], rtol=1e-5)
+    assert abs(every - oracle) > 1e-3
+    assert loss_summary(model, (tokens, mask)).targets.tolist() == [3, 3, 7]
     first_only = (mask[:1] > 0).astype(np.int8)
     first_only[0, 0] = 2  # the only target is the first token: nothing predicts it
     with pytest.raises(ValueError, match=r"row 0 has no next-token target"):

@@ -77,6 +77,7 @@ def test_resolve_run_key_sources(tmp_path):
     assert _words(key2) != _words(key)
 
 
+@pytest.mark.slow  # five trainings and a cold compile: 3 to 6 s
 def test_default_runs_draw_secret_noise_and_resume_bitwise(tmp_path):
     """Two default runs differ; a default run stopped and resumed equals the uninterrupted run given its stored
     key (bitwise); no checkpoint file but run_key.json holds the key's words; the report names the source."""
@@ -109,6 +110,7 @@ def test_default_runs_draw_secret_noise_and_resume_bitwise(tmp_path):
                 assert not any(n in text.decode() for n in needles[:2]), "a key word in meta.json"
 
 
+@pytest.mark.slow  # three trainings and a cold compile
 def test_a_seeded_run_is_replayable_and_says_so():
     config = DPSGDConfig(**CONFIG, seed=11)
     a, _, report = train(make_model(), DATA, config)

@@ -95,6 +95,15 @@ def setup():
 
 
 @pytest.fixture(scope="module")
+def untrained():
+    """``(tokenizer, the untrained model, canaries with only canary 0 inserted)``: for refusals, which read no score."""
+    drawn = make_canaries(CONFIG)
+    memo = CanarySet(CONFIG, tuple(dataclasses.replace(c, inserted=c.index == 0) for c in drawn.canaries))
+    tok = bpe_tokenizer(FILLER + [c.text for c in drawn.canaries] + [f"pin {i:04d}" for i in range(0, SPACE, 37)])
+    return tok, gpt2(tok, 3), memo
+
+
+@pytest.fixture(scope="module")
 def report(setup):
     tok, model, memo, _ = setup
     return canary_exposure(model, tok, memo, key=jax.random.key(0))
@@ -303,8 +312,8 @@ def test_fewest_canaries_for_a_positive_bound():
     (lambda tok, m, c: one_run_bound([1.0, 2.0], c, delta=1e-5),
      r"scores must be 1-dimensional with one score per canary \(6\), got shape \(2,\)"),
 ])
-def test_bad_input_names_argument_rule_and_value(setup, call, message):
-    tok, model, memo, _ = setup
+def test_bad_input_names_argument_rule_and_value(untrained, call, message):
+    tok, model, memo = untrained
     with pytest.raises(InputError, match=message):
         call(tok, model, memo)
 
