@@ -109,11 +109,9 @@ def _dpsgd_config(config: PIIConfig, dp: bool, n_records: int):
 def _root_key(config: PIIConfig, out_dir: str):
     """The key of every variant's batches and noise: secret (drawn once into ``checkpoints/run_key.json``), or
     from ``[run] noise_seed``."""
-    from snapaudit_jax.dpsgd.keys import stored_key
+    from snapaudit_jax.dpsgd.keys import resolve_run_key
 
-    if config.noise_seed is not None:
-        return jax.random.key(config.noise_seed)
-    return stored_key(os.path.join(out_dir, "checkpoints"))
+    return resolve_run_key(None, config.noise_seed, os.path.join(out_dir, "checkpoints"))[0]
 
 
 def train_variant(name: str, texts: list[str], dp: bool, config: PIIConfig, data: PreparedData, out_dir: str,

@@ -40,7 +40,7 @@ from flax import nnx
 
 from snapaudit_jax.dpsgd import DPSGDConfig, loss_summary, train
 from snapaudit_jax.dpsgd.accounting import compute_epsilon
-from snapaudit_jax.dpsgd.keys import RANDOMNESS, stored_key
+from snapaudit_jax.dpsgd.keys import RANDOMNESS, resolve_run_key
 from snapaudit_jax.dpsgd.sampling import inclusion_threshold
 from snapaudit_jax.finetune.config import FinetuneConfig
 from snapaudit_jax.finetune.data import FinetuneData, pack_records, pack_units, prepare_data
@@ -576,9 +576,7 @@ def _file_digest(path: str) -> str | None:
 def _root_key(prep: Prepared, out_dir: str) -> jax.Array:
     """The key of every training's batches and noise and of random stopping's runs: secret (drawn once into
     ``checkpoints/run_key.json``), or from ``[run] noise_seed``."""
-    if prep.config.noise_seed is not None:
-        return jax.random.key(prep.config.noise_seed)
-    return stored_key(os.path.join(out_dir, "checkpoints"))
+    return resolve_run_key(None, prep.config.noise_seed, os.path.join(out_dir, "checkpoints"))[0]
 
 
 def _train_one(name: str, prep: Prepared, private: bool, out_dir: str, log, *, candidate: dict | None = None,
