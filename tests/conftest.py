@@ -4,6 +4,7 @@ The cache keeps the compiled kernels of the tests (XLA programs of their tiny mo
 program, the flags and the jax version) under ``.pytest_cache/jax-compilation-cache`` in the repository, so a
 second run of a tier compiles little. It is set in this process only: the commands that tests run in
 subprocesses (the private-data suite, the benchmark smoke runs) keep their own environment.
+Lowering a jitted function that captures more than 16 KiB of constants fails the test (see below).
 """
 
 import jax
@@ -23,3 +24,8 @@ from tests.helpers.tiers import (  # noqa: F401  (pytest finds hooks by name in 
 jax.config.update("jax_compilation_cache_dir", str(ROOT / ".pytest_cache" / "jax-compilation-cache"))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+# A jitted function that closes over a large array makes it an XLA constant: compilation then constant-folds it
+# (seconds, and XLA's "constant folding ... file a bug" alarm on every run). Kernels take arrays as arguments;
+# pyproject's filterwarnings turns jax's warning past 16 KiB (the tiny test models are larger) into a failure of
+# the test that lowered it.
+jax.config.update("jax_captured_constants_warn_bytes", 1 << 14)

@@ -387,8 +387,10 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
     tokens, mask = prep.dataset
     longest = int(np.argmax((mask.reshape(mask.shape[0], -1) > 0).sum(axis=1)))
     t, m = jax.numpy.asarray(tokens[longest:longest + 1]), jax.numpy.asarray(mask[longest:longest + 1])
-    fn = jax.jit(lambda p, t, m: _clipped_sum(graphdef, rest, p, t, m, jax.numpy.zeros(1, bool), 1.0).grad_sum)
-    compile_train, per_unit = _timed(lambda: fn(params, t, m))
+    # The frozen weights are an argument, not a closure: captured, XLA would constant-fold them (seconds of
+    # compilation and its "constant folding is taking > 1s ... file a bug" alarm), and the run's step does not.
+    fn = jax.jit(lambda p, r, t, m: _clipped_sum(graphdef, r, p, t, m, jax.numpy.zeros(1, bool), 1.0).grad_sum)
+    compile_train, per_unit = _timed(lambda: fn(params, rest, t, m))
     trainable = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     batch = prep.sampling_rate * prep.data.num_units
     if prep.sweep is None:

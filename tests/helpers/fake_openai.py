@@ -93,12 +93,12 @@ def _table_of(lm):
         graphdef, state = lm.graphdef, lm.state
 
         @jax.jit
-        def table(tokens, mask):  # one compilation per length bucket
+        def table(state, tokens, mask):  # one compilation per length bucket; weights as an argument
             model = nnx.merge(graphdef, state)
             hidden, _ = model(tokens, positions_from_mask(mask), mask)
             return jax.nn.log_softmax(model.logits(hidden).astype(jnp.float32), axis=-1)
 
-        _TABLES[id(lm)] = (lm, table)
+        _TABLES[id(lm)] = (lm, functools.partial(table, state))
     return _TABLES[id(lm)][1]
 
 

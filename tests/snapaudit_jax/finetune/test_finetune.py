@@ -5,7 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import stat
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -17,6 +20,7 @@ from snapaudit_jax.dpsgd.keys import KEY_FILE, key_digest
 from snapaudit_jax.finetune.config import load_finetune_config
 from snapaudit_jax.finetune.run import _TRAIN_STREAM, plan_dict, prepare
 from snapaudit_jax.utils.config import ConfigFileError
+from tests.helpers.paths import ROOT
 from tests.helpers.tiny_llm import make_tiny_llm_folder
 
 WORDS = "alpha beta gamma delta kappa omega sigma tau rho zeta".split()
@@ -143,6 +147,44 @@ def test_noise_is_secret_by_default_and_replayable_only_by_request(tiny, tmp_pat
         tmp_path / "c" / "report.md").read_text()
     plain = json.loads((tmp_path / "a" / "report.json").read_text())["claim"]
     assert "warning" not in plain and "secret key" in plain["randomness"]
+
+
+def _kill_after(cfg, out, model, step):
+    """``snapaudit finetune`` in a subprocess, SIGKILLed right after ``checkpoints/<model>``'s checkpoint ``step``."""
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "finetune_kill_worker.py"), cfg,
+                           str(out), model, str(step)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_sweep_and_its_twin_killed_mid_way_resume_to_the_uninterrupted_card(tiny, tmp_path):
+    """kill -9 in the middle of the sweep's second run (its first run trained and scored), then in the middle of
+    the twin's training; each rerun resumes from the folder. The final card, sweep record, evaluations and the
+    exported weights equal, byte for byte, an uninterrupted run's (one noise seed for both, so both draw the same
+    batches and noise; the secret key's own resume is tested in test_noise_is_secret...)."""
+    root, model, data, _ = tiny
+    cfg = _toml(root, model, data, run="seed = 1\nnoise_seed = 3\neval_batch_size = 8\n",
+                finetune="method = \"lora\"\nrank = 2\nsteps = 3\nbatch_size = 4\ncheckpoint_every = 1\n",
+                sweep="learning_rate = [0.01, 0.03]\nvalidation_fraction = 0.25\n")
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    assert main(["finetune", cfg, "--out", str(reference), "--quiet"]) == 0
+    _kill_after(cfg, killed, "sweep_1", 1)
+    assert os.path.isfile(killed / "evaluations" / "sweep_0.json") and not (killed / "sweep.json").exists()
+    _kill_after(cfg, killed, "baseline", 2)
+    assert (killed / "sweep.json").exists() and not (killed / "report.json").exists()
+    assert main(["finetune", cfg, "--out", str(killed), "--quiet"]) == 0
+    cards = [json.loads((out / "report.json").read_text().replace(str(out), "OUT")) for out in (reference, killed)]
+    for card in cards:
+        card.pop("seconds")
+    assert cards[0] == cards[1]
+    for name in ["sweep.json", "evaluations/sweep_0.json", "evaluations/sweep_1.json", "evaluations/private.json",
+                 "evaluations/baseline.json"]:
+        assert (reference / name).read_bytes() == (killed / name).read_bytes(), name
+    weights = sorted(p.relative_to(reference) for p in (reference / "export").rglob("*.safetensors"))
+    assert weights
+    for name in weights:
+        assert (reference / name).read_bytes() == (killed / name).read_bytes(), name
+    assert not [p for p in killed.rglob("*") if ".tmp" in p.name]
 
 
 @pytest.mark.slow

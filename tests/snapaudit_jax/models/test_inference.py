@@ -64,13 +64,13 @@ def _full_forward(name):
     graphdef, state = nnx.split(MODELS[name])
 
     @jax.jit
-    def logits(tokens):
+    def logits(state, tokens):
         model = nnx.merge(graphdef, state)
         ones = jnp.ones_like(tokens, bool)
         hidden, _ = model(tokens, jnp.cumsum(ones, axis=-1) - 1, ones)
         return model.logits(hidden)
 
-    return logits
+    return functools.partial(logits, state)
 
 
 def _last_logits(model, ids) -> np.ndarray:
