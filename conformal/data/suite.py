@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from snapaudit_jax.utils.errors import InputError, MissingFileError
+from snapaudit_jax.utils.files import read_regular
 
 __all__ = ["LinkageSuite", "FORMAT_VERSION"]
 
@@ -417,10 +418,7 @@ class LinkageSuite:
         path = os.fspath(path)
         if not os.path.exists(path):
             raise MissingFileError(f"LinkageSuite file {path!r} does not exist")
-        if not os.path.isfile(path):
-            raise InputError(f"LinkageSuite path {path!r} must be a file, got a directory or special file")
-        with open(path, "rb") as fh:
-            raw = fh.read()
+        raw = read_regular(path, "LinkageSuite file")
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:

@@ -47,6 +47,7 @@ from snapaudit_jax.finetune.data import FinetuneData, pack_records, pack_units, 
 from snapaudit_jax.finetune.lora import TRAINABLE, LoRAConfig, apply_lora
 from snapaudit_jax.utils.config import ConfigFileError
 from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.files import sha256_file
 from snapaudit_jax.utils.io import to_json, write_json
 from snapaudit_jax.utils.memory import check_fits, format_bytes
 from snapaudit_jax.utils.progress import RunLog
@@ -556,23 +557,15 @@ def run_folder(config: FinetuneConfig, out_dir: str | os.PathLike) -> RunFolder:
       The :class:`~snapaudit_jax.utils.run_folder.RunFolder` of command ``finetune``.
     """
     table = config.to_table()
-    table["data"]["sha256"] = _file_digest(config.data.path)
+    table["data"]["sha256"] = _file_digest(config.data.path, "data.path")
     if config.data.held_out_path:
-        table["data"]["held_out_sha256"] = _file_digest(config.data.held_out_path)
+        table["data"]["held_out_sha256"] = _file_digest(config.data.held_out_path, "data.held_out_path")
     return RunFolder(out_dir, "finetune", table, version=RESUME_VERSION, results=RESULT_FILES)
 
 
-def _file_digest(path: str) -> str | None:
-    import hashlib
-
-    try:
-        h = hashlib.sha256()
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-        return h.hexdigest()
-    except OSError:
-        return None  # the data stage names the unreadable file
+def _file_digest(path: str, field: str) -> str:
+    """The data file's SHA-256 (the run folder's stamp), its type checked before it is opened."""
+    return sha256_file(path, "data file", ConfigFileError, field=field)
 
 
 def _root_key(prep: Prepared, out_dir: str) -> jax.Array:

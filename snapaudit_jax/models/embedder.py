@@ -15,6 +15,7 @@ from snapaudit_jax.models.bert import mean_pool_normalize
 from snapaudit_jax.models.lm import batch_bucket, length_bucket
 from snapaudit_jax.models.parallel import DataParallel
 from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.files import JSON_MAX_BYTES, read_regular_text
 
 __all__ = ["SentenceEmbedder"]
 
@@ -105,14 +106,18 @@ class SentenceEmbedder:
         from tokenizers import Tokenizer as Backend
 
         path = os.path.join(folder, "tokenizer.json")
-        if not os.path.isfile(path):
+        if not os.path.lexists(path):
             raise InputError(f"{folder}: no tokenizer.json")
-        backend = Backend.from_file(path)
+        backend = Backend.from_str(read_regular_text(path, "tokenizer file", max_bytes=JSON_MAX_BYTES))
         limit = config.max_position_embeddings
         st_config = os.path.join(folder, "sentence_bert_config.json")
-        if os.path.isfile(st_config):
-            with open(st_config) as fh:
-                limit = int(json.load(fh).get("max_seq_length", limit))
+        if os.path.lexists(st_config):
+            raw = read_regular_text(st_config, "sentence-transformers configuration", max_bytes=JSON_MAX_BYTES)
+            try:
+                limit = int(json.loads(raw).get("max_seq_length", limit))
+            except (ValueError, TypeError, AttributeError) as err:
+                raise InputError(f"{st_config}: max_seq_length must be an integer in a JSON object ({err})") \
+                    from None
         pad = backend.token_to_id("[PAD]")
         return cls(name, config, module, backend, limit, 0 if pad is None else pad, data_parallel=data_parallel)
 

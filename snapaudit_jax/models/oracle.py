@@ -22,6 +22,7 @@ import numpy as np
 from snapaudit_jax.models.embedder import SentenceEmbedder
 from snapaudit_jax.models.lm import LanguageModel
 from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.files import read_regular
 
 __all__ = ["LLMOracle", "CallStats", "read_cache"]
 
@@ -81,11 +82,7 @@ def read_cache(path: str | os.PathLike) -> tuple[dict[str, object], int | None]:
         message names the file and the line).
     """
     path = os.fspath(path)
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except OSError as err:
-        raise InputError(f"{path}: cannot read the answer cache ({err.strerror or err})") from None
+    data = read_regular(path, "answer cache")
     *lines, rest = data.split(b"\n")
     cache: dict[str, object] = {}
     for lineno, line in enumerate(lines, 1):

@@ -18,6 +18,7 @@ import os
 from collections.abc import Sequence
 
 from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.files import JSON_MAX_BYTES, read_regular_text
 
 __all__ = ["Tokenizer", "TokenizerError"]
 
@@ -120,19 +121,20 @@ class Tokenizer:
 
         folder = os.fspath(folder)
         path = os.path.join(folder, "tokenizer.json")
-        if not os.path.isfile(path):
+        if not os.path.lexists(path):
             raise TokenizerError(f"{folder}: no tokenizer.json")
+        text = read_regular_text(path, "tokenizer file", TokenizerError, max_bytes=JSON_MAX_BYTES)
         try:
-            backend = Backend.from_file(path)
+            backend = Backend.from_str(text)
         except Exception as err:
             raise TokenizerError(f"{path}: not a readable tokenizers file ({err})") from None
         config = {}
         config_path = os.path.join(folder, "tokenizer_config.json")
-        if os.path.isfile(config_path):
+        if os.path.lexists(config_path):
+            raw = read_regular_text(config_path, "tokenizer configuration", TokenizerError, max_bytes=JSON_MAX_BYTES)
             try:
-                with open(config_path) as fh:
-                    config = json.load(fh)
-            except (OSError, ValueError) as err:
+                config = json.loads(raw)
+            except ValueError as err:
                 raise TokenizerError(f"{config_path}: not valid JSON ({err})") from None
 
         def token(name):

@@ -26,6 +26,7 @@ from snapaudit_jax.models.bert import Bert
 from snapaudit_jax.models.config import BertConfig, ConfigError, GPT2Config, LlamaConfig, RopeScaling, config_from_hf
 from snapaudit_jax.models.decoders import GPT2, Llama
 from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.files import JSON_MAX_BYTES, check_regular_file, read_regular
 
 __all__ = ["CheckpointError", "load_hf_folder", "load_gguf", "build_model", "cast_model", "open_gguf",
            "PICKLE_SUFFIXES"]
@@ -322,21 +323,27 @@ def _shard_path(index: str, folder: str, name: str) -> str:
 def _weight_files(folder: str, allow_pickle: bool) -> tuple[str, list[str]]:
     index = os.path.join(folder, "model.safetensors.index.json")
     single = os.path.join(folder, "model.safetensors")
-    if os.path.isfile(single):
+    if os.path.lexists(single):  # present: it must be a regular file (a FIFO or device is refused, not opened)
+        check_regular_file(single, "weights file", CheckpointError)
         return "safetensors", [single]
-    if os.path.isfile(index):
+    if os.path.lexists(index):
         try:
-            with open(index) as fh:
-                weight_map = json.load(fh)["weight_map"]
-        except (OSError, ValueError, KeyError) as err:
+            weight_map = json.loads(read_regular(index, "safetensors index", CheckpointError,
+                                                 max_bytes=JSON_MAX_BYTES))["weight_map"]
+        except (ValueError, KeyError) as err:
+            if isinstance(err, InputError):
+                raise
+
             raise CheckpointError(f"{index}: not a valid safetensors index ({err})") from None
         if not isinstance(weight_map, dict) or not all(isinstance(f, str) and f for f in weight_map.values()):
             raise CheckpointError(f"{index}: not a valid safetensors index (weight_map must map tensor names to shard "
                                   "file names)")
         shards = sorted({_shard_path(index, folder, f) for f in weight_map.values()})
-        missing = [s for s in shards if not os.path.isfile(s)]
+        missing = [s for s in shards if not os.path.lexists(s)]
         if missing:
             raise CheckpointError(f"{index}: shard file {missing[0]!r} does not exist")
+        for shard in shards:
+            check_regular_file(shard, "weights shard", CheckpointError)
         return "safetensors", shards
     pickles = sorted(f for f in os.listdir(folder) if f.endswith(PICKLE_SUFFIXES))
     if pickles:
@@ -364,12 +371,12 @@ def read_folder_json(folder: str, name: str, kind: str):
       CheckpointError: the file is missing (the folder is not ``kind``), unreadable, or not valid JSON.
     """
     path = os.path.join(folder, name)
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise CheckpointError(f"{folder}: no {name} (not {kind})")
+    text = read_regular(path, name, CheckpointError, max_bytes=JSON_MAX_BYTES)
     try:
-        with open(path) as fh:
-            return json.load(fh)
-    except (OSError, ValueError) as err:
+        return json.loads(text)
+    except ValueError as err:
         raise CheckpointError(f"{path}: not valid JSON ({err})") from None
 
 
@@ -479,8 +486,9 @@ def open_gguf(path: str):
     """
     from gguf import GGUFReader
 
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise CheckpointError(f"{path}: GGUF file does not exist")
+    check_regular_file(path, "GGUF file", CheckpointError)  # memory-mapped by the reader: no FIFO or device
     try:
         return GGUFReader(path)
     except Exception as err:

@@ -24,7 +24,7 @@ import zipfile
 import numpy as np
 
 from snapaudit_jax.utils import validate
-from snapaudit_jax.utils.config import check_regular_file
+from snapaudit_jax.utils.files import open_regular
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.io import atomic_write
 from snapaudit_jax.utils.memory import check_fits
@@ -133,15 +133,19 @@ def read_npz_headers(path: str | os.PathLike) -> dict[str, tuple[tuple[int, ...]
         than the zip entry holds.
     """
     path = os.fspath(path)
-    check_regular_file(path, "snapshot file")
-    if not zipfile.is_zipfile(path):
-        with open(path, "rb") as fh:
-            head = fh.read(len(_NPY_MAGIC))
+    with open_regular(path, "snapshot file") as fh:  # the type checked before opening: a FIFO never blocks
+        return _npz_headers(path, fh)
+
+
+def _npz_headers(path: str, fh) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    if not zipfile.is_zipfile(fh):
+        fh.seek(0)
+        head = fh.read(len(_NPY_MAGIC))
         kind = "a raw .npy array (save it with numpy.savez)" if head == _NPY_MAGIC else "not a zip archive"
         raise InputError(f"snapshot file {path!r} is not a readable .npz archive: it is {kind}")
     out = {}
     try:
-        with zipfile.ZipFile(path) as archive:
+        with zipfile.ZipFile(fh) as archive:
             for info in archive.infolist():
                 if not info.filename.endswith(".npy"):
                     continue
@@ -220,7 +224,7 @@ def load_snapshots(path: str | os.PathLike) -> Snapshots:
     headers = read_npz_headers(path)
     _check_layout(path, headers)
     try:
-        with np.load(path, allow_pickle=False) as data:
+        with open_regular(path, "snapshot file") as fh, np.load(fh, allow_pickle=False) as data:
             contents = {k: np.asarray(data[k]) for k in ("with", "without", "candidates", "target") if k in headers}
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as err:
         raise InputError(f"snapshot file {path!r} is not a readable .npz archive: {err}") from None

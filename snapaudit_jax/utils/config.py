@@ -9,13 +9,15 @@ A section is read by popping its keys with :func:`take` and a converter
 from __future__ import annotations
 
 import dataclasses
-import errno
 import os
-import stat
 import tomllib
 
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import ConfigFileError, InputError
+from snapaudit_jax.utils.files import check_regular_file, read_regular
+
+CONFIG_MAX_BYTES = 1 << 20
+"""The largest TOML configuration read (1 MiB; the shipped ones are a few KiB)."""
 
 __all__ = ["ConfigFileError", "check_regular_file", "read_toml", "table", "take", "choice", "choices", "pos_int",
            "boolean", "string", "number_list", "reject_unknown", "dataclass_section"]
@@ -24,8 +26,9 @@ __all__ = ["ConfigFileError", "check_regular_file", "read_toml", "table", "take"
 def read_toml(path: str | os.PathLike) -> dict:
     """Reads and parses a TOML file.
 
-    The file must be a regular file (a FIFO, socket or device is refused without being opened, so nothing blocks)
-    and UTF-8 text, as TOML requires (a UTF-16 file is named as such).
+    The file must be a regular file of at most :data:`CONFIG_MAX_BYTES` (a FIFO, socket or device is refused
+    without being opened, so nothing blocks; see :mod:`snapaudit_jax.utils.files`) and UTF-8 text, as TOML
+    requires (a UTF-16 file is named as such).
 
     Args:
       path: the file.
@@ -34,16 +37,11 @@ def read_toml(path: str | os.PathLike) -> dict:
       The parsed document as a dict.
 
     Raises:
-      ConfigFileError: the file does not exist, is a symlink loop, is not a regular file, cannot be read, is not
-        UTF-8, or is not valid TOML.
+      ConfigFileError: the file does not exist, is a symlink loop, is not a regular file, is too large, cannot be
+        read, is not UTF-8, or is not valid TOML.
     """
     path = os.fspath(path)
-    check_regular_file(path, "configuration", ConfigFileError)
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except OSError as err:
-        raise ConfigFileError(f"{path}: cannot read the configuration ({err.strerror})") from None
+    data = read_regular(path, "configuration", ConfigFileError, max_bytes=CONFIG_MAX_BYTES)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -55,34 +53,6 @@ def read_toml(path: str | os.PathLike) -> dict:
         return tomllib.loads(text.removeprefix("\ufeff"))  # a UTF-8 byte-order mark is harmless
     except tomllib.TOMLDecodeError as err:
         raise ConfigFileError(f"{path}: invalid TOML ({err})") from None
-
-
-def check_regular_file(path: str, what: str, error: type[InputError] = InputError) -> None:
-    """Refuses, without opening it, a path that is not an existing regular file (symlinks are followed).
-
-    Args:
-      path: the file.
-      what: what the file is, in the message (``"configuration"``, ``"snapshot file"``).
-      error: the exception class raised.
-
-    Raises:
-      InputError: (of class ``error``) a missing path, a symlink loop, a folder, or a FIFO, socket or device.
-    """
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as err:
-        if err.errno == errno.ELOOP:
-            raise error(f"{path}: cannot read the {what}: it is a symlink loop (too many levels of symbolic "
-                        "links)") from None
-        if err.errno in (errno.ENOENT, errno.ENOTDIR):
-            raise error(f"{path}: cannot read the {what}: it does not exist") from None
-        raise error(f"{path}: cannot read the {what} ({err.strerror})") from None
-    if stat.S_ISDIR(mode):
-        raise error(f"{path}: the {what} is a folder, not a file")
-    if not stat.S_ISREG(mode):
-        kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a plain file")
-        raise error(f"{path}: the {what} must be a regular file, got {kind} (not opened)")
 
 
 def table(parent: dict, key: str, where: str, default=None) -> dict | None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from snapaudit_jax.utils.errors import InputError, MissingFileError
+from snapaudit_jax.utils.files import read_regular
 
 
 PathLike = str | os.PathLike
@@ -92,12 +92,9 @@ def sample_indices(n: int, k: int | None, rng: np.random.Generator) -> list[int]
     return sorted(int(i) for i in rng.choice(n, size=k, replace=False))
 
 
-_KINDS = ((stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "device"),
-          (stat.S_ISBLK, "device"))
-
-
 def read_bytes(path: str) -> bytes:
-    """The bytes of a regular file; a FIFO, socket, device or folder is refused without blocking on it.
+    """The bytes of a regular file; a FIFO, socket, device or folder is refused without blocking on it
+    (:func:`snapaudit_jax.utils.files.read_regular`).
 
     Args:
       path: the file.
@@ -106,18 +103,9 @@ def read_bytes(path: str) -> bytes:
       Its content.
 
     Raises:
-      ValueError: naming the file, for anything but a regular file or a file that cannot be read.
+      InputError: naming the file, for anything but a regular file or a file that cannot be read.
     """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO without a writer opens at once, then is refused
-    except OSError as err:
-        raise InputError(f"{path}: cannot be read ({err.strerror or err})") from None
-    with os.fdopen(fd, "rb") as fh:
-        mode = os.fstat(fh.fileno()).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((name for test, name in _KINDS if test(mode)), "special file")
-            raise InputError(f"{path}: must be a regular file, got a {kind}")
-        return fh.read()
+    return read_regular(path, "data file")
 
 
 def read_text(path: str) -> str:

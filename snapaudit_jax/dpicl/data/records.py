@@ -32,12 +32,12 @@ import io
 import json
 import os
 import re
-import stat
 import types
 from collections.abc import Mapping
 from typing import Any
 
 from snapaudit_jax.utils.errors import InputError, MissingFileError
+from snapaudit_jax.utils.files import open_regular
 
 __all__ = ["FORMATS", "read_records"]
 
@@ -49,16 +49,15 @@ FORMATS: Mapping[str, str] = types.MappingProxyType(
 _INT = re.compile(r"[+-]?\d+")
 _FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_FILE_TYPES = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
-               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
 
-
-def read_records(path: str | os.PathLike) -> dict[str, list]:
+def read_records(path: str | os.PathLike, *, field: str | None = None) -> dict[str, list]:
     """Reads every record of a local data file into memory, as columns.
 
     Args:
       path: a regular ``.jsonl``, ``.json``, ``.csv`` or ``.parquet`` file (see the module docstring for each
-        format's rules); a symbolic link to one is followed.
+        format's rules); a symbolic link to one is followed. Its type is checked before it is opened
+        (:func:`snapaudit_jax.utils.files.open_regular`).
+      field: the configuration key that named the file (``"data.path"``), first in a type error's message.
 
     Returns:
       ``{column: values}`` in the file's column order (JSON: the order in which keys first appear), every list
@@ -66,11 +65,10 @@ def read_records(path: str | os.PathLike) -> dict[str, list]:
 
     Raises:
       MissingFileError: ``path`` does not exist.
-      InputError: ``path`` is not a regular file (a directory, a FIFO, a device), has another extension, is
+      InputError: ``path`` is not a regular file (a folder, a FIFO, a device), has another extension, is
         empty (0 bytes), is not UTF-8 text (JSON, CSV), or breaks its format's rules; the message names the file,
         the line (JSON, CSV) and the rule, and never quotes the records' text.
       ImportError: a Parquet file without pyarrow installed.
-      OSError: the file cannot be read (permissions).
 
     Guarantees:
       Nothing is written anywhere: the file is read once, parsed in memory and closed.
@@ -78,21 +76,22 @@ def read_records(path: str | os.PathLike) -> dict[str, list]:
     path = os.fspath(path)
     source = f"file {path!r}"
     try:
-        mode = os.stat(path).st_mode
+        os.stat(path)
     except FileNotFoundError:
         raise MissingFileError(f"{source} does not exist") from None
-    if not stat.S_ISREG(mode):  # reading a FIFO or a device would block or never end
-        kind = next((name for test, name in _FILE_TYPES if test(mode)), "not a regular file")
-        raise InputError(f"{source} must be a regular file, got {kind}")
+    except OSError:
+        pass  # a symlink loop or a permission: named by open_regular below
     ext = os.path.splitext(path)[1].lower()
-    if ext not in FORMATS:
-        raise InputError(f"file extension must be one of {', '.join(FORMATS)}, got {ext or '(none)'!r} for {path!r}")
-    if os.stat(path).st_size == 0:
-        raise InputError(f"{source} is empty (no rows)")
-    fmt = FORMATS[ext]
-    if fmt == "parquet":
-        return _read_parquet(path, source)
-    with open(path, "rb") as fh:
+    # the type is checked before the file is opened (a FIFO or a device would block or never end)
+    with open_regular(path, "data file", field=field) as fh:
+        if ext not in FORMATS:
+            raise InputError(f"file extension must be one of {', '.join(FORMATS)}, got {ext or '(none)'!r} for "
+                             f"{path!r}")
+        if os.fstat(fh.fileno()).st_size == 0:
+            raise InputError(f"{source} is empty (no rows)")
+        fmt = FORMATS[ext]
+        if fmt == "parquet":
+            return _read_parquet(fh, source)
         raw = fh.read()
     try:
         text = raw.decode("utf-8-sig")
@@ -222,7 +221,7 @@ def _read_csv(text: str, source: str) -> dict[str, list]:
 # Parquet.
 
 
-def _read_parquet(path: str, source: str) -> dict[str, list]:
+def _read_parquet(path, source: str) -> dict[str, list]:
     try:
         import pyarrow.parquet as pq  # noqa: PLC0415 -- optional dependency (the data extra), Parquet only.
     except ImportError as err:

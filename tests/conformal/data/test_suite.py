@@ -76,7 +76,7 @@ def test_suite_load_corrupt_files(tmp_path, content, match):
 def test_suite_load_missing_or_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         LinkageSuite.load(tmp_path / "nope.json")
-    with pytest.raises(ValueError, match="must be a file"):
+    with pytest.raises(ValueError, match="is a folder, not a file"):
         LinkageSuite.load(tmp_path)
     rec = _tiny_suite().to_dict()
     rec["identities"] = ["a", "b"]

@@ -23,10 +23,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from tests.helpers.bad_input.common import _BERT, _LLAMA, Case, _hf_folder, _out_cases, _tokenizer, _write
+from tests.helpers.bad_input.private_data import _release_if_read
 
 _HOLDER = f"pid {os.getpid()} on "  # the cases run in this process, which holds their locks
 
@@ -72,6 +75,43 @@ def _ft(*extra: str, files: Callable[[Path], None] | None = None, **sections: st
                 *extra]
 
     return build
+
+
+def _ft_odd(make: Callable[[Path], str], key: str = "path", model: bool = False):
+    """``snapaudit finetune`` whose ``data.<key>`` (or, with ``model``, ``model.base``) is ``make(folder)``, made in
+    a folder outside ``tmp_path`` (the suite's tree check opens every file under ``tmp_path``: a FIFO or an
+    endless device there would block the check itself), removed when the case ends."""
+    def build(tmp: Path, stack: contextlib.ExitStack) -> list[str]:
+        _inputs(tmp)
+        odd = make(Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="snapaudit-odd-"))))
+        if model:
+            sections = {"model": f'base = "{odd}"\n'}
+        elif key == "path":
+            sections = {"data": f'path = "{odd}"\nmax_length = 24\nheld_out_fraction = 0.2\n'}
+        else:
+            sections = {"data": _data_section("notes.jsonl", f'{key} = "{odd}"\n')}
+        return ["finetune", _write(tmp / "c.toml", _toml(tmp, **sections)), "--quiet", "--out", str(tmp / "out")]
+
+    return build
+
+
+def _fifo(folder: Path, name: str = "notes.jsonl") -> str:
+    os.mkfifo(folder / name)
+    threading.Thread(target=_release_if_read, args=(str(folder / name),), daemon=True).start()
+    return str(folder / name)
+
+
+def _link(folder: Path, target: str, name: str = "notes.jsonl") -> str:
+    os.symlink(target, folder / name)
+    return str(folder / name)
+
+
+def _model_with_fifo(folder: Path, name: str) -> str:
+    """The tiny Llama folder with its file ``name`` replaced by a FIFO."""
+    model = Path(_hf_folder(folder / "lm", _LLAMA))
+    os.unlink(model / name)
+    _fifo(model, name)
+    return str(model)
 
 
 def _bert(tmp: Path) -> None:
@@ -187,6 +227,24 @@ CASES: list[Case] = [
     Case("finetune-data-file-is-a-folder",
          _ft(files=lambda t: (t / "folder.jsonl").mkdir(), data=_data_section("folder.jsonl")),
          ("data.path", "folder.jsonl")),
+    # Paths that are not regular files: refused from their type, never opened (a FIFO would block, a device
+    # never end); a FIFO's helper thread writes to it if a reader ever waits, so a regression fails, not hangs.
+    Case("finetune-data-path-is-a-fifo", _ft_odd(_fifo),
+         ("data.path", "notes.jsonl", "must be a regular file", "got a FIFO (named pipe)", "not opened"),
+         with_stack=True),
+    Case("finetune-data-path-links-to-an-endless-device", _ft_odd(lambda f: _link(f, "/dev/zero")),
+         ("data.path", "notes.jsonl", "must be a regular file", "got a character device"), with_stack=True),
+    Case("finetune-held-out-path-is-a-fifo", _ft_odd(lambda f: _fifo(f, "held.jsonl"), key="held_out_path"),
+         ("data.held_out_path", "held.jsonl", "got a FIFO"), with_stack=True),
+    Case("finetune-data-path-is-a-dangling-symlink", _ft_odd(lambda f: _link(f, str(f / "gone.jsonl"))),
+         ("data.path", "notes.jsonl", "symbolic link to", "gone.jsonl", "does not exist"), with_stack=True),
+    Case("finetune-base-config-is-a-fifo", _ft_odd(lambda f: _model_with_fifo(f, "config.json"), model=True),
+         ("config.json", "must be a regular file", "got a FIFO"), with_stack=True),
+    Case("finetune-base-tokenizer-is-a-fifo", _ft_odd(lambda f: _model_with_fifo(f, "tokenizer.json"), model=True),
+         ("tokenizer.json", "must be a regular file", "got a FIFO"), with_stack=True),
+    Case("finetune-base-weights-are-a-fifo",
+         _ft_odd(lambda f: _model_with_fifo(f, "model.safetensors"), model=True),
+         ("model.safetensors", "must be a regular file", "got a FIFO"), with_stack=True),
     # Settings only the data or the model can refute (checked before the weights are loaded).
     Case("finetune-target-epsilon-unreachable",
          _ft(privacy='target_epsilon = 1e-4\ndelta = 1e-6\naccountant = "rdp"\n'),

@@ -500,12 +500,16 @@ def test_read_records_refuses_what_is_not_a_regular_file(tmp_path):
 
     fifo = tmp_path / "pipe.jsonl"
     os.mkfifo(fifo)  # opening it for reading would block until a writer comes
-    with pytest.raises(ValueError, match=r"pipe\.jsonl' must be a regular file, got a FIFO \(named pipe\)"):
+    with pytest.raises(ValueError, match=r"pipe\.jsonl: the data file must be a regular file, got a FIFO \(named "
+                                         r"pipe\) \(not opened\)"):
         data.read_records(fifo)
     with pytest.raises(ValueError, match=r"must be a regular file, got a FIFO"):
         load_examples("agnews", fifo)
-    with pytest.raises(ValueError, match=r"must be a regular file, got a directory"):
+    with pytest.raises(ValueError, match=r"the data file is a folder, not a file"):
         data.read_records(tmp_path)
+    (tmp_path / "zero.jsonl").symlink_to("/dev/zero")  # endless: refused from its type, never read
+    with pytest.raises(ValueError, match=r"zero\.jsonl: the data file must be a regular file, got a character device"):
+        data.read_records(tmp_path / "zero.jsonl")
     with pytest.raises(FileNotFoundError, match=r"nope\.jsonl' does not exist"):
         data.read_records(tmp_path / "nope.jsonl")
     (tmp_path / "link.jsonl").symlink_to(_write_jsonl(tmp_path / "target.jsonl", AG_ROWS[:1]))
