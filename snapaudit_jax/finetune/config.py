@@ -57,7 +57,10 @@ class DataConfig:
         none, and a template that would insert its own default system prompt (SmolLM2's) gets an empty system
         message instead.
       user_field: the column naming each record's user (the protected unit when ``privacy.unit = "user"``).
-      held_out_path: a second file of held-out records (same fields), or ``""``.
+      held_out_path: a second file of held-out records (same fields), or ``""``. It must be disjoint from
+        ``path`` (not the same file, no record of the same text, and at user level no user with training records).
+      allow_held_out_overlap: with ``held_out_path``, leave the records it shares with ``path`` out of the
+        held-out part (counted in the report) instead of refusing the file.
       held_out_fraction: without ``held_out_path``, each unit (user or record) is held out (never trained on) with
         this probability, by a keyed hash of its id, so that adding or removing a unit moves no other: evaluation
         on private data.
@@ -71,6 +74,7 @@ class DataConfig:
     system_prompt: str = ""
     user_field: str = ""
     held_out_path: str = ""
+    allow_held_out_overlap: bool = False
     held_out_fraction: float = 0.1
     max_length: int = 128
 
@@ -91,6 +95,8 @@ class DataConfig:
         if not self.messages_field and not self.text_field.strip():
             raise InputError("text_field must name a column (or set messages_field), got ''")
         validate.choice("train_on", self.train_on, ("assistant", "all"))
+        if not isinstance(self.allow_held_out_overlap, bool):
+            raise InputError(f"allow_held_out_overlap must be true or false, got {self.allow_held_out_overlap!r}")
         if not self.held_out_path:
             value = validate._as_float("held_out_fraction", self.held_out_fraction)
             if not 0.0 < value < 1.0:

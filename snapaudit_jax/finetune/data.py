@@ -12,8 +12,22 @@ coin is below ``held_out_fraction``, and a user over the cap keeps the records w
 or removing one unit (a user with all their records, or one record) moves no other unit between training,
 held-out and validation, and changes no other user's kept records: the unit guarantee holds for the input file,
 not only for the realised training split. The held-out count is therefore binomial, not exact. A unit's id is
-its user id (``privacy.unit = "user"``, as read: the integer ``3`` and the string ``"3"`` differ) or its record's
-rendered text (``"record"``: identical records share a side).
+its user's canonical id (``privacy.unit = "user"``, :func:`canonical_user`) or its record's rendered text
+(``"record"``: identical records share a side).
+
+User ids are compared in one canonical form, so that one person is one unit under every spelling a file may
+hold: an integer and its decimal string are one user (``3``, ``"3"``, ``"03"``, ``"+3"``), and a string is
+compared after Unicode NFKC normalisation, with its whitespace trimmed and inner runs of whitespace made one
+space, and case-folded (``"Ann Lee"``, ``" ann  lee "`` and the full-width ``"ＡＮＮ ＬＥＥ"`` are one user).
+Merging can only join spellings into a larger unit, which the user-level guarantee still covers (each person's
+records lie inside one unit); splitting one person into two units would not be covered, so the form errs on the
+side of merging. Booleans and floats are refused as user ids. The report counts the distinct users and the
+users whose records used several spellings.
+
+A ``held_out_path`` file must be disjoint from the training file: the same file (or the same bytes) is refused,
+and so are records whose rendered text is also in the training file and, with ``privacy.unit = "user"``, users
+who also have training records -- unless ``data.allow_held_out_overlap = true``, which leaves those records out
+of the held-out part and counts them in the report.
 Canaries (:mod:`snapaudit_jax.dpsgd.canaries`) are units of their own, each inserted with probability
 ``insert_probability``.
 
@@ -25,7 +39,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
+import os
+import re
+import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,18 +53,49 @@ from snapaudit_jax.finetune.config import FinetuneConfig
 from snapaudit_jax.models.inference import CONTEXT, TARGET, frame
 from snapaudit_jax.utils.config import ConfigFileError
 from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.files import sha256_file
 
-__all__ = ["FinetuneData", "load_texts", "prepare_data", "pack_units", "pack_records", "unit_coin", "unit_id"]
+__all__ = ["FinetuneData", "canonical_user", "load_texts", "prepare_data", "pack_units", "pack_records", "unit_coin",
+           "unit_id"]
 
+_DECIMAL = re.compile(r"[+-]?[0-9]+")
+
+
+def canonical_user(user: Any) -> str:
+    """The one form in which user ids are compared (see the module docstring).
+
+    Args:
+      user: an ``int`` or a ``str`` as read from the data file.
+
+    Returns:
+      The decimal string of an integer (or of a string spelling one: ``"03"`` -> ``"3"``); otherwise the string
+      NFKC-normalised, whitespace-trimmed with inner whitespace runs made one space, and case-folded.
+
+    Raises:
+      TypeError: ``user`` is a ``bool``, a ``float`` or anything but an ``int`` or ``str``.
+      ValueError: a string that is empty once normalised.
+    """
+    if isinstance(user, bool) or not isinstance(user, (int, str)):
+        raise TypeError(f"a user id must be a string or an integer, got {type(user).__name__}")
+    if isinstance(user, int):
+        return str(user)
+    text = " ".join(unicodedata.normalize("NFKC", user).split()).casefold()
+    if not text:
+        raise ValueError("a user id must not be empty or only whitespace")
+    return str(int(text)) if _DECIMAL.fullmatch(text) else text
+
+
+USER_ID_RULE = ("user ids compared in one canonical form: an integer and its decimal string are one user; strings "
+                "NFKC-normalised, whitespace trimmed and collapsed, case-folded")
 SPLIT_RULE = ("each unit on its own, by a keyed hash of its id (adding or removing one unit moves no other unit and "
               "changes no other user's kept records)")
 
 
 def unit_id(user: Any | None, text: str | None = None) -> bytes:
-    """The bytes that name a unit (a user, as read) or, with ``text``, a record (of ``user`` if given).
+    """The bytes that name a unit (a user) or, with ``text``, a record (of ``user`` if given).
 
     Args:
-      user: the user id (an int or a str), or ``None`` for a record-level unit.
+      user: the user id (compared in :func:`canonical_user`'s form), or ``None`` for a record-level unit.
       text: the record's rendered text, or ``None`` for the user itself.
 
     Returns:
@@ -56,7 +103,7 @@ def unit_id(user: Any | None, text: str | None = None) -> bytes:
     """
     parts = []
     if user is not None:
-        parts.append(b"user\0" + json.dumps(user).encode())
+        parts.append(b"user\0" + canonical_user(user).encode())
     if text is not None:
         parts.append(b"record\0" + text.encode())
     return b"\0".join(parts)
@@ -178,7 +225,7 @@ def render_chat(tokenizer, messages: Sequence[dict], *, system_prompt: str = "",
 
 
 def load_texts(path: str, config: FinetuneConfig, tokenizer, key: str = "data.path",
-               spans: list | None = None) -> tuple[list[str], list | None]:
+               spans: list | None = None, spellings: dict | None = None) -> tuple[list[str], list | None]:
     """The records' texts (chat messages rendered) and their users, from one file.
 
     Args:
@@ -188,13 +235,17 @@ def load_texts(path: str, config: FinetuneConfig, tokenizer, key: str = "data.pa
       key: the config key naming ``path`` in errors.
       spans: with chat messages and ``data.train_on = "assistant"``, a list that receives each record's answer
         spans (:func:`render_chat`).
+      spellings: a dict that receives, for each canonical user id, the set of ``(type name, value)`` spellings
+        read for it.
 
     Returns:
-      ``(texts, users)``; ``users`` is ``None`` without ``data.user_field``.
+      ``(texts, users)``; ``users`` (each record's :func:`canonical_user` id) is ``None`` without
+      ``data.user_field``.
 
     Raises:
       ConfigFileError: an unreadable file, no records, a missing column, a text that is not a non-empty string,
-        messages that are not a list of ``{"role", "content"}``, or a record without a user (naming the row).
+        messages that are not a list of ``{"role", "content"}``, or a record without a user, or whose user is not
+        a string or an integer (naming the row).
     """
     data = config.data
     try:
@@ -226,12 +277,20 @@ def load_texts(path: str, config: FinetuneConfig, tokenizer, key: str = "data.pa
             texts.append(text)
     users = None
     if data.user_field:
-        users = list(_column(columns, data.user_field, "data.user_field", path))
-        for i, user in enumerate(users):
-            if user is None or (isinstance(user, str) and not user.strip()) or isinstance(user, (list, dict, float)):
-                shown = "missing" if user is None or isinstance(user, str) else type(user).__name__
+        users = []
+        for i, user in enumerate(_column(columns, data.user_field, "data.user_field", path)):
+            try:
+                if user is None:
+                    raise ValueError
+                canonical = canonical_user(user)
+            except (TypeError, ValueError):
+                shown = ("missing" if user is None or isinstance(user, str) else
+                         f"{type(user).__name__}, not a string or an integer")
                 raise ConfigFileError(f"data.user_field: row {i} of {path} has no user ({shown}); every record "
-                                      "needs one (a string or an integer)")
+                                      "needs one (a string or an integer)") from None
+            users.append(canonical)
+            if spellings is not None:
+                spellings.setdefault(canonical, set()).add((type(user).__name__, user))
     return texts, users
 
 
@@ -301,7 +360,8 @@ def prepare_data(config: FinetuneConfig, tokenizer) -> FinetuneData:
     """
     data, privacy = config.data, config.privacy
     chat_spans = [] if data.messages_field and data.train_on == "assistant" else None
-    texts, users = load_texts(data.path, config, tokenizer, spans=chat_spans)
+    spellings: dict[str, set] = {}
+    texts, users = load_texts(data.path, config, tokenizer, spans=chat_spans, spellings=spellings)
     n_records = len(texts)
     records, counts = _encode(texts, chat_spans, tokenizer, config)
     truncated = counts["truncated"]
@@ -324,10 +384,15 @@ def prepare_data(config: FinetuneConfig, tokenizer) -> FinetuneData:
     coin = lambda choice, g: unit_coin(config.seed, choice, ids[g])  # noqa: E731
 
     held: list[tuple[int, ...]] = []
+    overlapping = 0
     if data.held_out_path:
         held_spans = [] if chat_spans is not None else None
-        held_texts, _ = load_texts(data.held_out_path, config, tokenizer, key="data.held_out_path", spans=held_spans)
-        held = [r for r in _encode(held_texts, held_spans, tokenizer, config)[0] if r is not None]
+        held_texts, held_users = load_texts(data.held_out_path, config, tokenizer, key="data.held_out_path",
+                                            spans=held_spans)
+        shared = _held_out_overlap(config, texts, users, held_texts, held_users)
+        overlapping = sum(shared)
+        held = [r for r, s in zip(_encode(held_texts, held_spans, tokenizer, config)[0], shared)
+                if r is not None and not s]
         train_idx = list(range(len(groups)))
     else:
         fraction = data.held_out_fraction
@@ -343,7 +408,8 @@ def prepare_data(config: FinetuneConfig, tokenizer) -> FinetuneData:
         chosen = set(held_idx)
         train_idx = [g for g in range(len(groups)) if g not in chosen]
     if not held:
-        raise ConfigFileError(f"data.held_out_path: {data.held_out_path} holds no records")
+        left = f" once the {overlapping} it shares with data.path are left out" if overlapping else ""
+        raise ConfigFileError(f"data.held_out_path: {data.held_out_path} holds no records{left}")
     validation: list[tuple[int, ...]] = []
     if config.sweep is not None:
         # Whole units, by a coin of their own (runs without a sweep split as before).
@@ -394,6 +460,9 @@ def prepare_data(config: FinetuneConfig, tokenizer) -> FinetuneData:
         "max_length": data.max_length,
         "unit": privacy.unit,
         "users": len(by_user) if privacy.unit == "user" else None,
+        "users_with_several_spellings": (sum(len(v) > 1 for v in spellings.values()) if privacy.unit == "user"
+                                         else None),
+        "user_id_rule": (USER_ID_RULE if privacy.unit == "user" else None),
         "records_per_user_max": longest_user if privacy.unit == "user" else None,
         "users_capped": capped_users if privacy.unit == "user" else None,
         "records_dropped_by_cap": dropped if privacy.unit == "user" else 0,
@@ -402,6 +471,7 @@ def prepare_data(config: FinetuneConfig, tokenizer) -> FinetuneData:
         "train_records": sum(len(u) for u in units),
         "held_out_records": len(held),
         "held_out_source": data.held_out_path or f"fraction {data.held_out_fraction} of the units",
+        "held_out_records_left_out_as_overlapping": overlapping,
         "split": SPLIT_RULE,
         "canaries": config.canaries.n_canaries,
         "canaries_inserted": len(canary_units),
@@ -410,6 +480,41 @@ def prepare_data(config: FinetuneConfig, tokenizer) -> FinetuneData:
         stats["validation_records"] = len(validation)
         stats["validation_fraction"] = config.sweep.validation_fraction
     return FinetuneData(tuple(units), tuple(held), canaries, tuple(canary_units), stats, tuple(validation))
+
+
+def _held_out_overlap(config: FinetuneConfig, texts, users, held_texts, held_users) -> list[bool]:
+    """For each held-out record, whether it is shared with the training file: the same rendered text, or (user
+    level) a user who also has training records. Refuses the same file, and any overlap unless
+    ``data.allow_held_out_overlap``."""
+    data = config.data
+    same = False
+    try:
+        same = os.path.samefile(data.path, data.held_out_path)
+    except OSError:
+        pass
+    if same or sha256_file(data.path, "data file") == sha256_file(data.held_out_path, "data file"):
+        raise ConfigFileError(f"data.held_out_path: {data.held_out_path} is the training file data.path itself "
+                              f"({'the same file' if same else 'the same bytes'}): a held-out perplexity must come "
+                              "from records never trained on")
+    trained = set(texts)
+    by_text = [t in trained for t in held_texts]
+    by_user = [False] * len(held_texts)
+    if config.privacy.unit == "user" and held_users is not None:
+        train_users = set(users)
+        by_user = [u in train_users for u in held_users]
+    shared = [a or b for a, b in zip(by_text, by_user)]
+    if any(shared) and not data.allow_held_out_overlap:
+        parts = []
+        if any(by_text):
+            parts.append(f"{sum(by_text)} record(s) whose text is also in data.path")
+        if any(by_user):
+            parts.append(f"{sum(by_user)} record(s) of users who also have records in data.path (privacy.unit = "
+                         "'user'; ids compared in canonical form)")
+        raise ConfigFileError(f"data.held_out_path: {data.held_out_path} is not disjoint from the training data: "
+                              f"{' and '.join(parts)} of its {len(held_texts)}; the held-out perplexity would be "
+                              "computed on trained data. Remove them, or set data.allow_held_out_overlap = true to "
+                              "leave them out of the held-out part (counted in the report)")
+    return shared
 
 
 def _context_marked(rows) -> bool:

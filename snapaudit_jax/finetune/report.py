@@ -219,6 +219,11 @@ def format_report(card: dict[str, Any]) -> str:
     if data.get("users") is not None:
         lines.append(f"| users / capped at {data['max_records_per_user']} records / records dropped by the cap | "
                      f"{data['users']} / {data['users_capped']} / {data['records_dropped_by_cap']} |")
+        lines.append(f"| users appearing under several spellings (merged: {data.get('user_id_rule')}) | "
+                     f"{data.get('users_with_several_spellings', 0)} |")
+    if data.get("held_out_records_left_out_as_overlapping"):
+        lines.append(f"| held-out records shared with the training data, not held out (left out) | "
+                     f"{data['held_out_records_left_out_as_overlapping']} |")
     if data.get("train_on") == "assistant turns":
         lines.append(f"| chat records left out: without an answer / first answer beyond {data['max_length']} tokens "
                      f"| {data['records_without_answer']} / {data['records_answer_cut']} |")

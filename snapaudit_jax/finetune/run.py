@@ -56,7 +56,8 @@ from snapaudit_jax.utils.run_folder import RunFolder
 __all__ = ["Prepared", "prepare", "plan", "run_finetune", "run_folder", "RESULT_FILES", "RESUME_VERSION"]
 
 RESULT_FILES = ("report.json", "report.md")
-RESUME_VERSION = 2  # 2: the batches and noise come from the run's secret key (checkpoints/run_key.json)
+RESUME_VERSION = 3  # 2: the batches and noise come from the run's secret key (checkpoints/run_key.json); 3: user ids
+# compared in canonical form (finetune.data.canonical_user: the keyed splits of integer ids changed)
 _LORA_STREAM, _TRAIN_STREAM, _SWEEP_STREAM, _PLAN_STREAM = 7, 11, 17, 19
 
 
@@ -496,6 +497,12 @@ def format_plan(info: dict[str, Any]) -> str:
         lines.append(f"users: {data['users']}; {data['users_capped']} capped at {data['max_records_per_user']} "
                      f"records, which drops {data['records_dropped_by_cap']} of the {data['records_read']} records "
                      f"read ({100 * data['records_dropped_by_cap'] / max(1, data['records_read']):.0f}%)")
+        if data.get("users_with_several_spellings"):
+            lines.append(f"user ids: {data['users_with_several_spellings']} users appear under several spellings, "
+                         f"each merged into one unit ({data['user_id_rule']})")
+    if data.get("held_out_records_left_out_as_overlapping"):
+        lines.append(f"held-out file: {data['held_out_records_left_out_as_overlapping']} records shared with the "
+                     "training data left out of the held-out part (data.allow_held_out_overlap)")
     if data.get("train_on") == "assistant turns":
         lines.append(f"chat records trained on their answers only; unusable and left out: "
                      f"{data['records_without_answer']} without an answer, {data['records_answer_cut']} whose "

@@ -255,6 +255,116 @@ def test_held_out_part_must_not_be_empty(tiny, tmp_path):
         prepare(load_finetune_config(cfg))
 
 
+# One person, every spelling the canonical form accepts for them (module docstring of finetune.data).
+SPELLINGS = {
+    "seven": [7, "7", "07", "+7", " 7 ", "\uff17"],  # an integer, its decimal strings, a full-width digit
+    "ann": ["Ann Lee", " ann  lee ", "ANN\u00a0LEE", "\uff21\uff4e\uff4e Lee"],  # case, spaces, NBSP, full width
+    "jose": ["Jos\u00e9", "Jose\u0301", "JOS\u00c9"],  # composed and decomposed accents
+}
+
+
+def _spelled_rows(seed=0):
+    """Records of 3 people under their several spellings and of 12 others, shuffled."""
+    rng = np.random.default_rng(seed)
+    rows = [{"user": spelling, "text": f"note {j} of {person}: {' '.join(rng.choice(WORDS, 4))}."}
+            for person, spellings in SPELLINGS.items() for j, spelling in enumerate(spellings)]
+    rows += [{"user": f"other{u}", "text": f"note of other{u}: {' '.join(rng.choice(WORDS, 4))}."} for u in range(12)]
+    return [rows[i] for i in rng.permutation(len(rows))]
+
+
+def _units_of(cfg_path):
+    """The prepared data and the token tuple -> unit index map (train units, or -1 for held out)."""
+    from snapaudit_jax.finetune.data import prepare_data
+    from snapaudit_jax.models import load_tokenizer
+
+    config = load_finetune_config(cfg_path)
+    data = prepare_data(config, load_tokenizer(config.model.base))
+    where = {r: g for g, unit in enumerate(data.train_units) for r in unit}
+    where.update({r: -1 for r in data.held_out})
+    return data, where
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_one_person_is_one_unit_under_every_accepted_spelling(tiny, tmp_path, seed):
+    """Whatever spellings a person's records use, they land in one unit (or all held out), the report counts
+    people, not spellings, and names how many people had several spellings."""
+    from snapaudit_jax.finetune.data import canonical_user
+    from snapaudit_jax.models import load_tokenizer
+
+    root, model, _, _ = tiny
+    rows = _spelled_rows(seed)
+    path = tmp_path / "notes.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = _toml(root, model, str(path), privacy="unit = \"user\"\ntarget_epsilon = 4.0\nmax_records_per_user = 8\n",
+                data=f'path = "{path}"\nuser_field = "user"\nmax_length = 24\nheld_out_fraction = 0.3\n',
+                canaries="n_canaries = 0\n")
+    data, where = _units_of(cfg)
+    tok = load_tokenizer(model)
+    from snapaudit_jax.models.inference import frame
+
+    for person, spellings in SPELLINGS.items():
+        assert len({canonical_user(s) for s in spellings}) == 1, person
+        units = {where[tuple(frame(tok, r["text"]))] for r in rows if r["user"] in spellings}
+        assert len(units) == 1, (person, units)
+    assert data.stats["users"] == 3 + 12 and data.stats["users_with_several_spellings"] == 3
+    # power: distinct people stay distinct, and the spellings as read (json values) would be 13 + 12 "users"
+    assert len({canonical_user(r["user"]) for r in rows}) == 15
+    assert len({json.dumps(r["user"]) for r in rows}) == 13 + 12
+
+
+@pytest.mark.parametrize("user, shown", [(True, "bool"), (3.0, "float"), ("  ", "missing"), ([1], "list")])
+def test_user_ids_that_are_not_strings_or_integers_are_refused_naming_the_row(tiny, tmp_path, user, shown):
+    root, model, _, _ = tiny
+    path = tmp_path / "notes.jsonl"
+    rows = [{"user": f"u{i}", "text": f"note {i}."} for i in range(6)] + [{"user": user, "text": "odd note."}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = _toml(root, model, str(path), data=f'path = "{path}"\nuser_field = "user"\nmax_length = 24\n',
+                privacy="unit = \"user\"\ntarget_epsilon = 4.0\n")
+    with pytest.raises(ConfigFileError, match=rf"data\.user_field: row 6 of .* has no user \({shown}"):
+        _units_of(cfg)
+
+
+def _held_out_case(tiny, tmp_path, held_rows, unit="record", extra=""):
+    root, model, data, rows = tiny
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join(json.dumps(r) + "\n" for r in held_rows))
+    privacy = f"unit = \"{unit}\"\ntarget_epsilon = 4.0\nmax_records_per_user = 8\n"
+    return _toml(root, model, data, privacy=privacy, canaries="n_canaries = 0\n",
+                 data=f'path = "{data}"\nuser_field = "user"\nmax_length = 24\nheld_out_path = "{held}"\n{extra}')
+
+
+def test_held_out_data_must_be_disjoint_from_the_training_data(tiny, tmp_path):
+    """The training file itself (by path, by link or as a copy), a held-out record whose text is trained on, and
+    at user level a held-out user with training records are refused, each naming what is shared; with
+    data.allow_held_out_overlap the shared records are left out of the held-out part and counted."""
+    root, model, data, rows = tiny
+    fresh = [{"user": f"new{i}", "text": f"a note of new{i} never trained on."} for i in range(4)]
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(data)
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(open(data, "rb").read())
+    for same, how in ((data, "the same file"), (link, "the same file"), (copy, "the same bytes")):
+        cfg = _toml(root, model, data, canaries="n_canaries = 0\n",
+                    data=f'path = "{data}"\nuser_field = "user"\nmax_length = 24\nheld_out_path = "{same}"\n')
+        with pytest.raises(ConfigFileError, match=rf"data\.held_out_path: .* is the training file data\.path itself "
+                                                  rf"\({how}\)"):
+            _units_of(cfg)
+    shared_text = fresh + [dict(rows[0]), dict(rows[5])]
+    with pytest.raises(ConfigFileError, match=r"not disjoint from the training data: 2 record\(s\) whose text is "
+                                              r"also in data\.path of its 6; .*allow_held_out_overlap"):
+        _units_of(_held_out_case(tiny, tmp_path, shared_text))
+    shared_user = fresh + [{"user": rows[0]["user"].upper(), "text": "an unseen note of a trained user."}]
+    with pytest.raises(ConfigFileError, match=r"1 record\(s\) of users who also have records in data\.path"):
+        _units_of(_held_out_case(tiny, tmp_path, shared_user, unit="user"))
+    # record level: a trained user's unseen note is held out (the unit is the record)
+    data_r, _ = _units_of(_held_out_case(tiny, tmp_path, shared_user))
+    assert data_r.stats["held_out_records"] == 5 and data_r.stats["held_out_records_left_out_as_overlapping"] == 0
+    allowed, _ = _units_of(_held_out_case(tiny, tmp_path, shared_text + shared_user[-1:], unit="user",
+                                          extra="allow_held_out_overlap = true\n"))
+    assert allowed.stats["held_out_records"] == 4
+    assert allowed.stats["held_out_records_left_out_as_overlapping"] == 3
+
+
 @pytest.mark.slow
 def test_user_level_units_group_and_cap_records(tiny):
     root, model, data, rows = tiny
@@ -263,7 +373,7 @@ def test_user_level_units_group_and_cap_records(tiny):
     prep = prepare(load_finetune_config(cfg))
     tokens, mask = prep.dataset
     users = {r["user"] for r in rows}
-    held = sum(_coin(1, "held_out", b"user\0" + json.dumps(u).encode()) < 0.2 for u in users)
+    held = sum(_coin(1, "held_out", b"user\0" + u.encode()) < 0.2 for u in users)  # "u7": canonical already
     assert 0 < held < len(users)
     assert tokens.shape[0] == len(users) - held and tokens.shape[1] == 2  # units are users, k = the cap
     counts = {}
