@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.io import named_os_errors, save_safetensors
 
 __all__ = ["save_checkpoint", "latest_checkpoint", "load_checkpoint", "CHECKPOINT_FORMAT"]
 
@@ -73,8 +74,6 @@ def save_checkpoint(directory: str | os.PathLike, step: int, params, opt_state, 
     Returns:
       The path of the checkpoint folder.
     """
-    from safetensors.numpy import save_file
-
     directory = os.fspath(directory)
     os.makedirs(directory, exist_ok=True)
     arrays, typed = _flatten("params", params)
@@ -85,15 +84,12 @@ def save_checkpoint(directory: str | os.PathLike, step: int, params, opt_state, 
     final = os.path.join(directory, f"step_{step:08d}")
     tmp = tempfile.mkdtemp(prefix=f".tmp-step_{step:08d}-", dir=directory)
     try:
-        save_file(arrays, os.path.join(tmp, "state.safetensors"))
-        with open(os.path.join(tmp, "meta.json"), "w") as fh:
+        save_safetensors(arrays, os.path.join(tmp, "state.safetensors"))
+        meta_path = os.path.join(tmp, "meta.json")
+        with named_os_errors(meta_path), open(meta_path, "w") as fh:
             json.dump(meta, fh, indent=1)  # the history may hold NaN losses (a diverged run)
-        for name in ("state.safetensors", "meta.json"):
-            fd = os.open(os.path.join(tmp, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fh.flush()
+            os.fsync(fh.fileno())
         if os.path.exists(final):
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -57,7 +57,7 @@ from snapaudit_jax.models.tokenizer import Tokenizer
 # The loader's name maps are the one source of the checkpoint names: an export cannot drift from what loads.
 from snapaudit_jax.models.weights import CheckpointError, gpt2_weight_map, llama_weight_map, read_folder_json
 from snapaudit_jax.utils.errors import InputError
-from snapaudit_jax.utils.io import check_output_dir, dumps
+from snapaudit_jax.utils.io import check_output_dir, dumps, named_os_errors, save_safetensors
 
 __all__ = ["LORA_MODES", "hf_config", "hf_tensors", "read_peft_adapter", "write_hf_folder", "write_peft_adapter"]
 
@@ -394,19 +394,16 @@ def _fsync_dir(path: str) -> None:
 
 
 def _put(folder: str, name: str, data: bytes) -> None:
-    with open(os.path.join(folder, name), "wb") as fh:
+    path = os.path.join(folder, name)
+    with named_os_errors(path), open(path, "wb") as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
 
 
 def _put_safetensors(folder: str, name: str, tensors: dict[str, np.ndarray]) -> None:
-    from safetensors.numpy import save_file
-
-    path = os.path.join(folder, name)
-    save_file(tensors, path, metadata={"format": "pt"})  # transformers refuses a file without format "pt"
-    with open(path, "rb+") as fh:
-        os.fsync(fh.fileno())
+    # transformers refuses a file without format "pt"
+    save_safetensors(tensors, os.path.join(folder, name), metadata={"format": "pt"})
 
 
 def _check_target(out_dir, overwrite: bool) -> str:

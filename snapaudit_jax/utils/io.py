@@ -10,10 +10,12 @@ accepts. A field that may be infinite documents what its ``null`` means.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import math
-import dataclasses
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from typing import IO, Any
@@ -22,8 +24,8 @@ import numpy as np
 
 from snapaudit_jax.utils.errors import InputError
 
-__all__ = ["PLOT_FORMATS", "JSONRecord", "atomic_write", "check_output_dir", "check_output_file", "dumps", "to_json",
-           "write_json", "write_text"]
+__all__ = ["PLOT_FORMATS", "JSONRecord", "atomic_write", "check_output_dir", "check_output_file", "dumps",
+           "named_os_errors", "save_safetensors", "to_json", "write_json", "write_text"]
 
 
 def _umask() -> int:
@@ -49,7 +51,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> 
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=directory)
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # the permissions open() would give, not mkstemp's 0600
-        with os.fdopen(fd, "wb") as fh:
+        with named_os_errors(path), os.fdopen(fd, "wb") as fh:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
@@ -58,6 +60,66 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> 
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def named_os_errors(path: str | os.PathLike):
+    """Gives an :class:`OSError` raised inside the block without a file name the name ``path``.
+
+    A full disk, a quota or a file size limit reached by ``write`` raises an error without a file name; with it,
+    the message says which file could not be written: ``[Errno 28] No space left on device: 'path'``.
+
+    Args:
+      path: the file the block writes.
+
+    Yields:
+      Nothing; the block runs.
+
+    Raises:
+      OSError: of the same class and errno, with ``filename = path`` when it had none.
+    """
+    try:
+        yield
+    except OSError as err:
+        if err.filename is not None or err.errno is None:
+            raise
+        raise type(err)(err.errno, err.strerror, os.fspath(path)) from None
+
+
+_OS_ERROR = re.compile(r"os error (\d+)\)?\s*$")
+
+
+def save_safetensors(tensors: dict[str, np.ndarray], path: str | os.PathLike, metadata: dict | None = None) -> None:
+    """``safetensors.numpy.save_file`` then ``fsync``, its I/O failures raised as :class:`OSError` naming ``path``.
+
+    safetensors reports a failed write (a full disk, a quota, a file size limit) as its own ``SafetensorError``
+    with the operating system's error code in the text; this raises that code as ``OSError(errno, strerror,
+    path)`` instead, which every command reports as a clean error naming the file.
+
+    Args:
+      tensors: name -> array.
+      path: the file written (not atomically: callers write into a temporary folder or file and rename it; a
+        failed write's partial file is removed).
+      metadata: the header's string metadata.
+
+    Raises:
+      OSError: the file could not be written, with its errno and ``path``.
+    """
+    from safetensors.numpy import save_file
+
+    path = os.fspath(path)
+    try:
+        save_file(tensors, path, metadata=metadata)
+    except Exception as err:  # safetensors' SafetensorError derives from Exception only
+        found = _OS_ERROR.search(str(err)) if type(err).__name__ == "SafetensorError" else None
+        if found is None:
+            raise
+        code = int(found.group(1))
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # the partial file
+        raise OSError(code, os.strerror(code), path) from None
+    with named_os_errors(path), open(path, "rb+") as fh:
+        os.fsync(fh.fileno())
 
 
 def to_json(obj: Any) -> Any:

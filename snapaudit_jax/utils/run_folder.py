@@ -16,7 +16,8 @@ one configuration and, while a run writes it, to one process:
 
 Every refusal comes before any work and changes no byte of the folder: :meth:`RunFolder.check` reads the stamp
 and tests the lock without taking it. :meth:`RunFolder.claim` then creates the folder, takes the lock, checks
-again under it (another run may have stamped the folder in between) and writes the stamp.
+again under it (another run may have stamped the folder in between), writes the stamp and removes the temporary
+files an interrupted run left (:func:`remove_leftovers`: they may hold private weights).
 
 A folder without a stamp: a missing or empty one is new; one that holds only the command's resume files (an
 interrupted run of an earlier version: its answer caches are keyed by model and prompt, its snapshots by their
@@ -32,6 +33,8 @@ import fcntl
 import hashlib
 import json
 import os
+import re
+import shutil
 import socket
 import sys
 import time
@@ -41,7 +44,7 @@ from typing import Any
 from snapaudit_jax.utils.errors import ConfigFileError, InputError
 from snapaudit_jax.utils.io import dumps, to_json, write_json
 
-__all__ = ["LOCK_FILE", "STAMP_FILE", "STAMP_FORMAT", "RunFolder", "first_difference"]
+__all__ = ["LOCK_FILE", "STAMP_FILE", "STAMP_FORMAT", "RunFolder", "first_difference", "remove_leftovers"]
 
 STAMP_FILE = "run.json"
 LOCK_FILE = "run.lock"
@@ -55,6 +58,37 @@ def _show(value: Any) -> str:
         return "not set"
     text = json.dumps(value, sort_keys=True)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+_LEFTOVER = re.compile(r"^\.(tmp-|probe-|.+\.tmp-|.+\.old-)")
+
+
+def remove_leftovers(folder: str) -> list[str]:
+    """Removes the temporary files and folders an interrupted run left anywhere under ``folder``.
+
+    Every write of a run goes into a temporary sibling named ``.tmp-*`` (files, checkpoints, the run key),
+    ``.<name>.tmp-*`` or ``.<name>.old-*`` (exported folders) or ``.probe-*`` (a write test), renamed into place
+    when complete; a ``kill -9`` or a power cut leaves such a sibling behind, and it may hold private weights or
+    optimizer state. Called with the run's lock held (:meth:`RunFolder.claim`), so no live writer owns one.
+    Symbolic links are removed, never followed.
+
+    Args:
+      folder: the run folder.
+
+    Returns:
+      The removed paths.
+    """
+    removed = []
+    for parent, dirs, files in os.walk(folder):
+        for name in [d for d in dirs if _LEFTOVER.match(d)] + [f for f in files if _LEFTOVER.match(f)]:
+            path = os.path.join(parent, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+            removed.append(path)
+        dirs[:] = [d for d in dirs if not _LEFTOVER.match(d)]
+    return removed
 
 
 def first_difference(there: Any, here: Any, prefix: str = "") -> tuple[str, Any, Any] | None:
@@ -178,6 +212,7 @@ class RunFolder:
         try:
             if self._inspect(probe=False) != "stamped":
                 write_json(self.stamp_path, self.stamp())
+            remove_leftovers(self.path)
             yield self
         finally:
             self._unlock(fd)

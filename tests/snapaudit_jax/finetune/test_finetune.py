@@ -149,10 +149,15 @@ def test_noise_is_secret_by_default_and_replayable_only_by_request(tiny, tmp_pat
     assert "warning" not in plain and "secret key" in plain["randomness"]
 
 
+def _worker(cfg, out, *mode):
+    """``snapaudit finetune`` in a subprocess (tests/helpers/finetune_kill_worker.py ``mode``)."""
+    return subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "finetune_kill_worker.py"), cfg, str(out),
+                           *map(str, mode)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
 def _kill_after(cfg, out, model, step):
     """``snapaudit finetune`` in a subprocess, SIGKILLed right after ``checkpoints/<model>``'s checkpoint ``step``."""
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "finetune_kill_worker.py"), cfg,
-                           str(out), model, str(step)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = _worker(cfg, out, "checkpoint", model, step)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
 
 
@@ -185,6 +190,55 @@ def test_a_sweep_and_its_twin_killed_mid_way_resume_to_the_uninterrupted_card(ti
     for name in weights:
         assert (reference / name).read_bytes() == (killed / name).read_bytes(), name
     assert not [p for p in killed.rglob("*") if ".tmp" in p.name]
+
+
+def _leftovers(out):
+    return [p for p in out.rglob("*") if p.name.startswith((".tmp-", ".probe-")) or ".tmp-" in p.name
+            or ".old-" in p.name]
+
+
+def _lean(root, model, data):
+    return _toml(root, model, data, run="seed = 1\nnoise_seed = 3\nbaseline = false\neval_batch_size = 8\n",
+                 finetune="method = \"lora\"\nrank = 2\nsteps = 3\nbatch_size = 4\ncheckpoint_every = 1\n",
+                 canaries="n_canaries = 0\n")
+
+
+@pytest.mark.slow
+def test_a_kill_during_export_leaves_no_private_copy_once_the_run_resumes(tiny, tmp_path):
+    """kill -9 once the merged private weights are written into export/'s temporary folder: that folder (a copy
+    of the private weights) and a half-written JSON file are left; the rerun removes both before it works and
+    finishes the export."""
+    root, model, data, _ = tiny
+    cfg, out = _lean(root, model, data), tmp_path / "run"
+    proc = _worker(cfg, out, "export", "model.safetensors")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    partial = [p for p in (out / "export").iterdir() if p.name.startswith(".private.tmp-")]
+    assert partial and (partial[0] / "model.safetensors").is_file() and not (out / "export" / "private").exists()
+    (out / "evaluations" / ".tmp-half.json").write_text('{"token_lo')  # as a kill inside atomic_write leaves
+    assert main(["finetune", cfg, "--out", str(out), "--quiet"]) == 0
+    assert _leftovers(out) == []
+    assert (out / "export" / "private" / "model.safetensors").is_file()
+    assert (out / "export" / "private_adapter" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("limit, where", [(4000, "state.safetensors"), (50_000, "model.safetensors")])
+def test_a_full_disk_is_a_clean_error_and_the_rerun_resumes(tiny, tmp_path, limit, where):
+    """Writes fail past a file size limit (EFBIG, as ENOSPC on a full disk) at a checkpoint (4 kB: its 8 kB
+    safetensors file) or at the export (50 kB: the 115 kB merged weights): exit 2 with the errno's text and the
+    file's path, no traceback, no partial file left visible or hidden; the rerun without the limit finishes."""
+    root, model, data, _ = tiny
+    cfg, out = _lean(root, model, data), tmp_path / "run"
+    proc = _worker(cfg, out, "fsize", limit)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("snapaudit finetune: error: [Errno 27] File too large: ") and where in last, last
+    assert str(out) in last
+    assert _leftovers(out) == []
+    assert not (out / "report.json").exists()
+    assert main(["finetune", cfg, "--out", str(out), "--quiet"]) == 0
+    assert (out / "export" / "private" / "model.safetensors").is_file() and _leftovers(out) == []
 
 
 @pytest.mark.slow

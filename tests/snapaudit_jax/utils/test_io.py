@@ -51,3 +51,51 @@ def test_write_json_is_atomic_and_strict(tmp_path):
     with pytest.raises(TypeError):
         write_json(tmp_path / "bad.json", {"x": object()})
     assert not (tmp_path / "bad.json").exists()
+
+
+_FULL_DISK = r"""
+import json, os, resource, signal, sys
+import numpy as np
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # writes past 4 kB fail with EFBIG, as ENOSPC would
+from snapaudit_jax.dpsgd.checkpoint import save_checkpoint
+from snapaudit_jax.utils.io import atomic_write, save_safetensors, write_json
+folder = sys.argv[1]
+big = {"w": np.zeros(4096, np.float32)}
+calls = {
+    "atomic_write": lambda: atomic_write(os.path.join(folder, "a.bin"), lambda fh: fh.write(b"0" * 8192)),
+    "write_json": lambda: write_json(os.path.join(folder, "r.json"), {"x": "y" * 8192}),
+    "save_safetensors": lambda: save_safetensors(big, os.path.join(folder, "m.safetensors")),
+    "save_checkpoint": lambda: save_checkpoint(os.path.join(folder, "ckpt"), 1, big, {}, {}),
+}
+out = {}
+for name, call in calls.items():
+    try:
+        call()
+        out[name] = None
+    except OSError as err:
+        out[name] = [err.errno, err.filename]
+print(json.dumps(out))
+"""
+
+
+def test_write_failures_are_os_errors_naming_the_file_and_leave_nothing(tmp_path):
+    """Under a 4 kB file size limit (a write fails as on a full disk), every writer raises OSError with the
+    errno and the file's path (safetensors' own error type included), and no partial or temporary file stays."""
+    import errno
+    import subprocess
+    import sys
+
+    from tests.helpers.paths import ROOT
+
+    proc = subprocess.run([sys.executable, "-c", _FULL_DISK, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(out) == {"atomic_write", "write_json", "save_safetensors", "save_checkpoint"}
+    for name, found in out.items():
+        assert found is not None, f"{name} wrote past the limit"
+        code, path = found
+        assert code == errno.EFBIG and path and path.startswith(str(tmp_path)), (name, found)
+    assert out["save_safetensors"][1] == str(tmp_path / "m.safetensors")
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == []  # no partial or temporary file
