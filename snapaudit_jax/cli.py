@@ -19,6 +19,7 @@ __all__ = ["main", "build_parser"]
 
 from snapaudit_jax.utils.io import dumps
 from snapaudit_jax.utils.errors import EXIT_BUG, EXIT_INPUT, EXIT_OK, EXIT_VIOLATION, SnapAuditError
+from snapaudit_jax.utils.secrets import redact
 
 # The registry's built-in names, spelled here so that `snapaudit --help` needs no JAX import; a test checks
 # they equal snapaudit_jax.mechanisms.names().
@@ -265,15 +266,15 @@ def main(argv=None) -> int:
         return _COMMANDS.get(args.command, _run_config)(args)
     except SnapAuditError as err:
         message = _name_flag(str(err)) if args.command == "simulate" else str(err)  # its fields are its flags
-        print(f"snapaudit {args.command}: error: {message}", file=sys.stderr)
+        print(f"snapaudit {args.command}: error: {redact(message)}", file=sys.stderr)
         return err.exit_code
     except OSError as err:  # the environment (a full disk, a permission), not the program
-        print(f"snapaudit {args.command}: error: {err}", file=sys.stderr)
+        print(f"snapaudit {args.command}: error: {redact(str(err))}", file=sys.stderr)
         return EXIT_INPUT
     except Exception:  # anything else is a bug: say so, with the traceback
         import traceback
 
-        traceback.print_exc()
+        print(redact(traceback.format_exc()), end="", file=sys.stderr)
         print(f"snapaudit {args.command}: internal error (a bug in snapaudit-jax; the traceback above locates it)",
               file=sys.stderr)
         return EXIT_BUG

@@ -61,6 +61,7 @@ import numpy as np
 from snapaudit_jax.models.lm import Generation, chat_prompt, prompt_ids
 from snapaudit_jax.models.tokenizer import Tokenizer
 from snapaudit_jax.utils.errors import InputError, ServerError
+from snapaudit_jax.utils.secrets import redact_url, register
 
 __all__ = ["Capabilities", "MAX_BODY_BYTES", "OpenAIClient", "ServerConfig", "ServerLanguageModel", "connect",
            "echoed_logprobs", "probe", "connect_configured", "server_from_table"]
@@ -119,20 +120,26 @@ class ServerConfig:
     def __post_init__(self):
         where = self.section
         if not isinstance(self.base_url, str) or not self.base_url:
-            raise InputError(f"{where}.base_url must be a non-empty http(s) URL, got {self.base_url!r}")
-        parts = urllib.parse.urlsplit(self.base_url)
+            raise InputError(f"{where}.base_url must be a non-empty http(s) URL, got {redact_url(self.base_url)}")
+        try:
+            parts = urllib.parse.urlsplit(self.base_url)
+        except ValueError as err:  # an invalid IPv6 literal, a bad port form
+            raise InputError(f"{where}.base_url is not a URL ({err}), got {redact_url(self.base_url)}") from None
         if parts.username is not None or parts.password is not None:
             raise InputError(f"{where}.base_url must not embed credentials (user:password@host); put the API key in "
                              f"an environment variable and name it in {where}.api_key_env")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise InputError(f"{where}.base_url must be an http:// or https:// URL with a host, got "
-                             f"{self.base_url!r}")
+                             f"{redact_url(self.base_url)}")
         try:
             _ = parts.port
         except ValueError:
-            raise InputError(f"{where}.base_url must have a port in [0, 65535], got {self.base_url!r}") from None
+            raise InputError(f"{where}.base_url must have a port in [0, 65535], got {redact_url(self.base_url)}") \
+                from None
         if parts.query or parts.fragment:
-            raise InputError(f"{where}.base_url must have no query or fragment, got {self.base_url!r}")
+            raise InputError(f"{where}.base_url must have no query or fragment (a credential there would travel in "
+                             f"every request and log; name the key's variable in {where}.api_key_env), got "
+                             f"{redact_url(self.base_url)}")
         if not isinstance(self.model, str) or not self.model:
             raise InputError(f"{where}.model must be the served model's id (a non-empty string), got {self.model!r}")
         if self.api_key_env is not None and (not isinstance(self.api_key_env, str) or not self.api_key_env):
@@ -413,6 +420,7 @@ class OpenAIClient:
             if not key:
                 raise InputError(f"{config.section}.api_key_env names {config.api_key_env!r}, which is not set in "
                                  "the environment")
+            register(key)  # redacted from every message, log line and JSON file from here on
             self._headers["Authorization"] = f"Bearer {key}"
         parts = urllib.parse.urlsplit(config.api_root)
         self._https = parts.scheme == "https"

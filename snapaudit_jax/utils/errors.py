@@ -50,6 +50,20 @@ class SnapAuditError(Exception):
 
     exit_code: int = EXIT_BUG
 
+    def __init__(self, *args):
+        """The message (first argument) with every registered secret redacted
+        (:func:`snapaudit_jax.utils.secrets.redact`): an error quoting a server's answer that echoes the API key
+        cannot carry it further.
+
+        Args:
+          *args: the exception's arguments, the message first.
+        """
+        from snapaudit_jax.utils.secrets import redact
+
+        if args and isinstance(args[0], str):
+            args = (redact(args[0]), *args[1:])
+        super().__init__(*args)
+
 
 class InputError(SnapAuditError, ValueError):
     """Bad input; the message names the field (flag, ``section.key``, file), the rule and the value."""

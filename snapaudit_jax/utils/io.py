@@ -23,6 +23,7 @@ from typing import IO, Any
 import numpy as np
 
 from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.secrets import redact
 
 __all__ = ["PLOT_FORMATS", "JSONRecord", "atomic_write", "check_output_dir", "check_output_file", "dumps",
            "named_os_errors", "save_safetensors", "to_json", "write_json", "write_text"]
@@ -157,7 +158,8 @@ def to_json(obj: Any) -> Any:
 
 
 def dumps(obj: Any, **kwargs) -> str:
-    """``json.dumps(to_json(obj))``, strict (``allow_nan=False``).
+    """``json.dumps(to_json(obj))``, strict (``allow_nan=False``), registered secrets redacted
+    (:func:`snapaudit_jax.utils.secrets.redact`).
 
     Args:
       obj: anything :func:`to_json` accepts.
@@ -169,7 +171,7 @@ def dumps(obj: Any, **kwargs) -> str:
     Raises:
       TypeError: a value JSON has no form for.
     """
-    return json.dumps(to_json(obj), allow_nan=False, **kwargs)
+    return redact(json.dumps(to_json(obj), allow_nan=False, **kwargs))
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
@@ -187,13 +189,14 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
-    """Writes ``text`` (UTF-8) to ``path``, atomically.
+    """Writes ``text`` (UTF-8) to ``path``, atomically, registered secrets redacted.
 
     Args:
       path: the output file.
       text: the content.
     """
-    atomic_write(path, lambda fh: fh.write(text.encode()))
+    data = redact(text).encode()
+    atomic_write(path, lambda fh: fh.write(data))
 
 
 # Formats every matplotlib Agg build writes without extra software (pgf needs LaTeX; raw/rgba are buffers).

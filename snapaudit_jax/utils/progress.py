@@ -13,6 +13,8 @@ import sys
 import time
 from typing import Protocol, runtime_checkable
 
+from snapaudit_jax.utils.secrets import redact
+
 __all__ = ["Counter", "Progress", "RunLog"]
 
 
@@ -109,14 +111,15 @@ class RunLog:
         self._counters: dict[str, Counter] = {}
 
     def __call__(self, message: str) -> None:
-        """Writes ``[elapsed s] message`` (``message`` without a clock) to stderr.
+        """Writes ``[elapsed s] message`` (``message`` without a clock) to stderr, secrets redacted
+        (:func:`snapaudit_jax.utils.secrets.redact`).
 
         Args:
           message: the line, without a newline.
         """
         if self.enabled:
             stamp = f"[{time.perf_counter() - self.start:7.1f}s] " if self.clock else ""
-            sys.stderr.write(f"{stamp}{message}\n")
+            sys.stderr.write(f"{stamp}{redact(message)}\n")
             sys.stderr.flush()
 
     def bar(self, done: int, total: int, label: str, unit: str = "new prompts") -> None:

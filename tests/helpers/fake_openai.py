@@ -311,7 +311,9 @@ class FakeOpenAI:
                     faults = set(server.modes) | ({fault} if fault in MODES else set())
                 if server.require_key is not None and \
                         self.headers.get("Authorization") != f"Bearer {server.require_key}":
-                    return self._send(401, {"error": {"message": "invalid api key"}})
+                    # as several servers do, the refusal quotes the key it was given
+                    given = self.headers.get("Authorization", "").removeprefix("Bearer ")
+                    return self._send(401, {"error": {"message": f"invalid api key {given}"}})
                 if fault == "500":
                     return self._send(500, {"error": {"message": "internal error (injected)"}})
                 if fault == "429":

@@ -65,6 +65,17 @@ CASES: list[Case] = [
          ("server.timeout_s", "must be a finite number of seconds <= 3600", "got inf"), absent=("model.server",)),
     Case("cpa-server-retries-float", _config_cmd("cpa", _cpa_server("max_retries = 1e9\n")),
          ("server.max_retries", "must be an integer in [0, 100]", "got 1000000000.0"), absent=("model.server",)),
+    # --- credentials in a base_url: refused, and never printed (the URL is shown with them masked)
+    *[Case(f"audit-server-url-credential-{name}", _config_cmd("audit", _audit_server("", url)),
+           ("model.server.base_url", *shown), absent=("s3cr3tv4lue",))
+      for name, url, shown in (
+          ("api-key-query", "https://h.example/v1?api_key=s3cr3tv4lue", ("no query or fragment", "api_key=***")),
+          ("token-query-bad-port", "https://h.example:99999/?token=s3cr3tv4lue", ("port in [0, 65535]",
+                                                                                  "token=***")),
+          ("key-query-bad-scheme", "ftp://h.example/?key=s3cr3tv4lue", ("http:// or https://", "key=***")),
+          ("user-info", "https://me:s3cr3tv4lue@h.example/v1", ("must not embed credentials",)),
+          ("fragment", "https://h.example/v1#s3cr3tv4lue", ("no query or fragment", "#***")),
+      )],
     # --- misbehaving servers, refused by the probe before the run folder exists
     Case("audit-server-swapped-choices", _faulty("audit", "swap_choices"),
          ("probe log-probs (two prompts)", "http://127.0.0.1:", "answered 2 choices without an integer 'index'",
