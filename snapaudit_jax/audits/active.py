@@ -502,7 +502,7 @@ def audit(
     threat = validate.choice("threat", threat, THREATS)
     method = validate.choice("method", method, METHODS)
     clean = validate.choice("clean", clean, CLEAN_MODELS)
-    confidence = validate.open_unit("confidence", confidence)
+    confidence = validate.confidence("confidence", confidence)
     trials = validate.positive_int("trials", trials)
     if trials > MAX_TRIALS:
         raise InputError(f"trials must be <= {MAX_TRIALS} per hypothesis, got {trials}")

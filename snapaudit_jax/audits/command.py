@@ -136,7 +136,7 @@ class SimulateConfig:
                              f"got {trials}")
         validate.positive_int("snapshots", self.snapshots)
         validate.seed("seed", self.seed)
-        validate.open_unit("confidence", self.confidence)
+        validate.confidence("confidence", self.confidence)
         validate.choice("method", self.method, METHODS)
         if self.estimator is not None:
             check_estimator(self.estimator, self.mechanism, registry.mechanism_class(self.mechanism).gaussian)

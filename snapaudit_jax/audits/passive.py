@@ -184,7 +184,7 @@ def passive_bounds(
     delta = validate.open_unit("delta", delta)
     threat = validate.choice("threat", threat, ("black", "white"))
     estimator = validate.choice("estimator", estimator, ESTIMATORS)
-    confidence = validate.open_unit("confidence", confidence)
+    confidence = validate.confidence("confidence", confidence)
     selection_fraction = validate.open_unit("selection_fraction", selection_fraction)
     (h1, s1), (h0, s0) = ((np.asarray(h, bool), np.asarray(sc, np.float64)) for h, sc in (with_canary, without_canary))
     if not (h1.shape == s1.shape == h0.shape == s0.shape) or h1.ndim != 1 or h1.size == 0:

@@ -225,7 +225,7 @@ def load_config(path: str | os.PathLike) -> AuditConfig:
         raise ConfigFileError("audit.epsilons: must list at least one epsilon, got []")
     kw["epsilons"] = _take(audit_s, "epsilons", "audit", _number_list(_epsilon), (1.0, 2.0, 4.0, 8.0, 16.0))
     kw["delta"] = _take(audit_s, "delta", "audit", lambda v: validate.open_unit("delta", v), 1e-5)
-    kw["confidence"] = _take(audit_s, "confidence", "audit", lambda v: validate.open_unit("confidence", v), 0.95)
+    kw["confidence"] = _take(audit_s, "confidence", "audit", lambda v: validate.confidence("confidence", v), 0.95)
     kw["query"] = _take(audit_s, "query", "audit", _choice(QUERY_MODES), "copy")
     kw["defense"] = _take(audit_s, "defense", "audit", _choice(DEFENSES), "none")
     kw["threats"] = _take(audit_s, "threats", "audit", _choices(("black", "white")), ("black", "white"))

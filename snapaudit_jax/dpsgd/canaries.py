@@ -38,6 +38,10 @@ __all__ = [
 ]
 
 
+MAX_DIGITS = 32
+"""The longest secret (digits): its randomness space 10**32 is far beyond any exposure estimate's reach."""
+
+
 @dataclasses.dataclass(frozen=True)
 class CanaryConfig:
     """Configuration of :func:`make_canaries` (frozen, hashable).
@@ -45,7 +49,7 @@ class CanaryConfig:
     Attributes:
       n_canaries: number of canaries (inserted and held out together).
       template: text with one ``{secret}`` field, e.g. ``"my pin is {secret}"``.
-      digits: digits of each secret (written in groups of four).
+      digits: digits of each secret (written in groups of four), in ``[4, MAX_DIGITS]``.
       repetitions: canary ``i`` is inserted ``repetitions[i % len(repetitions)]`` times if it is inserted.
       insert_probability: each canary is inserted independently with this probability. The one-run auditor
         of Steinke et al. 2023 requires exactly ``1/2`` for a claim with ``delta > 0``
@@ -69,7 +73,7 @@ class CanaryConfig:
             raise InputError(f"template must contain '{{secret}}' exactly once, got {self.template!r}")
         if self.template.split("{secret}")[0].strip() == "":
             raise InputError(f"template must have a non-empty prefix before '{{secret}}', got {self.template!r}")
-        validate.positive_int("digits", self.digits, minimum=4)
+        validate.positive_int("digits", self.digits, minimum=4, maximum=MAX_DIGITS)
         if not self.repetitions:
             raise InputError("repetitions must not be empty, got ()")
         for r in self.repetitions:

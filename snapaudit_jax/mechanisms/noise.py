@@ -182,7 +182,10 @@ def gdp_mu(epsilon: float, delta: float) -> float:
     log_target = math.log(delta)
 
     def f(m: float) -> float:  # increasing in m
-        return _log_gdp_delta(epsilon, m) - log_target
+        value = _log_gdp_delta(epsilon, m) - log_target
+        if math.isnan(value):  # eps / mu overflows float64 (eps near 1e308): no root can be computed
+            raise ArithmeticError(f"delta(eps; mu) is not a number in float64 at eps = {epsilon:g}, mu = {m:g}")
+        return value
 
     hi = _bracket_up(f, 1.0, _MU_LIMIT)
     lo = hi / 2.0

@@ -279,17 +279,35 @@ def check_output_dir(name: str, path: str | os.PathLike) -> None:
       path: the folder to be written later (it may not exist yet).
 
     Raises:
-      InputError: an empty ``path``, an existing file, a name longer than the file system allows, or a nearest
-        existing ancestor that refuses new files.
+      InputError: an empty ``path``, an existing file, a dangling symbolic link (``path`` or an ancestor; the
+        target named), a name longer than the file system allows, or a nearest existing ancestor that refuses new
+        files.
     """
     path = os.fspath(path)
     if not path:
         raise InputError(f"{name}: must be a folder path, got ''")
+    broken = _dangling_link(path)
+    if broken is not None:
+        what = "is" if broken == path else f"lies under {broken!r}, which is"
+        raise InputError(f"{name}: {path!r} {what} a symbolic link to {os.readlink(broken)!r}, which does not exist "
+                         f"(or loops); create its target or choose another {name}")
     if os.path.exists(path) and not os.path.isdir(path):
         raise InputError(f"{name}: must be a folder, but {path!r} is a file")
     target = path if os.path.isdir(path) else _nearest_existing(os.path.join(path, "x"))
     _check_name_lengths(name, path, target)
     _probe_writable(name, target, "the output folder")
+
+
+def _dangling_link(path: str) -> str | None:
+    """The first of ``path`` and its ancestors that is a symbolic link whose target does not resolve, or None."""
+    current = os.path.abspath(path)
+    while True:
+        if os.path.islink(current) and not os.path.exists(current):
+            return path if current == os.path.abspath(path) else current
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent
 
 
 class JSONRecord:

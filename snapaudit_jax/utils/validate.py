@@ -16,8 +16,8 @@ import numpy as np
 
 from snapaudit_jax.utils.errors import InputError
 
-__all__ = ["NAME_PATTERN", "SEED_MAX", "choice", "file_name", "finite_array", "nonnegative_float", "open_unit",
-           "positive_float", "positive_int", "seed", "unit_closed_open", "utf8_text"]
+__all__ = ["NAME_PATTERN", "SEED_MAX", "choice", "confidence", "file_name", "finite_array", "nonnegative_float",
+           "open_unit", "positive_float", "positive_int", "seed", "unit_closed_open", "utf8_text"]
 
 # Seeds go to jax.random.key, which takes a signed 64-bit integer, and to numpy.random.default_rng, which takes
 # any integer >= 0: the range both accept.
@@ -99,6 +99,27 @@ def open_unit(name: str, value: Any) -> float:
     return out
 
 
+def confidence(name: str, value: Any) -> float:
+    """A confidence level in ``(0, 1)`` whose complement ``alpha = 1 - confidence`` is also in ``(0, 1)`` in
+    float64 (a confidence below ``2**-53``, a subnormal say, would make ``alpha`` round to exactly 1).
+
+    Args:
+      name: the field named in errors.
+      value: the value (a bool is refused).
+
+    Returns:
+      ``value`` as a float.
+
+    Raises:
+      InputError: not a number in ``(0, 1)``, or one whose ``1 - value`` rounds to 1.
+    """
+    out = open_unit(name, value)
+    if not 0.0 < 1.0 - out < 1.0:
+        raise InputError(f"{name} must be in (0, 1) with alpha = 1 - {name} in (0, 1) too, but 1 - {value!r} rounds "
+                         f"to {1.0 - out!r} in float64")
+    return out
+
+
 def unit_closed_open(name: str, value: Any) -> float:
     """A number in ``[0, 1)`` (e.g. a ``delta`` where 0, a pure claim, is allowed).
 
@@ -118,28 +139,34 @@ def unit_closed_open(name: str, value: Any) -> float:
     return out
 
 
-def positive_int(name: str, value: Any, *, minimum: int = 1) -> int:
-    """An integer ``>= minimum``; integral floats such as ``3.0`` are accepted.
+def positive_int(name: str, value: Any, *, minimum: int = 1, maximum: int | None = None) -> int:
+    """An integer ``>= minimum`` (and ``<= maximum`` if given); integral floats such as ``3.0`` are accepted up to
+    ``2**53`` in magnitude (beyond, a float is not an exact integer).
 
     Args:
       name: the field named in errors.
       value: the value (a bool is refused).
       minimum: the smallest allowed value (default 1).
+      maximum: the largest allowed value, or ``None``.
 
     Returns:
       ``value`` as an int.
 
     Raises:
-      InputError: not an integer (or an integral float), or ``< minimum``.
+      InputError: not an integer (or an integral float), ``< minimum`` or ``> maximum``.
     """
+    rule = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
     if isinstance(value, bool):
-        raise InputError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        raise InputError(f"{name} must be an integer {rule}, got {value!r}")
     if isinstance(value, float) and value.is_integer():
+        if abs(value) > 2.0**53:  # past 2**53 a float is no exact integer (1e308 would become a 309-digit int)
+            raise InputError(f"{name} must be an integer {rule}, got {value!r} (a float beyond 2**53 is not an "
+                             "exact integer)")
         value = int(value)
     if not isinstance(value, (int, np.integer)):
-        raise InputError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    if value < minimum:
-        raise InputError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        raise InputError(f"{name} must be an integer {rule}, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        raise InputError(f"{name} must be an integer {rule}, got {value!r}")
     return int(value)
 
 

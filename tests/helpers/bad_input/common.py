@@ -202,7 +202,18 @@ def _out_cases(command: str, toml: str) -> list[Case]:
              ("--out", "must be writable", "'/proc' refuses new files")),
         Case(f"{command}-out-read-only", _config_cmd(command, toml, out=lambda t: _read_only(t / "ro") + "/run"),
              ("--out", "must be writable", "refuses new files")),
+        Case(f"{command}-out-is-a-dangling-symlink",
+             _config_cmd(command, toml, out=lambda t: _link(t / "out", t / "gone")),
+             ("--out", "is a symbolic link to", "gone", "which does not exist")),
+        Case(f"{command}-out-under-a-dangling-symlink",
+             _config_cmd(command, toml, out=lambda t: _link(t / "runs", t / "gone") + "/run"),
+             ("--out", "lies under", "runs", "a symbolic link to", "gone")),
     ]
+
+
+def _link(path: Path, target: Path) -> str:
+    os.symlink(target, path)
+    return str(path)
 
 
 def _gen(model, *extra):
@@ -221,6 +232,9 @@ def _tree(root: Path) -> dict[str, str]:
             out[os.path.relpath(os.path.join(folder, d), root)] = "dir"
         for f in files:
             path = os.path.join(folder, f)
+            if os.path.islink(path):  # recorded, not followed (a dangling link, a link to a device)
+                out[os.path.relpath(path, root)] = "link -> " + os.readlink(path)
+                continue
             with open(path, "rb") as fh:
                 out[os.path.relpath(path, root)] = hashlib.sha256(fh.read()).hexdigest()
     return out
