@@ -191,10 +191,96 @@ def _prob(probs, labels):
     return _to_score(jnp.uint32(_ONE) - qy)
 
 
+# --- the float64 path: concrete float64 probabilities are scored on the host in their own precision ----------
+# The float32 kernels above quantise at 2**-30 after a float32 cast, so two float64 masses closer than float32's
+# resolution would score alike and a set could differ from one decided in float64. Concrete float64 input is
+# therefore scored in NumPy at the fixed point 2**-62 (uint64 sums, exact; rows sum to at most 1 + 1e-3, below
+# 2**63), each score the float64 nearest to its fixed-point mass (monotone in the mass). Every function of the
+# path computes the same integer masses, so ``y in prediction_sets(p, qhat)`` iff ``aps_scores(p, y) <= qhat``.
+FIXED_POINT_BITS_64 = 62
+_ONE64 = 1 << FIXED_POINT_BITS_64
+_HOST_BLOCK = 1 << 22  # entries per block of rows (32 MiB of uint64)
+
+
+def _wide(probs) -> bool:
+    """Concrete float64 probabilities: scored on the host in float64."""
+    return _concrete(probs) and np.asarray(probs).dtype == np.float64
+
+
+def _quantize64(p: np.ndarray) -> np.ndarray:
+    return np.floor(np.clip(p, 0.0, 1.0) * float(_ONE64)).astype(np.uint64)  # exact: a power of two, then floor
+
+
+def _to_score64(mass: np.ndarray) -> np.ndarray:
+    return mass.astype(np.float64) * 2.0**-FIXED_POINT_BITS_64
+
+
+def _row_blocks(n: int, m: int):
+    rows = max(1, _HOST_BLOCK // max(m, 1))
+    for start in range(0, n, rows):
+        yield slice(start, min(n, start + rows))
+
+
+def _host_scores(probs, labels, score: str) -> np.ndarray:
+    """:func:`scores` of concrete float64 ``probs``, ``(n,)`` float64."""
+    p = np.asarray(probs, np.float64)
+    y = np.asarray(labels).astype(np.int64)
+    out = np.empty(p.shape[0], np.float64)
+    for rows in _row_blocks(*p.shape):
+        block, yb = p[rows], y[rows]
+        if score == "rank":
+            keys = np.maximum(block, 0.0) + 0.0
+            ky = np.take_along_axis(keys, yb[:, None], axis=1)
+            out[rows] = np.sum(keys >= ky, axis=1)
+            continue
+        q = _quantize64(block)
+        qy = np.take_along_axis(q, yb[:, None], axis=1)
+        if score == "prob":
+            out[rows] = _to_score64(np.uint64(_ONE64) - qy[:, 0])
+        else:
+            out[rows] = _to_score64(np.sum(np.where(q >= qy, q, np.uint64(0)), axis=1, dtype=np.uint64))
+    return out
+
+
+def _host_all_scores(probs, score: str) -> np.ndarray:
+    """:func:`candidate_scores` of concrete float64 ``probs``, ``(n, m)`` float64 (the masses of
+    :func:`_host_scores`, every candidate at once: one sort per row)."""
+    p = np.asarray(probs, np.float64)
+    n, m = p.shape
+    out = np.empty((n, m), np.float64)
+    for rows in _row_blocks(n, m):
+        block = p[rows]
+        if score == "prob":
+            out[rows] = _to_score64(np.uint64(_ONE64) - _quantize64(block))
+            continue
+        keys = np.maximum(block, 0.0) + 0.0 if score == "rank" else _quantize64(block)
+        order = np.argsort(-keys if score == "rank" else keys, axis=1, kind="stable")
+        if score != "rank":
+            order = order[:, ::-1]  # descending
+        ranked = np.take_along_axis(keys, order, axis=1)
+        # each position's tie group ends at the next position whose key differs from the one after it
+        last = np.empty(ranked.shape, bool)
+        last[:, -1] = True
+        last[:, :-1] = ranked[:, :-1] != ranked[:, 1:]
+        ends = np.where(last, np.arange(m), m)
+        ends = np.minimum.accumulate(ends[:, ::-1], axis=1)[:, ::-1]
+        if score == "rank":
+            value = (ends + 1).astype(np.float64)
+        else:
+            prefix = np.cumsum(ranked, axis=1, dtype=np.uint64)
+            value = _to_score64(np.take_along_axis(prefix, ends, axis=1))
+        scattered = np.empty_like(value)
+        np.put_along_axis(scattered, order, value, axis=1)
+        out[rows] = scattered
+    return out
+
+
 def _scores(kernel, probs, labels):
     if _concrete(probs, labels):
         _check_probs(probs)
         _check_labels(labels, np.shape(probs)[0], np.shape(probs)[1])
+        if _wide(probs):
+            return _host_scores(probs, labels, {_aps: "aps", _rank: "rank", _prob: "prob"}[kernel])
     return kernel(jnp.asarray(probs, jnp.float32), jnp.asarray(labels, jnp.int32))
 
 
@@ -209,7 +295,8 @@ def aps_scores(probs: jax.Array, labels: jax.Array) -> jax.Array:
       labels: ``(n,)`` int, positions of the true identities.
 
     Returns:
-      ``(n,)`` float32 scores (smaller: the attacker is surer of the truth).
+      ``(n,)`` float32 scores (smaller: the attacker is surer of the truth); float64 scores for concrete float64
+      ``probs`` (the float64 path: fixed point ``2**-62`` on the host).
 
     References:
       CPA eq. (6); Romano et al. 2020 (non-randomised APS).
@@ -299,7 +386,7 @@ def candidate_scores(probs: jax.Array, score: str = "aps") -> jax.Array:
       score: one of :data:`SCORES`.
 
     Returns:
-      ``(n, m)`` float32 scores of every candidate.
+      ``(n, m)`` float32 scores of every candidate (float64 for concrete float64 ``probs``).
 
     Raises:
       ValueError: for an unknown ``score``, or (concrete input) probabilities that are not ``(n, m)`` non-negative rows
@@ -309,6 +396,8 @@ def candidate_scores(probs: jax.Array, score: str = "aps") -> jax.Array:
         raise InputError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
     if _concrete(probs):
         _check_probs(probs)
+        if _wide(probs):
+            return _host_all_scores(probs, score)
     return _all_scores(jnp.asarray(probs, jnp.float32), score)
 
 
@@ -637,6 +726,8 @@ def prediction_sets(probs: jax.Array, qhat, score: str = "aps") -> jax.Array:
       may be empty when ``qhat`` is below every candidate's score.
 
     Guarantees:
+      Concrete float64 ``probs`` are scored in float64 (fixed point ``2**-62``, the scores :func:`aps_scores`
+      returns for them) and ``s <= qhat`` is decided in float64. Otherwise the probabilities are float32 and
       ``s <= qhat`` is decided exactly, in the caller's precision (the dtype of
       ``qhat``, as :func:`threshold` returns the caller's own values). A
       float32 ``qhat`` is compared with the kernels' float32 scores, those
@@ -658,6 +749,9 @@ def prediction_sets(probs: jax.Array, qhat, score: str = "aps") -> jax.Array:
             raise InputError(f"qhat must be a scalar or have shape ({np.shape(probs)[0]},), got shape {qh.shape}")
         if np.isnan(qh).any():
             raise InputError("qhat must not be NaN")
+        if _wide(probs):  # float64 probabilities: decided in float64, against the same scores aps_scores gives
+            limit = qh if qh.ndim == 0 else qh[:, None]
+            return _host_all_scores(probs, score) <= limit
     xp = np if _concrete(qhat) else jnp  # concrete thresholds on the host: IEEE subnormals, float64 without x64
     largest, some = _mass_limits(qhat, score, xp)
     return _sets(jnp.asarray(probs, jnp.float32), jnp.asarray(largest), jnp.asarray(some), score)

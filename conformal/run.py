@@ -235,13 +235,22 @@ def _true_scores(att: _Attack, idx: np.ndarray, score: str) -> tuple[np.ndarray,
         s = np.asarray(scores(att.probs[keep], att.labels[keep], score))
     else:
         s = att.cand_scores[keep, att.labels[keep]]
-    return s.astype(np.float32), int(idx.size - keep.size)
+    return s.astype(_precision(att)), int(idx.size - keep.size)
+
+
+def _precision(att: _Attack):
+    """The dtype of the attack's scores: float64 for float64 posteriors (scored in float64 by conformal.kernels),
+    float32 otherwise. A threshold read back from JSON is a float64 holding that dtype's value: it is cast back,
+    so the sets compare in the scores' own precision, as the calibration did."""
+    source = att.probs if att.probs is not None else att.cand_scores
+    return np.float64 if np.asarray(source).dtype == np.float64 else np.float32
 
 
 def _sets(att: _Attack, idx: np.ndarray, qhat, score: str) -> np.ndarray:
+    q = np.asarray(qhat, _precision(att))
     if att.probs is not None:
-        return np.asarray(prediction_sets(att.probs[idx], np.float32(qhat) if np.ndim(qhat) == 0 else qhat, score))
-    return att.cand_scores[idx] <= np.asarray(qhat, np.float32).reshape(-1, 1)
+        return np.asarray(prediction_sets(att.probs[idx], q, score))
+    return att.cand_scores[idx] <= q.reshape(-1, 1)
 
 
 def _ranking(att: _Attack, idx: np.ndarray) -> dict:

@@ -108,8 +108,10 @@ def min_separation(p) -> float:
 
 @functools.lru_cache(maxsize=None)
 def pool(seed=0, n=POOL_DOCS, m=POOL_CANDIDATES):
-    """A fixed pool of exchangeable documents and the three scores of their true identities."""
+    """A fixed pool of exchangeable documents (float32 posteriors: the jitted kernels' own precision) and the
+    three scores of their true identities."""
     probs, labels = posteriors(np.random.default_rng(seed), n, m)
+    probs = probs.astype(np.float32)
     return probs, labels, {s: np.asarray(cf.scores(probs, labels, s)) for s in cf.SCORES}
 
 
@@ -196,19 +198,20 @@ def test_sets_equal_score_rule_exactly(score, kind):
     # exact boundaries (attained scores) and the floats just around them, midpoints, extremes
     picks = values[np.linspace(0, values.size - 1, 7).astype(int)]
     scalars = [-1.0, 0.0, np.inf, float(values.max()) * 2]
+    kind_of = full.dtype.type  # the scores' precision: float64 for these float64 posteriors
     for v in picks:
-        v = np.float32(v)
-        scalars += [v, np.nextafter(v, np.float32(-np.inf)), np.nextafter(v, np.float32(np.inf))]
+        v = kind_of(v)
+        scalars += [v, np.nextafter(v, kind_of(-np.inf)), np.nextafter(v, kind_of(np.inf))]
     scalars += list((values[:-1:5] + values[1::5]) / 2)
     for q in scalars:
-        sets = assert_set_identity(p, np.float32(q), score)
+        sets = assert_set_identity(p, kind_of(q), score)
         if q == np.inf:
             assert sets.all()
         if q < values.min():
             assert not sets.any()
     # per-row thresholds at each row's own candidate scores (boundaries row by row), mixed with +inf / -1
     cols = rng.integers(0, m, n)
-    per_row = full[np.arange(n), cols].astype(np.float32)
+    per_row = full[np.arange(n), cols].copy()
     per_row[0], per_row[1] = np.inf, -1.0
     sets = assert_set_identity(p, per_row, score)
     assert sets[0].all() and not sets[1].any()
@@ -594,6 +597,7 @@ def test_prediction_sets_with_float64_thresholds_are_exact(score):
     rng = np.random.default_rng(220 + cf.SCORES.index(score))
     n, m = 13, 31
     p, labels = posteriors(rng, n, m)
+    p = p.astype(np.float32)  # float32 posteriors, float64 thresholds (float64 posteriors: the float64 path)
     full = np.asarray(cf.candidate_scores(p, score))  # the kernels' float32 scores
     exact = exact_scores(p, score)
     assert np.array_equal(exact.astype(np.float32), full)  # the float32 scores are the rounding of these
@@ -1190,3 +1194,58 @@ def test_prediction_sets_do_not_recompile():
         assert len(compiles) >= 1
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def _fsum_aps(p: np.ndarray) -> np.ndarray:
+    """Independent float64 reference: ``s(x, y) = fsum(p_j : p_j >= p_y)`` (correctly rounded) for every y."""
+    return np.array([[math.fsum(row[row >= v]) for v in row] for row in p])
+
+
+def test_float64_posteriors_decide_sets_in_float64():
+    """Given float64 probabilities, membership agrees with a float64 reference (math.fsum of the mass at least
+    p_y) on every one of 3 x 10,000 memberships at random thresholds, and on labels whose mass lies within float32
+    rounding of the threshold. Scores, candidate scores and sets are float64 and mutually consistent. Power: the
+    float32 kernels (the same posteriors cast to float32) put four of those near-threshold labels on the wrong
+    side."""
+    rng = np.random.default_rng(77)
+    p, labels = posteriors(rng, 100, 100)
+    reference = _fsum_aps(p)
+    for qhat in rng.uniform(0.3, 1.0, 3):
+        sets = np.asarray(cf.prediction_sets(p, qhat, "aps"))
+        np.testing.assert_array_equal(sets, reference <= qhat)
+    assert np.asarray(cf.aps_scores(p, labels)).dtype == np.float64
+    np.testing.assert_allclose(np.asarray(cf.aps_scores(p, labels)), reference[np.arange(100), labels],
+                               rtol=0, atol=1e-15)
+    np.testing.assert_array_equal(np.asarray(cf.candidate_scores(p, "aps"))[np.arange(100), labels],
+                                  np.asarray(cf.aps_scores(p, labels)))
+    # near the threshold: masses 0.5 + d, d = 1e-10 .. 9e-10, threshold 0.5 + 4.5e-10 (float32 sees 0.5 for all)
+    d = np.arange(1, 10) * 1e-10
+    near = np.stack([0.5 + d, 0.5 - d], axis=1)
+    qhat = 0.5 + 4.5e-10
+    truth = _fsum_aps(near) <= qhat
+    np.testing.assert_array_equal(np.asarray(cf.prediction_sets(near, qhat, "aps")), truth)
+    assert truth[:4, 0].all() and not truth[4:, 0].any()
+    narrow = np.asarray(cf.prediction_sets(near.astype(np.float32), qhat, "aps"))
+    # power: in float32 both entries of a row are 0.5, a tie whose mass is 1: the four members are dropped
+    assert (narrow != truth).sum() == 4 and not narrow.any()
+
+
+def test_a_float64_threshold_keeps_coverage_on_float64_scores():
+    """Split conformal end to end in float64: over 400 random splits of a 1,000-document float64 pool, mean
+    coverage of the truth is within Monte Carlo tolerance of the exact split expectation (false failure 1e-6),
+    the threshold being an attained float64 score."""
+    rng = np.random.default_rng(5)
+    p, labels = posteriors(rng, 1000, 40)
+    s = np.asarray(cf.aps_scores(p, labels))
+    assert s.dtype == np.float64 and np.unique(s).size == s.size
+    perms = random_splits(rng, 1000, 99, 400)
+    cov = []
+    for perm in perms:
+        q = cf.threshold(s[perm[:99]], 0.1)
+        assert np.asarray(q).dtype == np.float64 and q in s
+        test = perm[99:]
+        sets = np.asarray(cf.prediction_sets(p[test], q, "aps"))
+        cov.append(sets[np.arange(test.size), labels[test]].mean())
+    cov = np.asarray(cov)
+    exact = exact_split_coverage(s, 99, cf.conformal_rank(99, 0.1))
+    assert abs(cov.mean() - exact) <= mc_tol(cov)

@@ -98,9 +98,10 @@ def exact_split_coverage(pool_scores, n: int, k):
 
 
 def assert_set_identity(p, qhat, score):
-    """``prediction_sets(p, qhat)[i, y] == (score of y <= qhat_i)`` bit-exactly, float32 comparison like the kernel."""
+    """``prediction_sets(p, qhat)[i, y] == (score of y <= qhat_i)`` bit-exactly, compared as the kernel does: in
+    the promotion of the scores' dtype (float32, or float64 for float64 ``p``) and ``qhat``'s."""
     full = all_candidate_scores(p, score)
-    q = np.broadcast_to(np.asarray(qhat, np.float32), (p.shape[0],))
+    q = np.broadcast_to(np.asarray(qhat), (p.shape[0],))
     sets = np.asarray(cf.prediction_sets(p, qhat, score))
     expected = full <= q[:, None]
     np.testing.assert_array_equal(sets, expected, err_msg=f"{score} qhat={qhat}")
