@@ -31,6 +31,7 @@ import dataclasses
 import json
 import os
 import resource
+import tempfile
 import time
 from typing import Any
 
@@ -423,6 +424,20 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
         measured["canary_continuations_per_model"] = count
         measured["canary_passes_per_model"] = passes
         phases["canary_memorization"] = one * models  # the first model's time includes the scoring's compilation
+    if cfg.export.hf:
+        # One Hugging Face folder of the base model (public weights; a merged private export costs the same),
+        # written into a temporary folder and deleted: each full folder the run exports costs this much.
+        from snapaudit_jax.finetune.export import write_hf_folder
+
+        with tempfile.TemporaryDirectory(prefix="snapaudit-plan-export-") as scratch:
+            began = time.perf_counter()
+            write_hf_folder(prep.lm.module, prep.lm.tokenizer, os.path.join(scratch, "base"),
+                            source=cfg.model.base)
+            folder = time.perf_counter() - began
+        base = cfg.model.base
+        folders = 1 + bool(prep.lora is not None and cfg.export.peft and (base == "smollm2" or base.endswith(".gguf")))
+        measured["seconds_per_export_folder"] = folder
+        phases["export"] = folder * folders
     phases["compilation"] = 2 * compile_train + compile_eval
     return {**measured, "seconds_per_step": per_unit * batch, "phases": phases,
             "seconds_total": sum(phases.values()), "trainable_parameters": trainable,

@@ -530,8 +530,13 @@ def test_the_plan_lists_the_phases_that_run_and_the_records_the_cap_drops(tiny):
         phases = info["timing"]["phases"]
         assert ("baseline_training" in phases) is baseline and "canary_memorization" in phases
         assert info["timing"]["seconds_total"] == pytest.approx(sum(phases.values()))
+        # an HF folder model with LoRA and a PEFT adapter: one full folder exported (the merged private model)
+        assert phases["export"] == info["timing"]["seconds_per_export_folder"] > 0
         text = run_mod_format(info)
         assert ("baseline training" in text) is baseline and "(baseline included)" not in text
+        assert "export" in text
+    lean = _toml(root, model, data, export="hf = false\n")
+    assert "export" not in plan_dict(prepare(load_finetune_config(lean)))["timing"]["phases"]
     s = info["data"]
     assert s["records_dropped_by_cap"] > 0
     assert (f"{s['users_capped']} capped at 1 records, which drops {s['records_dropped_by_cap']} of the "
