@@ -1,0 +1,112 @@
+"""Ghost norms of dense layers (``snapaudit_jax.dpsgd.ghost``) against per-unit gradients computed one by one.
+
+The oracle is the definition: each unit's gradient by ``jax.grad`` of that unit's loss alone (a vmap over units,
+as :func:`snapaudit_jax.dpsgd.gradients.clipped_grad_sum` computes them), restricted to the dense layers'
+kernels and biases, and its squared norm per parameter. Models: GPT-2 and Llama (untied and tied embeddings,
+biases on and off), records with left and right padding and variable lengths, and user-level units (several
+rows summed). Power: dropping one layer's term, or keeping only the Gram products' diagonal (the per-token norms
+a naive shortcut would add), misses the oracle by far more than the tolerance.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from snapaudit_jax.dpsgd.gradients import _loss_fn
+from snapaudit_jax.dpsgd.ghost import choose_method, dense_sq_norms, direct_sq_norm, ghost_sq_norm
+from snapaudit_jax.models.config import GPT2Config, LlamaConfig
+from snapaudit_jax.utils.errors import InputError
+
+VOCAB = 41
+CONFIGS = {
+    "gpt2": lambda: __import__("snapaudit_jax.models.decoders", fromlist=["GPT2"]).GPT2(
+        GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=8, n_layer=2, n_head=2, n_inner=24), rngs=nnx.Rngs(0)),
+    "llama": lambda: __import__("snapaudit_jax.models.decoders", fromlist=["Llama"]).Llama(
+        LlamaConfig(vocab_size=VOCAB, hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
+                    num_key_value_heads=1, head_dim=4, max_position_embeddings=64), rngs=nnx.Rngs(1)),
+    "llama_tied_biased": lambda: __import__("snapaudit_jax.models.decoders", fromlist=["Llama"]).Llama(
+        LlamaConfig(vocab_size=VOCAB, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                    num_key_value_heads=2, head_dim=4, max_position_embeddings=64, tie_word_embeddings=True,
+                    attention_bias=True, mlp_bias=True), rngs=nnx.Rngs(2)),
+}
+
+
+def _data(shape, seed=0):
+    """Rows of 2..L real tokens, even rows right-padded and odd rows left-padded."""
+    rng = np.random.default_rng(seed)
+    length = shape[-1]
+    rows = int(np.prod(shape[:-1]))
+    tokens = rng.integers(0, VOCAB, (rows, length)).astype(np.int32)
+    lens = rng.integers(2, length + 1, rows)
+    pos = np.arange(length)[None, :]
+    mask = np.where((np.arange(rows) % 2 == 0)[:, None], pos < lens[:, None], pos >= (length - lens)[:, None])
+    return tokens.reshape(shape), mask.reshape(shape)
+
+
+def _oracle(model, tokens, mask):
+    """Per-unit squared norms of every dense kernel and bias: each unit's own gradient, vmapped."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    loss = _loss_fn(graphdef, rest)
+    grads = jax.vmap(lambda t, m: jax.grad(loss)(params, t[None], m[None]))(jnp.asarray(tokens), jnp.asarray(mask))
+    dense = {".".join(map(str, p)) for p, m in nnx.iter_modules(model) if isinstance(m, nnx.Linear)}
+    out = {}
+    for path, value in nnx.to_flat_state(grads):
+        name = ".".join(map(str, path))
+        if name.rsplit(".", 1)[0] in dense:
+            out[name] = np.asarray(jnp.sum(jnp.square(value.reshape(value.shape[0], -1)), axis=1))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+@pytest.mark.parametrize("shape", [(6, 11), (4, 3, 7)], ids=["records", "users"])
+@pytest.mark.parametrize("method", ["ghost", "direct"])  # "auto" picks one of them per layer (tested below)
+def test_dense_norms_equal_the_per_unit_gradients(kind, shape, method):
+    model = CONFIGS[kind]()
+    tokens, mask = _data(shape)
+    oracle = _oracle(model, tokens, mask)
+    got = dense_sq_norms(model, tokens, mask, method=method)
+    assert set(got.per_param) == set(oracle) and len(oracle) >= 4
+    for name, want in oracle.items():
+        np.testing.assert_allclose(np.asarray(got.per_param[name]), want, rtol=1e-5, atol=1e-12, err_msg=name)
+    np.testing.assert_allclose(np.asarray(got.total), sum(oracle.values()), rtol=1e-5)
+    # the losses are the units' own (the sum of their rows' mean token losses)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    each = jax.vmap(lambda t, m: _loss_fn(graphdef, rest)(params, t[None], m[None]))(jnp.asarray(tokens),
+                                                                                      jnp.asarray(mask))
+    np.testing.assert_allclose(np.asarray(got.losses), np.asarray(each), rtol=1e-5)
+    # power: dropping the largest layer's term misses the total
+    biggest = max(oracle, key=lambda k: float(np.sum(oracle[k])))
+    dropped = sum(v for k, v in oracle.items() if k != biggest)
+    assert not np.allclose(dropped, np.asarray(got.total), rtol=1e-3)
+
+
+def test_the_gram_identity_needs_every_pair_of_tokens():
+    """Power: keeping only the diagonal of the Gram products (sum of per-token norms) is not the norm."""
+    rng = np.random.default_rng(4)
+    a, g = jnp.asarray(rng.standard_normal((3, 5, 4)), jnp.float32), jnp.asarray(rng.standard_normal((3, 5, 6)),
+                                                                                  jnp.float32)
+    exact = np.array([np.sum(np.square(np.asarray(a[i]).T @ np.asarray(g[i]))) for i in range(3)])
+    np.testing.assert_allclose(np.asarray(ghost_sq_norm(a, g)), exact, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(direct_sq_norm(a, g)), exact, rtol=1e-5)
+    diagonal = np.sum(np.sum(np.square(np.asarray(a)), -1) * np.sum(np.square(np.asarray(g)), -1), axis=1)
+    assert not np.allclose(diagonal, exact, rtol=1e-2)
+
+
+def test_the_cheaper_method_is_chosen_from_the_layer_shape():
+    assert choose_method(8, 768, 3072) == "ghost"  # short records, wide layers: S (d_in + d_out) << d_in d_out
+    assert choose_method(1024, 64, 64) == "direct"  # long records, narrow layers
+    assert choose_method(32, 32, 32) == "direct"  # equal costs go direct (32 * 64 = 2048 > 1024 is not below)
+
+
+def test_bad_arguments_are_refused():
+    model = CONFIGS["gpt2"]()
+    tokens, mask = _data((2, 5))
+    with pytest.raises(InputError, match="method must be one of auto, ghost, direct"):
+        dense_sq_norms(model, tokens, mask, method="book")
+    with pytest.raises(InputError, match="tokens and mask must both be"):
+        dense_sq_norms(model, tokens, mask[:, :3])
