@@ -114,3 +114,10 @@ def test_every_simulate_flag_takes_extreme_values_without_a_traceback(mechanism)
             elif code == 2 and flag.removesuffix("out") not in err.getvalue():  # the pair: "--clean-with"
                 failures.append((flag, value, "the error does not name the flag", err.getvalue().strip()[-300:]))
     assert not failures, failures[:10]
+
+
+def test_the_largest_float_as_epsilon_is_refused_naming_the_flag(capsys):
+    """The reported case, in the fast tier: ``--epsilon 1e308`` ended in the solver's NaN traceback."""
+    assert main(["simulate", "--mechanism", "pv", "--epsilon", "1e308", "--trials", "100", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--epsilon" in err and "no analytic Gaussian calibration" in err and "internal error" not in err

@@ -58,3 +58,14 @@ def test_process_zero_draws_the_secret_key_and_every_process_uses_it(tmp_path):
     # power: each process resolving on its own draws its own key
     alone = _pair([tmp_path / "q0", tmp_path / "q1"], "local")
     assert alone[0]["data"] != alone[1]["data"]
+
+
+def test_in_one_process_the_broadcast_returns_the_stored_key(tmp_path):
+    """``processes=True`` in a single process: process 0 is this one, and the key it sends itself is the stored one."""
+    from snapaudit_jax.dpsgd.keys import resolve_run_key
+
+    key, source = resolve_run_key(None, None, tmp_path, processes=True)
+    stored = json.loads((tmp_path / KEY_FILE).read_text())["key_data"]
+    import jax
+
+    assert source == "secret" and [int(x) for x in jax.random.key_data(key)] == stored
