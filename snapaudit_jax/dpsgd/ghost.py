@@ -19,10 +19,12 @@ The cotangents are captured with zero-valued probes: every ``nnx.Linear`` of a f
 that its output gets ``+ probe``, and the gradient of the summed loss with respect to the probes is ``g``. One
 forward and one backward of the summed loss give every dense layer's per-unit norms.
 
-Only ``nnx.Linear`` kernels and biases are covered here; embeddings, normalisation scales and LoRA adapters are
-not (their norms need their own identities), so :func:`dense_sq_norms` reports the layers it covered by their
-parameter paths, and a layer called more than once per forward pass (shared weights: its per-unit gradient has
-cross terms between the calls) is refused.
+Covered: ``nnx.Linear`` kernels and biases, and the LoRA adapters of
+:class:`~snapaudit_jax.finetune.lora.LoRAProjection` (``y = x W + b + s (x A) B`` on a slice of the columns:
+``dB = s (x A)^T h`` and ``dA = s x^T (h B^T)`` with ``h`` the slice's cotangent, each a dense layer of its own
+input and cotangent). Embeddings and normalisation scales are not (their norms need their own identities):
+:func:`dense_sq_norms` reports the parameters it covered by their paths, and a layer called more than once per
+forward pass (shared weights: its per-unit gradient has cross terms between the calls) is refused.
 """
 
 from __future__ import annotations
@@ -126,22 +128,27 @@ class _Tap:
 
 
 def _tap_linears(model, record: dict) -> None:
-    """Replaces every ``nnx.Linear`` attribute of ``model`` (a fresh traced copy) by a :class:`_Tap`."""
+    """Replaces every ``nnx.Linear`` attribute of ``model`` (a fresh traced copy) by a :class:`_Tap`; for the base
+    projection of a LoRA adapter, records the adapter's ``(scale, spans)`` under the adapter's path."""
+    from snapaudit_jax.finetune.lora import LoRAProjection
+
     found = [(tuple(path), m) for path, m in nnx.iter_modules(model) if isinstance(m, nnx.Linear)]
     for path, linear in found:
         parent = model
         for key in path[:-1]:
             parent = parent[key] if isinstance(key, int) else getattr(parent, key)
+        if isinstance(parent, LoRAProjection) and path[-1] == "base":
+            record["lora"][path[:-1]] = (parent.scale, tuple(parent.spans))
         if isinstance(path[-1], int):
             parent[path[-1]] = _Tap(linear, path, record)
         else:
             object.__setattr__(parent, path[-1], _Tap(linear, path, record))
 
 
-def _forward(graphdef, params, rest, tokens, mask, probes, paths: list):
+def _forward(graphdef, params, rest, tokens, mask, probes, paths: list, lora: dict | None = None):
     """Summed loss of every unit, with ``(per-unit losses, tapped inputs, tapped outputs)``; ``paths`` receives
-    the tapped layers' paths in call order."""
-    record = {"paths": paths, "inputs": [], "outputs": [], "probes": probes}
+    the tapped layers' paths in call order, ``lora`` the LoRA adapters' ``(scale, spans)`` by path."""
+    record = {"paths": paths, "inputs": [], "outputs": [], "probes": probes, "lora": {} if lora is None else lora}
     model = nnx.merge(graphdef, params, rest)
     _tap_linears(model, record)
     length = tokens.shape[-1]
@@ -166,8 +173,10 @@ def dense_sq_norms_traced(graphdef, params, rest, tokens, mask, *, method: str =
     shapes = jax.eval_shape(lambda p: _forward(graphdef, p, rest, tokens, mask, None, [])[1][2], params)
     probes = [jnp.zeros(s.shape, s.dtype) for s in shapes]
     paths: list = []
+    lora: dict = {}
     _, pullback, (losses, inputs, _) = jax.vjp(
-        lambda pr: _forward(graphdef, params, rest, tokens, mask, pr, paths), probes, has_aux=True)
+        lambda pr: _forward(graphdef, params, rest, tokens, mask, pr, paths, lora), probes, has_aux=True)
+    values = {_name(tuple(path)): v for path, v in nnx.to_flat_state(params)}
     cotangents = pullback(jnp.ones((), jnp.float32))[0]
     units = tokens.shape[0]
     per_param: dict[str, jax.Array] = {}
@@ -179,6 +188,24 @@ def dense_sq_norms_traced(graphdef, params, rest, tokens, mask, *, method: str =
             per_param[_name(path + ("kernel",))] = (ghost_sq_norm if chosen == "ghost" else direct_sq_norm)(a, g)
         if _name(path + ("bias",)) in covered:
             per_param[_name(path + ("bias",))] = jnp.sum(jnp.square(jnp.sum(g.astype(jnp.float32), axis=1)), axis=1)
+        if path[-1] == "base" and path[:-1] in lora:
+            # y = x W + b + scale (x A_i) B_i on columns [start, stop): with h = g[start:stop], unit i's
+            # dB_i = scale (x A_i)^T h and dA_i = scale x^T (h B_i^T) -- dense layers of their own
+            scale, spans = lora[path[:-1]]
+            for i, (start, stop) in enumerate(spans):
+                a_name, b_name = _name(path[:-1] + ("lora_a", i)), _name(path[:-1] + ("lora_b", i))
+                h = g[..., start:stop].astype(jnp.float32) * scale
+                x = a.astype(jnp.float32)
+                if b_name in covered:
+                    u = jnp.einsum("bsi,ir->bsr", x, values[a_name].astype(jnp.float32),
+                                   precision=jax.lax.Precision.HIGHEST)
+                    chosen = choose_method(u.shape[1], u.shape[2], h.shape[2]) if method == "auto" else method
+                    per_param[b_name] = (ghost_sq_norm if chosen == "ghost" else direct_sq_norm)(u, h)
+                if a_name in covered:
+                    v = jnp.einsum("bso,ro->bsr", h, values[b_name].astype(jnp.float32),
+                                   precision=jax.lax.Precision.HIGHEST)
+                    chosen = choose_method(x.shape[1], x.shape[2], v.shape[2]) if method == "auto" else method
+                    per_param[a_name] = (ghost_sq_norm if chosen == "ghost" else direct_sq_norm)(x, v)
     total = sum(per_param.values(), jnp.zeros(units, jnp.float32))
     return DenseNorms(total, per_param, losses)
 

@@ -47,16 +47,17 @@ def _data(shape, seed=0):
     return tokens.reshape(shape), mask.reshape(shape)
 
 
-def _oracle(model, tokens, mask):
-    """Per-unit squared norms of every dense kernel and bias: each unit's own gradient, vmapped."""
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+def _oracle(model, tokens, mask, trainable=nnx.Param, every=False):
+    """Per-unit squared norms of every dense kernel and bias (``every``: of every trainable parameter): each
+    unit's own gradient, vmapped."""
+    graphdef, params, rest = nnx.split(model, trainable, ...)
     loss = _loss_fn(graphdef, rest)
     grads = jax.vmap(lambda t, m: jax.grad(loss)(params, t[None], m[None]))(jnp.asarray(tokens), jnp.asarray(mask))
     dense = {".".join(map(str, p)) for p, m in nnx.iter_modules(model) if isinstance(m, nnx.Linear)}
     out = {}
     for path, value in nnx.to_flat_state(grads):
         name = ".".join(map(str, path))
-        if name.rsplit(".", 1)[0] in dense:
+        if every or name.rsplit(".", 1)[0] in dense:
             out[name] = np.asarray(jnp.sum(jnp.square(value.reshape(value.shape[0], -1)), axis=1))
     return out
 
@@ -110,3 +111,28 @@ def test_bad_arguments_are_refused():
         dense_sq_norms(model, tokens, mask, method="book")
     with pytest.raises(InputError, match="tokens and mask must both be"):
         dense_sq_norms(model, tokens, mask[:, :3])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, targets", [("gpt2", ()), ("llama", ("q_proj", "v_proj", "down_proj"))])
+@pytest.mark.parametrize("shape", [(5, 9), (3, 2, 6)], ids=["records", "users"])
+def test_lora_adapter_norms_equal_the_per_unit_gradients(kind, targets, shape):
+    """LoRA training (only the adapters are trainable): every adapter's A and B, on whole projections and on
+    column slices of fused ones (Llama's q and v in qkv_proj), equal the per-unit gradients' norms; B is set to
+    random values so that dA is not trivially zero."""
+    from snapaudit_jax.finetune.lora import LoRAConfig, apply_lora
+
+    model = apply_lora(CONFIGS[kind](), LoRAConfig(rank=2, alpha=6.0, targets=targets), key=jax.random.key(3))
+    rng = np.random.default_rng(9)
+    for _, variable in nnx.iter_graph(model):
+        if isinstance(variable, nnx.LoRAParam):
+            variable[...] = jnp.asarray(rng.standard_normal(variable.shape) * 0.3, variable.dtype)
+    tokens, mask = _data(shape, seed=2)
+    oracle = _oracle(model, tokens, mask, trainable=nnx.LoRAParam, every=True)
+    assert any("lora_a" in k for k in oracle) and any("lora_b" in k for k in oracle)
+    for method in ("ghost", "direct"):
+        got = dense_sq_norms(model, tokens, mask, method=method, trainable=nnx.LoRAParam)
+        assert set(got.per_param) == set(oracle)  # every trainable parameter is covered
+        for name, want in oracle.items():
+            np.testing.assert_allclose(np.asarray(got.per_param[name]), want, rtol=1e-5, atol=1e-12,
+                                       err_msg=f"{method} {name}")
