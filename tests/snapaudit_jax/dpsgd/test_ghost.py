@@ -120,13 +120,7 @@ def test_lora_adapter_norms_equal_the_per_unit_gradients(kind, targets, shape):
     """LoRA training (only the adapters are trainable): every adapter's A and B, on whole projections and on
     column slices of fused ones (Llama's q and v in qkv_proj), equal the per-unit gradients' norms; B is set to
     random values so that dA is not trivially zero."""
-    from snapaudit_jax.finetune.lora import LoRAConfig, apply_lora
-
-    model = apply_lora(CONFIGS[kind](), LoRAConfig(rank=2, alpha=6.0, targets=targets), key=jax.random.key(3))
-    rng = np.random.default_rng(9)
-    for _, variable in nnx.iter_graph(model):
-        if isinstance(variable, nnx.LoRAParam):
-            variable[...] = jnp.asarray(rng.standard_normal(variable.shape) * 0.3, variable.dtype)
+    model = _lora_model(kind, targets)
     tokens, mask = _data(shape, seed=2)
     oracle = _oracle(model, tokens, mask, trainable=nnx.LoRAParam, every=True)
     assert any("lora_a" in k for k in oracle) and any("lora_b" in k for k in oracle)
@@ -136,3 +130,55 @@ def test_lora_adapter_norms_equal_the_per_unit_gradients(kind, targets, shape):
         for name, want in oracle.items():
             np.testing.assert_allclose(np.asarray(got.per_param[name]), want, rtol=1e-5, atol=1e-12,
                                        err_msg=f"{method} {name}")
+
+
+def _lora_model(kind, targets, seed=9):
+    from snapaudit_jax.finetune.lora import LoRAConfig, apply_lora
+
+    model = apply_lora(CONFIGS[kind](), LoRAConfig(rank=2, alpha=6.0, targets=targets), key=jax.random.key(3))
+    rng = np.random.default_rng(seed)
+    for _, variable in nnx.iter_graph(model):
+        if isinstance(variable, nnx.LoRAParam):
+            variable[...] = jnp.asarray(rng.standard_normal(variable.shape) * 0.3, variable.dtype)
+    return model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, targets", [("gpt2", ()), ("llama", ("q_proj", "v_proj", "down_proj"))])
+@pytest.mark.parametrize("shape", [(6, 9), (4, 2, 6)], ids=["records", "users"])
+def test_book_keeping_clipped_sum_equals_the_per_unit_path(kind, targets, shape):
+    """The book-keeping clipped sum of a DP-LoRA batch equals jax_privacy's per-unit clipped sum
+    (:func:`snapaudit_jax.dpsgd.gradients.clipped_grad_sum`) to 1e-5: the clip norm at the units' median norm
+    (some clipped, some not), one padding unit contributing nothing. Power: without clipping the sums differ."""
+    from snapaudit_jax.dpsgd.ghost import book_keeping_clipped_sum
+    from snapaudit_jax.dpsgd.gradients import clipped_grad_sum
+
+    model = _lora_model(kind, targets)
+    tokens, mask = _data(shape, seed=5)
+    padding = np.zeros(shape[0], bool)
+    padding[1] = True
+    free = clipped_grad_sum(model, tokens, mask, clip_norm=np.inf, trainable=nnx.LoRAParam)
+    clip = float(np.median(np.asarray(free.norms)))
+    want = clipped_grad_sum(model, tokens, mask, clip_norm=clip, padding=padding, trainable=nnx.LoRAParam)
+    got = book_keeping_clipped_sum(model, tokens, mask, clip_norm=clip, padding=padding)
+    np.testing.assert_allclose(np.asarray(got.norms), np.asarray(want.norms), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(got.losses), np.asarray(want.losses), rtol=1e-5)
+    flat_want = {str(p): np.asarray(v[...]) for p, v in nnx.to_flat_state(want.grad_sum)}
+    flat_got = {str(p): np.asarray(v[...]) for p, v in nnx.to_flat_state(got.grad_sum)}
+    assert set(flat_got) == set(flat_want) and len(flat_want) >= 4
+    scale = max(float(np.abs(v).max()) for v in flat_want.values())
+    for name, value in flat_want.items():
+        np.testing.assert_allclose(flat_got[name], value, rtol=1e-5, atol=1e-6 * scale, err_msg=name)
+    clipped = (np.asarray(want.norms) > clip) & ~padding
+    assert clipped.any() and (~clipped & ~padding).any()
+    unclipped = {str(p): np.asarray(v[...]) for p, v in nnx.to_flat_state(free.grad_sum)}
+    assert any(not np.allclose(unclipped[k], flat_want[k], rtol=1e-3) for k in flat_want)
+
+
+def test_book_keeping_refuses_parameters_it_does_not_cover():
+    """Full fine-tuning trains embeddings and norm scales: refused, naming them, never silently wrong."""
+    from snapaudit_jax.dpsgd.ghost import book_keeping_clipped_sum
+
+    tokens, mask = _data((2, 5))
+    with pytest.raises(InputError, match=r"not covered: .*wte\.embedding"):
+        book_keeping_clipped_sum(CONFIGS["gpt2"](), tokens, mask, clip_norm=1.0, trainable=nnx.Param)
