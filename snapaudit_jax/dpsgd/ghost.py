@@ -291,15 +291,21 @@ def book_keeping_clipped_sum(model, tokens, mask, *, clip_norm: float, padding=N
     """
     from snapaudit_jax.utils import validate
 
-    if method not in METHODS:
-        raise InputError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    tokens, mask = _checked(method, tokens, mask)
     clip_norm = validate.positive_float("clip_norm", clip_norm)
-    tokens, mask = jnp.asarray(tokens, jnp.int32), jnp.asarray(mask, bool)
-    if tokens.ndim not in (2, 3) or mask.shape != tokens.shape:
-        raise InputError(f"tokens and mask must both be (B, L) or (B, k, L), got {tokens.shape} and {mask.shape}")
     padding = jnp.zeros(tokens.shape[0], bool) if padding is None else jnp.asarray(padding, bool)
     graphdef, params, rest = nnx.split(model, trainable, ...)
     return _bk_jit(graphdef, params, rest, tokens, mask, padding, jnp.float32(clip_norm), method=method)
+
+
+def _checked(method: str, tokens, mask):
+    """``(tokens, mask)`` as int32 and bool arrays, after the checks the eager entry points share."""
+    if method not in METHODS:
+        raise InputError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    tokens, mask = jnp.asarray(tokens, jnp.int32), jnp.asarray(mask, bool)
+    if tokens.ndim not in (2, 3) or mask.shape != tokens.shape:
+        raise InputError(f"tokens and mask must both be (B, L) or (B, k, L), got {tokens.shape} and {mask.shape}")
+    return tokens, mask
 
 
 _dense_jit = jax.jit(dense_sq_norms_traced, static_argnames=("graphdef", "method"))
@@ -330,10 +336,6 @@ def dense_sq_norms(model, tokens, mask, *, method: str = "auto", trainable=nnx.P
       per-unit vmapped gradients' norms to ``1e-5`` relative (tested on GPT-2 and Llama, padding, variable
       lengths, user-level units, both methods).
     """
-    if method not in METHODS:
-        raise InputError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
-    tokens, mask = jnp.asarray(tokens, jnp.int32), jnp.asarray(mask, bool)
-    if tokens.ndim not in (2, 3) or mask.shape != tokens.shape:
-        raise InputError(f"tokens and mask must both be (B, L) or (B, k, L), got {tokens.shape} and {mask.shape}")
+    tokens, mask = _checked(method, tokens, mask)
     graphdef, params, rest = nnx.split(model, trainable, ...)
     return _dense_jit(graphdef, params, rest, tokens, mask, method=method)

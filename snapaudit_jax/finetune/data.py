@@ -487,12 +487,15 @@ def _held_out_overlap(config: FinetuneConfig, texts, users, held_texts, held_use
     level) a user who also has training records. Refuses the same file, and any overlap unless
     ``data.allow_held_out_overlap``."""
     data = config.data
-    same = False
     try:
         same = os.path.samefile(data.path, data.held_out_path)
-    except OSError:
-        pass
-    if same or sha256_file(data.path, "data file") == sha256_file(data.held_out_path, "data file"):
+        sizes = os.path.getsize(data.path), os.path.getsize(data.held_out_path)
+    except OSError:  # both were just read: only a file replaced meanwhile gets here
+        same, sizes = False, (0, 1)
+    # the bytes are compared only when the sizes allow a copy (each file is read once more)
+    copy = not same and sizes[0] == sizes[1] and (
+        sha256_file(data.path, "data file") == sha256_file(data.held_out_path, "data file"))
+    if same or copy:
         raise ConfigFileError(f"data.held_out_path: {data.held_out_path} is the training file data.path itself "
                               f"({'the same file' if same else 'the same bytes'}): a held-out perplexity must come "
                               "from records never trained on")

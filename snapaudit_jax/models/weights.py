@@ -327,13 +327,10 @@ def _weight_files(folder: str, allow_pickle: bool) -> tuple[str, list[str]]:
         check_regular_file(single, "weights file", CheckpointError)
         return "safetensors", [single]
     if os.path.lexists(index):
+        raw = read_regular(index, "safetensors index", CheckpointError, max_bytes=JSON_MAX_BYTES)
         try:
-            weight_map = json.loads(read_regular(index, "safetensors index", CheckpointError,
-                                                 max_bytes=JSON_MAX_BYTES))["weight_map"]
-        except (ValueError, KeyError) as err:
-            if isinstance(err, InputError):
-                raise
-
+            weight_map = json.loads(raw)["weight_map"]
+        except (ValueError, KeyError, TypeError) as err:
             raise CheckpointError(f"{index}: not a valid safetensors index ({err})") from None
         if not isinstance(weight_map, dict) or not all(isinstance(f, str) and f for f in weight_map.values()):
             raise CheckpointError(f"{index}: not a valid safetensors index (weight_map must map tensor names to shard "

@@ -50,14 +50,13 @@ _INT = re.compile(r"[+-]?\d+")
 _FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
-def read_records(path: str | os.PathLike, *, field: str | None = None) -> dict[str, list]:
+def read_records(path: str | os.PathLike) -> dict[str, list]:
     """Reads every record of a local data file into memory, as columns.
 
     Args:
       path: a regular ``.jsonl``, ``.json``, ``.csv`` or ``.parquet`` file (see the module docstring for each
         format's rules); a symbolic link to one is followed. Its type is checked before it is opened
         (:func:`snapaudit_jax.utils.files.open_regular`).
-      field: the configuration key that named the file (``"data.path"``), first in a type error's message.
 
     Returns:
       ``{column: values}`` in the file's column order (JSON: the order in which keys first appear), every list
@@ -83,7 +82,7 @@ def read_records(path: str | os.PathLike, *, field: str | None = None) -> dict[s
         pass  # a symlink loop or a permission: named by open_regular below
     ext = os.path.splitext(path)[1].lower()
     # the type is checked before the file is opened (a FIFO or a device would block or never end)
-    with open_regular(path, "data file", field=field) as fh:
+    with open_regular(path, "data file") as fh:
         if ext not in FORMATS:
             raise InputError(f"file extension must be one of {', '.join(FORMATS)}, got {ext or '(none)'!r} for "
                              f"{path!r}")
