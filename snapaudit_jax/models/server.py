@@ -78,6 +78,10 @@ MAX_BODY_BYTES = 64 * 2 ** 20
 _CHUNK = 2 ** 16  # bytes read from the socket at a time, each read against the attempt's deadline
 _MAX_TIMEOUT_S = 3600.0  # one attempt (and one backoff) may take at most an hour
 _MAX_BUDGET_S = 86400.0  # one request, retries included, at most a day
+# What the default budget allows each attempt beyond its deadline: noticing it and closing the connection take a
+# moment, longer on a loaded machine; without it, an attempt that ended a few milliseconds late denied the last
+# retry that ``max_retries`` allows.
+_OVERRUN_S = 1.0
 _MAX_RETRIES = 100
 _MAX_CONCURRENCY = 256
 
@@ -170,15 +174,15 @@ class ServerConfig:
     def budget_s(self) -> float:
         """Seconds one request may take with all its attempts and delays.
 
-        ``request_budget_s`` when set; by default every attempt at its deadline plus the largest delays the
-        backoff draws: ``(max_retries + 1) * timeout_s + sum_r min(max_backoff_s, backoff_s * 2^r)`` over the
-        ``max_retries`` retries, at most 86400 s; by default it binds only when a ``Retry-After`` asks for longer
-        than the backoff's cap.
+        ``request_budget_s`` when set; by default every attempt at its deadline, with a second more for ending
+        it (``_OVERRUN_S``), plus the largest delays the backoff draws: ``(max_retries + 1) * (timeout_s + 1) +
+        sum_r min(max_backoff_s, backoff_s * 2^r)`` over the ``max_retries`` retries, at most 86400 s; by default
+        it binds only when a ``Retry-After`` asks for longer than the backoff's cap.
         """
         if self.request_budget_s is not None:
             return float(self.request_budget_s)
         delays = sum(min(self.max_backoff_s, self.backoff_s * 2 ** r) for r in range(self.max_retries))
-        return min(_MAX_BUDGET_S, (self.max_retries + 1) * self.timeout_s + delays)
+        return min(_MAX_BUDGET_S, (self.max_retries + 1) * (self.timeout_s + _OVERRUN_S) + delays)
 
     def public(self) -> dict:
         """What a manifest may record of the server: ``{"base_url", "model"}`` (the URL holds no credentials).

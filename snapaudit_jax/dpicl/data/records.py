@@ -89,9 +89,9 @@ def read_records(path: str | os.PathLike) -> dict[str, list]:
         if os.fstat(fh.fileno()).st_size == 0:
             raise InputError(f"{source} is empty (no rows)")
         fmt = FORMATS[ext]
-        if fmt == "parquet":
-            return _read_parquet(fh, source)
         raw = fh.read()
+    if fmt == "parquet":
+        return _read_parquet(raw, source)
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
@@ -220,14 +220,24 @@ def _read_csv(text: str, source: str) -> dict[str, list]:
 # Parquet.
 
 
-def _read_parquet(path, source: str) -> dict[str, list]:
+def _read_parquet(raw: bytes, source: str) -> dict[str, list]:
+    """The columns of the Parquet file whose bytes are ``raw``.
+
+    Read synchronously, in this thread, and closed here. ``pq.read_table`` goes through pyarrow's dataset
+    scanner, whose pool threads release the reader and with it the buffer of Python bytes (that needs the GIL);
+    one still doing so when the interpreter exits aborts the process (SIGABRT, "terminate called without an
+    active exception", apache/arrow#34314): seen here in about one run in fifteen on a loaded machine, when a
+    run stopped with an input error just after reading its data.
+    """
     try:
+        import pyarrow as pa  # noqa: PLC0415 -- optional dependency (the data extra), Parquet only.
         import pyarrow.parquet as pq  # noqa: PLC0415 -- optional dependency (the data extra), Parquet only.
     except ImportError as err:
         raise ImportError(f"reading the Parquet {source} needs pyarrow; install it (pip install pyarrow, or the "
                           f"project's data extra: pip install 'snapaudit-jax[data]')") from err
     try:
-        table = pq.read_table(path, memory_map=False)
+        with pq.ParquetFile(pa.BufferReader(raw), pre_buffer=False) as pf:
+            table = pf.read(use_threads=False)
         names = table.column_names
         if len(set(names)) != len(names):
             repeated = sorted({n for n in names if names.count(n) > 1})

@@ -457,6 +457,39 @@ def test_read_records_parquet_keeps_the_column_values(tmp_path):
     assert data.read_records(path) == {"text": ["x", None], "label": [3, 1], "tags": [["a"], []]}
 
 
+_THREADS = """
+import os, sys
+import pyarrow as pa, pyarrow.parquet as pq
+from snapaudit_jax.dpicl.data import read_records
+count = lambda: len(os.listdir("/proc/self/task"))
+before = count()
+assert read_records(sys.argv[1])["text"] == ["x"] * 50
+ours = count() - before
+pq.read_table(pa.BufferReader(open(sys.argv[1], "rb").read()), use_threads=False)
+print(ours, count() - before - ours)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc/self/task (Linux)")
+def test_reading_parquet_starts_no_pyarrow_thread(tmp_path):
+    """A pyarrow pool thread that releases the reader's buffer of Python bytes as the interpreter exits aborts the
+    process ("terminate called without an active exception", exit -6; seen in a run that stopped with an input
+    error after reading its data): records are read in the calling thread. Power: ``pq.read_table`` on the same
+    bytes, even with ``use_threads=False``, starts one."""
+    import subprocess
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"text": ["x"] * 50}), path)
+    proc = subprocess.run([sys.executable, "-c", _THREADS, str(path)], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[3])
+    assert proc.returncode == 0, proc.stderr
+    ours, read_table = map(int, proc.stdout.split())
+    assert ours == 0 and read_table >= 1, proc.stdout
+
+
 def _parquet_bytes(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

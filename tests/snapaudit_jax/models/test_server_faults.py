@@ -8,6 +8,7 @@ numbers. Power checks show that each fault, unchecked, would have produced other
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import time
@@ -278,6 +279,25 @@ def test_a_trickling_body_is_abandoned_at_the_deadline(lm):
         assert client.attempts == 2
 
 
+def test_an_attempt_ending_late_still_gets_its_retries_under_the_default_budget():
+    """Each attempt overruns its 0.3 s deadline by 0.2 s (a loaded machine notices a deadline late): the default
+    budget leaves each attempt a second to end, so all ``max_retries`` retries are made. Power: with
+    ``request_budget_s`` at the attempts' deadlines and delays alone, the same overrun denies the last retry."""
+    def late(method, path, data, deadline):
+        time.sleep(max(0.0, deadline - time.monotonic()) + 0.2)
+        raise TimeoutError("timed out")
+
+    cfg = ServerConfig("http://127.0.0.1:9", "m", timeout_s=0.3, max_retries=2, backoff_s=0.01, max_backoff_s=0.01)
+    client = OpenAIClient(cfg)
+    client._attempt = late
+    with pytest.raises(ServerError, match="failed after 3 attempts; last: no complete answer within"):
+        client.request("/models", what="model listing")
+    tight = OpenAIClient(dataclasses.replace(cfg, request_budget_s=3 * 0.3 + 2 * 0.01))
+    tight._attempt = late
+    with pytest.raises(ServerError, match="failed after 2 attempts; another could not finish within"):
+        tight.request("/models", what="model listing")
+
+
 def test_slow_headers_are_abandoned_at_the_deadline(lm):
     with FakeOpenAI(lm, modes=["slow_headers"], trickle_s=0.2) as srv:
         client = OpenAIClient(_config(srv, timeout_s=0.5, max_retries=0))
@@ -289,7 +309,8 @@ def test_slow_headers_are_abandoned_at_the_deadline(lm):
 
 def test_retries_stop_at_the_request_budget(lm):
     cfg = ServerConfig("http://h:1", "m", timeout_s=60, max_retries=5, backoff_s=0.5, max_backoff_s=30)
-    assert cfg.budget_s == 6 * 60 + (0.5 + 1 + 2 + 4 + 8)  # every attempt at its deadline, the largest delays
+    assert cfg.budget_s == 6 * (60 + 1) + (0.5 + 1 + 2 + 4 + 8)  # every attempt at its deadline and 1 s to end it,
+    # the largest delays
     assert ServerConfig("http://h:1", "m", timeout_s=3600, max_retries=100).budget_s == 86400
     with FakeOpenAI(lm, modes=["trickle"], trickle_s=0.3) as srv:
         client = OpenAIClient(_config(srv, timeout_s=0.4, max_retries=100, request_budget_s=1.0))
