@@ -46,7 +46,7 @@ from snapaudit_jax.dpsgd.canaries import (
     make_canaries,
 )
 from snapaudit_jax.dpsgd.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from snapaudit_jax.dpsgd.config import ACCOUNTANTS, OPTIMIZERS, DPSGDConfig
+from snapaudit_jax.dpsgd.config import ACCOUNTANTS, CLIPPINGS, OPTIMIZERS, DPSGDConfig
 from snapaudit_jax.dpsgd.gradients import (
     ClippedGrads,
     LossSummary,
@@ -56,7 +56,7 @@ from snapaudit_jax.dpsgd.gradients import (
     sequence_losses,
 )
 from snapaudit_jax.dpsgd.sampling import inclusion_threshold, poisson_batch, sampling_probability
-from snapaudit_jax.dpsgd.train import HISTORY_KEYS, ResolvedPrivacy, resolve_privacy, train
+from snapaudit_jax.dpsgd.train import HISTORY_KEYS, ResolvedPrivacy, resolve_clipping, resolve_privacy, train
 from snapaudit_jax.dpsgd.tuning import (
     RULES,
     Candidate,
@@ -73,6 +73,7 @@ from snapaudit_jax.dpsgd.tuning import (
 
 __all__ = [
     "ACCOUNTANTS",
+    "CLIPPINGS",
     "ADJACENCY",
     "AccountantEpsilons",
     "Calibration",
@@ -115,6 +116,7 @@ __all__ = [
     "poisson_batch",
     "record_losses",
     "repeat_and_select_rdp",
+    "resolve_clipping",
     "resolve_privacy",
     "sampling_probability",
     "save_checkpoint",

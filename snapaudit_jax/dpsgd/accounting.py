@@ -472,6 +472,9 @@ class DPReport:
       optimizer: the optimizer (post-processing; no privacy effect).
       learning_rate: its step size (no privacy effect).
       microbatch_size: records per clipped-gradient call (no privacy effect).
+      clipping: how the clipped sum was computed (``DPSGDConfig.clipping`` resolved: ``"per_record"``,
+        ``"book_keeping"`` or ``"ghost"``; the same sum to float32 rounding, no privacy effect).
+      clipping_reason: why that path (``"auto"``'s choice and what the fast paths did not cover).
       not_covered: releases the guarantee does not cover (the training history, tuning on the private data,
         several sequences of one person beyond group privacy).
       randomness: where the batches and the noise came from (:data:`~snapaudit_jax.dpsgd.keys.RANDOMNESS`): a
@@ -508,6 +511,8 @@ class DPReport:
     learning_rate: float
     microbatch_size: int
     not_covered: tuple[str, ...]
+    clipping: str = "per_record"
+    clipping_reason: str = ""
     randomness: str = "batches and noise from the caller's key: the guarantee holds only if that key is secret " \
                       "and uniformly random"
 
@@ -575,6 +580,8 @@ def make_report(
     optimizer: str,
     learning_rate: float,
     microbatch_size: int,
+    clipping: str = "per_record",
+    clipping_reason: str = "",
     protected_unit: str = PROTECTED_UNIT,
     adjacency: str = ADJACENCY,
     not_covered: tuple[str, ...] = NOT_COVERED,
@@ -602,6 +609,8 @@ def make_report(
       optimizer: optimizer name.
       learning_rate: step size.
       microbatch_size: records per clipped-gradient call.
+      clipping: the clipping path (``"per_record"``, ``"book_keeping"``, ``"ghost"``).
+      clipping_reason: why that path.
       protected_unit: the unit the guarantee protects (default: one dataset row).
       adjacency: the neighbouring relation (default: add/remove one record).
       not_covered: the releases the guarantee does not cover.
@@ -657,6 +666,8 @@ def make_report(
         optimizer=optimizer,
         learning_rate=learning_rate,
         microbatch_size=microbatch_size,
+        clipping=clipping,
+        clipping_reason=clipping_reason,
         not_covered=tuple(not_covered),
         **({} if randomness is None else {"randomness": randomness}),
     )

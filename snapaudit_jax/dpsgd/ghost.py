@@ -39,7 +39,8 @@ from snapaudit_jax.dpsgd.gradients import sequence_losses
 from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["METHODS", "DenseNorms", "book_keeping_clipped_sum", "book_keeping_clipped_sum_traced", "choose_method",
-           "dense_sq_norms", "dense_sq_norms_traced", "direct_sq_norm", "ghost_sq_norm"]
+           "dense_sq_norms", "dense_sq_norms_traced", "direct_sq_norm", "ghost_clipped_sum_traced", "ghost_sq_norm",
+           "not_covered"]
 
 METHODS = ("auto", "ghost", "direct")
 
@@ -242,23 +243,101 @@ def book_keeping_clipped_sum_traced(graphdef, params, rest, tokens, mask, paddin
     """
     from snapaudit_jax.dpsgd.gradients import ClippedGrads
 
+    losses, factors, norms, scale = _clip_factors(graphdef, params, rest, tokens, mask, padding, clip_norm, method)
+    keep = (scale > 0)[:, None, None]  # a dropped unit's factors may hold NaN, and 0 * NaN is NaN
+    leaves = []
+    for path, variable in nnx.to_flat_state(params):
+        a, g = factors[_name(tuple(path))]
+        grad = jnp.einsum("bsp,bsq->pq", jnp.where(keep, a * scale[:, None, None], 0.0), jnp.where(keep, g, 0.0),
+                          precision=jax.lax.Precision.HIGHEST)
+        leaves.append((path, variable.replace(grad.reshape(variable.shape).astype(variable.dtype))))
+    return ClippedGrads(nnx.from_flat_state(leaves), losses, norms)
+
+
+def _clip_factors(graphdef, params, rest, tokens, mask, padding, clip_norm, method):
+    """``(losses, factors, norms, scale)``: the factors of every trainable parameter (refusing any not covered),
+    the units' norms and their clip factors ``c_i`` (``0`` for padding and non-finite norms)."""
     losses, factors, missing = _factors(graphdef, params, rest, tokens, mask)
     if missing:
-        raise InputError(f"book-keeping clipping covers dense layers and LoRA adapters only; not covered: "
+        raise InputError(f"book-keeping and ghost clipping cover dense layers and LoRA adapters only; not covered: "
                          f"{', '.join(sorted(missing))} (use the per-record path)")
     total = sum((_sq_norm(a, g, method) for a, g in factors.values()), jnp.zeros(tokens.shape[0], jnp.float32))
     norms = jnp.sqrt(total)
     finite = jnp.isfinite(norms)
     scale = jnp.where(finite & ~padding, jnp.minimum(1.0, clip_norm / jnp.where(finite & (norms > 0), norms, 1.0)),
                       0.0)
-    flat = nnx.to_flat_state(params)
-    leaves = []
-    for path, variable in flat:
-        a, g = factors[_name(tuple(path))]
-        grad = jnp.einsum("bsp,bsq->pq", a * scale[:, None, None], g, precision=jax.lax.Precision.HIGHEST)
-        leaves.append((path, variable.replace(grad.reshape(variable.shape).astype(variable.dtype))))
-    grad_sum = nnx.from_flat_state(leaves)
-    return ClippedGrads(grad_sum, losses, norms)
+    return losses, factors, norms, scale
+
+
+def ghost_clipped_sum_traced(graphdef, params, rest, tokens, mask, padding, clip_norm, *, method: str = "auto"):
+    """The clipped gradient sum by ghost clipping: the norms from one backward pass, then a second backward pass
+    of the weighted loss ``sum_i c_i L_i`` (Li et al. 2021), whose gradient is ``sum_i c_i g_i``.
+
+    Costs a second forward and backward against :func:`book_keeping_clipped_sum_traced`, but no activation or
+    cotangent outlives the first pass's norms (XLA frees each layer's once its norm is taken): the variant for
+    when memory, not time, is short. A unit with ``c_i = 0`` (padding, a non-finite norm) is left out of the
+    second pass (replaced by a kept unit at weight zero), so it adds exactly zero.
+
+    Args:
+      graphdef, params, rest: ``nnx.split(model, trainable, ...)``; every trainable parameter must be covered.
+      tokens: ``(B, L)`` or ``(B, k, L)`` int token ids.
+      mask: ``tokens``' shape, bool (or an int8 loss mask).
+      padding: ``(B,)`` bool, units that contribute nothing.
+      clip_norm: ``C > 0``.
+      method: the norms' method, as :func:`dense_sq_norms`.
+
+    Returns:
+      ``(grad_sum, losses, norms)`` as :class:`~snapaudit_jax.dpsgd.gradients.ClippedGrads`.
+
+    Raises:
+      InputError: (at trace time) a trainable parameter the factors do not cover, named.
+    """
+    from snapaudit_jax.dpsgd.gradients import ClippedGrads
+
+    losses, _, norms, scale = _clip_factors(graphdef, params, rest, tokens, mask, padding, clip_norm, method)
+    scale = jax.lax.stop_gradient(scale)
+    # A dropped unit (c_i = 0) is replaced by a kept one at weight 0: its own data may make the forward pass NaN,
+    # and a zero cotangent through a NaN activation is NaN. With no unit kept, the sum is zero.
+    kept = scale > 0
+    first = jnp.argmax(kept)
+    shape = (-1,) + (1,) * (tokens.ndim - 1)
+    tokens = jnp.where(kept.reshape(shape), tokens, tokens[first])
+    mask = jnp.where(kept.reshape(shape), mask, mask[first])
+    length = tokens.shape[-1]
+
+    def weighted(p):
+        rows = sequence_losses(nnx.merge(graphdef, p, rest), tokens.reshape(-1, length), mask.reshape(-1, length))
+        return jnp.sum(scale * rows.reshape(tokens.shape[0], -1).sum(axis=1))
+
+    grads = jax.grad(weighted)(params)
+    grads = jax.tree.map(lambda g: jnp.where(jnp.any(kept), g, jnp.zeros_like(g)), grads)
+    return ClippedGrads(grads, losses, norms)
+
+
+def not_covered(graphdef, params, rest, tokens, mask) -> tuple[str, ...]:
+    """The trainable parameters the book-keeping and ghost paths do not cover, by path (``()``: all covered).
+
+    Traces one forward and backward abstractly (:func:`jax.eval_shape`; nothing is computed).
+
+    Args:
+      graphdef, params, rest: ``nnx.split(model, trainable, ...)``.
+      tokens, mask: a few units of the data (shapes and dtypes matter, not values).
+
+    Returns:
+      The uncovered parameters' paths, sorted.
+
+    Raises:
+      InputError: a dense layer called more than once per forward pass (shared weights).
+    """
+    found: list = []
+
+    def probe(p):
+        losses, _, missing = _factors(graphdef, p, rest, tokens, mask)
+        found.append(missing)
+        return losses
+
+    jax.eval_shape(probe, params)
+    return tuple(sorted(found[0]))
 
 
 _bk_jit = jax.jit(book_keeping_clipped_sum_traced, static_argnames=("graphdef", "method"))

@@ -5,9 +5,13 @@ One step (Abadi et al. 2016, Alg. 1, with Poisson sampling as accounted):
 1. Poisson batch: every record independently with probability ``q``
    (:func:`~snapaudit_jax.dpsgd.sampling.poisson_batch`, key ``fold_in(fold_in(key, 0), step)``);
 2. per-record gradients of :func:`~snapaudit_jax.dpsgd.gradients.sequence_losses`, each clipped to
-   L2 norm ``C`` and summed (jax_privacy ``clipped_grad``), over ``ceil(count / m)`` fixed-size
-   microbatches (no truncation, see :mod:`~snapaudit_jax.dpsgd.sampling`; ``m`` is
-   ``DPSGDConfig.microbatch_for``, 1 on CPU where vmapping over records is slower);
+   L2 norm ``C`` and summed, over ``ceil(count / m)`` fixed-size microbatches (no truncation, see
+   :mod:`~snapaudit_jax.dpsgd.sampling`; ``m`` is ``DPSGDConfig.microbatch_for``). ``DPSGDConfig.clipping``
+   picks how: one gradient per unit (jax_privacy ``clipped_grad``; ``m = 1`` on CPU, where vmapping over
+   records is slower), or book-keeping or ghost clipping (:mod:`~snapaudit_jax.dpsgd.ghost`: the units'
+   norms from the activations and cotangents of one backward pass of the summed loss, no per-unit gradient),
+   which ``"auto"`` takes wherever they cover every trainable parameter (DP-LoRA). The sum is the same to
+   float32 rounding either way;
 3. Gaussian noise of std ``sigma C`` added to the *sum* (jax_privacy ``gaussian_privatizer``, an
    optax transformation whose key, seeded by ``fold_in(key, 1)``, lives in the optimizer state);
 4. division by the expected batch size ``q N`` (data-independent; ``optax.scale``), then the
@@ -47,7 +51,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax_privacy import noise_addition
 
-from snapaudit_jax.dpsgd import parallel
+from snapaudit_jax.dpsgd import ghost, parallel
 from snapaudit_jax.dpsgd.accounting import (
     PROTECTED_UNIT,
     UNIT_GROUP,
@@ -64,7 +68,7 @@ from snapaudit_jax.dpsgd.sampling import _poisson_mask, compact_indices, inclusi
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 
-__all__ = ["train", "ResolvedPrivacy", "resolve_privacy", "HISTORY_KEYS"]
+__all__ = ["train", "ResolvedPrivacy", "resolve_clipping", "resolve_privacy", "HISTORY_KEYS"]
 
 HISTORY_KEYS = ("step", "batch_size", "loss", "grad_norm_mean", "grad_norm_max", "clipped_fraction")
 _SAMPLE_STREAM, _NOISE_STREAM = 0, 1
@@ -78,7 +82,7 @@ class ResolvedPrivacy(NamedTuple):
       noise_multiplier: ``sigma`` (given or calibrated; ``0`` when non-private).
       clip_norm: ``C`` (``inf`` when non-private).
       expected_batch_size: ``q N``, the normaliser of the noisy sum.
-      microbatch_size: records per vectorised clipped-gradient call (see ``DPSGDConfig.microbatch_for``).
+      microbatch_size: records per clipped-gradient call (see ``DPSGDConfig.microbatch_for``).
     """
 
     sampling_rate: float
@@ -88,7 +92,7 @@ class ResolvedPrivacy(NamedTuple):
     microbatch_size: int
 
 
-def resolve_privacy(config: DPSGDConfig, num_records: int) -> ResolvedPrivacy:
+def resolve_privacy(config: DPSGDConfig, num_records: int, clipping: str | None = None) -> ResolvedPrivacy:
     """The privacy parameters of ``config`` on a dataset of ``num_records`` records.
 
     With ``target_epsilon``, ``sigma`` is calibrated (:func:`~snapaudit_jax.dpsgd.calibrate_noise_multiplier`)
@@ -98,6 +102,8 @@ def resolve_privacy(config: DPSGDConfig, num_records: int) -> ResolvedPrivacy:
     Args:
       config: the run.
       num_records: ``N``.
+      clipping: the clipping path the run takes (it sets the default microbatch); default ``config.clipping``,
+        with ``"auto"`` read as ``"per_record"`` (:func:`train` resolves ``"auto"`` on the model).
 
     Returns:
       :class:`ResolvedPrivacy` ``(q, sigma, C, q N, m)``.
@@ -121,7 +127,9 @@ def resolve_privacy(config: DPSGDConfig, num_records: int) -> ResolvedPrivacy:
             pld_discretization=config.pld_discretization,
         )
         clip = config.clip_norm
-    return ResolvedPrivacy(q, sigma, clip, q * num_records, config.microbatch_for(num_records))
+    if clipping is None:
+        clipping = "per_record" if config.clipping == "auto" else config.clipping
+    return ResolvedPrivacy(q, sigma, clip, q * num_records, config.microbatch_for(num_records, clipping=clipping))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +145,7 @@ class _StepSpec:
     eps: float
     weight_decay: float
     private: bool
+    clipping: str = "per_record"  # resolved: "per_record", "book_keeping" or "ghost"
 
 
 class _Hyper(NamedTuple):
@@ -164,9 +173,15 @@ def _make_tx(spec: _StepSpec, hyper: _Hyper, noise_key: jax.Array) -> optax.Grad
     return optax.chain(*parts)
 
 
-def _local_sums(params, rest, hyper: _Hyper, tokens, mask, selected, *, graphdef, microbatch_size: int):
+def _local_sums(params, rest, hyper: _Hyper, tokens, mask, selected, *, graphdef, microbatch_size: int,
+                clipping: str = "per_record"):
     """Clipped gradient sum over the selected units of ``tokens`` (one device's): ``(grad_sum, sums, maxima)``."""
     m = microbatch_size
+    if clipping == "per_record":
+        clipped_sum = functools.partial(_clipped_sum, graphdef, rest, params)
+    else:
+        fast = ghost.book_keeping_clipped_sum_traced if clipping == "book_keeping" else ghost.ghost_clipped_sum_traced
+        clipped_sum = functools.partial(fast, graphdef, params, rest)
     indices, count = compact_indices(selected, m)
     rows = jnp.arange(m, dtype=jnp.int32)
 
@@ -175,7 +190,7 @@ def _local_sums(params, rest, hyper: _Hyper, tokens, mask, selected, *, graphdef
         start = i * m
         ids = jax.lax.dynamic_slice(indices, (start,), (m,))
         padding = start + rows >= count
-        out = _clipped_sum(graphdef, rest, params, tokens[ids], mask[ids], padding, hyper.clip_norm)
+        out = clipped_sum(tokens[ids], mask[ids], padding, hyper.clip_norm)
         real = ~padding
         norms = jnp.where(real, out.norms, 0.0)
         return (
@@ -203,7 +218,8 @@ def _dp_step_kernel(
     (:mod:`~snapaudit_jax.dpsgd.parallel`), then the one noise draw and the update run on the replicated sum.
     """
     selected = _poisson_mask(jax.random.fold_in(key, _SAMPLE_STREAM), step, spec.num_records, hyper.threshold)
-    local = functools.partial(_local_sums, graphdef=graphdef, microbatch_size=spec.microbatch_size)
+    local = functools.partial(_local_sums, graphdef=graphdef, microbatch_size=spec.microbatch_size,
+                              clipping=spec.clipping)
     if mesh is None:
         grad_sum, sums, maxima = local(params, rest, hyper, tokens, mask, selected)
         metrics = {**sums, **maxima}
@@ -282,6 +298,7 @@ class _Prepared(NamedTuple):
     mask: jax.Array
     identity: dict[str, Any]
     mesh: Any  # None or the 1-D data-parallel jax.sharding.Mesh
+    clipping_reason: str
 
 
 def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh=None) -> _Prepared:
@@ -293,7 +310,11 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
     tokens_np, mask_np = _check_dataset(dataset, model, units=True)
     n = tokens_np.shape[0]
     key = _as_key(key)
-    privacy = resolve_privacy(config, n)
+    graphdef, params, rest = nnx.split(model, trainable, ...)
+    if not jax.tree.leaves(params):
+        raise InputError(f"trainable must select at least one parameter of the model, got {trainable!r}")
+    clipping, clipping_reason = resolve_clipping(config.clipping, graphdef, params, rest, tokens_np[:1], mask_np[:1])
+    privacy = resolve_privacy(config, n, clipping)
     spec = _StepSpec(
         num_records=n,
         microbatch_size=privacy.microbatch_size,
@@ -304,6 +325,7 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
         eps=config.eps,
         weight_decay=config.weight_decay,
         private=config.private,
+        clipping=clipping,
     )
     hyper = _Hyper(
         threshold=jnp.asarray(inclusion_threshold(privacy.sampling_rate)),
@@ -312,13 +334,13 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
         inv_normaliser=jnp.float32(1.0 / privacy.expected_batch_size),
         learning_rate=jnp.float32(config.learning_rate),
     )
-    graphdef, params, rest = nnx.split(model, trainable, ...)
-    if not jax.tree.leaves(params):
-        raise InputError(f"trainable must select at least one parameter of the model, got {trainable!r}")
     params = jax.tree.map(jnp.array, params)  # a copy: the step donates its buffers
     opt_state = _make_tx(spec, hyper, jax.random.fold_in(key, _NOISE_STREAM)).init(params)
     identity = {
-        "config": config.to_dict(),
+        # The requested clipping is in "clipping" as resolved: the path sets the float32 summation order.
+        "config": {k: v for k, v in config.to_dict().items() if k != "clipping"},
+        # None: the per-record path, as in checkpoints written before the fast paths.
+        "clipping": None if clipping == "per_record" else clipping,
         "sampling_rate": privacy.sampling_rate,
         "noise_multiplier": privacy.noise_multiplier,
         "dataset_sha256": _fingerprint(tokens_np, mask_np),
@@ -346,7 +368,47 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
     else:
         tokens, mask = parallel._shard_units(mesh, tokens_np, mask_np)
         key, hyper, params, opt_state, rest = parallel._replicate(mesh, (key, hyper, params, opt_state, rest))
-    return _Prepared(key, privacy, spec, hyper, graphdef, params, opt_state, rest, tokens, mask, identity, mesh)
+    return _Prepared(key, privacy, spec, hyper, graphdef, params, opt_state, rest, tokens, mask, identity, mesh,
+                     clipping_reason)
+
+
+_FAST_COVER = "every trainable parameter is a dense kernel or bias or a LoRA adapter"
+
+
+def resolve_clipping(requested: str, graphdef, params, rest, tokens, mask) -> tuple[str, str]:
+    """The clipping path of a run and why: ``(path, reason)``.
+
+    Args:
+      requested: ``DPSGDConfig.clipping``.
+      graphdef, params, rest: ``nnx.split(model, trainable, ...)``.
+      tokens, mask: one or a few units of the data (traced abstractly, see :func:`ghost.not_covered`).
+
+    Returns:
+      ``("per_record" | "book_keeping" | "ghost", reason)``: ``"auto"`` is book-keeping when the fast paths
+      cover every trainable parameter and the per-record path otherwise, the reason naming what is not covered.
+
+    Raises:
+      InputError: ``"book_keeping"`` or ``"ghost"`` requested for a model with a parameter they do not cover, or
+        with a dense layer called twice per forward pass (both named).
+    """
+    if requested == "per_record":
+        return "per_record", "requested (clipping = \"per_record\")"
+    try:
+        missing = ghost.not_covered(graphdef, params, rest, jnp.asarray(tokens), jnp.asarray(mask))
+        why = ""
+    except InputError as err:
+        missing, why = None, str(err)
+    if missing == ():
+        if requested == "auto":
+            return "book_keeping", f"auto: {_FAST_COVER}"
+        return requested, f"requested (clipping = \"{requested}\"; {_FAST_COVER})"
+    if missing:  # by kind: every block's copy of a parameter named once, "blocks.*.ln_1.scale"
+        kinds = sorted({".".join("*" if part.isdigit() else part for part in name.split(".")) for name in missing})
+        why = f"{len(missing)} trainable parameter{'s' if len(missing) > 1 else ''} not covered ({', '.join(kinds)})"
+    if requested != "auto":
+        raise InputError(f"clipping = {requested!r} covers dense kernels and biases and LoRA adapters only: {why}; "
+                         "use \"auto\" or \"per_record\"")
+    return "per_record", f"auto: the fast paths cover dense layers and LoRA adapters only; {why}"
 
 
 def _check_same_run(identity: dict[str, Any]) -> None:
@@ -583,6 +645,8 @@ def train(
         optimizer=config.optimizer,
         learning_rate=config.learning_rate,
         microbatch_size=privacy.microbatch_size,
+        clipping=run.spec.clipping,
+        clipping_reason=run.clipping_reason,
         protected_unit=protected_unit or (PROTECTED_UNIT if run.tokens.ndim == 2 else UNIT_GROUP),
         randomness=RANDOMNESS[randomness],
     )

@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from snapaudit_jax.dpsgd.canaries import CanaryConfig
+from snapaudit_jax.dpsgd.config import CLIPPINGS
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.config import ConfigFileError, dataclass_section, read_toml, reject_unknown
 from snapaudit_jax.utils.errors import InputError
@@ -146,6 +147,10 @@ class TrainConfig:
       batch_size: the expected batch ``q N`` of units.
       learning_rate, optimizer, weight_decay: the optimizer (optax).
       microbatch_size: units per vectorised clipped-gradient call (speed only; default: the backend's).
+      clipping: how each unit's gradient is clipped (speed and memory only, the same sum to float32 rounding:
+        :class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s ``clipping``): ``"auto"`` (book-keeping for LoRA, whose every
+        trainable parameter it covers; per-record for full fine-tuning), ``"per_record"``, ``"book_keeping"`` or
+        ``"ghost"`` (both refused for full fine-tuning: embeddings and norm scales are not covered).
       checkpoint_every: steps between checkpoints (resume after a kill).
       devices: data parallelism over this many local devices (``0``: one device; see
         :func:`snapaudit_jax.dpsgd.train`'s ``mesh``); a run resumes only on as many.
@@ -161,6 +166,7 @@ class TrainConfig:
     optimizer: str = "adamw"
     weight_decay: float = 0.0
     microbatch_size: int = 0
+    clipping: str = "auto"
     checkpoint_every: int = 10
     devices: int = 0
 
@@ -188,6 +194,11 @@ class TrainConfig:
         validate.choice("optimizer", self.optimizer, ("sgd", "adam", "adamw"))
         validate.nonnegative_float("weight_decay", self.weight_decay)
         validate.positive_int("microbatch_size", self.microbatch_size, minimum=0)
+        validate.choice("clipping", self.clipping, CLIPPINGS)
+        if self.method == "full" and self.clipping in ("book_keeping", "ghost"):
+            raise InputError(f"clipping = {self.clipping!r} covers dense layers and LoRA adapters only, and method = "
+                             "\"full\" also trains the embeddings and norm scales; use \"auto\" or \"per_record\", "
+                             f"got {self.clipping!r}")
         validate.positive_int("checkpoint_every", self.checkpoint_every)
         if validate.positive_int("devices", self.devices, minimum=0) > 4096:
             raise InputError(f"devices must be <= 4096, got {self.devices}")

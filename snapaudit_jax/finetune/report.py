@@ -134,6 +134,8 @@ def build_report(prep, trainings: dict[str, tuple[dict, dict]], evaluations: dic
             "expected_batch": dp["expected_batch_size"], "steps": dp["steps"], "clip_norm": dp["clip_norm"],
             "noise_multiplier": dp["noise_multiplier"], "calibration": prep.calibration,
             "optimizer": dp["optimizer"], "learning_rate": dp["learning_rate"],
+            "clipping": dp["clipping"], "clipping_reason": dp["clipping_reason"],
+            "microbatch_size": dp["microbatch_size"],
             "accountants": dp["accountants"], "software": dp["software"],
         },
         "data": {**stats, "truncation": "a record longer than max_length is truncated, never split (a chat record "
@@ -211,6 +213,8 @@ def format_report(card: dict[str, Any]) -> str:
         + (f" (calibrated to epsilon {cal['target_epsilon']:g} with {cal['accountant']}, "
            f"{100 * cal['margin']:.2f}% below it)" if cal else " (given)") + " |",
         f"| delta | {c['delta']:.3g} ({c['delta_rule']}) |",
+        f"| clipping (the same clipped sum either way, to float32 rounding) | {d['clipping'].replace('_', '-')}, "
+        f"{d['microbatch_size']} units a microbatch ({d['clipping_reason']}) |",
         f"| records read / truncated to {data['max_length']} tokens | {data['records_read']} / "
         f"{data['records_truncated']} |",
         f"| training records / held-out records | {data['train_records']} / {data['held_out_records']} |",

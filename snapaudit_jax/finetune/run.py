@@ -57,8 +57,9 @@ from snapaudit_jax.utils.run_folder import RunFolder
 __all__ = ["Prepared", "prepare", "plan", "run_finetune", "run_folder", "RESULT_FILES", "RESUME_VERSION"]
 
 RESULT_FILES = ("report.json", "report.md")
-RESUME_VERSION = 3  # 2: the batches and noise come from the run's secret key (checkpoints/run_key.json); 3: user ids
-# compared in canonical form (finetune.data.canonical_user: the keyed splits of integer ids changed)
+RESUME_VERSION = 4  # 2: the batches and noise come from the run's secret key (checkpoints/run_key.json); 3: user ids
+# compared in canonical form (finetune.data.canonical_user: the keyed splits of integer ids changed); 4: DP-LoRA
+# clips by book-keeping by default (finetune.clipping; another float32 summation order)
 _LORA_STREAM, _TRAIN_STREAM, _SWEEP_STREAM, _PLAN_STREAM = 7, 11, 17, 19
 
 
@@ -122,6 +123,7 @@ class Prepared:
         common = dict(
             steps=steps or ft.steps, learning_rate=learning_rate or ft.learning_rate, sampling_rate=self.sampling_rate,
             optimizer=ft.optimizer, weight_decay=ft.weight_decay, microbatch_size=ft.microbatch_size or None,
+            clipping=ft.clipping,
             seed=self.config.noise_seed, accountant=privacy.accountant,
         )
         if not private:
@@ -374,28 +376,41 @@ def _canary_work(prep: Prepared) -> tuple[int, int, list[str]]:
 def _phase_timing(prep: Prepared) -> dict[str, Any]:
     """The run's time on this machine, phase by phase, each from one measured step of its kind (after compiling).
 
-    Kinds: one unit's clipped gradient at the longest unit's length (a DP-SGD step is ``q N`` of them, and the
-    twin's step costs the same: it also computes per-unit gradients); one evaluation batch of held-out records; the
+    Kinds: one microbatch of the training step's clipped gradient sum, on the clipping path the run takes
+    (:func:`~snapaudit_jax.dpsgd.resolve_clipping`) and with its microbatch size ``m``, every unit at the longest
+    unit's length (a DP-SGD step runs ``E[ceil(K / m)]`` of them, ``K ~ Binomial(N, q)`` the Poisson batch's size,
+    and the twin's step costs the same: same batches, same path); one evaluation batch of held-out records; the
     canary memorization measurement of the base model (exposure, extraction, one-run bound), once per model
     evaluated (:func:`_canary_work` counts the continuations and forward passes it scores). Each phase is its count
     of steps times the measured cost; compilation is counted once per kind (twice for training: the private and the
     twin's kernels; the canaries' is inside the base model's measurement, as in the run).
     """
-    from snapaudit_jax.dpsgd import record_losses
+    from snapaudit_jax.dpsgd import ghost, record_losses
     from snapaudit_jax.dpsgd.gradients import _clipped_sum
+    from snapaudit_jax.dpsgd.train import resolve_clipping
 
     cfg = prep.config
     model = _build_model(prep)
     graphdef, params, rest = nnx.split(model, _trainable(prep), ...)
     tokens, mask = prep.dataset
+    path, reason = resolve_clipping(cfg.finetune.clipping, graphdef, params, rest, tokens[:1], mask[:1])
+    size = prep.dpsgd_config(False).microbatch_for(prep.data.num_units, clipping=path)
     longest = int(np.argmax((mask.reshape(mask.shape[0], -1) > 0).sum(axis=1)))
-    t, m = jax.numpy.asarray(tokens[longest:longest + 1]), jax.numpy.asarray(mask[longest:longest + 1])
+    t = jax.numpy.asarray(np.repeat(tokens[longest:longest + 1], size, axis=0))
+    m = jax.numpy.asarray(np.repeat(mask[longest:longest + 1], size, axis=0))
+    padding = jax.numpy.zeros(size, bool)
     # The frozen weights are an argument, not a closure: captured, XLA would constant-fold them (seconds of
     # compilation and its "constant folding is taking > 1s ... file a bug" alarm), and the run's step does not.
-    fn = jax.jit(lambda p, r, t, m: _clipped_sum(graphdef, r, p, t, m, jax.numpy.zeros(1, bool), 1.0).grad_sum)
-    compile_train, per_unit = _timed(lambda: fn(params, rest, t, m))
+    if path == "per_record":
+        fn = jax.jit(lambda p, r, t, m, pad: _clipped_sum(graphdef, r, p, t, m, pad, 1.0).grad_sum)
+    else:
+        fast = ghost.book_keeping_clipped_sum_traced if path == "book_keeping" else ghost.ghost_clipped_sum_traced
+        fn = jax.jit(lambda p, r, t, m, pad: fast(graphdef, p, r, t, m, pad, 1.0).grad_sum)
+    compile_train, per_microbatch = _timed(lambda: fn(params, rest, t, m, padding))
     trainable = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     batch = prep.sampling_rate * prep.data.num_units
+    microbatches = _expected_microbatches(prep.data.num_units, prep.sampling_rate, size)
+    per_step = per_microbatch * microbatches
     if prep.sweep is None:
         private_steps = baseline_steps = cfg.finetune.steps
     else:
@@ -407,14 +422,16 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
     rows = (held_tokens[:bs], held_mask[:bs])
     compile_eval, per_batch = _timed(lambda: record_losses(prep.lm.module, rows, batch_size=bs), repeats=1)
     models = 2 + bool(cfg.baseline)  # base, private, baseline: each evaluated (and its canaries scored)
-    phases = {"private_training": per_unit * batch * private_steps}
+    phases = {"private_training": per_step * private_steps}
     if cfg.baseline:
-        phases["baseline_training"] = per_unit * batch * baseline_steps
+        phases["baseline_training"] = per_step * baseline_steps
     phases["evaluations"] = per_batch * -(-len(prep.data.held_out) // bs) * models
     if prep.sweep is not None:
         runs = prep.sweep["accounting"].runs
         phases["sweep_validation"] = per_batch * -(-len(prep.data.validation) // bs) * runs
-    measured = {"seconds_per_unit": per_unit, "seconds_per_eval_batch": per_batch}
+    measured = {"clipping": path, "clipping_reason": reason, "microbatch_size": size,
+                "microbatches_per_step": microbatches, "seconds_per_microbatch": per_microbatch,
+                "seconds_per_unit": per_microbatch / size, "seconds_per_eval_batch": per_batch}
     if prep.data.canaries is not None:
         count, passes, _ = _canary_work(prep)
         began = time.perf_counter()
@@ -439,9 +456,17 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
         measured["seconds_per_export_folder"] = folder
         phases["export"] = folder * folders
     phases["compilation"] = 2 * compile_train + compile_eval
-    return {**measured, "seconds_per_step": per_unit * batch, "phases": phases,
+    return {**measured, "expected_batch": batch, "seconds_per_step": per_step, "phases": phases,
             "seconds_total": sum(phases.values()), "trainable_parameters": trainable,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def _expected_microbatches(units: int, rate: float, size: int) -> float:
+    """``E[ceil(K / size)]`` for ``K ~ Binomial(units, rate)``: the microbatches a Poisson step runs."""
+    from scipy import stats
+
+    k = np.arange(units + 1)
+    return float(np.sum(stats.binom.pmf(k, units, rate) * np.ceil(k / size)))
 
 
 def plan_dict(prep: Prepared, *, timing: bool = True) -> dict[str, Any]:
@@ -542,8 +567,10 @@ def format_plan(info: dict[str, Any]) -> str:
         t, mem = info["timing"], info["memory"]
         lines += [
             f"{info['method']} fine-tuning: {t['trainable_parameters']:,} of {info['parameters']:,} parameters train",
-            f"step time on this machine: {t['seconds_per_unit']:.3g} s a unit, about {t['seconds_per_step']:.3g} s a "
-            f"step; the run, about {t['seconds_total'] / 60:.1f} min: "
+            f"clipping: {t['clipping'].replace('_', '-')} ({t['clipping_reason']}), {t['microbatch_size']} units a "
+            f"microbatch, {t['microbatches_per_step']:.3g} microbatches a step on average",
+            f"step time on this machine: {t['seconds_per_microbatch']:.3g} s a microbatch, about "
+            f"{t['seconds_per_step']:.3g} s a step; the run, about {t['seconds_total'] / 60:.1f} min: "
             + ", ".join(f"{name.replace('_', ' ')} {sec / 60:.1f}" for name, sec in t["phases"].items())
             + " (min, each from one measured step of its kind)",
             f"memory: parameters {format_bytes(mem['parameters_bytes'])}, trainable state "

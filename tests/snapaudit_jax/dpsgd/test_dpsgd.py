@@ -192,15 +192,15 @@ def test_sequence_loss_is_mean_next_token_cross_entropy_of_real_tokens():
 def test_clipped_grad_sum_matches_per_record_python_loop(kind):
     """jax_privacy vmapped clipping == a loop of jax.grad per record, clipped and summed in float64."""
     model = make_model(kind)
-    tokens, mask = (x[:7] for x in DATA)
-    padding = np.array([False, False, False, False, False, True, False])
+    tokens, mask = (x[:5] for x in DATA)
+    padding = np.array([False, False, False, True, False])
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
     @jax.jit
     def one_grad(p, t, m):
         return jax.value_and_grad(lambda q: sequence_losses(nnx.merge(graphdef, q, rest), t, m)[0])(p)
 
-    losses, grads = zip(*(one_grad(params, tokens[i : i + 1], mask[i : i + 1]) for i in range(7)))
+    losses, grads = zip(*(one_grad(params, tokens[i : i + 1], mask[i : i + 1]) for i in range(5)))
     grads = [flat(g) for g in grads]
     norms = np.array([np.linalg.norm(g) for g in grads])
     clip = float(np.median(norms))  # some records clipped, some not
@@ -451,6 +451,7 @@ def test_non_private_report_says_so_and_stays_strict_json():
         (dict(optimizer="lion"), r"optimizer must be one of 'sgd', 'adam', 'adamw', got 'lion'"),
         (dict(microbatch_size=0), r"microbatch_size must be an integer >= 1, got 0"),
         (dict(accountant="gdp"), r"accountant must be one of 'rdp', 'pld', got 'gdp'"),
+        (dict(clipping="fast"), r"clipping must be one of 'auto', 'per_record', 'book_keeping', 'ghost', got 'fast'"),
     ],
 )
 def test_bad_config_names_field_rule_and_value(kwargs, match):
@@ -622,3 +623,7 @@ def test_default_microbatch_by_backend():
     assert config.microbatch_for(50, backend="tpu") == 32
     assert DPSGDConfig(**{**config.__dict__, "batch_size": 7}).microbatch_for(1000, backend="gpu") == 7
     assert DPSGDConfig(**{**config.__dict__, "microbatch_size": 5}).microbatch_for(1000, backend="cpu") == 5
+    # book-keeping and ghost clipping batch like a non-private step, on every backend
+    assert config.microbatch_for(1000, backend="cpu", clipping="book_keeping") == 32
+    assert DPSGDConfig(**{**config.__dict__, "batch_size": 7}).microbatch_for(1000, backend="cpu",
+                                                                              clipping="ghost") == 7

@@ -182,3 +182,30 @@ def test_book_keeping_refuses_parameters_it_does_not_cover():
     tokens, mask = _data((2, 5))
     with pytest.raises(InputError, match=r"not covered: .*wte\.embedding"):
         book_keeping_clipped_sum(CONFIGS["gpt2"](), tokens, mask, clip_norm=1.0, trainable=nnx.Param)
+
+
+def test_a_unit_with_a_non_finite_gradient_adds_exactly_nothing():
+    """One unit reads a token whose (frozen) embedding is NaN, so its loss, factors and norm are NaN: both fast
+    paths give it ``c_i = 0`` and the others' sum unchanged, as jax_privacy's NaN-safe per-unit clipping does.
+    Power: ``0 * NaN`` is NaN, so weighting the stored factors without masking the unit would poison every
+    entry of the sum."""
+    from snapaudit_jax.dpsgd.ghost import book_keeping_clipped_sum_traced, ghost_clipped_sum_traced
+    from snapaudit_jax.dpsgd.gradients import clipped_grad_sum
+
+    model = _lora_model("llama", ("q_proj", "v_proj", "down_proj"))  # untied: the head never reads the NaN row
+    model.embed.embedding[...] = model.embed.embedding[...].at[7].set(jnp.nan)
+    tokens, mask = _data((5, 8), seed=2)
+    tokens = np.where(tokens == 7, 8, tokens)
+    tokens[3, 1] = 7
+    padding = np.zeros(5, bool)
+    want = clipped_grad_sum(model, tokens, mask, clip_norm=0.5, padding=padding, trainable=nnx.LoRAParam)
+    assert np.isnan(np.asarray(want.norms))[3] and np.isfinite(np.asarray(want.norms)).sum() == 4
+    flat_want = {str(p): np.asarray(v[...]) for p, v in nnx.to_flat_state(want.grad_sum)}
+    graphdef, params, rest = nnx.split(model, nnx.LoRAParam, ...)
+    args = (graphdef, params, rest, jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(padding), jnp.float32(0.5))
+    for fast in (book_keeping_clipped_sum_traced, ghost_clipped_sum_traced):
+        got = jax.jit(fast, static_argnums=0)(*args)
+        flat_got = {str(p): np.asarray(v[...]) for p, v in nnx.to_flat_state(got.grad_sum)}
+        for name, value in flat_want.items():
+            assert np.isfinite(flat_got[name]).all(), (fast.__name__, name)
+            np.testing.assert_allclose(flat_got[name], value, rtol=1e-5, atol=1e-7, err_msg=name)

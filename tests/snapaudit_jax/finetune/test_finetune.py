@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import signal
 import stat
@@ -460,6 +461,7 @@ def test_run_report_card_resume_and_export(tiny, tmp_path, capsys):
     assert stat.S_IMODE(os.stat(out / "checkpoints" / KEY_FILE).st_mode) == 0o600
     _assert_key_not_released(out)
     assert dp["sampling"].startswith("poisson") and dp["steps"] == 3 and dp["clip_norm"] == 1.0
+    assert dp["clipping"] == "book_keeping" and dp["clipping_reason"].startswith("auto: every trainable parameter")
     for item in ("records_truncated", "train_records", "held_out_records", "canaries_inserted"):
         assert item in card["data"]
     statuses = " ".join(r["status"] for r in card["releases"])
@@ -468,6 +470,7 @@ def test_run_report_card_resume_and_export(tiny, tmp_path, capsys):
     assert card["models"]["baseline"]["release"] == "NOT private"
     md = (out / "report.md").read_text()
     assert md.startswith("# DP fine-tuning report")
+    assert f"| book-keeping, {dp['microbatch_size']} units a microbatch (auto: every trainable parameter" in md
     # the one-run column states its confidence, and the card the most these canaries could show
     one = card["models"]["private"]["canaries"]["one_run"]
     assert one["confidence"] == 0.95 and f"{one['epsilon']:.3f} (95%)" in md and one["ceiling"] >= one["epsilon"]
@@ -532,6 +535,10 @@ def test_the_plan_lists_the_phases_that_run_and_the_records_the_cap_drops(tiny):
         assert info["timing"]["seconds_total"] == pytest.approx(sum(phases.values()))
         # an HF folder model with LoRA and a PEFT adapter: one full folder exported (the merged private model)
         assert phases["export"] == info["timing"]["seconds_per_export_folder"] > 0
+        t = info["timing"]  # DP-LoRA: book-keeping, microbatches of the expected batch
+        assert t["clipping"] == "book_keeping" and t["microbatch_size"] == min(32, math.ceil(info["expected_batch"]))
+        assert phases["private_training"] == pytest.approx(t["seconds_per_microbatch"] * t["microbatches_per_step"]
+                                                           * info["steps"])
         text = run_mod_format(info)
         assert ("baseline training" in text) is baseline and "(baseline included)" not in text
         assert "export" in text
@@ -547,3 +554,16 @@ def run_mod_format(info):
     from snapaudit_jax.finetune.run import format_plan
 
     return format_plan(info)
+
+
+def test_the_plan_expects_the_microbatches_a_poisson_step_runs():
+    """``E[ceil(K / m)]`` for ``K ~ Binomial(N, q)``, against the exact sum in rationals; ``m = 1`` is ``E[K] = N q``."""
+    from fractions import Fraction
+
+    from snapaudit_jax.finetune.run import _expected_microbatches
+
+    for n, q, m in [(40, 0.1, 3), (17, 0.5, 4), (9, 0.25, 1), (30, 0.9, 32)]:
+        qf = Fraction(q)
+        exact = sum(math.comb(n, k) * qf**k * (1 - qf) ** (n - k) * -(-k // m) for k in range(n + 1))
+        assert _expected_microbatches(n, q, m) == pytest.approx(float(exact), rel=1e-12)
+    assert _expected_microbatches(9, 0.25, 1) == pytest.approx(9 * 0.25, rel=1e-12)

@@ -1,0 +1,138 @@
+"""``DPSGDConfig.clipping`` in :func:`snapaudit_jax.dpsgd.train`: book-keeping and ghost clipping train the
+per-record path's model.
+
+The oracle is the per-record path (jax_privacy's vmapped per-unit gradients, itself tested against a Python
+loop in ``test_dpsgd.py``): the same key, so the same Poisson batches and the same noise draw, and the clipped
+sums equal to float32 rounding, so the trained adapters agree to 1e-5 after several steps with some units
+clipped and some not. Power: the clip norm is below most units' norms, so a path that clipped wrongly (or not
+at all) would move the adapters elsewhere -- the unclipped run is checked to differ by far more.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from snapaudit_jax.dpsgd import DPSGDConfig, train
+from snapaudit_jax.finetune.lora import LoRAConfig, apply_lora
+from snapaudit_jax.models.config import GPT2Config
+from snapaudit_jax.models.decoders import GPT2
+from snapaudit_jax.utils.errors import InputError
+
+VOCAB, N, L = 53, 24, 12
+
+
+def _model(lora: bool = True):
+    model = GPT2(GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=16, n_layer=1, n_head=2, n_inner=32),
+                 rngs=nnx.Rngs(0))
+    return apply_lora(model, LoRAConfig(rank=2), key=jax.random.key(1)) if lora else model
+
+
+def _data(shape=(N, L), seed=0):
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, VOCAB, shape).astype(np.int32)
+    lens = rng.integers(3, shape[-1] + 1, shape[:-1])
+    mask = np.arange(shape[-1]) < lens[..., None]
+    return tokens, mask
+
+
+def _config(**kw):
+    return DPSGDConfig(**{"steps": 3, "learning_rate": 0.05, "clip_norm": 4.0, "noise_multiplier": 0.7,
+                          "delta": 1e-5, "batch_size": 8, "seed": 5, **kw})
+
+
+def _adapters(model) -> dict[str, np.ndarray]:
+    return {str(p): np.asarray(v[...]) for p, v in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam))}
+
+
+def _close(got, want, scale):
+    assert set(got) == set(want)
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6 * scale, err_msg=name)
+
+
+def _run(dataset, **kw):
+    model, history, report = train(_model(), dataset, _config(**kw), trainable=nnx.LoRAParam)
+    return _adapters(model), history, report
+
+
+@pytest.mark.slow
+def test_auto_trains_dp_lora_by_book_keeping_to_the_per_record_model():
+    data = _data()
+    want, hist_want, rep_want = _run(data, clipping="per_record")
+    got, hist_got, rep_got = _run(data)  # auto
+    assert (rep_want.clipping, rep_got.clipping) == ("per_record", "book_keeping")
+    assert rep_got.clipping_reason.startswith("auto: every trainable parameter")
+    assert rep_got.microbatch_size == 8 and rep_want.microbatch_size == (1 if jax.default_backend() == "cpu" else 8)
+    np.testing.assert_array_equal(hist_got["batch_size"], hist_want["batch_size"])  # the same Poisson batches
+    np.testing.assert_allclose(hist_got["grad_norm_mean"], hist_want["grad_norm_mean"], rtol=1e-5)
+    assert 0 < np.nanmean(hist_want["clipped_fraction"]) < 1
+    scale = max(float(np.abs(v).max()) for v in want.values())
+    _close(got, want, scale)
+    free, _, _ = _run(data, clipping="per_record", clip_norm=1e3)  # power: clipping matters here
+    assert max(float(np.abs(free[k] - want[k]).max()) for k in want) > 1e3 * 1e-6 * scale
+    assert rep_got.epsilon == rep_want.epsilon and "book_keeping" in rep_got.to_json()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("clipping", ["ghost", "book_keeping"])
+def test_user_level_units_train_alike_on_every_path(clipping):
+    """Units of 3 rows each (user-level DP: the rows' losses summed, the unit clipped once), empty rows inside."""
+    tokens, mask = _data((N // 2, 3, L), seed=3)
+    mask[::4, 2] = False  # some users have two records
+    want, hist_want, _ = _run((tokens, mask), clipping="per_record", batch_size=5, clip_norm=5.5)
+    got, hist_got, report = _run((tokens, mask), clipping=clipping, batch_size=5, clip_norm=5.5)
+    assert report.clipping == clipping and report.microbatch_size == 5
+    np.testing.assert_array_equal(hist_got["batch_size"], hist_want["batch_size"])
+    assert 0 < np.nanmean(hist_want["clipped_fraction"]) < 1
+    _close(got, want, max(float(np.abs(v).max()) for v in want.values()))
+
+
+@pytest.mark.slow
+def test_full_fine_tuning_stays_per_record_and_a_forced_fast_path_is_refused():
+    data = _data()
+    _, _, report = train(_model(lora=False), data, _config(steps=1))
+    assert report.clipping == "per_record"
+    assert "not covered (" in report.clipping_reason and "wte.embedding" in report.clipping_reason
+    for forced in ("book_keeping", "ghost"):
+        with pytest.raises(InputError, match=rf"clipping = '{forced}' covers dense kernels and biases and LoRA "
+                                             r"adapters only: 8 trainable parameters not covered \(.*\); use \"auto\" or \"per_record\""):
+            train(_model(lora=False), data, _config(steps=1, clipping=forced))
+
+
+@pytest.mark.slow
+def test_a_checkpoint_resumes_only_on_its_clipping_path(tmp_path):
+    """The path sets the float32 summation order, so it is part of the run's identity; a per-record checkpoint
+    keeps the identity it had before the fast paths existed."""
+    data = _data()
+    whole, _, _ = _run(data)
+    model, _, _ = train(_model(), data, _config(), trainable=nnx.LoRAParam, checkpoint_dir=str(tmp_path / "a"),
+                        stop_after=1)
+    with pytest.raises(InputError, match=r"clipping differs from this run \(checkpoint 'book_keeping', run None\)"):
+        train(_model(), data, _config(clipping="per_record"), trainable=nnx.LoRAParam,
+              checkpoint_dir=str(tmp_path / "a"))
+    resumed, _, _ = train(_model(), data, _config(), trainable=nnx.LoRAParam, checkpoint_dir=str(tmp_path / "a"))
+    for name, value in whole.items():
+        np.testing.assert_array_equal(_adapters(resumed)[name], value, err_msg=name)
+
+
+def test_auto_takes_book_keeping_exactly_where_it_covers_every_trainable_parameter():
+    """Resolved on the model, abstractly (nothing trains): DP-LoRA's adapters are all covered; full fine-tuning's
+    embeddings, positions and norm scales are not, named by kind (each block's copy once)."""
+    from snapaudit_jax.dpsgd import resolve_clipping
+
+    tokens, mask = _data((1, L))
+    lora = nnx.split(_model(), nnx.LoRAParam, ...)
+    full = nnx.split(_model(lora=False), nnx.Param, ...)
+    assert resolve_clipping("auto", *lora, tokens, mask)[0] == "book_keeping"
+    assert resolve_clipping("ghost", *lora, tokens, mask)[0] == "ghost"
+    assert resolve_clipping("per_record", *lora, tokens, mask)[0] == "per_record"
+    path, reason = resolve_clipping("auto", *full, tokens, mask)
+    assert path == "per_record" and reason.endswith(
+        "8 trainable parameters not covered (blocks.*.ln_1.bias, blocks.*.ln_1.scale, blocks.*.ln_2.bias, "
+        "blocks.*.ln_2.scale, ln_f.bias, ln_f.scale, wpe.embedding, wte.embedding)")
+    with pytest.raises(InputError, match=r"clipping = 'book_keeping' covers dense kernels and biases and LoRA "
+                                         r"adapters only: 8 trainable parameters not covered"):
+        resolve_clipping("book_keeping", *full, tokens, mask)
