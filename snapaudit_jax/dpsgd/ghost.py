@@ -29,6 +29,7 @@ forward pass (shared weights: its per-unit gradient has cross terms between the 
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -329,14 +330,27 @@ def not_covered(graphdef, params, rest, tokens, mask) -> tuple[str, ...]:
     Raises:
       InputError: a dense layer called more than once per forward pass (shared weights).
     """
-    found: list = []
+    def struct(tree):
+        leaves, treedef = jax.tree.flatten(tree)
+        return treedef, tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves)
 
-    def probe(p):
-        losses, _, missing = _factors(graphdef, p, rest, tokens, mask)
+    # Cached on the shapes alone (what the coverage depends on), so a later run of the same model and data shapes
+    # traces nothing new (tested: later runs neither trace nor compile).
+    return _not_covered(graphdef, struct(params), struct(rest), struct(tokens), struct(mask))
+
+
+@functools.lru_cache(maxsize=64)
+def _not_covered(graphdef, params, rest, tokens, mask) -> tuple[str, ...]:
+    found: list = []
+    params, rest, tokens, mask = (jax.tree.unflatten(treedef, leaves) for treedef, leaves in (params, rest, tokens,
+                                                                                              mask))
+
+    def probe(p, r, t, m):
+        losses, _, missing = _factors(graphdef, p, r, t, m)
         found.append(missing)
         return losses
 
-    jax.eval_shape(probe, params)
+    jax.eval_shape(probe, params, rest, tokens, mask)
     return tuple(sorted(found[0]))
 
 
