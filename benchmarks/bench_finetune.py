@@ -21,12 +21,12 @@ rank ``--rank`` on ``--targets``, the ``nnx.LoRAParam`` state only):
 
 * ``ours_dp_<m>``: the jitted step of :func:`snapaudit_jax.dpsgd.train` (``_prepare`` and ``_dp_step``, as
   ``benchmarks/bench_dpsgd.py`` calls them) with the library's default clipping path (``clipping = "auto"``:
-  book-keeping for LoRA, per-record gradients for full fine-tuning) and microbatch (``--microbatch``; per-record:
-  1 on CPU; book-keeping: ``min(32, ceil(q N))``), each unit's gradient clipped to ``C`` (the mean per-record
-  norm at step 0), summed, Gaussian noise ``sigma C`` (``sigma = 1``), divided by ``q N``, AdamW;
-* ``ours_dp_per_record_lora`` and ``ours_dp_ghost_lora``: the same LoRA step on the other clipping paths
-  (``DPSGDConfig.clipping``): per-record gradients (jax_privacy, vmapped), and ghost clipping (the norms, then a
-  second backward pass of the clip-weighted loss);
+  per-record gradients on the CPU; on accelerators book-keeping for LoRA) and microbatch (``--microbatch``;
+  default 1 on CPU), each unit's gradient clipped to ``C`` (the mean per-record norm at step 0), summed,
+  Gaussian noise ``sigma C`` (``sigma = 1``), divided by ``q N``, AdamW;
+* ``ours_dp_<path>_lora``: the same LoRA step on each other clipping path (``DPSGDConfig.clipping``):
+  ``per_record`` (jax_privacy, vmapped), ``book_keeping`` (ghost norms and the clipped sum from one forward and
+  one backward) and ``ghost`` (the norms, then a second backward pass of the clip-weighted loss);
 * ``ours_nonprivate_<m>``: the same step of a ``DPSGDConfig(non_private=True)`` run (no clipping, no noise; it
   still computes per-record gradients, ``C = inf``);
 * ``ours_batched_<m>``: one jitted ``jax.grad`` of the summed per-record losses of the same batch (no per-record
@@ -227,9 +227,11 @@ class Ours:
                     microbatch_size=microbatch)
         dp = dict(clip_norm=1.0, noise_multiplier=NOISE_MULTIPLIER, delta=DELTA, **base)
         self.runs = {"dp": _prepare(model, data, DPSGDConfig(**dp), key, trainable)}
-        if self.runs["dp"].spec.clipping != "per_record":  # the default is a fast path: the others beside it
-            for path in ("per_record", "ghost"):
-                self.runs[f"dp_{path}"] = _prepare(model, data, DPSGDConfig(clipping=path, **dp), key, trainable)
+        if trainable is nnx.LoRAParam:  # every path covers LoRA: the others beside the default
+            for path in ("per_record", "book_keeping", "ghost"):
+                if path != self.runs["dp"].spec.clipping:
+                    self.runs[f"dp_{path}"] = _prepare(model, data, DPSGDConfig(clipping=path, **dp), key,
+                                                       trainable)
         self.runs["nonprivate"] = _prepare(model, data, DPSGDConfig(non_private=True, **base), key, trainable)
         self.batched = Batched(model, trainable, jnp.asarray(tokens_np), jnp.asarray(mask_np),
                                inv_normaliser=1.0 / (q * tokens_np.shape[0]))
@@ -565,7 +567,7 @@ def benchmark(args) -> dict:
     ratios, goals = {}, {}
     for method in args.methods:
         ratios[f"dp_over_batched_{method}"] = ratio(f"ours_dp_{method}", f"ours_batched_{method}")
-        for path in ("per_record", "ghost"):
+        for path in ("per_record", "book_keeping", "ghost"):
             if f"ours_dp_{path}_{method}" in variants:
                 ratios[f"dp_{path}_over_batched_{method}"] = ratio(f"ours_dp_{path}_{method}",
                                                                    f"ours_batched_{method}")

@@ -53,17 +53,18 @@ class DPSGDConfig:
       b2: Adam(W) second-moment decay in ``[0, 1)``.
       eps: Adam(W) epsilon ``> 0``.
       weight_decay: AdamW decoupled weight decay ``>= 0``.
-      microbatch_size: records per clipped-gradient call (``None``: for the per-record path, 1 on the CPU
-        backend, where vectorising over records does not pay -- see ``benchmarks/bench_dpsgd.py`` -- and
-        ``min(32, ceil(q N))`` on accelerators; for book-keeping and ghost clipping, which batch like a
-        non-private step, ``min(32, ceil(q N))`` everywhere). Changes speed, memory and float summation order
-        only, never the sampled batch (no truncation) nor the privacy guarantee.
+      microbatch_size: units per clipped-gradient call (``None``: 1 on the CPU backend, where vectorising over
+        units does not pay and a fixed-size microbatch pads the Poisson batch -- see
+        ``benchmarks/bench_dpsgd.py`` and ``bench_finetune.py`` -- and ``min(32, ceil(q N))`` on accelerators).
+        Changes speed, memory and float summation order only, never the sampled batch (no truncation) nor the
+        privacy guarantee.
       clipping: how each unit's clipped gradient enters the sum (:mod:`~snapaudit_jax.dpsgd.ghost`; the same sum
         to float32 rounding, so never the guarantee): ``"per_record"`` (one gradient per unit, jax_privacy),
         ``"book_keeping"`` (ghost norms and the clipped sum from one forward and one backward),
         ``"ghost"`` (ghost norms, then a second backward of the clip-weighted loss: less memory), or
-        ``"auto"`` (default): book-keeping when the fast paths cover every trainable parameter (dense layers
-        and LoRA adapters: DP-LoRA), else per-record, the report saying which and why.
+        ``"auto"`` (default): on accelerators, book-keeping when the fast paths cover every trainable parameter
+        (dense layers and LoRA adapters: DP-LoRA), else per-record; on the CPU, per-record (one unit at a time,
+        it is as fast there: ``benchmarks/bench_finetune.py``). The report says which and why.
       accountant: ``"rdp"`` or ``"pld"``: the accountant used to calibrate ``sigma`` to ``target_epsilon``
         (the report always gives both).
       calibration_tol: absolute tolerance on the calibrated ``sigma``.
@@ -185,22 +186,19 @@ class DPSGDConfig:
             raise InputError(f"batch_size must be <= the number of records N={num_records}, got {self.batch_size}")
         return self.batch_size / num_records
 
-    def microbatch_for(self, num_records: int, backend: str | None = None, clipping: str = "per_record") -> int:
-        """Records per clipped-gradient call for a dataset of ``num_records`` records.
+    def microbatch_for(self, num_records: int, backend: str | None = None) -> int:
+        """Units per clipped-gradient call for a dataset of ``num_records`` units.
 
         Args:
           num_records: ``N``.
           backend: the JAX backend the step runs on (default ``jax.default_backend()``); only used when
             ``microbatch_size`` is ``None``.
-          clipping: the path the run takes (``"auto"`` resolved: ``"per_record"``, ``"book_keeping"`` or
-            ``"ghost"``).
 
         Returns:
-          ``microbatch_size`` if set; else, for the per-record path on ``"cpu"``, 1; else
-          ``max(1, min(32, ceil(q N)))``.
+          ``microbatch_size`` if set; else 1 on ``"cpu"`` and ``max(1, min(32, ceil(q N)))`` elsewhere.
 
         Raises:
-          InputError: as :meth:`sampling_rate_for` (where the batch size is used).
+          InputError: as :meth:`sampling_rate_for` (accelerator backends only).
         """
         if self.microbatch_size is not None:
             return self.microbatch_size
@@ -208,7 +206,7 @@ class DPSGDConfig:
             import jax
 
             backend = jax.default_backend()
-        if backend == "cpu" and clipping == "per_record":
+        if backend == "cpu":
             return 1
         return max(1, min(32, math.ceil(self.sampling_rate_for(num_records) * num_records)))
 

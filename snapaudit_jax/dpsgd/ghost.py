@@ -355,6 +355,7 @@ def _not_covered(graphdef, params, rest, tokens, mask) -> tuple[str, ...]:
 
 
 _bk_jit = jax.jit(book_keeping_clipped_sum_traced, static_argnames=("graphdef", "method"))
+_ghost_jit = jax.jit(ghost_clipped_sum_traced, static_argnames=("graphdef", "method"))
 
 
 def book_keeping_clipped_sum(model, tokens, mask, *, clip_norm: float, padding=None, trainable=nnx.LoRAParam,

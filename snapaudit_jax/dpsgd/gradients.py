@@ -94,11 +94,21 @@ def _clipped_sum_jit(graphdef, rest, params, tokens, mask, padding, clip_norm):
     return _clipped_sum(graphdef, rest, params, tokens, mask, padding, clip_norm)
 
 
-def clipped_grad_sum(model, tokens, mask, *, clip_norm: float, padding=None, trainable=nnx.Param) -> ClippedGrads:
+def clipped_grad_sum(model, tokens, mask, *, clip_norm: float, padding=None, trainable=nnx.Param,
+                     method: str = "per_record") -> ClippedGrads:
     """Sum of per-record gradients of :func:`sequence_losses`, each clipped to L2 norm ``clip_norm``.
 
     No noise is added here: the sum is the input of the Gaussian mechanism in
     :func:`~snapaudit_jax.dpsgd.train`.
+
+    Example (DP-LoRA's clipped sum by book-keeping: one forward and one backward, no per-record gradient)::
+
+        from flax import nnx
+        from snapaudit_jax.dpsgd import clipped_grad_sum
+
+        out = clipped_grad_sum(model, tokens, mask, clip_norm=1.0, trainable=nnx.LoRAParam,
+                               method="book_keeping")
+        out.grad_sum  # an nnx.State of the adapters; out.norms: each record's gradient norm
 
     Args:
       model: a decoder module (its ``nnx.Param`` state is differentiated, or the ``trainable`` state).
@@ -108,13 +118,19 @@ def clipped_grad_sum(model, tokens, mask, *, clip_norm: float, padding=None, tra
       clip_norm: ``C > 0`` (``inf``: no clipping).
       padding: optional ``(B,)`` bool; padding units contribute exactly zero.
       trainable: the ``nnx`` filter of the differentiated parameters (default ``nnx.Param``).
+      method: how (:class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s ``clipping``): ``"per_record"`` (default;
+        jax_privacy's vmapped per-record gradients), ``"book_keeping"`` or ``"ghost"``
+        (:mod:`~snapaudit_jax.dpsgd.ghost`: for models whose every trainable parameter is a dense kernel, bias
+        or LoRA adapter), or ``"auto"`` (book-keeping where it covers every trainable parameter, else
+        per-record). The same sum to float32 rounding (tested to ``1e-5``).
 
     Returns:
       :class:`ClippedGrads` ``(grad_sum, losses, norms)``.
 
     Raises:
-      InputError: an invalid ``clip_norm``, ``tokens`` and ``mask`` not both ``(B, L)``,
-        or ``padding`` not ``(B,)``.
+      InputError: an invalid ``clip_norm`` or ``method``, ``tokens`` and ``mask`` not both ``(B, L)``,
+        ``padding`` not ``(B,)``, or ``"book_keeping"`` / ``"ghost"`` for a model with a trainable parameter
+        they do not cover (named).
 
     Guarantees:
       ``grad_sum = sum_i [not padding_i] g_i min(1, C / ||g_i||)`` (``g_i`` the gradient of unit ``i``'s loss,
@@ -130,7 +146,18 @@ def clipped_grad_sum(model, tokens, mask, *, clip_norm: float, padding=None, tra
     padding = jnp.zeros(tokens.shape[0], bool) if padding is None else jnp.asarray(padding, bool)
     if padding.shape != tokens.shape[:1]:
         raise InputError(f"padding must be ({tokens.shape[0]},), got shape {padding.shape}")
+    from snapaudit_jax.dpsgd.config import CLIPPINGS
+
+    validate.choice("method", method, CLIPPINGS)
     graphdef, params, rest = nnx.split(model, trainable, ...)
+    if method != "per_record":
+        from snapaudit_jax.dpsgd import ghost
+        from snapaudit_jax.dpsgd.train import resolve_clipping
+
+        method, _ = resolve_clipping(method, graphdef, params, rest, tokens[:1], mask[:1])
+        if method != "per_record":
+            fn = ghost._bk_jit if method == "book_keeping" else ghost._ghost_jit
+            return fn(graphdef, params, rest, tokens, mask, padding, np.float32(clip_norm))
     return _clipped_sum_jit(graphdef, rest, params, tokens, mask, padding, np.float32(clip_norm))
 
 

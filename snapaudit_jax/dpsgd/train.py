@@ -92,7 +92,7 @@ class ResolvedPrivacy(NamedTuple):
     microbatch_size: int
 
 
-def resolve_privacy(config: DPSGDConfig, num_records: int, clipping: str | None = None) -> ResolvedPrivacy:
+def resolve_privacy(config: DPSGDConfig, num_records: int) -> ResolvedPrivacy:
     """The privacy parameters of ``config`` on a dataset of ``num_records`` records.
 
     With ``target_epsilon``, ``sigma`` is calibrated (:func:`~snapaudit_jax.dpsgd.calibrate_noise_multiplier`)
@@ -102,8 +102,6 @@ def resolve_privacy(config: DPSGDConfig, num_records: int, clipping: str | None 
     Args:
       config: the run.
       num_records: ``N``.
-      clipping: the clipping path the run takes (it sets the default microbatch); default ``config.clipping``,
-        with ``"auto"`` read as ``"per_record"`` (:func:`train` resolves ``"auto"`` on the model).
 
     Returns:
       :class:`ResolvedPrivacy` ``(q, sigma, C, q N, m)``.
@@ -127,9 +125,7 @@ def resolve_privacy(config: DPSGDConfig, num_records: int, clipping: str | None 
             pld_discretization=config.pld_discretization,
         )
         clip = config.clip_norm
-    if clipping is None:
-        clipping = "per_record" if config.clipping == "auto" else config.clipping
-    return ResolvedPrivacy(q, sigma, clip, q * num_records, config.microbatch_for(num_records, clipping=clipping))
+    return ResolvedPrivacy(q, sigma, clip, q * num_records, config.microbatch_for(num_records))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,7 +310,7 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
     if not jax.tree.leaves(params):
         raise InputError(f"trainable must select at least one parameter of the model, got {trainable!r}")
     clipping, clipping_reason = resolve_clipping(config.clipping, graphdef, params, rest, tokens_np[:1], mask_np[:1])
-    privacy = resolve_privacy(config, n, clipping)
+    privacy = resolve_privacy(config, n)
     spec = _StepSpec(
         num_records=n,
         microbatch_size=privacy.microbatch_size,
@@ -373,19 +369,25 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
 
 
 _FAST_COVER = "every trainable parameter is a dense kernel or bias or a LoRA adapter"
+_CPU_REASON = ("on the CPU one unit at a time, where book-keeping gains nothing (DP-LoRA on the SmolLM2 shape: "
+               "1.19x against 1.11x the batched non-private step, benchmarks/bench_finetune.py)")
 
 
-def resolve_clipping(requested: str, graphdef, params, rest, tokens, mask) -> tuple[str, str]:
+def resolve_clipping(requested: str, graphdef, params, rest, tokens, mask, backend: str | None = None
+                     ) -> tuple[str, str]:
     """The clipping path of a run and why: ``(path, reason)``.
 
     Args:
       requested: ``DPSGDConfig.clipping``.
       graphdef, params, rest: ``nnx.split(model, trainable, ...)``.
       tokens, mask: one or a few units of the data (traced abstractly, see :func:`ghost.not_covered`).
+      backend: the JAX backend the step runs on (default ``jax.default_backend()``).
 
     Returns:
-      ``("per_record" | "book_keeping" | "ghost", reason)``: ``"auto"`` is book-keeping when the fast paths
-      cover every trainable parameter and the per-record path otherwise, the reason naming what is not covered.
+      ``("per_record" | "book_keeping" | "ghost", reason)``: ``"auto"`` is, on accelerators, book-keeping when
+      the fast paths cover every trainable parameter and the per-record path otherwise, the reason naming what
+      is not covered; on the CPU, the per-record path (one unit at a time: the fast paths gain nothing there,
+      and their microbatches would pad the Poisson batch).
 
     Raises:
       InputError: ``"book_keeping"`` or ``"ghost"`` requested for a model with a parameter they do not cover, or
@@ -393,6 +395,8 @@ def resolve_clipping(requested: str, graphdef, params, rest, tokens, mask) -> tu
     """
     if requested == "per_record":
         return "per_record", "requested (clipping = \"per_record\")"
+    if requested == "auto" and (backend or jax.default_backend()) == "cpu":
+        return "per_record", f"auto: {_CPU_REASON}"
     try:
         missing = ghost.not_covered(graphdef, params, rest, jnp.asarray(tokens), jnp.asarray(mask))
         why = ""

@@ -148,9 +148,10 @@ class TrainConfig:
       learning_rate, optimizer, weight_decay: the optimizer (optax).
       microbatch_size: units per vectorised clipped-gradient call (speed only; default: the backend's).
       clipping: how each unit's gradient is clipped (speed and memory only, the same sum to float32 rounding:
-        :class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s ``clipping``): ``"auto"`` (book-keeping for LoRA, whose every
-        trainable parameter it covers; per-record for full fine-tuning), ``"per_record"``, ``"book_keeping"`` or
-        ``"ghost"`` (both refused for full fine-tuning: embeddings and norm scales are not covered).
+        :class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s ``clipping``): ``"auto"`` (on accelerators book-keeping for
+        LoRA, whose every trainable parameter it covers; per-record for full fine-tuning and on the CPU),
+        ``"per_record"``, ``"book_keeping"`` or ``"ghost"`` (both refused for full fine-tuning: embeddings and
+        norm scales are not covered).
       checkpoint_every: steps between checkpoints (resume after a kill).
       devices: data parallelism over this many local devices (``0``: one device; see
         :func:`snapaudit_jax.dpsgd.train`'s ``mesh``); a run resumes only on as many.

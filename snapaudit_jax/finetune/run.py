@@ -394,7 +394,7 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
     graphdef, params, rest = nnx.split(model, _trainable(prep), ...)
     tokens, mask = prep.dataset
     path, reason = resolve_clipping(cfg.finetune.clipping, graphdef, params, rest, tokens[:1], mask[:1])
-    size = prep.dpsgd_config(False).microbatch_for(prep.data.num_units, clipping=path)
+    size = prep.dpsgd_config(False).microbatch_for(prep.data.num_units)
     longest = int(np.argmax((mask.reshape(mask.shape[0], -1) > 0).sum(axis=1)))
     t = jax.numpy.asarray(np.repeat(tokens[longest:longest + 1], size, axis=0))
     m = jax.numpy.asarray(np.repeat(mask[longest:longest + 1], size, axis=0))

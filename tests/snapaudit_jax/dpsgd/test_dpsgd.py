@@ -623,7 +623,3 @@ def test_default_microbatch_by_backend():
     assert config.microbatch_for(50, backend="tpu") == 32
     assert DPSGDConfig(**{**config.__dict__, "batch_size": 7}).microbatch_for(1000, backend="gpu") == 7
     assert DPSGDConfig(**{**config.__dict__, "microbatch_size": 5}).microbatch_for(1000, backend="cpu") == 5
-    # book-keeping and ghost clipping batch like a non-private step, on every backend
-    assert config.microbatch_for(1000, backend="cpu", clipping="book_keeping") == 32
-    assert DPSGDConfig(**{**config.__dict__, "batch_size": 7}).microbatch_for(1000, backend="cpu",
-                                                                              clipping="ghost") == 7

@@ -59,19 +59,20 @@ def _run(dataset, **kw):
 
 
 @pytest.mark.slow
-def test_auto_trains_dp_lora_by_book_keeping_to_the_per_record_model():
+def test_book_keeping_trains_dp_lora_to_the_per_record_model():
+    """Microbatches of 8 units, so that the fast path's microbatches hold padding units."""
     data = _data()
-    want, hist_want, rep_want = _run(data, clipping="per_record")
-    got, hist_got, rep_got = _run(data)  # auto
+    want, hist_want, rep_want = _run(data, clipping="per_record", microbatch_size=8)
+    got, hist_got, rep_got = _run(data, clipping="book_keeping", microbatch_size=8)
     assert (rep_want.clipping, rep_got.clipping) == ("per_record", "book_keeping")
-    assert rep_got.clipping_reason.startswith("auto: every trainable parameter")
-    assert rep_got.microbatch_size == 8 and rep_want.microbatch_size == (1 if jax.default_backend() == "cpu" else 8)
+    assert rep_got.clipping_reason.startswith('requested (clipping = "book_keeping"; every trainable parameter')
+    assert rep_got.microbatch_size == rep_want.microbatch_size == 8
     np.testing.assert_array_equal(hist_got["batch_size"], hist_want["batch_size"])  # the same Poisson batches
     np.testing.assert_allclose(hist_got["grad_norm_mean"], hist_want["grad_norm_mean"], rtol=1e-5)
     assert 0 < np.nanmean(hist_want["clipped_fraction"]) < 1
     scale = max(float(np.abs(v).max()) for v in want.values())
     _close(got, want, scale)
-    free, _, _ = _run(data, clipping="per_record", clip_norm=1e3)  # power: clipping matters here
+    free, _, _ = _run(data, clipping="per_record", clip_norm=1e3, microbatch_size=8)  # power: clipping matters
     assert max(float(np.abs(free[k] - want[k]).max()) for k in want) > 1e3 * 1e-6 * scale
     assert rep_got.epsilon == rep_want.epsilon and "book_keeping" in rep_got.to_json()
 
@@ -82,9 +83,9 @@ def test_user_level_units_train_alike_on_every_path(clipping):
     """Units of 3 rows each (user-level DP: the rows' losses summed, the unit clipped once), empty rows inside."""
     tokens, mask = _data((N // 2, 3, L), seed=3)
     mask[::4, 2] = False  # some users have two records
-    want, hist_want, _ = _run((tokens, mask), clipping="per_record", batch_size=5, clip_norm=5.5)
-    got, hist_got, report = _run((tokens, mask), clipping=clipping, batch_size=5, clip_norm=5.5)
-    assert report.clipping == clipping and report.microbatch_size == 5
+    want, hist_want, _ = _run((tokens, mask), clipping="per_record", batch_size=5, clip_norm=5.5, microbatch_size=4)
+    got, hist_got, report = _run((tokens, mask), clipping=clipping, batch_size=5, clip_norm=5.5, microbatch_size=4)
+    assert report.clipping == clipping and report.microbatch_size == 4
     np.testing.assert_array_equal(hist_got["batch_size"], hist_want["batch_size"])
     assert 0 < np.nanmean(hist_want["clipped_fraction"]) < 1
     _close(got, want, max(float(np.abs(v).max()) for v in want.values()))
@@ -94,8 +95,7 @@ def test_user_level_units_train_alike_on_every_path(clipping):
 def test_full_fine_tuning_stays_per_record_and_a_forced_fast_path_is_refused():
     data = _data()
     _, _, report = train(_model(lora=False), data, _config(steps=1))
-    assert report.clipping == "per_record"
-    assert "not covered (" in report.clipping_reason and "wte.embedding" in report.clipping_reason
+    assert report.clipping == "per_record" and report.clipping_reason.startswith("auto: ")
     for forced in ("book_keeping", "ghost"):
         with pytest.raises(InputError, match=rf"clipping = '{forced}' covers dense kernels and biases and LoRA "
                                              r"adapters only: 8 trainable parameters not covered \(.*\); use \"auto\" or \"per_record\""):
@@ -107,32 +107,68 @@ def test_a_checkpoint_resumes_only_on_its_clipping_path(tmp_path):
     """The path sets the float32 summation order, so it is part of the run's identity; a per-record checkpoint
     keeps the identity it had before the fast paths existed."""
     data = _data()
-    whole, _, _ = _run(data)
-    model, _, _ = train(_model(), data, _config(), trainable=nnx.LoRAParam, checkpoint_dir=str(tmp_path / "a"),
-                        stop_after=1)
+    whole, _, _ = _run(data, clipping="book_keeping")
+    model, _, _ = train(_model(), data, _config(clipping="book_keeping"), trainable=nnx.LoRAParam,
+                        checkpoint_dir=str(tmp_path / "a"), stop_after=1)
     with pytest.raises(InputError, match=r"clipping differs from this run \(checkpoint 'book_keeping', run None\)"):
         train(_model(), data, _config(clipping="per_record"), trainable=nnx.LoRAParam,
               checkpoint_dir=str(tmp_path / "a"))
-    resumed, _, _ = train(_model(), data, _config(), trainable=nnx.LoRAParam, checkpoint_dir=str(tmp_path / "a"))
+    resumed, _, _ = train(_model(), data, _config(clipping="book_keeping"), trainable=nnx.LoRAParam,
+                          checkpoint_dir=str(tmp_path / "a"))
     for name, value in whole.items():
         np.testing.assert_array_equal(_adapters(resumed)[name], value, err_msg=name)
 
 
-def test_auto_takes_book_keeping_exactly_where_it_covers_every_trainable_parameter():
+def test_auto_takes_book_keeping_on_accelerators_exactly_where_it_covers_every_trainable_parameter():
     """Resolved on the model, abstractly (nothing trains): DP-LoRA's adapters are all covered; full fine-tuning's
-    embeddings, positions and norm scales are not, named by kind (each block's copy once)."""
+    embeddings, positions and norm scales are not, named by kind (each block's copy once). On the CPU ``auto`` is
+    per-record (one unit at a time, where the fast paths gain nothing)."""
     from snapaudit_jax.dpsgd import resolve_clipping
 
     tokens, mask = _data((1, L))
     lora = nnx.split(_model(), nnx.LoRAParam, ...)
     full = nnx.split(_model(lora=False), nnx.Param, ...)
-    assert resolve_clipping("auto", *lora, tokens, mask)[0] == "book_keeping"
-    assert resolve_clipping("ghost", *lora, tokens, mask)[0] == "ghost"
+    assert resolve_clipping("auto", *lora, tokens, mask, backend="gpu")[0] == "book_keeping"
+    path, reason = resolve_clipping("auto", *lora, tokens, mask, backend="cpu")
+    assert path == "per_record" and reason.startswith("auto: on the CPU one unit at a time")
+    assert resolve_clipping("ghost", *lora, tokens, mask, backend="cpu")[0] == "ghost"
     assert resolve_clipping("per_record", *lora, tokens, mask)[0] == "per_record"
-    path, reason = resolve_clipping("auto", *full, tokens, mask)
+    path, reason = resolve_clipping("auto", *full, tokens, mask, backend="tpu")
     assert path == "per_record" and reason.endswith(
         "8 trainable parameters not covered (blocks.*.ln_1.bias, blocks.*.ln_1.scale, blocks.*.ln_2.bias, "
         "blocks.*.ln_2.scale, ln_f.bias, ln_f.scale, wpe.embedding, wte.embedding)")
     with pytest.raises(InputError, match=r"clipping = 'book_keeping' covers dense kernels and biases and LoRA "
                                          r"adapters only: 8 trainable parameters not covered"):
         resolve_clipping("book_keeping", *full, tokens, mask)
+
+
+@pytest.mark.slow
+def test_clipped_grad_sum_takes_every_path_as_a_kernel():
+    """The eager kernel (``clipped_grad_sum(..., method=...)``): book-keeping and ghost equal the per-record sum
+    to 1e-5 on DP-LoRA with some records clipped and one padding record; ``auto`` on full fine-tuning is the
+    per-record path itself (bitwise); an unknown method is refused by name."""
+    from snapaudit_jax.dpsgd import clipped_grad_sum
+
+    tokens, mask = _data((5, L), seed=4)
+    padding = np.array([False, False, True, False, False])
+    model = _model()
+    free = clipped_grad_sum(model, tokens, mask, clip_norm=np.inf, trainable=nnx.LoRAParam)
+    clip = float(np.median(np.asarray(free.norms)))
+    want = clipped_grad_sum(model, tokens, mask, clip_norm=clip, padding=padding, trainable=nnx.LoRAParam)
+    flat = lambda out: {str(p): np.asarray(v[...]) for p, v in nnx.to_flat_state(out.grad_sum)}  # noqa: E731
+    scale = max(float(np.abs(v).max()) for v in flat(want).values())
+    for method in ("book_keeping", "ghost", "auto"):
+        got = clipped_grad_sum(model, tokens, mask, clip_norm=clip, padding=padding, trainable=nnx.LoRAParam,
+                               method=method)
+        np.testing.assert_allclose(np.asarray(got.norms), np.asarray(want.norms), rtol=1e-5)
+        _close(flat(got), flat(want), scale)
+    clipped = (np.asarray(want.norms) > clip) & ~padding
+    assert clipped.any() and (~clipped & ~padding).any()
+    full = _model(lora=False)
+    per_record = clipped_grad_sum(full, tokens, mask, clip_norm=clip)
+    auto = clipped_grad_sum(full, tokens, mask, clip_norm=clip, method="auto")
+    for name, value in flat(per_record).items():
+        np.testing.assert_array_equal(flat(auto)[name], value)
+    with pytest.raises(InputError, match=r"method must be one of 'auto', 'per_record', 'book_keeping', 'ghost', "
+                                         r"got 'fast'"):
+        clipped_grad_sum(model, tokens, mask, clip_norm=1.0, method="fast")
