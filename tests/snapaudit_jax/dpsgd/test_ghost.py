@@ -184,6 +184,7 @@ def test_book_keeping_refuses_parameters_it_does_not_cover():
         book_keeping_clipped_sum(CONFIGS["gpt2"](), tokens, mask, clip_norm=1.0, trainable=nnx.Param)
 
 
+@pytest.mark.slow
 def test_a_unit_with_a_non_finite_gradient_adds_exactly_nothing():
     """One unit reads a token whose (frozen) embedding is NaN, so its loss, factors and norm are NaN: both fast
     paths give it ``c_i = 0`` and the others' sum unchanged, as jax_privacy's NaN-safe per-unit clipping does.
