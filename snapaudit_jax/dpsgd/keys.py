@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.io import named_os_errors
 
 __all__ = ["KEY_IMPL", "KEY_FILE", "KEY_BITS", "fresh_key", "key_digest", "stored_key", "resolve_run_key",
            "RANDOMNESS"]
@@ -129,7 +130,7 @@ def stored_key(directory: str | os.PathLike) -> jax.Array:
     fd, tmp = tempfile.mkstemp(prefix=".tmp-run_key-", dir=directory)
     try:
         os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w") as fh:
+        with named_os_errors(path), os.fdopen(fd, "w") as fh:
             json.dump(body, fh)
             fh.flush()
             os.fsync(fh.fileno())

@@ -23,6 +23,7 @@ from snapaudit_jax.models.embedder import SentenceEmbedder
 from snapaudit_jax.models.lm import LanguageModel
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.files import read_regular
+from snapaudit_jax.utils.io import named_os_errors
 
 __all__ = ["LLMOracle", "CallStats", "read_cache"]
 
@@ -161,7 +162,7 @@ class LLMOracle:
     def _store(self, items: dict[str, object]) -> None:
         self._cache.update(items)
         if self.cache_path:
-            with open(self.cache_path, "a") as fh:
+            with named_os_errors(self.cache_path), open(self.cache_path, "a") as fh:
                 if self._torn is not None:  # cut the torn last line off before appending
                     fh.truncate(self._torn)
                     self._torn = None

@@ -70,6 +70,30 @@ def test_rerun_resumes_without_retraining(tiny_run, capfd):
 
 
 @pytest.mark.slow
+def test_a_write_failure_is_a_clean_error_and_the_rerun_finishes(tiny_run, tmp_path, capsys):
+    """A full disk while a copy of the finished run rewrites its results (the injector of
+    tests/test_write_failures.py): exit 2 naming the file and the cause, nothing partial; the rerun finishes."""
+    import errno
+    import shutil
+
+    from snapaudit_jax.cli import main
+    from tests.test_write_failures import _clean_error, _leftovers, failing_fsync
+
+    _, out, first = tiny_run
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    os.remove(copy / "results.json")
+    argv = ["pii", write_toml(tmp_path, TINY.format(variants="")), "--out", str(copy), "--quiet"]
+    with failing_fsync(copy, 1, errno.ENOSPC) as fault:
+        assert main(argv) == 2
+    assert fault["fired"]
+    failed = _clean_error(capsys, "pii", errno.ENOSPC, copy).rsplit("'", 2)[-2]
+    assert not os.path.exists(failed) and _leftovers(copy) == [] and not (copy / "results.json").exists()
+    assert main(argv) == 0
+    assert json.load(open(copy / "results.json")) == first["results"] and _leftovers(copy) == []
+
+
+@pytest.mark.slow
 def test_other_configuration_refuses_the_folder(tiny_run, tmp_path):
     _, out, _ = tiny_run
     other = load_pii_config(write_toml(tmp_path, TINY.format(variants="").replace("seed = 1", "seed = 2")))
