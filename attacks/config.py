@@ -93,6 +93,9 @@ class TrainingConfig:
       clip_norm: per-record clipping norm ``C`` of the DP variants.
       epsilon, delta: the DP variants' target ``(epsilon, delta)`` (``delta`` default: ``1 / (10 N)``).
       accountant: accountant the noise is calibrated with (``rdp`` or ``pld``; both are reported).
+      clipping: how the DP variants clip (:class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s ``clipping``: ``"auto"``,
+        ``"per_record"``, ``"book_keeping"``, ``"ghost"``; the same sum to float32 rounding, so never the
+        guarantee); the path taken and why are in each DP variant's report.
     """
 
     steps: int = 400
@@ -103,6 +106,7 @@ class TrainingConfig:
     epsilon: float = 8.0
     delta: float | None = None
     accountant: str = "pld"
+    clipping: str = "auto"
 
     def validate(self) -> "TrainingConfig":
         """Checks every field.
@@ -123,6 +127,9 @@ class TrainingConfig:
         if self.delta is not None:
             validate.open_unit("delta", self.delta)
         validate.choice("accountant", self.accountant, ("rdp", "pld"))
+        from snapaudit_jax.dpsgd.config import CLIPPINGS
+
+        validate.choice("clipping", self.clipping, CLIPPINGS)
         return self
 
 

@@ -21,10 +21,11 @@ rank ``--rank`` on ``--targets``, the ``nnx.LoRAParam`` state only):
 
 * ``ours_dp_<m>``: the jitted step of :func:`snapaudit_jax.dpsgd.train` (``_prepare`` and ``_dp_step``, as
   ``benchmarks/bench_dpsgd.py`` calls them) with the library's default clipping path (``clipping = "auto"``:
-  per-record gradients on the CPU; on accelerators book-keeping for LoRA) and microbatch (``--microbatch``;
+  per-record gradients on the CPU; on accelerators book-keeping) and microbatch (``--microbatch``;
   default 1 on CPU), each unit's gradient clipped to ``C`` (the mean per-record norm at step 0), summed,
   Gaussian noise ``sigma C`` (``sigma = 1``), divided by ``q N``, AdamW;
-* ``ours_dp_<path>_lora``: the same LoRA step on each other clipping path (``DPSGDConfig.clipping``):
+* ``ours_dp_<path>_<m>``: the same step on each other clipping path (``DPSGDConfig.clipping``; every path covers
+  both methods on this float32 shape, embeddings, tied head and RMSNorms included):
   ``per_record`` (jax_privacy, vmapped), ``book_keeping`` (ghost norms and the clipped sum from one forward and
   one backward) and ``ghost`` (the norms, then a second backward pass of the clip-weighted loss);
 * ``ours_nonprivate_<m>``: the same step of a ``DPSGDConfig(non_private=True)`` run (no clipping, no noise; it
@@ -92,7 +93,7 @@ from flax import nnx
 
 from _common import CompileCounter, int_at_least, machine_info
 from bench_dpsgd import flat64, make_data, ours_step
-from snapaudit_jax.dpsgd import DPSGDConfig, poisson_batch, sequence_losses
+from snapaudit_jax.dpsgd import DPSGDConfig, ghost, poisson_batch, sequence_losses
 from snapaudit_jax.dpsgd.train import _SAMPLE_STREAM, _prepare
 from snapaudit_jax.finetune.export import hf_config, hf_tensors
 from snapaudit_jax.finetune.lora import TARGETS, LoRAConfig, LoRAProjection, apply_lora, lora_adapters
@@ -227,7 +228,10 @@ class Ours:
                     microbatch_size=microbatch)
         dp = dict(clip_norm=1.0, noise_multiplier=NOISE_MULTIPLIER, delta=DELTA, **base)
         self.runs = {"dp": _prepare(model, data, DPSGDConfig(**dp), key, trainable)}
-        if trainable is nnx.LoRAParam:  # every path covers LoRA: the others beside the default
+        graphdef, params, rest = nnx.split(model, trainable, ...)
+        if not ghost.not_covered(graphdef, params, rest, jnp.asarray(tokens_np[:1]), jnp.asarray(mask_np[:1])):
+            # every path covers the model (LoRA, and full fine-tuning of the float32 shape): the others beside
+            # the default
             for path in ("per_record", "book_keeping", "ghost"):
                 if path != self.runs["dp"].spec.clipping:
                     self.runs[f"dp_{path}"] = _prepare(model, data, DPSGDConfig(clipping=path, **dp), key,

@@ -223,6 +223,8 @@ PII = [
          ("model.n_embd", "must be divisible by n_head = 2", "got 33")),
     Case("pii-unknown-accountant", _config_cmd("pii", _pii("steps = 6", 'steps = 6\naccountant = "moments"')),
          ("training.accountant", "must be one of 'rdp', 'pld'", "'moments'")),
+    Case("pii-unknown-clipping", _config_cmd("pii", _pii("steps = 6", 'steps = 6\nclipping = "ghostly"')),
+         ("training.clipping", "must be one of 'auto', 'per_record', 'book_keeping', 'ghost'", "'ghostly'")),
     Case("pii-steps-boolean", _config_cmd("pii", _pii("steps = 6", "steps = true")),
          ("training.steps", "must be an integer >= 1", "True")),
     Case("pii-unknown-training-key", _config_cmd("pii", _pii("steps = 6", "steps = 6\ncolour = 1")),

@@ -3,7 +3,8 @@
 Usage::
 
     python benchmarks/gpu/dpsgd.py --out dpsgd.json [--records 1024] [--batch 64] [--seq 128] \
-        [--microbatch 16] [--repeats 5] [--deadline SECONDS] [--json] [--seed S]
+        [--microbatch 16] [--repeats 5] [--paths per_record,book_keeping,ghost] [--deadline SECONDS] [--json] \
+        [--seed S]
     python benchmarks/gpu/dpsgd.py --cpu-smoke --out /tmp/dpsgd_smoke.json
 
 What is measured
@@ -13,20 +14,23 @@ What is measured
 synthetic records of ``--seq`` tokens (``benchmarks/bench_dpsgd.make_data``), Poisson sampling at
 ``q = batch / records``:
 
-* ``dp``: the jitted step of :func:`snapaudit_jax.dpsgd.train` (``_dp_step``): the Poisson batch,
-  per-record gradients vectorised ``--microbatch`` records at a time with ``vmap`` (jax_privacy
-  ``clipped_grad``), each clipped to ``C`` (the mean per-record norm of step 0), summed, Gaussian
-  noise ``sigma C`` (``sigma = 1``),
-  scaled by ``1 / (q N)``, AdamW;
+* ``paths``: the jitted step of :func:`snapaudit_jax.dpsgd.train` (``_dp_step``) on each clipping path of
+  ``--paths`` (``DPSGDConfig.clipping``): ``per_record`` (per-record gradients vectorised ``--microbatch``
+  records at a time with ``vmap``, jax_privacy ``clipped_grad``), ``book_keeping`` (ghost norms and the clipped
+  sum from one forward and one backward: every GPT-2 parameter is covered, the tied head and LayerNorms
+  included) and ``ghost`` (the norms, then a second backward of the clip-weighted loss): the Poisson batch,
+  each record's gradient clipped to ``C`` (the mean per-record norm of step 0), summed, Gaussian noise
+  ``sigma C`` (``sigma = 1``), scaled by ``1 / (q N)``, AdamW; ``dp`` repeats the path ``clipping = "auto"``
+  takes on this backend (``auto``: the path and the reason);
 * ``nonprivate`` (the limit): one jitted ``value_and_grad`` of the summed per-record losses of the
   *same* batch (padded to a fixed size with zero-weight copies, so it compiles once), scaled by
   ``1 / (q N)``, the same AdamW -- what the step costs without per-record gradients.
 
 ``records_per_s`` is records of the realised batches over the summed step times, timed steps
-alternating after one compiling step each; ``ratio_dp_over_nonprivate`` is the share of the
-non-private throughput DP-SGD keeps.
+rotating over the variants after one compiling step each; ``ratio_over_nonprivate`` (``ratio_dp_over_nonprivate``
+for ``dp``) is the share of the non-private throughput each path keeps.
 
-Check (before timing): with ``C`` far above every per-record norm and the noise off, ``dp``'s
+Check (before timing): with ``C`` far above every per-record norm and the noise off, each path's
 clipped sum (read back from AdamW's first moment) equals the non-private gradient of the same batch
 up to ``--tolerance`` relative L2 (default ``1e-4`` on CPU, ``2e-2`` on accelerators, whose float32
 matrix products run in TF32 by default); otherwise the script exits 1 and writes no file.
@@ -54,7 +58,7 @@ from flax import nnx  # noqa: E402
 from _common import CompileCounter, int_at_least  # noqa: E402
 from bench_dpsgd import B1, LEARNING_RATE, NOISE_MULTIPLIER, flat64, make_data, ours_step  # noqa: E402
 from snapaudit_jax.dpsgd import DPSGDConfig, poisson_batch, sequence_losses  # noqa: E402
-from snapaudit_jax.dpsgd.train import _SAMPLE_STREAM, _prepare  # noqa: E402
+from snapaudit_jax.dpsgd.train import _SAMPLE_STREAM, _prepare, resolve_clipping  # noqa: E402
 from snapaudit_jax.models.config import GPT2Config  # noqa: E402
 from snapaudit_jax.models.decoders import GPT2  # noqa: E402
 from snapaudit_jax.utils.io import write_json  # noqa: E402
@@ -66,6 +70,7 @@ SHAPES = {
 GPU_DEFAULTS = dict(records=1024, batch=64, seq=128, microbatch=16, repeats=5)
 SMOKE_DEFAULTS = dict(records=64, batch=8, seq=32, microbatch=4, repeats=3)
 HUGE_CLIP = 1e9
+PATHS = ("per_record", "book_keeping", "ghost")  # DPSGDConfig.clipping's paths (auto resolves to one of them)
 
 
 class NonPrivate:
@@ -107,6 +112,11 @@ class NonPrivate:
         jax.block_until_ready(self.params)
 
 
+def _dp_config(args, q: float, path: str, clip: float, noise: float, steps: int) -> DPSGDConfig:
+    return DPSGDConfig(steps=steps, learning_rate=LEARNING_RATE, clip_norm=clip, noise_multiplier=noise, delta=1e-5,
+                       sampling_rate=q, optimizer="adamw", b1=B1, microbatch_size=args.microbatch, clipping=path)
+
+
 def benchmark(args, shape: str) -> dict:
     cfg = GPT2Config(n_positions=args.seq, n_inner=4 * SHAPES[shape]["n_embd"], **SHAPES[shape])
     model = GPT2(cfg, rngs=nnx.Rngs(args.seed))
@@ -119,61 +129,73 @@ def benchmark(args, shape: str) -> dict:
     pad_to = -(-max(b.size for b in batches) // 8) * 8
     nonprivate = NonPrivate(model, tokens, mask, normaliser=args.records * q, pad_to=pad_to)
     num_params = int(sum(x.size for x in jax.tree.leaves(nonprivate.params)))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    auto = resolve_clipping("auto", graphdef, params, rest, tokens[:1], mask[:1])
 
-    # Check: huge clip, no noise -> dp's sum of per-record gradients equals the batched gradient.
-    check_cfg = DPSGDConfig(steps=1, learning_rate=LEARNING_RATE, clip_norm=HUGE_CLIP, noise_multiplier=1.0,
-                            delta=1e-5, sampling_rate=q, optimizer="adamw", b1=B1, microbatch_size=args.microbatch)
-    run = _prepare(model, (tokens_np, mask_np), check_cfg, key)
-    start = time.perf_counter()
-    _, opt_after, metrics = ours_step(run, 0, jax.tree.map(jnp.array, run.params),
-                                      jax.tree.map(jnp.array, run.opt_state),
-                                      run.hyper._replace(noise_std=jnp.float32(0.0)))
-    dp_compile = time.perf_counter() - start
-    dp_sum = flat64(optax.tree_utils.tree_get(opt_after, "mu")) * (args.records * q) / (1.0 - B1)
     start = time.perf_counter()
     batched = flat64(nonprivate.grad(nonprivate.params, *nonprivate.padded(batches[0])))
     np_compile = time.perf_counter() - start
-    rel_err = float(np.linalg.norm(dp_sum - batched) / np.linalg.norm(batched))
-    if int(metrics["batch_size"]) != batches[0].size:
-        raise RuntimeError(f"dp step 0 has {int(metrics['batch_size'])} records, poisson_batch {batches[0].size}")
+    # Check, each path: huge clip, no noise -> the clipped sum equals the batched gradient (and compiles the step:
+    # the clip norm and the noise are arguments of the compiled step, not constants).
+    checks, compile_seconds, clip = {}, {"nonprivate": round(np_compile, 2)}, None
+    for path in args.paths:
+        run = _prepare(model, (tokens_np, mask_np), _dp_config(args, q, path, HUGE_CLIP, 1.0, 1), key)
+        start = time.perf_counter()
+        _, opt_after, metrics = ours_step(run, 0, jax.tree.map(jnp.array, run.params),
+                                          jax.tree.map(jnp.array, run.opt_state),
+                                          run.hyper._replace(noise_std=jnp.float32(0.0)))
+        compile_seconds[path] = round(time.perf_counter() - start, 2)
+        dp_sum = flat64(optax.tree_utils.tree_get(opt_after, "mu")) * (args.records * q) / (1.0 - B1)
+        checks[path] = float(np.linalg.norm(dp_sum - batched) / np.linalg.norm(batched))
+        if int(metrics["batch_size"]) != batches[0].size:
+            raise RuntimeError(f"{path} step 0 has {int(metrics['batch_size'])} records, poisson_batch "
+                               f"{batches[0].size}")
+        if clip is None:  # the timed steps clip at the mean per-record norm of step 0 (many records clipped)
+            clip = float(metrics["norm_sum"]) / max(1, int(metrics["batch_size"]))
 
-    # The timed DP step: clip at the mean per-record norm of step 0 (many records clipped), sigma = 1.
-    clip = float(metrics["norm_sum"]) / max(1, int(metrics["batch_size"]))
-    config = DPSGDConfig(steps=args.repeats + 1, learning_rate=LEARNING_RATE, clip_norm=clip,
-                         noise_multiplier=NOISE_MULTIPLIER, delta=1e-5, sampling_rate=q, optimizer="adamw", b1=B1,
-                         microbatch_size=args.microbatch)
-    run = _prepare(model, (tokens_np, mask_np), config, key)
-    state = ours_step(run, 0, run.params, run.opt_state, run.hyper)[:2]
+    runs, state = {}, {}
+    for path in args.paths:
+        runs[path] = _prepare(model, (tokens_np, mask_np),
+                              _dp_config(args, q, path, clip, NOISE_MULTIPLIER, args.repeats + 1), key)
+        state[path] = ours_step(runs[path], 0, runs[path].params, runs[path].opt_state, runs[path].hyper)[:2]
     nonprivate.step(batches[0])  # compiles the update
-    wall = {"dp": [], "nonprivate": []}
+    names = [*args.paths, "nonprivate"]
+    wall = {name: [] for name in names}
     with CompileCounter() as compiles:
         for t in range(1, args.repeats + 1):
-            start = time.perf_counter()
-            params, opt_state, metrics = ours_step(run, t, *state, run.hyper)
-            state = params, opt_state
-            wall["dp"].append(time.perf_counter() - start)
-            if int(metrics["batch_size"]) != batches[t].size:
-                raise RuntimeError(f"dp step {t} batch differs from poisson_batch")
-            start = time.perf_counter()
-            nonprivate.step(batches[t])
-            wall["nonprivate"].append(time.perf_counter() - start)
+            shift = (t - 1) % len(names)  # the order rotates: no variant always follows the same one
+            for name in names[shift:] + names[:shift]:
+                start = time.perf_counter()
+                if name == "nonprivate":
+                    nonprivate.step(batches[t])
+                else:
+                    params, opt_state, metrics = ours_step(runs[name], t, *state[name], runs[name].hyper)
+                    state[name] = params, opt_state
+                    if int(metrics["batch_size"]) != batches[t].size:
+                        raise RuntimeError(f"{name} step {t} batch differs from poisson_batch")
+                wall[name].append(time.perf_counter() - start)
     sizes = [int(b.size) for b in batches[1:]]
 
     def rates(name):
         return {"records_per_s": round(sum(sizes) / sum(wall[name]), 2),
                 "median_step_seconds": round(statistics.median(wall[name]), 5), "step_seconds": wall[name]}
 
+    paths = {path: {**rates(path), "check_rel_error": checks[path],
+                    "ratio_over_nonprivate": round(sum(wall["nonprivate"]) / sum(wall[path]), 4)}
+             for path in args.paths}
+    default = auto[0] if auto[0] in paths else args.paths[0]
     out = {
         "model": {"kind": "GPT2", "shape": shape, "layers": cfg.n_layer, "dim": cfg.n_embd, "heads": cfg.n_head,
                   "vocab": cfg.vocab_size, "seq": args.seq, "parameters": num_params},
         "records": args.records, "expected_batch": args.batch, "sampling_rate": q, "batch_sizes": sizes,
-        "padded_nonprivate_batch": pad_to, "microbatch_size": run.spec.microbatch_size, "clip_norm": clip,
+        "padded_nonprivate_batch": pad_to, "microbatch_size": runs[default].spec.microbatch_size, "clip_norm": clip,
         "noise_multiplier": NOISE_MULTIPLIER, "optimizer": "adamw",
-        "dp": rates("dp"), "nonprivate": rates("nonprivate"),
-        "check_rel_error": rel_err, "compile_seconds": {"dp": round(dp_compile, 2), "nonprivate": round(np_compile, 2)},
+        "auto": {"path": auto[0], "reason": auto[1]}, "dp_path": default, "paths": paths,
+        "dp": rates(default), "nonprivate": rates("nonprivate"),
+        "check_rel_error": max(checks.values()), "compile_seconds": compile_seconds,
         "jax_compiles_timed": compiles.count,
     }
-    out["ratio_dp_over_nonprivate"] = round(out["dp"]["records_per_s"] / out["nonprivate"]["records_per_s"], 4)
+    out["ratio_dp_over_nonprivate"] = paths[default]["ratio_over_nonprivate"]
     return out
 
 
@@ -189,8 +211,13 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int_at_least(1), help="timed steps per implementation")
     parser.add_argument("--tolerance", type=float, help="relative L2 error allowed by the check")
     parser.add_argument("--deadline", type=float, help="seconds; the part is skipped if fewer than 60 are given")
+    parser.add_argument("--paths", default=",".join(PATHS),
+                        help=f"clipping paths timed, comma-separated (default: {','.join(PATHS)})")
     parser.add_argument("--seed", type=int_at_least(0), default=0)
     args = parser.parse_args(argv)
+    args.paths = [p for p in args.paths.split(",") if p]
+    if not args.paths or any(p not in PATHS for p in args.paths) or len(set(args.paths)) < len(args.paths):
+        parser.error(f"--paths must name some of {', '.join(PATHS)} once each, got {','.join(args.paths)!r}")
     for name, value in (SMOKE_DEFAULTS if args.cpu_smoke else GPU_DEFAULTS).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -213,15 +240,19 @@ def main(argv=None) -> int:
     elif result["status"] == "ok":
         m = result["model"]
         dp, nonprivate = result["dp"]["records_per_s"], result["nonprivate"]["records_per_s"]
+        each = ", ".join(f"{p} {r['records_per_s']:,.1f} ({r['ratio_over_nonprivate']:.3f})"
+                         for p, r in result["paths"].items())
         print(f"DP-SGD GPT-2 {m['shape']} ({m['parameters']:,} params, seq {m['seq']}, "
-              f"batches {result['batch_sizes']}, vmap {result['microbatch_size']}): dp {dp:,.1f} records/s, "
-              f"non-private {nonprivate:,.1f} records/s, ratio {result['ratio_dp_over_nonprivate']:.3f}; "
-              f"check rel. error {result['check_rel_error']:.1e}; compile {result['compile_seconds']}", flush=True)
+              f"batches {result['batch_sizes']}, microbatch {result['microbatch_size']}): records/s (share of "
+              f"non-private) {each}; non-private {nonprivate:,.1f}; auto takes {result['dp_path']} "
+              f"({dp:,.1f}); check rel. error {result['check_rel_error']:.1e}; compile {result['compile_seconds']}",
+              flush=True)
     else:
         print(f"DP-SGD: skipped: {result['reason']}", flush=True)
     if result["status"] == "ok" and not result["check_rel_error"] <= tolerance:
-        print(f"error: dp's clipped sum differs from the batched gradient by {result['check_rel_error']:.2e} > "
-              f"{tolerance:g} (relative L2)", file=sys.stderr)
+        worst = max(result["paths"], key=lambda p: result["paths"][p]["check_rel_error"])
+        print(f"error: the {worst} path's clipped sum differs from the batched gradient by "
+              f"{result['check_rel_error']:.2e} > {tolerance:g} (relative L2)", file=sys.stderr)
         return 1
     if args.out:
         write_json(args.out, result)

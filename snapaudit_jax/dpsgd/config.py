@@ -63,8 +63,8 @@ class DPSGDConfig:
         ``"book_keeping"`` (ghost norms and the clipped sum from one forward and one backward),
         ``"ghost"`` (ghost norms, then a second backward of the clip-weighted loss: less memory), or
         ``"auto"`` (default): on accelerators, book-keeping when the fast paths cover every trainable parameter
-        (dense layers and LoRA adapters: DP-LoRA), else per-record; on the CPU, per-record (one unit at a time,
-        it is as fast there: ``benchmarks/bench_finetune.py``). The report says which and why.
+        (DP-LoRA, and full fine-tuning of a float32 decoder), else per-record; on the CPU, per-record (one unit
+        at a time, it is as fast there: ``benchmarks/bench_finetune.py``). The report says which and why.
       accountant: ``"rdp"`` or ``"pld"``: the accountant used to calibrate ``sigma`` to ``target_epsilon``
         (the report always gives both).
       calibration_tol: absolute tolerance on the calibrated ``sigma``.

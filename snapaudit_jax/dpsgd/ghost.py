@@ -1,30 +1,42 @@
-"""Per-unit gradient norms of dense layers without per-unit gradients (ghost norms).
+"""Per-unit gradient norms and clipped sums without per-unit gradients (ghost norms and book-keeping).
 
 DP-SGD clips each unit's gradient (a record, or a user's records summed) to norm ``C``, so it needs each unit's
 gradient norm. :mod:`snapaudit_jax.dpsgd.gradients` gets it by computing every unit's whole gradient (a vmap
-over units); for a dense layer ``y = x W + b`` the norm follows from quantities the ordinary backward pass of
-the *summed* loss already has. With ``a`` the layer's input activations of unit ``i`` (``S x d_in``: the unit's
-tokens, a user's rows laid end to end) and ``g`` the cotangents of the summed loss at the layer's output
-(``S x d_out``; unit ``i``'s loss is the only one that depends on its own outputs, so these are exactly
-``dL_i / dy``), unit ``i``'s gradients are ``dW = a^T g`` and ``db = sum_s g_s``, and
+over units); for the layers of our decoders the norm follows from quantities the ordinary backward pass of
+the *summed* loss already has: each layer's inputs and the cotangents of the summed loss at its outputs (unit
+``i``'s loss is the only one that depends on its own outputs, so these are exactly ``dL_i / dy``). With ``S``
+a unit's positions (its tokens, a user's rows laid end to end):
 
-    ||a^T g||_F^2 = sum_{s,t} (a_s . a_t)(g_s . g_t)        (the ghost identity, Li et al. 2021)
+* **Dense layers** ``y = x W + b`` (``nnx.Linear``; the LM head when untied): ``dW = a^T g``, ``db = sum_s g_s``,
+  and ``||a^T g||_F^2 = sum_{s,t} (a_s . a_t)(g_s . g_t)`` (the ghost identity, Li et al. 2021), which costs
+  ``S^2 (d_in + d_out)`` per unit against ``S d_in d_out`` for forming ``a^T g`` directly.
+  :func:`choose_method` takes the cheaper of the two for each layer's shape (``method="auto"``: the ghost form
+  when ``S (d_in + d_out) < d_in d_out``, long inputs and narrow layers going direct), or the one forced.
+* **LoRA adapters** (:class:`~snapaudit_jax.finetune.lora.LoRAProjection`, ``y = x W + b + s (x A) B`` on a
+  slice of the columns): ``dB = s (x A)^T h`` and ``dA = s x^T (h B^T)`` with ``h`` the slice's cotangent, each
+  a dense layer of its own input and cotangent.
+* **Embeddings** (``nnx.Embed`` looked up by the decoders' ``_embed``: GPT-2's ``wte`` and ``wpe``, Llama's
+  ``embed``): row ``v`` of unit ``i``'s gradient is ``sum_s [x_s = v] e_s`` (``e`` the lookup's cotangents),
+  so ``||dE||^2 = sum_{s,t} [x_s = x_t] (e_s . e_t)`` by token co-occurrence, with no vocabulary-sized
+  per-unit tensor.
+* **The tied head** (``nnx.Embed.attend``, ``logits = h E^T``): ``dE`` gains ``dl^T h`` (``dl`` the logits'
+  cotangents), a dense term of its own, and the cross term with the lookup,
+  ``2 sum_{s,t} dl_t[x_s] (e_s . h_t)``.
+* **LayerNorm and RMSNorm** (``y = n(x) * scale (+ bias)``): ``dscale = sum_s n(x_s) * g_s``, computed per unit
+  directly (``E`` numbers a unit), ``n`` recomputed from the recorded input as flax computes it (float32
+  statistics); the bias as a dense bias.
 
-which costs ``S^2 (d_in + d_out)`` per unit against ``S d_in d_out`` for forming ``a^T g`` directly.
-:func:`dense_sq_norms` takes the cheaper of the two for each layer's shape (``method="auto"``: the ghost form
-when ``S (d_in + d_out) < d_in d_out``, long inputs and narrow layers going direct), or the one forced.
+The inputs and cotangents are captured by taps: every covered module of a fresh copy of the model (the one
+:func:`flax.nnx.merge` builds inside the traced function; the caller's model is never touched) is replaced by
+a :class:`_Tap` that records its input and adds a zero-valued probe to its output, and the gradient of the
+summed loss with respect to the probes is ``g``. One forward and one backward of the summed loss give every
+covered parameter's per-unit norm.
 
-The cotangents are captured with zero-valued probes: every ``nnx.Linear`` of a fresh copy of the model (the one
-:func:`flax.nnx.merge` builds inside the traced function; the caller's model is never touched) is wrapped so
-that its output gets ``+ probe``, and the gradient of the summed loss with respect to the probes is ``g``. One
-forward and one backward of the summed loss give every dense layer's per-unit norms.
-
-Covered: ``nnx.Linear`` kernels and biases, and the LoRA adapters of
-:class:`~snapaudit_jax.finetune.lora.LoRAProjection` (``y = x W + b + s (x A) B`` on a slice of the columns:
-``dB = s (x A)^T h`` and ``dA = s x^T (h B^T)`` with ``h`` the slice's cotangent, each a dense layer of its own
-input and cotangent). Embeddings and normalisation scales are not (their norms need their own identities):
-:func:`dense_sq_norms` reports the parameters it covered by their paths, and a layer called more than once per
-forward pass (shared weights: its per-unit gradient has cross terms between the calls) is refused.
+Never silently wrong: a trainable parameter without a tapped call, one read outside its tap (the decoders'
+low-precision paths compute with the raw weights: bfloat16 RMSNorm and logits), or one shared between two
+modules is *not covered*, and :func:`not_covered` names it; the fast paths refuse such a model. A tapped layer
+called more than once per forward pass (weights shared across calls: its per-unit gradient has cross terms
+between the calls) is refused.
 """
 
 from __future__ import annotations
@@ -96,7 +108,7 @@ class DenseNorms(NamedTuple):
 
     Attributes:
       total: ``(B,)`` per-unit squared gradient norm over every covered parameter.
-      per_param: parameter path (``"h.0.c_fc.kernel"``) -> ``(B,)`` its per-unit squared norm.
+      per_param: parameter path (``"blocks.0.c_fc.kernel"``) -> ``(B,)`` its per-unit squared norm.
       losses: ``(B,)`` per-unit losses (the sum of the unit's rows' mean token losses).
     """
 
@@ -109,92 +121,257 @@ def _name(path: tuple) -> str:
     return ".".join(map(str, path))
 
 
-class _Tap:
-    """Stands in for one ``nnx.Linear`` of a traced copy: records its input, adds its probe to its output."""
+class _Guard:
+    """Stands in for a parameter of a tapped module: its shape and dtype may be read, but reading its value marks
+    the parameter as used outside the tap (a low-precision path computing with the raw weights), so its
+    gradient is not covered -- reported as such, never silently wrong."""
 
-    def __init__(self, linear: nnx.Linear, path: tuple, record: dict):
-        self.linear, self.path, self.record = linear, path, record
+    _META = ("dtype", "shape", "ndim", "size", "sharding")
+
+    def __init__(self, variable, name: str, record: dict):
+        self._variable, self._name, self._record = variable, name, record
+
+    def __getattr__(self, attr):
+        if attr not in self._META:
+            self._record["bypassed"].add(self._name)
+        return getattr(self._variable, attr)
+
+    def __getitem__(self, index):
+        self._record["bypassed"].add(self._name)
+        return self._variable[index]
+
+
+class _Tap:
+    """Stands in for one module of a traced copy: each tapped call records its input and adds its probe to its
+    output, so the summed loss's gradient with respect to the probe is the call's output cotangent.
+
+    ``kind`` names the call: ``"dense"`` (``nnx.Linear``: ``y = x W + b``), ``"layer_norm"`` and ``"rms_norm"``
+    (``y = n(x) * scale (+ bias)``), ``"lookup"`` (an embedding's rows, through the decoders' ``_embed``) and
+    ``"attend"`` (a tied head, ``logits = h E^T``). Any other attribute is the module's own; reading one of its
+    parameters' values directly marks that parameter as not covered (:class:`_Guard`).
+    """
+
+    def __init__(self, module, path: tuple, record: dict, kind: str):
+        object.__setattr__(self, "_tap", (module, path, record, kind))
+
+    def _probe(self, call: str, recorded, y):
+        module, path, record, _ = self._tap
+        if (path, call) in record["calls"]:
+            raise InputError(f"layer {_name(path)} is called more than once per forward pass (shared weights): its "
+                             "per-unit gradient has cross terms the ghost norm omits")
+        record["calls"].append((path, call))
+        record["inputs"].append(recorded)
+        probes = record["probes"]
+        if probes is None:
+            record["outputs"].append(y)
+            return y
+        return y + probes[len(record["calls"]) - 1].astype(y.dtype)
 
     def __call__(self, x):
-        if self.path in self.record["paths"]:
-            raise InputError(f"dense layer {_name(self.path)} is called more than once per forward pass (shared "
-                             "weights): its per-unit gradient has cross terms the ghost norm omits")
-        y = self.linear(x)
-        self.record["paths"].append(self.path)
-        self.record["inputs"].append(x)
-        probes = self.record["probes"]
-        if probes is None:
-            self.record["outputs"].append(y)
-            return y
-        return y + probes[len(self.record["paths"]) - 1].astype(y.dtype)
+        module, _, _, kind = self._tap
+        return self._probe(kind, x, module(x))
+
+    def lookup(self, ids):
+        """The embedding's rows of ``ids``, as ``jnp.take`` gives them (the decoders' ``_embed``)."""
+        module = self._tap[0]
+        return self._probe("lookup", ids, jnp.take(module.embedding[...], ids, axis=0))
+
+    def attend(self, hidden):
+        """``nnx.Embed.attend``: the tied head's logits."""
+        module = self._tap[0]
+        return self._probe("attend", hidden, module.attend(hidden))
+
+    def __getattr__(self, attr):
+        module, path, record, _ = self._tap
+        value = getattr(module, attr)
+        if isinstance(value, nnx.Variable):
+            return _Guard(value, _name(path + (attr,)), record)
+        return value
 
 
-def _tap_linears(model, record: dict) -> None:
-    """Replaces every ``nnx.Linear`` attribute of ``model`` (a fresh traced copy) by a :class:`_Tap`; for the base
+def _tap_kind(module) -> str | None:
+    """The :class:`_Tap` kind of a module whose parameters' per-unit gradients the factors cover, else ``None``."""
+    if isinstance(module, nnx.Linear):
+        return "dense"
+    if isinstance(module, nnx.Embed):
+        return "embed"
+    if isinstance(module, (nnx.LayerNorm, nnx.RMSNorm)) and module.reduction_axes in (-1, (-1,)) \
+            and module.feature_axes in (-1, (-1,)) and module.axis_name is None:
+        return "layer_norm" if isinstance(module, nnx.LayerNorm) else "rms_norm"
+    return None
+
+
+def _tap_modules(model, record: dict) -> None:
+    """Replaces every covered module of ``model`` (a fresh traced copy) by a :class:`_Tap`; for the base
     projection of a LoRA adapter, records the adapter's ``(scale, spans)`` under the adapter's path."""
     from snapaudit_jax.finetune.lora import LoRAProjection
 
-    found = [(tuple(path), m) for path, m in nnx.iter_modules(model) if isinstance(m, nnx.Linear)]
-    for path, linear in found:
+    found = [(tuple(path), m, _tap_kind(m)) for path, m in nnx.iter_modules(model)]
+    for path, module, kind in found:
+        if kind is None or not path:
+            continue
         parent = model
         for key in path[:-1]:
             parent = parent[key] if isinstance(key, int) else getattr(parent, key)
         if isinstance(parent, LoRAProjection) and path[-1] == "base":
             record["lora"][path[:-1]] = (parent.scale, tuple(parent.spans))
+        tap = _Tap(module, path, record, kind)
         if isinstance(path[-1], int):
-            parent[path[-1]] = _Tap(linear, path, record)
+            parent[path[-1]] = tap
         else:
-            object.__setattr__(parent, path[-1], _Tap(linear, path, record))
+            object.__setattr__(parent, path[-1], tap)
 
 
-def _forward(graphdef, params, rest, tokens, mask, probes, paths: list, lora: dict | None = None):
-    """Summed loss of every unit, with ``(per-unit losses, tapped inputs, tapped outputs)``; ``paths`` receives
-    the tapped layers' paths in call order, ``lora`` the LoRA adapters' ``(scale, spans)`` by path."""
-    record = {"paths": paths, "inputs": [], "outputs": [], "probes": probes, "lora": {} if lora is None else lora}
+def _forward(graphdef, params, rest, tokens, mask, probes, record: dict):
+    """Summed loss of every unit, with ``(per-unit losses, tapped inputs, tapped outputs)``; ``record`` receives
+    the tapped calls ``(path, kind)`` in call order, the LoRA adapters' ``(scale, spans)`` by path and the
+    parameters read outside their taps."""
+    record.update(calls=[], inputs=[], outputs=[], probes=probes, lora={}, bypassed=set(), modules={})
     model = nnx.merge(graphdef, params, rest)
-    _tap_linears(model, record)
+    record["modules"] = {tuple(path): m for path, m in nnx.iter_modules(model)}
+    _tap_modules(model, record)
     length = tokens.shape[-1]
     rows = sequence_losses(model, tokens.reshape(-1, length), mask.reshape(-1, length))
     per_unit = rows.reshape(tokens.shape[0], -1).sum(axis=1)
     return jnp.sum(per_unit), (per_unit, record["inputs"], record["outputs"])
 
 
+class _Term(NamedTuple):
+    """One additive part of a parameter's per-unit gradient, from tensors of every unit's ``S`` positions.
+
+    ``"outer"``: ``a_i^T g_i`` (``a`` ``(B, S, p)``, ``g`` ``(B, S, q)``; a dense kernel, a bias with ``a = 1``,
+    a tied head with ``a`` the logits' cotangents and ``g`` the hidden states). ``"diag"``: ``sum_s a_s * g_s``
+    (a norm's scale: ``a`` the normalised input). ``"lookup"``: row ``v`` is ``sum_s [a_s = v] g_s`` (an
+    embedding: ``a`` ``(B, S)`` the ids looked up).
+    """
+
+    kind: str
+    a: jax.Array
+    g: jax.Array
+
+
+def _normalised(module, x, kind: str) -> jax.Array:
+    """``n(x)`` of a LayerNorm or RMSNorm in float32 (its output is ``n(x) * scale (+ bias)``), as flax computes
+    its statistics: float32, the fast variance ``E[x^2] - E[x]^2`` clipped at zero where the module uses it."""
+    x = x.astype(jnp.float32)
+    if kind == "rms_norm":
+        return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + module.epsilon)
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    if module.use_fast_variance:
+        var = jnp.maximum(0.0, jnp.mean(x * x, axis=-1, keepdims=True) - mean * mean)
+    else:
+        var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + module.epsilon)
+
+
+def _hi(equation: str, *operands):
+    return jnp.einsum(equation, *operands, precision=jax.lax.Precision.HIGHEST)
+
+
 def _factors(graphdef, params, rest, tokens, mask):
-    """One forward and one backward of the summed loss: ``(per-unit losses, {name: (a, g)})`` for every covered
-    trainable parameter, unit ``i``'s gradient of ``name`` being ``a_i^T g_i`` (``a`` ``(B, S, p)``, ``g``
-    ``(B, S, q)``, float32; a bias's ``a`` is ones)."""
+    """One forward and one backward of the summed loss: ``(per-unit losses, {name: [terms]}, missing)``, unit
+    ``i``'s gradient of ``name`` being the sum of its :class:`_Term` s (float32, ``S`` a unit's positions, its
+    rows end to end), and ``missing`` the trainable parameters without terms (or read outside their taps)."""
     covered = {_name(tuple(path)) for path, _ in nnx.to_flat_state(params)}
     values = {_name(tuple(path)): v for path, v in nnx.to_flat_state(params)}
-    shapes = jax.eval_shape(lambda p: _forward(graphdef, p, rest, tokens, mask, None, [])[1][2], params)
+    shapes = jax.eval_shape(lambda p: _forward(graphdef, p, rest, tokens, mask, None, {})[1][2], params)
     probes = [jnp.zeros(s.shape, s.dtype) for s in shapes]
-    paths: list = []
-    lora: dict = {}
+    record: dict = {}
     _, pullback, (losses, inputs, _) = jax.vjp(
-        lambda pr: _forward(graphdef, params, rest, tokens, mask, pr, paths, lora), probes, has_aux=True)
+        lambda pr: _forward(graphdef, params, rest, tokens, mask, pr, record), probes, has_aux=True)
     cotangents = pullback(jnp.ones((), jnp.float32))[0]
     units = tokens.shape[0]
-    factors: dict[str, tuple[jax.Array, jax.Array]] = {}
-    for path, a, g in zip(paths, inputs, cotangents):
-        a = a.reshape(units, -1, a.shape[-1]).astype(jnp.float32)  # a unit's rows end to end: S = k * L
-        g = g.reshape(units, -1, g.shape[-1]).astype(jnp.float32)
-        if _name(path + ("kernel",)) in covered:
-            factors[_name(path + ("kernel",))] = (a, g)
-        if _name(path + ("bias",)) in covered:
-            factors[_name(path + ("bias",))] = (jnp.ones(a.shape[:2] + (1,), jnp.float32), g)
-        if path[-1] == "base" and path[:-1] in lora:
+    factors: dict[str, list[_Term]] = {}
+
+    def add(name, kind, a, g):
+        if name in covered:
+            factors.setdefault(name, []).append(_Term(kind, a, g))
+
+    for (path, call), a, g in zip(record["calls"], inputs, cotangents):
+        g = g.reshape(units, -1, g.shape[-1]).astype(jnp.float32)  # a unit's rows end to end: S = k * L
+        if call == "lookup":
+            add(_name(path + ("embedding",)), "lookup", a.reshape(units, -1), g)
+            continue
+        a = a.reshape(units, -1, a.shape[-1]).astype(jnp.float32)
+        if call == "attend":  # logits = h E^T: dE = dlogits^T h
+            add(_name(path + ("embedding",)), "outer", g, a)
+            continue
+        if call in ("layer_norm", "rms_norm"):
+            add(_name(path + ("scale",)), "diag", _normalised(record["modules"][path], a, call), g)
+            add(_name(path + ("bias",)), "outer", jnp.ones(a.shape[:2] + (1,), jnp.float32), g)
+            continue
+        add(_name(path + ("kernel",)), "outer", a, g)
+        add(_name(path + ("bias",)), "outer", jnp.ones(a.shape[:2] + (1,), jnp.float32), g)
+        if path[-1] == "base" and path[:-1] in record["lora"]:
             # y = x W + b + scale (x A_i) B_i on columns [start, stop): with h = scale g[start:stop], unit i's
             # dB_i = (x A_i)^T h and dA_i = x^T (h B_i^T) -- dense layers of their own
-            scale, spans = lora[path[:-1]]
+            scale, spans = record["lora"][path[:-1]]
             for i, (start, stop) in enumerate(spans):
                 a_name, b_name = _name(path[:-1] + ("lora_a", i)), _name(path[:-1] + ("lora_b", i))
                 h = g[..., start:stop] * scale
-                if b_name in covered:
-                    factors[b_name] = (jnp.einsum("bsi,ir->bsr", a, values[a_name].astype(jnp.float32),
-                                                  precision=jax.lax.Precision.HIGHEST), h)
-                if a_name in covered:
-                    factors[a_name] = (a, jnp.einsum("bso,ro->bsr", h, values[b_name].astype(jnp.float32),
-                                                     precision=jax.lax.Precision.HIGHEST))
+                add(b_name, "outer", _hi("bsi,ir->bsr", a, values[a_name].astype(jnp.float32)), h)
+                add(a_name, "outer", a, _hi("bso,ro->bsr", h, values[b_name].astype(jnp.float32)))
+    owners: dict[int, list[str]] = {}  # a Variable held by two tapped modules gets terms under one name only
+    for path, module in record["modules"].items():
+        if _tap_kind(module) is not None:
+            for attr, value in vars(module).items():
+                if isinstance(value, nnx.Variable):
+                    owners.setdefault(id(value), []).append(_name(path + (attr,)))
+    shared = {name for names in owners.values() if len(names) > 1 for name in names}
+    for name in record["bypassed"] | shared:
+        factors.pop(name, None)
     return losses, factors, covered - set(factors)
+
+
+def _inner(x: _Term, y: _Term) -> jax.Array:
+    """``<G_x, G_y>`` per unit of two terms of one parameter (``(B,)``), without forming either gradient."""
+    if x.kind == "diag" or y.kind == "diag":
+        if x.kind != y.kind:
+            raise InputError("a norm scale's gradient has one term")  # no model combines these
+        return jnp.sum(jnp.sum(x.a * x.g, axis=1) * jnp.sum(y.a * y.g, axis=1), axis=-1)
+    if x.kind == "outer" and y.kind == "outer":
+        return jnp.sum(_hi("bsp,btp->bst", x.a, y.a) * _hi("bsq,btq->bst", x.g, y.g), axis=(1, 2))
+    if x.kind == "lookup" and y.kind == "lookup":
+        same = x.a[:, :, None] == y.a[:, None, :]
+        return jnp.sum(jnp.where(same, _hi("bsq,btq->bst", x.g, y.g), 0.0), axis=(1, 2))
+    lookup, outer = (x, y) if x.kind == "lookup" else (y, x)
+    # sum_v (sum_s [ids_s = v] e_s) . (sum_t a_t[v] g_t) = sum_{s,t} a_t[ids_s] (e_s . g_t)
+    picked = jnp.take_along_axis(outer.a, jnp.broadcast_to(lookup.a[:, None, :], outer.a.shape[:2]
+                                                           + lookup.a.shape[1:]), axis=2)  # (B, T, S)
+    return jnp.sum(picked * _hi("bsq,btq->bts", lookup.g, outer.g), axis=(1, 2))
+
+
+def _term_sq_norm(term: _Term, method: str) -> jax.Array:
+    if term.kind == "outer":
+        return _sq_norm(term.a, term.g, method)
+    return _inner(term, term)
+
+
+def _param_sq_norm(terms: list[_Term], method: str) -> jax.Array:
+    """``||sum_j G_j||^2`` per unit: the terms' own norms and twice their cross products."""
+    total = sum(_term_sq_norm(t, method) for t in terms)
+    for j in range(len(terms)):
+        for k in range(j + 1, len(terms)):
+            total = total + 2.0 * _inner(terms[j], terms[k])
+    return total
+
+
+def _weighted_sum(terms: list[_Term], weights: jax.Array, shape: tuple) -> jax.Array:
+    """``sum_i w_i G_i`` of one parameter from its terms (units with ``w_i = 0`` masked out: their tensors may
+    hold NaN, and ``0 * NaN`` is NaN)."""
+    keep = weights > 0
+    total = jnp.zeros(shape, jnp.float32)
+    for term in terms:
+        g = jnp.where(keep.reshape((-1,) + (1,) * (term.g.ndim - 1)), term.g * weights.reshape(
+            (-1,) + (1,) * (term.g.ndim - 1)), 0.0)
+        if term.kind == "lookup":
+            total = total + jnp.zeros((shape[0], g.shape[-1]), jnp.float32).at[term.a.reshape(-1)].add(
+                g.reshape(-1, g.shape[-1]), mode="drop").reshape(shape)
+        elif term.kind == "diag":
+            total = total + jnp.sum(jnp.where(keep[:, None, None], term.a, 0.0) * g, axis=(0, 1)).reshape(shape)
+        else:
+            total = total + _hi("bsp,bsq->pq", jnp.where(keep[:, None, None], term.a, 0.0), g).reshape(shape)
+    return total
 
 
 def _sq_norm(a, g, method: str):
@@ -215,7 +392,7 @@ def dense_sq_norms_traced(graphdef, params, rest, tokens, mask, *, method: str =
       :class:`DenseNorms`.
     """
     losses, factors, _ = _factors(graphdef, params, rest, tokens, mask)
-    per_param = {name: _sq_norm(a, g, method) for name, (a, g) in factors.items()}
+    per_param = {name: _param_sq_norm(terms, method) for name, terms in factors.items()}
     total = sum(per_param.values(), jnp.zeros(tokens.shape[0], jnp.float32))
     return DenseNorms(total, per_param, losses)
 
@@ -245,13 +422,10 @@ def book_keeping_clipped_sum_traced(graphdef, params, rest, tokens, mask, paddin
     from snapaudit_jax.dpsgd.gradients import ClippedGrads
 
     losses, factors, norms, scale = _clip_factors(graphdef, params, rest, tokens, mask, padding, clip_norm, method)
-    keep = (scale > 0)[:, None, None]  # a dropped unit's factors may hold NaN, and 0 * NaN is NaN
     leaves = []
     for path, variable in nnx.to_flat_state(params):
-        a, g = factors[_name(tuple(path))]
-        grad = jnp.einsum("bsp,bsq->pq", jnp.where(keep, a * scale[:, None, None], 0.0), jnp.where(keep, g, 0.0),
-                          precision=jax.lax.Precision.HIGHEST)
-        leaves.append((path, variable.replace(grad.reshape(variable.shape).astype(variable.dtype))))
+        grad = _weighted_sum(factors[_name(tuple(path))], scale, variable.shape)
+        leaves.append((path, variable.replace(grad.astype(variable.dtype))))
     return ClippedGrads(nnx.from_flat_state(leaves), losses, norms)
 
 
@@ -260,9 +434,11 @@ def _clip_factors(graphdef, params, rest, tokens, mask, padding, clip_norm, meth
     the units' norms and their clip factors ``c_i`` (``0`` for padding and non-finite norms)."""
     losses, factors, missing = _factors(graphdef, params, rest, tokens, mask)
     if missing:
-        raise InputError(f"book-keeping and ghost clipping cover dense layers and LoRA adapters only; not covered: "
+        raise InputError(f"book-keeping and ghost clipping cover dense layers, LoRA adapters, embeddings, the tied "
+                         f"head and LayerNorm/RMSNorm computed by their modules; not covered: "
                          f"{', '.join(sorted(missing))} (use the per-record path)")
-    total = sum((_sq_norm(a, g, method) for a, g in factors.values()), jnp.zeros(tokens.shape[0], jnp.float32))
+    total = sum((_param_sq_norm(terms, method) for terms in factors.values()),
+                jnp.zeros(tokens.shape[0], jnp.float32))
     norms = jnp.sqrt(total)
     finite = jnp.isfinite(norms)
     scale = jnp.where(finite & ~padding, jnp.minimum(1.0, clip_norm / jnp.where(finite & (norms > 0), norms, 1.0)),
@@ -361,7 +537,8 @@ _ghost_jit = jax.jit(ghost_clipped_sum_traced, static_argnames=("graphdef", "met
 def book_keeping_clipped_sum(model, tokens, mask, *, clip_norm: float, padding=None, trainable=nnx.LoRAParam,
                              method: str = "auto"):
     """:func:`snapaudit_jax.dpsgd.gradients.clipped_grad_sum` by book-keeping, for models whose every trainable
-    parameter is a dense kernel or bias or a LoRA adapter (DP-LoRA: ``trainable=nnx.LoRAParam``).
+    parameter is covered (module docstring): DP-LoRA (``trainable=nnx.LoRAParam``) and full fine-tuning of our
+    float32 decoders (``trainable=nnx.Param``).
 
     Args:
       model: the decoder; not modified.
@@ -406,7 +583,11 @@ _dense_jit = jax.jit(dense_sq_norms_traced, static_argnames=("graphdef", "method
 
 
 def dense_sq_norms(model, tokens, mask, *, method: str = "auto", trainable=nnx.Param) -> DenseNorms:
-    """Per-unit squared gradient norms of every dense layer's kernel and bias, from one backward pass.
+    """Per-unit squared gradient norms of every covered trainable parameter, from one backward pass.
+
+    Covered (see the module docstring): dense kernels and biases, LoRA adapters, embeddings (GPT-2's positions
+    too), the tied head and LayerNorm/RMSNorm scales and biases; a trainable parameter not covered is absent
+    from ``per_param`` and ``total`` (:func:`not_covered` names them).
 
     Args:
       model: a decoder (:class:`~snapaudit_jax.models.decoders.GPT2` or ``Llama``) or any NNX module that
@@ -415,20 +596,19 @@ def dense_sq_norms(model, tokens, mask, *, method: str = "auto", trainable=nnx.P
         summed: user-level DP).
       mask: ``tokens``' shape, bool, real tokens.
       method: ``"auto"`` (per layer, :func:`choose_method`), ``"ghost"`` or ``"direct"``.
-      trainable: the ``nnx`` filter of the differentiated state; a dense layer's kernel or bias outside it is
-        left out.
+      trainable: the ``nnx`` filter of the differentiated state; parameters outside it are left out.
 
     Returns:
       :class:`DenseNorms`; ``total`` sums ``per_param``.
 
     Raises:
-      InputError: an unknown ``method``, ``tokens``/``mask`` of other shapes, or a dense layer called twice.
+      InputError: an unknown ``method``, ``tokens``/``mask`` of other shapes, or a tapped layer called twice.
 
     Guarantees:
       ``per_param[p][i] = ||dL_i / dp||^2`` for every covered parameter ``p`` (``L_i``: unit ``i``'s loss as
       :func:`snapaudit_jax.dpsgd.gradients.clipped_grad_sum` defines it), in float32 up to rounding: equal to the
-      per-unit vmapped gradients' norms to ``1e-5`` relative (tested on GPT-2 and Llama, padding, variable
-      lengths, user-level units, both methods).
+      per-unit vmapped gradients' norms to ``1e-5`` relative (tested on GPT-2 and Llama with tied and untied
+      embeddings, padding, variable lengths, user-level units, both methods, every parameter).
     """
     tokens, mask = _checked(method, tokens, mask)
     graphdef, params, rest = nnx.split(model, trainable, ...)

@@ -120,9 +120,10 @@ def clipped_grad_sum(model, tokens, mask, *, clip_norm: float, padding=None, tra
       trainable: the ``nnx`` filter of the differentiated parameters (default ``nnx.Param``).
       method: how (:class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s ``clipping``): ``"per_record"`` (default;
         jax_privacy's vmapped per-record gradients), ``"book_keeping"`` or ``"ghost"``
-        (:mod:`~snapaudit_jax.dpsgd.ghost`: for models whose every trainable parameter is a dense kernel, bias
-        or LoRA adapter), or ``"auto"`` (:func:`~snapaudit_jax.dpsgd.resolve_clipping`: on accelerators
-        book-keeping where it covers every trainable parameter, else per-record; per-record on the CPU). The
+        (:mod:`~snapaudit_jax.dpsgd.ghost`: for models whose every trainable parameter it covers: dense layers,
+        LoRA adapters, embeddings, the tied head, LayerNorm/RMSNorm), or ``"auto"``
+        (:func:`~snapaudit_jax.dpsgd.resolve_clipping`: on accelerators book-keeping where it covers every
+        trainable parameter, else per-record; per-record on the CPU). The
         same sum to float32 rounding (tested to ``1e-5``).
 
     Returns:

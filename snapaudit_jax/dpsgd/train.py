@@ -368,7 +368,7 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
                      clipping_reason)
 
 
-_FAST_COVER = "every trainable parameter is a dense kernel or bias or a LoRA adapter"
+_FAST_COVER = "the fast paths cover every trainable parameter (ghost.not_covered is empty)"
 _CPU_REASON = ("on the CPU one unit at a time, where book-keeping gains nothing (DP-LoRA on the SmolLM2 shape: "
                "1.17x against 1.13x the batched non-private step, benchmarks/bench_finetune.py)")
 
@@ -391,7 +391,7 @@ def resolve_clipping(requested: str, graphdef, params, rest, tokens, mask, backe
 
     Raises:
       InputError: ``"book_keeping"`` or ``"ghost"`` requested for a model with a parameter they do not cover, or
-        with a dense layer called twice per forward pass (both named).
+        with a tapped layer called twice per forward pass (both named).
     """
     if requested == "per_record":
         return "per_record", "requested (clipping = \"per_record\")"
@@ -410,9 +410,9 @@ def resolve_clipping(requested: str, graphdef, params, rest, tokens, mask, backe
         kinds = sorted({".".join("*" if part.isdigit() else part for part in name.split(".")) for name in missing})
         why = f"{len(missing)} trainable parameter{'s' if len(missing) > 1 else ''} not covered ({', '.join(kinds)})"
     if requested != "auto":
-        raise InputError(f"clipping = {requested!r} covers dense kernels and biases and LoRA adapters only: {why}; "
-                         "use \"auto\" or \"per_record\"")
-    return "per_record", f"auto: the fast paths cover dense layers and LoRA adapters only; {why}"
+        raise InputError(f"clipping = {requested!r} does not cover this model: {why}; use \"auto\" or "
+                         "\"per_record\"")
+    return "per_record", f"auto: the fast paths do not cover this model: {why}"
 
 
 def _check_same_run(identity: dict[str, Any]) -> None:

@@ -196,10 +196,6 @@ class TrainConfig:
         validate.nonnegative_float("weight_decay", self.weight_decay)
         validate.positive_int("microbatch_size", self.microbatch_size, minimum=0)
         validate.choice("clipping", self.clipping, CLIPPINGS)
-        if self.method == "full" and self.clipping in ("book_keeping", "ghost"):
-            raise InputError(f"clipping = {self.clipping!r} covers dense layers and LoRA adapters only, and method = "
-                             "\"full\" also trains the embeddings and norm scales; use \"auto\" or \"per_record\", "
-                             f"got {self.clipping!r}")
         validate.positive_int("checkpoint_every", self.checkpoint_every)
         if validate.positive_int("devices", self.devices, minimum=0) > 4096:
             raise InputError(f"devices must be <= 4096, got {self.devices}")

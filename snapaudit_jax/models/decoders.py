@@ -61,7 +61,14 @@ def _rms_norm(norm: nnx.RMSNorm, x):
 
 
 def _embed(embed: nnx.Embed, tokens):
-    """Rows of the embedding table in its own dtype (``nnx.Embed`` casts to the dtype it was built with)."""
+    """Rows of the embedding table in its own dtype (``nnx.Embed`` casts to the dtype it was built with).
+
+    An object standing in for the table with a ``lookup`` method (the gradient taps of
+    :mod:`snapaudit_jax.dpsgd.ghost`, which see each lookup's ids and output cotangents) is asked for the rows.
+    """
+    lookup = getattr(embed, "lookup", None)
+    if lookup is not None:
+        return lookup(tokens)
     return jnp.take(embed.embedding[...], tokens, axis=0)
 
 

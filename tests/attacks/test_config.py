@@ -122,3 +122,17 @@ def test_the_tokenizer_trainer_is_never_asked_for_a_vocabulary_it_would_abort_on
         train_tokenizer(["a b"], 10**6)
     monkeypatch.setattr(memory, "available_bytes", lambda: 57 * 10**6)
     assert train_tokenizer(["a b"], 10**6).vocab_size >= 257
+
+
+def test_the_dp_variants_clip_on_the_configured_path(tmp_path):
+    """``[training] clipping`` reaches the DP variants' DPSGDConfig (the default ``auto`` too); the non-private
+    variants never clip."""
+    from attacks.run import _dpsgd_config
+
+    for line, want in (("", "auto"), ('clipping = "book_keeping"\n', "book_keeping"),
+                       ('clipping = "ghost"\n', "ghost")):
+        text = TINY.format(variants="").replace("steps = 6", "steps = 6\n" + line)
+        cfg = load_pii_config(write_toml(tmp_path, text))
+        assert cfg.training.clipping == want
+        assert _dpsgd_config(cfg, True, 100).clipping == want
+        assert _dpsgd_config(cfg, False, 100).non_private

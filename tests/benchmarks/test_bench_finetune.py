@@ -45,11 +45,12 @@ def test_tiny_run_reports_every_variant_ratio_goal_and_check(tmp_path, env):
     assert r["shape"]["layers"] == 1 and r["shape"]["hidden_size"] == 64 and not r["shape"]["full_shape"]
     assert r["methods"] == ["full", "lora"] and r["seq"] == 16 and r["expected_batch"] == 4
     sides = ["ours_dp", "ours_nonprivate", "ours_batched"] + (["torch_opacus", "torch_nonprivate"] if HAS_TORCH else [])
-    # on the CPU (JAX_PLATFORMS=cpu) the default path is per-record: book-keeping and ghost beside it for LoRA
-    paths = ["ours_dp_book_keeping_lora", "ours_dp_ghost_lora"]
+    # on the CPU (JAX_PLATFORMS=cpu) the default path is per-record: book-keeping and ghost beside it for both
+    # methods (the fast paths cover full fine-tuning's embeddings, tied head and RMSNorms too)
+    paths = [f"ours_dp_{p}_{m}" for p in ("book_keeping", "ghost") for m in ("full", "lora")]
     assert sorted(r["variants"]) == sorted([f"{s}_{m}" for s in sides for m in ("full", "lora")] + paths)
     assert r["clipping"] == {"ours_dp_full": "per_record", "ours_dp_lora": "per_record",
-                             "ours_dp_book_keeping_lora": "book_keeping", "ours_dp_ghost_lora": "ghost"}
+                             **{p: p.split("_", 2)[2].rsplit("_", 1)[0] for p in paths}}
     assert set(r["microbatch_sizes"].values()) == {1}
     for v in r["variants"].values():
         assert v["median_step_seconds"] > 0 and v["tokens_per_s"] > 0 and len(v["step_seconds"]) == 1
@@ -62,7 +63,7 @@ def test_tiny_run_reports_every_variant_ratio_goal_and_check(tmp_path, env):
     for m in ("full", "lora"):
         assert checks[f"ours_dp_{m}"] <= 1e-4 and checks[f"ours_nonprivate_{m}"] <= 1e-4
         assert r["clip_norm"][m] > 0
-    assert checks["ours_dp_book_keeping_lora"] <= 1e-4 and checks["ours_dp_ghost_lora"] <= 1e-4
+    assert all(checks[p] <= 1e-4 for p in paths)
     goals = r["goals"]
     assert goals["lora_dp_within_1.25x_nonprivate"]["limit"] == 1.25
     assert goals["full_dp_within_2x_nonprivate"]["limit"] == 2.0

@@ -1,11 +1,13 @@
-"""Ghost norms of dense layers (``snapaudit_jax.dpsgd.ghost``) against per-unit gradients computed one by one.
+"""Ghost norms and book-keeping (``snapaudit_jax.dpsgd.ghost``) against per-unit gradients computed one by one.
 
 The oracle is the definition: each unit's gradient by ``jax.grad`` of that unit's loss alone (a vmap over units,
-as :func:`snapaudit_jax.dpsgd.gradients.clipped_grad_sum` computes them), restricted to the dense layers'
-kernels and biases, and its squared norm per parameter. Models: GPT-2 and Llama (untied and tied embeddings,
-biases on and off), records with left and right padding and variable lengths, and user-level units (several
-rows summed). Power: dropping one layer's term, or keeping only the Gram products' diagonal (the per-token norms
-a naive shortcut would add), misses the oracle by far more than the tolerance.
+as :func:`snapaudit_jax.dpsgd.gradients.clipped_grad_sum` computes them), and its squared norm per parameter:
+every parameter of full fine-tuning (dense kernels and biases, embeddings, GPT-2's positions, the tied head,
+LayerNorm and RMSNorm scales and biases) and LoRA's adapters. Models: GPT-2 and Llama (untied and tied
+embeddings, biases on and off), records with left and right padding and variable lengths, and user-level units
+(several rows summed). Power: dropping one layer's term, keeping only the Gram products' diagonal (the per-token
+norms a naive shortcut would add), dropping the tied embedding's lookup-head cross term or its repeated-token
+pairs misses the oracle by far more than the tolerance; parameters the taps cannot see are named, not guessed.
 """
 
 from __future__ import annotations
@@ -65,13 +67,14 @@ def _oracle(model, tokens, mask, trainable=nnx.Param, every=False):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(CONFIGS))
 @pytest.mark.parametrize("shape", [(6, 11), (4, 3, 7)], ids=["records", "users"])
-def test_dense_norms_equal_the_per_unit_gradients(kind, shape):
+def test_norms_of_every_parameter_equal_the_per_unit_gradients(kind, shape):
     model = CONFIGS[kind]()
     tokens, mask = _data(shape)
-    oracle = _oracle(model, tokens, mask)
+    oracle = _oracle(model, tokens, mask, every=True)
+    assert any("embedding" in k for k in oracle) and any("norm" in k or "ln_" in k for k in oracle)
     for method in ("ghost", "direct"):  # "auto" picks one of them per layer (tested below)
         got = dense_sq_norms(model, tokens, mask, method=method)
-        assert set(got.per_param) == set(oracle) and len(oracle) >= 4
+        assert set(got.per_param) == set(oracle) and len(oracle) >= 4  # every parameter covered
         for name, want in oracle.items():
             np.testing.assert_allclose(np.asarray(got.per_param[name]), want, rtol=1e-5, atol=1e-12,
                                        err_msg=f"{method} {name}")
@@ -144,23 +147,27 @@ def _lora_model(kind, targets, seed=9):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind, targets", [("gpt2", ()), ("llama", ("q_proj", "v_proj", "down_proj"))])
+@pytest.mark.parametrize("kind, targets", [("gpt2", ()), ("llama", ("q_proj", "v_proj", "down_proj")),
+                                           ("gpt2", None), ("llama_tied_biased", None)],
+                         ids=["gpt2-lora", "llama-lora", "gpt2-full", "llama_tied_biased-full"])
 @pytest.mark.parametrize("shape", [(6, 9), (4, 2, 6)], ids=["records", "users"])
 def test_book_keeping_clipped_sum_equals_the_per_unit_path(kind, targets, shape):
-    """The book-keeping clipped sum of a DP-LoRA batch equals jax_privacy's per-unit clipped sum
-    (:func:`snapaudit_jax.dpsgd.gradients.clipped_grad_sum`) to 1e-5: the clip norm at the units' median norm
-    (some clipped, some not), one padding unit contributing nothing. Power: without clipping the sums differ."""
+    """The book-keeping clipped sum of a DP-LoRA batch and of full fine-tuning (``targets=None``: every
+    parameter) equals jax_privacy's per-unit clipped sum (:func:`snapaudit_jax.dpsgd.gradients.clipped_grad_sum`)
+    to 1e-5: the clip norm at the units' median norm (some clipped, some not), one padding unit contributing
+    nothing. Power: without clipping the sums differ."""
     from snapaudit_jax.dpsgd.ghost import book_keeping_clipped_sum
     from snapaudit_jax.dpsgd.gradients import clipped_grad_sum
 
-    model = _lora_model(kind, targets)
+    model = CONFIGS[kind]() if targets is None else _lora_model(kind, targets)
+    trainable = nnx.Param if targets is None else nnx.LoRAParam
     tokens, mask = _data(shape, seed=5)
     padding = np.zeros(shape[0], bool)
     padding[1] = True
-    free = clipped_grad_sum(model, tokens, mask, clip_norm=np.inf, trainable=nnx.LoRAParam)
+    free = clipped_grad_sum(model, tokens, mask, clip_norm=np.inf, trainable=trainable)
     clip = float(np.median(np.asarray(free.norms)))
-    want = clipped_grad_sum(model, tokens, mask, clip_norm=clip, padding=padding, trainable=nnx.LoRAParam)
-    got = book_keeping_clipped_sum(model, tokens, mask, clip_norm=clip, padding=padding)
+    want = clipped_grad_sum(model, tokens, mask, clip_norm=clip, padding=padding, trainable=trainable)
+    got = book_keeping_clipped_sum(model, tokens, mask, clip_norm=clip, padding=padding, trainable=trainable)
     np.testing.assert_allclose(np.asarray(got.norms), np.asarray(want.norms), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(got.losses), np.asarray(want.losses), rtol=1e-5)
     flat_want = {str(p): np.asarray(v[...]) for p, v in nnx.to_flat_state(want.grad_sum)}
@@ -176,12 +183,62 @@ def test_book_keeping_clipped_sum_equals_the_per_unit_path(kind, targets, shape)
 
 
 def test_book_keeping_refuses_parameters_it_does_not_cover():
-    """Full fine-tuning trains embeddings and norm scales: refused, naming them, never silently wrong."""
-    from snapaudit_jax.dpsgd.ghost import book_keeping_clipped_sum
+    """A bfloat16 Llama normalises in float32 outside its RMSNorm modules and computes its logits from the raw
+    head weights (as transformers does): those parameters are read outside their taps, so they are not
+    covered -- refused, naming them, never silently wrong."""
+    from snapaudit_jax.dpsgd.ghost import book_keeping_clipped_sum, not_covered
+    from snapaudit_jax.models.weights import cast_model
 
     tokens, mask = _data((2, 5))
-    with pytest.raises(InputError, match=r"not covered: .*wte\.embedding"):
-        book_keeping_clipped_sum(CONFIGS["gpt2"](), tokens, mask, clip_norm=1.0, trainable=nnx.Param)
+    model = cast_model(CONFIGS["llama"](), jnp.bfloat16)
+    assert not_covered(*nnx.split(model, nnx.Param, ...), jnp.asarray(tokens), jnp.asarray(mask)) == (
+        "blocks.0.input_norm.scale", "blocks.0.post_norm.scale", "blocks.1.input_norm.scale",
+        "blocks.1.post_norm.scale", "lm_head.kernel", "norm.scale")
+    with pytest.raises(InputError, match=r"not covered: blocks\.0\.input_norm\.scale, .*lm_head\.kernel, norm\.scale"):
+        book_keeping_clipped_sum(model, tokens, mask, clip_norm=1.0, trainable=nnx.Param)
+    assert not_covered(*nnx.split(CONFIGS["llama"](), nnx.Param, ...), jnp.asarray(tokens), jnp.asarray(mask)) == ()
+
+
+def test_a_parameter_shared_by_two_layers_is_not_covered():
+    """Two LayerNorms holding one scale Variable: its gradient sums both layers' terms, so it is named as not
+    covered rather than normed from one layer's term."""
+    from snapaudit_jax.dpsgd.ghost import not_covered
+
+    model = CONFIGS["gpt2"]()
+    model.blocks[1].ln_1.scale = model.blocks[0].ln_1.scale
+    tokens, mask = _data((2, 5))
+    assert not_covered(*nnx.split(model, nnx.Param, ...), jnp.asarray(tokens), jnp.asarray(mask)) == (
+        "blocks.0.ln_1.scale",)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["gpt2", "llama_tied_biased"])
+def test_a_tied_embedding_needs_its_cross_term_and_every_repeated_token(kind):
+    """The tied table's gradient is the lookup's rows plus the head's ``dl^T h``: its norm needs the cross term
+    ``2 sum_{s,t} dl_t[x_s] (e_s . h_t)``, and the lookup's own norm every pair of positions holding the same
+    token (not only ``s = t``). Power: without either, the norm misses the per-unit oracle."""
+    from snapaudit_jax.dpsgd.ghost import _factors, _param_sq_norm, _term_sq_norm
+
+    model = CONFIGS[kind]()
+    tokens, mask = _data((3, 12), seed=7)
+    tokens[:, 3] = tokens[:, 1]  # a repeated token in every row, both real where the row is long enough
+    name = "wte.embedding" if kind == "gpt2" else "embed.embedding"
+    want = _oracle(model, tokens, mask, every=True)[name]
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    @jax.jit
+    def norms(params, tokens, mask):
+        terms = _factors(graphdef, params, rest, tokens, mask)[1][name]
+        lookup = terms[0]
+        return ([t.kind for t in terms] == ["lookup", "outer"], _param_sq_norm(terms, "ghost"),
+                sum(_term_sq_norm(t, "ghost") for t in terms), _term_sq_norm(lookup, "ghost"),
+                jnp.sum(jnp.square(lookup.g), axis=(1, 2)))  # the last: sum_s ||e_s||^2, the diagonal alone
+
+    kinds, exact, without_cross, lookup, diagonal_only = norms(params, jnp.asarray(tokens), jnp.asarray(mask))
+    assert kinds
+    np.testing.assert_allclose(np.asarray(exact), want, rtol=1e-5)
+    assert not np.allclose(np.asarray(without_cross), want, rtol=1e-2)
+    assert not np.allclose(np.asarray(diagonal_only), np.asarray(lookup), rtol=1e-2)
 
 
 @pytest.mark.slow

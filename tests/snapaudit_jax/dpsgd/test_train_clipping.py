@@ -1,5 +1,5 @@
 """``DPSGDConfig.clipping`` in :func:`snapaudit_jax.dpsgd.train`: book-keeping and ghost clipping train the
-per-record path's model.
+per-record path's model, DP-LoRA and full fine-tuning.
 
 The oracle is the per-record path (jax_privacy's vmapped per-unit gradients, itself tested against a Python
 loop in ``test_dpsgd.py``): the same key, so the same Poisson batches and the same noise draw, and the clipped
@@ -65,7 +65,8 @@ def test_book_keeping_trains_dp_lora_to_the_per_record_model():
     want, hist_want, rep_want = _run(data, clipping="per_record", microbatch_size=8)
     got, hist_got, rep_got = _run(data, clipping="book_keeping", microbatch_size=8)
     assert (rep_want.clipping, rep_got.clipping) == ("per_record", "book_keeping")
-    assert rep_got.clipping_reason.startswith('requested (clipping = "book_keeping"; every trainable parameter')
+    assert rep_got.clipping_reason.startswith('requested (clipping = "book_keeping"; the fast paths cover every '
+                                             'trainable parameter')
     assert rep_got.microbatch_size == rep_want.microbatch_size == 8
     np.testing.assert_array_equal(hist_got["batch_size"], hist_want["batch_size"])  # the same Poisson batches
     np.testing.assert_allclose(hist_got["grad_norm_mean"], hist_want["grad_norm_mean"], rtol=1e-5)
@@ -93,14 +94,50 @@ def test_user_level_units_train_alike_on_every_path():
 
 
 @pytest.mark.slow
-def test_full_fine_tuning_stays_per_record_and_a_forced_fast_path_is_refused():
+def test_full_fine_tuning_trains_the_per_record_model_on_every_path():
+    """Full fine-tuning (embeddings, positions, the tied head and the LayerNorms trained too): book-keeping and
+    ghost clipping train the per-record model to 1e-5, some units clipped; ``auto`` resolves as on this
+    backend. Power: the unclipped run lands elsewhere."""
+    from snapaudit_jax.dpsgd import resolve_clipping
+
     data = _data()
-    _, _, report = train(_model(lora=False), data, _config(steps=1))
-    assert report.clipping == "per_record" and report.clipping_reason.startswith("auto: ")
+    flat = lambda m: {str(p): np.asarray(v[...]) for p, v in nnx.to_flat_state(nnx.state(m, nnx.Param))}  # noqa
+    config = dict(steps=2, clip_norm=5.0)  # about the units' median norm
+    model, hist_want, report = train(_model(lora=False), data, _config(**config))
+    want = flat(model)
+    assert report.clipping == resolve_clipping("auto", *nnx.split(_model(lora=False), nnx.Param, ...),
+                                               *(x[:1] for x in data))[0]
+    clipped = np.asarray(hist_want["clipped_fraction"])
+    assert np.nanmax(clipped) > 0 and np.nanmin(clipped) < 1  # some units clipped, some not
+    scale = max(float(np.abs(v).max()) for v in want.values())
+    for clipping in ("book_keeping", "ghost"):
+        model, hist_got, report = train(_model(lora=False), data, _config(clipping=clipping, **config))
+        assert report.clipping == clipping
+        np.testing.assert_array_equal(hist_got["batch_size"], hist_want["batch_size"])
+        _close(flat(model), want, scale)
+    free = flat(train(_model(lora=False), data, _config(steps=2, clip_norm=1e6))[0])
+    assert any(not np.allclose(free[k], want[k], rtol=1e-3, atol=1e-4 * scale) for k in want)
+
+
+def test_a_forced_fast_path_is_refused_where_a_parameter_is_read_outside_its_layer():
+    """A bfloat16 GPT-2 computes its logits from the raw embedding table (float32 accumulation), outside the
+    tied head's tap: full fine-tuning's ``wte.embedding`` is then not covered, so a forced fast path is refused
+    naming it and ``auto`` stays per-record, never a silently wrong norm."""
+    import jax.numpy as jnp
+
+    from snapaudit_jax.dpsgd import resolve_clipping
+    from snapaudit_jax.models.weights import cast_model
+
+    tokens, mask = _data((1, L))
+    full = nnx.split(cast_model(_model(lora=False), jnp.bfloat16), nnx.Param, ...)
+    path, reason = resolve_clipping("auto", *full, tokens, mask, backend="gpu")
+    assert path == "per_record" and reason == ("auto: the fast paths do not cover this model: 1 trainable "
+                                               "parameter not covered (wte.embedding)")
     for forced in ("book_keeping", "ghost"):
-        with pytest.raises(InputError, match=rf"clipping = '{forced}' covers dense kernels and biases and LoRA "
-                                             r"adapters only: 8 trainable parameters not covered \(.*\); use \"auto\" or \"per_record\""):
-            train(_model(lora=False), data, _config(steps=1, clipping=forced))
+        with pytest.raises(InputError, match=rf"clipping = '{forced}' does not cover this model: 1 trainable "
+                                             r"parameter not covered \(wte\.embedding\); use \"auto\" or "
+                                             r"\"per_record\""):
+            resolve_clipping(forced, *full, tokens, mask)
 
 
 @pytest.mark.slow
@@ -121,34 +158,40 @@ def test_a_checkpoint_resumes_only_on_its_clipping_path(tmp_path):
 
 
 def test_auto_takes_book_keeping_on_accelerators_exactly_where_it_covers_every_trainable_parameter():
-    """Resolved on the model, abstractly (nothing trains): DP-LoRA's adapters are all covered; full fine-tuning's
-    embeddings, positions and norm scales are not, named by kind (each block's copy once). On the CPU ``auto`` is
-    per-record (one unit at a time, where the fast paths gain nothing)."""
+    """Resolved on the model, abstractly (nothing trains): DP-LoRA's adapters and full fine-tuning's every
+    parameter (embeddings, positions, tied head, LayerNorms) are covered; a LayerNorm replaced by a module the
+    taps do not know (here ``nnx.GroupNorm``) is not, named by kind (each block's copy once). On the CPU
+    ``auto`` is per-record (one unit at a time, where the fast paths gain nothing)."""
     from snapaudit_jax.dpsgd import resolve_clipping
 
     tokens, mask = _data((1, L))
     lora = nnx.split(_model(), nnx.LoRAParam, ...)
     full = nnx.split(_model(lora=False), nnx.Param, ...)
     assert resolve_clipping("auto", *lora, tokens, mask, backend="gpu")[0] == "book_keeping"
+    assert resolve_clipping("auto", *full, tokens, mask, backend="tpu")[0] == "book_keeping"
     path, reason = resolve_clipping("auto", *lora, tokens, mask, backend="cpu")
     assert path == "per_record" and reason.startswith("auto: on the CPU one unit at a time")
     assert resolve_clipping("ghost", *lora, tokens, mask, backend="cpu")[0] == "ghost"
+    assert resolve_clipping("ghost", *full, tokens, mask, backend="cpu")[0] == "ghost"
     assert resolve_clipping("per_record", *lora, tokens, mask)[0] == "per_record"
-    path, reason = resolve_clipping("auto", *full, tokens, mask, backend="tpu")
-    assert path == "per_record" and reason.endswith(
-        "8 trainable parameters not covered (blocks.*.ln_1.bias, blocks.*.ln_1.scale, blocks.*.ln_2.bias, "
-        "blocks.*.ln_2.scale, ln_f.bias, ln_f.scale, wpe.embedding, wte.embedding)")
-    with pytest.raises(InputError, match=r"clipping = 'book_keeping' covers dense kernels and biases and LoRA "
-                                         r"adapters only: 8 trainable parameters not covered"):
-        resolve_clipping("book_keeping", *full, tokens, mask)
+    odd = _model(lora=False)
+    odd.blocks[0].ln_2 = nnx.GroupNorm(16, num_groups=1, rngs=nnx.Rngs(0))  # the same function, another module
+    odd = nnx.split(odd, nnx.Param, ...)
+    path, reason = resolve_clipping("auto", *odd, tokens, mask, backend="tpu")
+    assert path == "per_record" and reason.endswith("2 trainable parameters not covered (blocks.*.ln_2.bias, "
+                                                    "blocks.*.ln_2.scale)")
+    with pytest.raises(InputError, match=r"clipping = 'book_keeping' does not cover this model: 2 trainable "
+                                         r"parameters not covered"):
+        resolve_clipping("book_keeping", *odd, tokens, mask)
 
 
 @pytest.mark.slow
 def test_clipped_grad_sum_takes_every_path_as_a_kernel():
     """The eager kernel (``clipped_grad_sum(..., method=...)``): book-keeping and ghost equal the per-record sum
     to 1e-5 on DP-LoRA with some records clipped and one padding record; ``auto`` on full fine-tuning is the
-    per-record path itself (bitwise); an unknown method is refused by name."""
-    from snapaudit_jax.dpsgd import clipped_grad_sum
+    path :func:`resolve_clipping` gives on this backend (per-record on the CPU: bitwise the per-record sum);
+    an unknown method is refused by name."""
+    from snapaudit_jax.dpsgd import clipped_grad_sum, resolve_clipping
 
     tokens, mask = _data((5, L), seed=4)
     padding = np.array([False, False, True, False, False])
@@ -168,8 +211,11 @@ def test_clipped_grad_sum_takes_every_path_as_a_kernel():
     full = _model(lora=False)
     per_record = clipped_grad_sum(full, tokens, mask, clip_norm=clip)
     auto = clipped_grad_sum(full, tokens, mask, clip_norm=clip, method="auto")
-    for name, value in flat(per_record).items():
-        np.testing.assert_array_equal(flat(auto)[name], value)
+    if resolve_clipping("auto", *nnx.split(full, nnx.Param, ...), tokens[:1], mask[:1])[0] == "per_record":
+        for name, value in flat(per_record).items():  # the per-record path itself (the CPU's choice)
+            np.testing.assert_array_equal(flat(auto)[name], value)
+    else:  # book-keeping (an accelerator's choice)
+        _close(flat(auto), flat(per_record), max(float(np.abs(v).max()) for v in flat(per_record).values()))
     with pytest.raises(InputError, match=r"method must be one of 'auto', 'per_record', 'book_keeping', 'ghost', "
                                          r"got 'fast'"):
         clipped_grad_sum(model, tokens, mask, clip_norm=1.0, method="fast")
