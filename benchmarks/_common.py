@@ -97,3 +97,40 @@ def alternate(fns: dict, repeats: int) -> Alternation:
                 cpu[name] += time.process_time() - cpu0
                 seconds[name].append(s)
     return Alternation(outs, seconds, {k: round(cpu[k] / sum(seconds[k]), 2) for k in fns}, first, compiles.count)
+
+
+# ---------------------------------------------------------------------------
+# Memory: the peak RSS of one call
+# ---------------------------------------------------------------------------
+
+
+def _status_kb(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+        return True
+    except OSError:
+        return False
+
+
+def measured(fn) -> tuple[float, float, float | None]:
+    """``(wall seconds, process CPU seconds, peak RSS rise in MB or None)`` of ``fn()``."""
+    reset = _reset_peak()
+    rss0 = _status_kb("VmRSS") if reset else None
+    start, cpu0 = time.perf_counter(), time.process_time()
+    fn()
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
+    hwm = _status_kb("VmHWM") if reset else None
+    rise = None if rss0 is None or hwm is None else (hwm - rss0) / 1024.0
+    return wall, cpu, rise

@@ -91,7 +91,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from _common import CompileCounter, int_at_least, machine_info
+from _common import CompileCounter, int_at_least, machine_info, measured
 from bench_dpsgd import flat64, make_data, ours_step
 from snapaudit_jax.dpsgd import DPSGDConfig, ghost, poisson_batch, sequence_losses
 from snapaudit_jax.dpsgd.train import _SAMPLE_STREAM, _prepare
@@ -111,43 +111,6 @@ NOISE_MULTIPLIER, LEARNING_RATE, B1, DELTA = 1.0, 1e-3, 0.9, 1e-5
 LORA_B_STD = 0.02
 GOALS = {"lora_dp_over_nonprivate": 1.25, "full_dp_over_nonprivate": 2.0}
 METHODS = ("full", "lora")
-
-
-# ---------------------------------------------------------------------------
-# Memory: the peak RSS of one call
-# ---------------------------------------------------------------------------
-
-
-def _status_kb(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
-        return True
-    except OSError:
-        return False
-
-
-def measured(fn) -> tuple[float, float, float | None]:
-    """``(wall seconds, process CPU seconds, peak RSS rise in MB or None)`` of ``fn()``."""
-    reset = _reset_peak()
-    rss0 = _status_kb("VmRSS") if reset else None
-    start, cpu0 = time.perf_counter(), time.process_time()
-    fn()
-    wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
-    hwm = _status_kb("VmHWM") if reset else None
-    rise = None if rss0 is None or hwm is None else (hwm - rss0) / 1024.0
-    return wall, cpu, rise
 
 
 # ---------------------------------------------------------------------------

@@ -56,8 +56,8 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from _common import CompileCounter, int_at_least  # noqa: E402
-from bench_dpsgd import B1, LEARNING_RATE, NOISE_MULTIPLIER, flat64, make_data, ours_step  # noqa: E402
-from snapaudit_jax.dpsgd import DPSGDConfig, poisson_batch, sequence_losses  # noqa: E402
+from bench_dpsgd import B1, LEARNING_RATE, NOISE_MULTIPLIER, NonPrivate, flat64, make_data, ours_step  # noqa: E402
+from snapaudit_jax.dpsgd import DPSGDConfig, poisson_batch  # noqa: E402
 from snapaudit_jax.dpsgd.train import _SAMPLE_STREAM, _prepare, resolve_clipping  # noqa: E402
 from snapaudit_jax.models.config import GPT2Config  # noqa: E402
 from snapaudit_jax.models.decoders import GPT2  # noqa: E402
@@ -71,45 +71,6 @@ GPU_DEFAULTS = dict(records=1024, batch=64, seq=128, microbatch=16, repeats=5)
 SMOKE_DEFAULTS = dict(records=64, batch=8, seq=32, microbatch=4, repeats=3)
 HUGE_CLIP = 1e9
 PATHS = ("per_record", "book_keeping", "ghost")  # DPSGDConfig.clipping's paths (auto resolves to one of them)
-
-
-class NonPrivate:
-    """The non-private step of the same model, batch and optimizer: one batched gradient, no clipping, no noise."""
-
-    def __init__(self, model, tokens, mask, *, normaliser: float, pad_to: int):
-        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-        self.params = jax.tree.map(jnp.array, params)
-        tx = optax.adamw(LEARNING_RATE, b1=B1)
-        self.opt_state = tx.init(self.params)
-        self.pad_to = pad_to
-        scale = 1.0 / normaliser
-
-        def grad(params, idx, weight):
-            def loss(p):
-                losses = sequence_losses(nnx.merge(graphdef, p, rest), tokens[idx], mask[idx])
-                return jnp.sum(weight * losses)
-
-            return jax.grad(loss)(params)
-
-        def step(params, opt_state, idx, weight):
-            g = jax.tree.map(lambda x: x * scale, grad(params, idx, weight))
-            updates, opt_state = tx.update(g, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state
-
-        self.grad = jax.jit(grad)
-        self._step = jax.jit(step, donate_argnums=(0, 1))
-
-    def padded(self, indices: np.ndarray) -> tuple[jax.Array, jax.Array]:
-        """Indices padded to ``pad_to`` with copies of the first record, and their 0/1 weights."""
-        if indices.size > self.pad_to:
-            raise RuntimeError(f"a Poisson batch of {indices.size} records exceeds the padded size {self.pad_to}")
-        idx = np.full(self.pad_to, indices[0] if indices.size else 0, np.int32)
-        idx[: indices.size] = indices
-        return jnp.asarray(idx), jnp.asarray(np.arange(self.pad_to) < indices.size, jnp.float32)
-
-    def step(self, indices: np.ndarray) -> None:
-        self.params, self.opt_state = self._step(self.params, self.opt_state, *self.padded(indices))
-        jax.block_until_ready(self.params)
 
 
 def _dp_config(args, q: float, path: str, clip: float, noise: float, steps: int) -> DPSGDConfig:

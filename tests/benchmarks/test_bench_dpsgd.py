@@ -1,0 +1,76 @@
+"""benchmarks/bench_dpsgd.py on a tiny GPT-2: it runs, reports every clipping path against the non-private step
+(time, peak memory, compiled memory, goals), and its correctness check can fail.
+
+The script runs in subprocesses (tests never import benchmarks), sharing a JAX compilation cache in a temporary
+folder and compiling without XLA's expensive CPU passes (the check's tolerance is far above the float32 rounding
+this changes).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers.paths import ROOT
+
+SCRIPT = os.path.join(str(ROOT), "benchmarks", "bench_dpsgd.py")
+TINY = ["--layers", "1", "--dim", "32", "--heads", "2", "--seq", "16", "--vocab", "128", "--batch", "8",
+        "--records", "32", "--repeats", "2", "--vmap-microbatch", "8", "--memory-microbatches", "4,8,16"]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("jax_cache")
+    return dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", JAX_PLATFORMS="cpu",
+                XLA_FLAGS="--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
+
+
+def _run(args, env, timeout=300):
+    return subprocess.run([sys.executable, SCRIPT, *args], env=env, capture_output=True, text=True, timeout=timeout,
+                          cwd=str(ROOT))
+
+
+@pytest.mark.slow
+def test_tiny_run_reports_every_path_against_the_nonprivate_step(tmp_path, env):
+    out = tmp_path / "dpsgd.json"
+    proc = _run([*TINY, "--memory-budget-mb", "2", "--json", "--out", str(out)], env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert json.loads(proc.stdout) == r
+    names = ["per_record", "per_record_vmap8", "book_keeping", "ghost"]
+    assert list(r["variants"]) == [*names, "nonprivate"] and list(r["ratios_over_nonprivate"]) == names
+    assert r["clipping"] == {"per_record": "per_record", "per_record_vmap8": "per_record",
+                             "book_keeping": "book_keeping", "ghost": "ghost"}
+    assert r["microbatch_size"] == {"per_record": 1, "per_record_vmap8": 8, "book_keeping": 8, "ghost": 8}
+    for v in r["variants"].values():
+        assert v["median_step_seconds"] > 0 and len(v["step_seconds"]) == 2
+    assert all(x > 0 for x in r["ratios_over_nonprivate"].values()) and r["jax_compiles_timed"] == 0
+    # every DP path's clipped sum and the non-private gradient against the independent per-record loop
+    assert set(r["check_rel_error"]) == {*names, "nonprivate"} and max(r["check_rel_error"].values()) <= 1e-4
+    mem = r["memory"]
+    assert mem["microbatches"] == [4, 8, 16] and set(mem["compiled_mb"]) == {"nonprivate", "per_record",
+                                                                            "book_keeping", "ghost"}
+    for name, mbs in mem["compiled_mb"].items():  # more records at once, more memory
+        assert len(mbs) == 3 and 0 < mbs[0] < mbs[2], name
+        within = [m for m, mb in zip([4, 8, 16], mbs) if mb <= 2]
+        assert mem["largest_within_budget"][name] == (max(within) if within else None)
+    assert set(r["goals"]) == {"book_keeping_time", "book_keeping_memory", "book_keeping_largest_batch"}
+    assert r["goals"]["book_keeping_time"]["limit"] == 1.25 and r["goals"]["book_keeping_memory"]["limit"] == 1.3
+
+
+@pytest.mark.slow
+def test_a_perturbed_sum_fails_the_check_exit_1_and_no_file(tmp_path, env):
+    out = tmp_path / "dpsgd.json"
+    proc = _run([*TINY, "--memory-microbatches", "4", "--perturb-check", "book_keeping", "--out", str(out)], env)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "correctness check failed: book_keeping's sum differs" in proc.stderr
+    assert not out.exists()
+
+
+def test_bad_flags_exit_2_naming_them(tmp_path):
+    proc = _run(["--memory-microbatches", "8,x", "--out", str(tmp_path / "o.json")], dict(os.environ), timeout=60)
+    assert proc.returncode == 2 and "--memory-microbatches must be integers >= 1" in proc.stderr
+    assert not (tmp_path / "o.json").exists()
