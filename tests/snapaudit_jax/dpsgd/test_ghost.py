@@ -54,7 +54,8 @@ def _oracle(model, tokens, mask, trainable=nnx.Param, every=False):
     unit's own gradient, vmapped."""
     graphdef, params, rest = nnx.split(model, trainable, ...)
     loss = _loss_fn(graphdef, rest)
-    grads = jax.vmap(lambda t, m: jax.grad(loss)(params, t[None], m[None]))(jnp.asarray(tokens), jnp.asarray(mask))
+    grads = jax.jit(jax.vmap(lambda t, m: jax.grad(loss)(params, t[None], m[None])))(jnp.asarray(tokens),
+                                                                                      jnp.asarray(mask))
     dense = {".".join(map(str, p)) for p, m in nnx.iter_modules(model) if isinstance(m, nnx.Linear)}
     out = {}
     for path, value in nnx.to_flat_state(grads):
