@@ -151,9 +151,12 @@ def test_noise_is_secret_by_default_and_replayable_only_by_request(tiny, tmp_pat
 
 
 def _worker(cfg, out, *mode):
-    """``snapaudit finetune`` in a subprocess (tests/helpers/finetune_kill_worker.py ``mode``)."""
+    """``snapaudit finetune`` in a subprocess (tests/helpers/finetune_kill_worker.py ``mode``), sharing this
+    process's persistent compilation cache (the same programs: the compiled step is not compiled again)."""
+    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir,
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.1", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     return subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "finetune_kill_worker.py"), cfg, str(out),
-                           *map(str, mode)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                           *map(str, mode)], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
 
 
 def _kill_after(cfg, out, model, step):
