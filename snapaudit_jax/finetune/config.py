@@ -47,7 +47,7 @@ class DataConfig:
 
     Attributes:
       path: a local ``.jsonl`` / ``.json`` / ``.csv`` / ``.parquet`` file, read in memory
-        (:func:`snapaudit_jax.dpicl.data.records.read_records`: no copy in any library cache).
+        (:func:`snapaudit_jax.utils.records.read_records`: no copy in any library cache).
       text_field: the column holding each record's text (unless ``messages_field``).
       messages_field: a column of chat messages (``[{"role", "content"}, ...]``), rendered once with the model's
         chat template (token ids as transformers' ``apply_chat_template(messages, tokenize=True)``); replaces

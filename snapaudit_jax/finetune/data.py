@@ -31,7 +31,7 @@ of the held-out part and counts them in the report.
 Canaries (:mod:`snapaudit_jax.dpsgd.canaries`) are units of their own, each inserted with probability
 ``insert_probability``.
 
-The records file is read in memory (:func:`~snapaudit_jax.dpicl.data.records.read_records`): no copy of the
+The records file is read in memory (:func:`~snapaudit_jax.utils.records.read_records`): no copy of the
 data is written outside the run folder.
 """
 
@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from snapaudit_jax.dpicl.data.records import read_records
+from snapaudit_jax.utils.records import read_records
 from snapaudit_jax.dpsgd.canaries import CanarySet, make_canaries
 from snapaudit_jax.finetune.config import FinetuneConfig
 from snapaudit_jax.models.inference import CONTEXT, TARGET, frame

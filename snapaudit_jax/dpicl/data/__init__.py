@@ -3,7 +3,8 @@
 * :class:`DatasetSpec` and :data:`DATASETS` -- how each dataset's columns map onto :class:`Example`;
 * :func:`load_examples` -- shipped demo data (offline), local files, or the Hugging Face Hub;
 * :func:`read_records` -- a user's own JSONL/JSON/CSV/Parquet file read into memory as columns, with nothing
-  written anywhere (:mod:`~snapaudit_jax.dpicl.data.records`; every user data file goes through it);
+  written anywhere (:mod:`~snapaudit_jax.utils.records`, shared with ``snapaudit finetune``; every user data file goes
+  through it);
 * :func:`sample_audit_context` -- a canary and neighbouring exemplar contexts (:class:`AuditContext`).
 """
 
@@ -16,7 +17,7 @@ from snapaudit_jax.dpicl.data.datasets import (
     load_examples,
     sample_audit_context,
 )
-from snapaudit_jax.dpicl.data.records import read_records
+from snapaudit_jax.utils.records import read_records
 
 __all__ = [
     "DATASETS",

@@ -10,7 +10,7 @@ Sources (``path`` argument of :func:`load_examples`):
   written for this project and read with the standard library, so tests and the quickstart run offline and
   without ``datasets``;
 * a local ``.jsonl``/``.json``/``.csv``/``.parquet`` file, or a directory holding one ``<split>.<ext>`` file per
-  split -- read into memory by :func:`~snapaudit_jax.dpicl.data.records.read_records`, which writes nothing
+  split -- read into memory by :func:`~snapaudit_jax.utils.records.read_records`, which writes nothing
   anywhere (no copy of the records in a Hugging Face cache);
 * ``"hub"`` -- the Hugging Face Hub copy of the dataset, read with ``datasets.load_dataset`` and cached where
   ``datasets`` caches (public data; network access; never used in the tests).
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from snapaudit_jax.dpicl.data.records import FORMATS, read_records
+from snapaudit_jax.utils.records import FORMATS, read_records
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 
@@ -276,7 +276,7 @@ def load_examples(
         ``.parquet`` file (taken to be the split ``split``); a directory holding exactly one ``<split>.<ext>``
         file for the requested split (e.g. ``train.jsonl``, ``test.csv``); or ``"hub"`` for the Hugging Face Hub
         copy (needs network access). Local files are read into memory by
-        :func:`~snapaudit_jax.dpicl.data.records.read_records` (its rules for each format apply); the hub with
+        :func:`~snapaudit_jax.utils.records.read_records` (its rules for each format apply); the hub with
         ``datasets.load_dataset``.
       split: the split to load.
       limit: return at most this many examples; ``None`` for all. It must not exceed the split's size.

@@ -1,7 +1,7 @@
 """A user's own records, read from a local JSON Lines, JSON, CSV or Parquet file into memory.
 
-:func:`read_records` is the one reader of user data files: the DP-ICL audit's ``data_path`` goes through it
-(:func:`~snapaudit_jax.dpicl.data.load_examples`), and so can any command that reads a user's records. The file
+:func:`read_records` is the one reader of user data files: the DP-ICL audit's ``data_path``
+(:func:`~snapaudit_jax.dpicl.data.load_examples`) and ``snapaudit finetune``'s records file go through it. The file
 is parsed in this process and nothing else is written: no Arrow copy in a Hugging Face cache, no lock file, no
 temporary file (``datasets.load_dataset`` writes all three under the user's global cache, which is how a
 privacy audit used to copy the text it protects outside its run folder).
