@@ -18,7 +18,9 @@ import time
 
 import numpy as np
 
-from snapaudit_jax.dpicl.pipelines.dpicl import EmbeddingPipeline, KeywordPipeline, Pipeline
+from snapaudit_jax.dpicl.pipelines.base import Pipeline
+from snapaudit_jax.dpicl.pipelines.esa import EmbeddingPipeline
+from snapaudit_jax.dpicl.pipelines.ksa import KeywordPipeline
 from snapaudit_jax.models.oracle import LLMOracle
 from snapaudit_jax.simulation.snapshots import Snapshots, dedupe, load_snapshots, save_snapshots
 from snapaudit_jax.utils.errors import InputError
