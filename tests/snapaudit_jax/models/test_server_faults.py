@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from snapaudit_jax.models import LLMOracle
+from snapaudit_jax.models import client as client_module
 from snapaudit_jax.models import server as server_module
 from snapaudit_jax.models.server import (
     OpenAIClient,
@@ -334,7 +335,7 @@ def test_an_oversized_body_is_refused_without_reading_it(lm, monkeypatch):
     with FakeOpenAI(lm, modes=["unsized"]) as srv:  # no Content-Length: counted as it is read
         client = OpenAIClient(_config(srv))
         assert client.request("/models", what="model listing")["data"][0]["id"] == "tiny"  # power: read whole
-        monkeypatch.setattr(server_module, "MAX_BODY_BYTES", 40)
+        monkeypatch.setattr(client_module, "MAX_BODY_BYTES", 40)
         with pytest.raises(ServerError, match=r"answered a body of \d+ bytes \(counted as read, without a "
                                               r"Content-Length\), more than the 40 bytes"):
             client.request("/models", what="model listing")
