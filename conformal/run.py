@@ -68,7 +68,8 @@ def build_suites(config: CPAConfig) -> dict[str, Any]:
       ConfigFileError: naming ``data.<source>.<key>``, for sizes or values a generator or loader refuses, a
         path that does not exist or a dataset file in a wrong format.
     """
-    from conformal.data.synthetic import blog_suite, synthetic_ladder
+    from conformal.data.synthetic import synthetic_ladder
+    from conformal.data.synthetic_blogs import blog_suite
 
     suites = {}
     for source, p in config.data.items():

@@ -25,20 +25,16 @@ from conformal.data.loaders import (
 )
 from conformal.data.suite import LinkageSuite
 from conformal.data.synthetic import (
-    BlogAuthor,
     DocumentDraft,
     Person,
-    blog_demo_profile,
-    blog_ladder,
-    blog_suite,
     draft_document,
-    make_blog_authors,
     make_people,
     profile_text,
     render_document,
     synthetic_ladder,
     synthetic_suite,
 )
+from conformal.data.synthetic_blogs import BlogAuthor, blog_demo_profile, blog_ladder, blog_suite, make_blog_authors
 
 __all__ = [
     "BlogAuthor",

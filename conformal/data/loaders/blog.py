@@ -20,7 +20,7 @@ import numpy as np
 
 from conformal.data.loaders._common import PathLike, check_optional_count, check_seed, read_text, require_path
 from conformal.data.suite import LinkageSuite
-from conformal.data.synthetic import blog_suite_from_posts, parse_blog_level
+from conformal.data.synthetic_blogs import blog_suite_from_posts, parse_blog_level
 from snapaudit_jax.utils.errors import InputError, MissingFileError
 
 
