@@ -186,7 +186,8 @@ def ours_step(run, t, params, opt_state, hyper):
     return out
 
 
-def _dp_config(args, q: float, clip: float, path: str, micro: int | None, steps: int) -> DPSGDConfig:
+def dp_config(args, q: float, clip: float, path: str, micro: int | None, steps: int) -> DPSGDConfig:
+    """The timed DP step's configuration: ``clip``, ``sigma = NOISE_MULTIPLIER``, AdamW, ``path`` at ``micro``."""
     return DPSGDConfig(steps=steps, learning_rate=LEARNING_RATE, clip_norm=clip, noise_multiplier=NOISE_MULTIPLIER,
                        delta=1e-5, sampling_rate=q, optimizer="adamw", b1=B1, microbatch_size=micro, clipping=path)
 
@@ -208,9 +209,10 @@ def benchmark(args) -> dict:
     loop = Loop(model, tokens, mask, clip=np.inf)
     initial = jax.tree.map(jnp.array, loop.params)
     num_params = int(flat64(initial).size)
-    unclipped = np.concatenate([np.ravel(x.astype(np.float64)) for x in loop.clipped_sum(initial, batches[0])[0]])
-    # Clip norm: the median per-record gradient norm at initialisation.
-    _, norms = loop.clipped_sum(initial, batches[0])
+    # The unclipped sum (the non-private gradient's oracle) and the per-record norms at initialisation; the clip
+    # norm is their median.
+    leaves, norms = loop.clipped_sum(initial, batches[0])
+    unclipped = np.concatenate([np.ravel(x.astype(np.float64)) for x in leaves])
     clip = loop.clip = float(np.median(norms))
     loop_sum = np.concatenate([np.ravel(x.astype(np.float64)) for x in loop.clipped_sum(initial, batches[0])[0]])
 
@@ -224,7 +226,7 @@ def benchmark(args) -> dict:
                 "book_keeping": ("book_keeping", args.vmap_microbatch), "ghost": ("ghost", args.vmap_microbatch)}
     runs = {}
     for name, (path, micro) in variants.items():
-        run = runs[name] = _prepare(model, data, _dp_config(args, q, clip, path, micro, args.repeats + 1), key)
+        run = runs[name] = _prepare(model, data, dp_config(args, q, clip, path, micro, args.repeats + 1), key)
         # Check (and compile): step 0 with the noise off; AdamW's first moment is (1 - b1) S / (q N).
         params0, opt0 = jax.tree.map(jnp.array, run.params), jax.tree.map(jnp.array, run.opt_state)
         start = time.perf_counter()
@@ -280,7 +282,7 @@ def benchmark(args) -> dict:
     for m in args.memory_microbatches:
         memory["compiled_mb"]["nonprivate"].append(round(nonprivate.compiled_bytes(m) / 2**20, 2))
         for path in PATHS:
-            run = _prepare(model, data, _dp_config(args, q, clip, path, m, 1), key)
+            run = _prepare(model, data, dp_config(args, q, clip, path, m, 1), key)
             memory["compiled_mb"][path].append(round(dp_compiled_bytes(run) / 2**20, 2))
     memory["largest_within_budget"] = {
         name: max((m for m, mb in zip(args.memory_microbatches, mbs) if mb <= args.memory_budget_mb), default=None)

@@ -56,8 +56,8 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from _common import CompileCounter, int_at_least  # noqa: E402
-from bench_dpsgd import B1, LEARNING_RATE, NOISE_MULTIPLIER, NonPrivate, flat64, make_data, ours_step  # noqa: E402
-from snapaudit_jax.dpsgd import DPSGDConfig, poisson_batch  # noqa: E402
+from bench_dpsgd import B1, NOISE_MULTIPLIER, NonPrivate, dp_config, flat64, make_data, ours_step  # noqa: E402
+from snapaudit_jax.dpsgd import poisson_batch  # noqa: E402
 from snapaudit_jax.dpsgd.train import _SAMPLE_STREAM, _prepare, resolve_clipping  # noqa: E402
 from snapaudit_jax.models.config import GPT2Config  # noqa: E402
 from snapaudit_jax.models.decoders import GPT2  # noqa: E402
@@ -71,11 +71,6 @@ GPU_DEFAULTS = dict(records=1024, batch=64, seq=128, microbatch=16, repeats=5)
 SMOKE_DEFAULTS = dict(records=64, batch=8, seq=32, microbatch=4, repeats=3)
 HUGE_CLIP = 1e9
 PATHS = ("per_record", "book_keeping", "ghost")  # DPSGDConfig.clipping's paths (auto resolves to one of them)
-
-
-def _dp_config(args, q: float, path: str, clip: float, noise: float, steps: int) -> DPSGDConfig:
-    return DPSGDConfig(steps=steps, learning_rate=LEARNING_RATE, clip_norm=clip, noise_multiplier=noise, delta=1e-5,
-                       sampling_rate=q, optimizer="adamw", b1=B1, microbatch_size=args.microbatch, clipping=path)
 
 
 def benchmark(args, shape: str) -> dict:
@@ -100,7 +95,7 @@ def benchmark(args, shape: str) -> dict:
     # the clip norm and the noise are arguments of the compiled step, not constants).
     checks, compile_seconds, clip = {}, {"nonprivate": round(np_compile, 2)}, None
     for path in args.paths:
-        run = _prepare(model, (tokens_np, mask_np), _dp_config(args, q, path, HUGE_CLIP, 1.0, 1), key)
+        run = _prepare(model, (tokens_np, mask_np), dp_config(args, q, HUGE_CLIP, path, args.microbatch, 1), key)
         start = time.perf_counter()
         _, opt_after, metrics = ours_step(run, 0, jax.tree.map(jnp.array, run.params),
                                           jax.tree.map(jnp.array, run.opt_state),
@@ -117,7 +112,7 @@ def benchmark(args, shape: str) -> dict:
     runs, state = {}, {}
     for path in args.paths:
         runs[path] = _prepare(model, (tokens_np, mask_np),
-                              _dp_config(args, q, path, clip, NOISE_MULTIPLIER, args.repeats + 1), key)
+                              dp_config(args, q, clip, path, args.microbatch, args.repeats + 1), key)
         state[path] = ours_step(runs[path], 0, runs[path].params, runs[path].opt_state, runs[path].hyper)[:2]
     nonprivate.step(batches[0])  # compiles the update
     names = [*args.paths, "nonprivate"]

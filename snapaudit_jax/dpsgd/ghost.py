@@ -202,12 +202,13 @@ def _tap_kind(module) -> str | None:
 
 
 def _tap_modules(model, record: dict) -> None:
-    """Replaces every covered module of ``model`` (a fresh traced copy) by a :class:`_Tap`; for the base
-    projection of a LoRA adapter, records the adapter's ``(scale, spans)`` under the adapter's path."""
+    """Replaces every covered module of ``model`` (a fresh traced copy, its modules in ``record["modules"]``) by a
+    :class:`_Tap`; for the base projection of a LoRA adapter, records the adapter's ``(scale, spans)`` under the
+    adapter's path."""
     from snapaudit_jax.finetune.lora import LoRAProjection
 
-    found = [(tuple(path), m, _tap_kind(m)) for path, m in nnx.iter_modules(model)]
-    for path, module, kind in found:
+    for path, module in record["modules"].items():
+        kind = _tap_kind(module)
         if kind is None or not path:
             continue
         parent = model

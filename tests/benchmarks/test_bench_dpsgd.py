@@ -1,36 +1,28 @@
 """benchmarks/bench_dpsgd.py on a tiny GPT-2: it runs, reports every clipping path against the non-private step
 (time, peak memory, compiled memory, goals), and its correctness check can fail.
 
-The script runs in subprocesses (tests never import benchmarks), sharing a JAX compilation cache in a temporary
-folder and compiling without XLA's expensive CPU passes (the check's tolerance is far above the float32 rounding
-this changes).
+The script runs in subprocesses (tests never import benchmarks) that share a compilation cache
+(:mod:`tests.helpers.bench`).
 """
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.helpers.paths import ROOT
+from tests.helpers.bench import bench_env, run_script
 
-SCRIPT = os.path.join(str(ROOT), "benchmarks", "bench_dpsgd.py")
 TINY = ["--layers", "1", "--dim", "32", "--heads", "2", "--seq", "16", "--vocab", "128", "--batch", "8",
         "--records", "32", "--repeats", "2", "--vmap-microbatch", "8", "--memory-microbatches", "4,8,16"]
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("jax_cache")
-    return dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", JAX_PLATFORMS="cpu",
-                XLA_FLAGS="--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
+    return bench_env(tmp_path_factory.mktemp("jax_cache"))
 
 
 def _run(args, env, timeout=300):
-    return subprocess.run([sys.executable, SCRIPT, *args], env=env, capture_output=True, text=True, timeout=timeout,
-                          cwd=str(ROOT))
+    return run_script("bench_dpsgd.py", args, env, timeout)
 
 
 @pytest.mark.slow

@@ -1,21 +1,16 @@
 """benchmarks/bench_finetune.py on a tiny Llama: it runs, reports every variant, and its correctness checks can fail.
 
-The script runs in subprocesses (tests never import benchmarks). They share a JAX compilation cache in a temporary
-folder, so the steps compiled by one run are not compiled again by the next, and XLA compiles without its expensive
-CPU passes (about half the compile time; the checks' tolerance is far above the float32 rounding this changes).
+The script runs in subprocesses (tests never import benchmarks) that share a compilation cache
+(:mod:`tests.helpers.bench`).
 """
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.helpers.paths import ROOT
+from tests.helpers.bench import bench_env, run_script
 
-SCRIPT = os.path.join(str(ROOT), "benchmarks", "bench_finetune.py")
 TINY = ["--layers", "1", "--dim", "64", "--heads", "4", "--kv-heads", "2", "--intermediate", "96", "--vocab", "256",
         "--seq", "16", "--batch", "4", "--records", "16", "--repeats", "1", "--seed", "0"]
 HAS_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers", "peft", "opacus"))
@@ -24,15 +19,11 @@ TORCH_FLAGS = [] if HAS_TORCH else ["--skip-torch"]
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("jax_cache")
-    return dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", JAX_PLATFORMS="cpu",
-                XLA_FLAGS="--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
+    return bench_env(tmp_path_factory.mktemp("jax_cache"))
 
 
 def _run(args, env, timeout=240):
-    return subprocess.run([sys.executable, SCRIPT, *args], env=env, capture_output=True, text=True, timeout=timeout,
-                          cwd=str(ROOT))
+    return run_script("bench_finetune.py", args, env, timeout)
 
 
 @pytest.mark.slow
