@@ -45,7 +45,8 @@ Goals (printed and saved; a missed goal does not fail the run): ``book_keeping``
 step's time and 1.3x its compiled memory (at ``--vmap-microbatch``), and its largest batch within the budget at
 least 3x the vectorised per-record path's.
 
-Correctness check (before timing, at the initial parameters, step 0's batch): with the noise off, each DP
+Correctness check (before timing, at the initial parameters, step 0's batch; float32 products at full precision:
+:func:`snapaudit_jax.utils.platform.full_float32_precision`): with the noise off, each DP
 variant's clipped sum (read back from AdamW's first moment, ``mu = (1 - b1) S / (q N)``) against an independent
 per-record loop (one jitted ``value_and_grad`` per record, clipped and summed in NumPy, float64 comparison), and
 the non-private gradient against the loop's unclipped sum. Beyond a relative L2 error of ``1e-4`` the script exits
@@ -68,6 +69,7 @@ from flax import nnx
 
 from _common import CompileCounter, int_at_least, machine_info, measured
 from snapaudit_jax.utils.io import write_json
+from snapaudit_jax.utils.platform import full_float32_precision
 from snapaudit_jax.dpsgd import DPSGDConfig, poisson_batch, sequence_losses
 from snapaudit_jax.dpsgd.train import _SAMPLE_STREAM, _dp_step, _prepare
 from snapaudit_jax.models.config import GPT2Config
@@ -211,14 +213,16 @@ def benchmark(args) -> dict:
     num_params = int(flat64(initial).size)
     # The unclipped sum (the non-private gradient's oracle) and the per-record norms at initialisation; the clip
     # norm is their median.
-    leaves, norms = loop.clipped_sum(initial, batches[0])
-    unclipped = np.concatenate([np.ravel(x.astype(np.float64)) for x in leaves])
-    clip = loop.clip = float(np.median(norms))
-    loop_sum = np.concatenate([np.ravel(x.astype(np.float64)) for x in loop.clipped_sum(initial, batches[0])[0]])
+    with full_float32_precision():
+        leaves, norms = loop.clipped_sum(initial, batches[0])
+        unclipped = np.concatenate([np.ravel(x.astype(np.float64)) for x in leaves])
+        clip = loop.clip = float(np.median(norms))
+        loop_sum = np.concatenate([np.ravel(x.astype(np.float64)) for x in loop.clipped_sum(initial, batches[0])[0]])
 
     nonprivate = NonPrivate(model, tokens, mask, normaliser=args.records * q, pad_to=pad_to)
     start = time.perf_counter()
-    batched = flat64(nonprivate.grad(nonprivate.params, *nonprivate.padded(batches[0])))
+    with full_float32_precision():
+        batched = flat64(nonprivate.grad(nonprivate.params, *nonprivate.padded(batches[0])))
     compile_s = {"nonprivate": round(time.perf_counter() - start, 2)}
     rel_err = {"nonprivate": float(np.linalg.norm(batched - unclipped) / np.linalg.norm(unclipped))}
     variants = {"per_record": ("per_record", args.microbatch),
@@ -230,7 +234,8 @@ def benchmark(args) -> dict:
         # Check (and compile): step 0 with the noise off; AdamW's first moment is (1 - b1) S / (q N).
         params0, opt0 = jax.tree.map(jnp.array, run.params), jax.tree.map(jnp.array, run.opt_state)
         start = time.perf_counter()
-        _, opt_after, metrics = ours_step(run, 0, params0, opt0, run.hyper._replace(noise_std=jnp.float32(0.0)))
+        with full_float32_precision():
+            _, opt_after, metrics = ours_step(run, 0, params0, opt0, run.hyper._replace(noise_std=jnp.float32(0.0)))
         compile_s[name] = round(time.perf_counter() - start, 2)
         if int(metrics["batch_size"]) != batches[0].size:
             raise RuntimeError(f"{name}: step 0 batch has {int(metrics['batch_size'])} records, not {batches[0].size}")

@@ -37,7 +37,15 @@ rank ``--rank`` on ``--targets``, the ``nnx.LoRAParam`` state only):
   ``hf_config``) holding *our* weights (``hf_tensors``), LoRA by PEFT ``get_peft_model`` with the same rank, alpha,
   targets and adapter values; Opacus ``PrivacyEngine.make_private`` (``grad_sample_mode="hooks"``,
   ``loss_reduction="mean"``, expected batch ``q N``), same ``C`` and ``sigma``, torch AdamW;
+* ``torch_opacus_ghost_<m>``: the same with ``grad_sample_mode="ghost"`` (Opacus's ghost clipping: per-sample
+  norms from the hooks, then a second backward of the clip-weighted losses; its criterion wrapper around
+  ``CrossEntropyLoss(ignore_index=-100)`` reduces each sequence to its mean loss over real targets, as ours).
+  Opacus refuses a parameter used by two modules under ghost clipping, so full fine-tuning of the tied-embedding
+  shape has none (``torch.opacus_ghost_unsupported`` gives Opacus's reason);
 * ``torch_nonprivate_<m>``: the same torch model, one batched backward, the same AdamW.
+
+The torch side runs on the first CUDA device where torch sees one (weights, adapters, batches and optimizer state
+on it; each step synchronises before its time is taken), else on the CPU; ``torch.device`` says which.
 
 Same function on both sides: the same weights, adapters, loss (each record's mean next-token cross-entropy over
 its real targets) and batches. After a warm-up step each, the ``R`` timed steps go through every implementation in
@@ -52,21 +60,24 @@ the cores XLA's CPU client uses, with ``OMP_WAIT_POLICY=PASSIVE`` unless set (Op
 barriers take the cores from the working thread when other processes run).
 
 Goals (printed and saved; a missed goal does not fail the run): ``ours_dp_lora <= 1.25 x`` the non-private LoRA step
-and faster than ``torch_opacus_lora``; ``ours_dp_full <= 2 x`` the non-private full step. The non-private step is
-given both ways: ``ours_batched`` (the cost of DP against plain fine-tuning) and ``ours_nonprivate``
-(``train(non_private=True)``, which also computes per-record gradients, so its ratio is close to 1 by design).
+and faster than ``torch_opacus_lora`` and ``torch_opacus_ghost_lora``; ``ours_dp_full <= 2 x`` the non-private full
+step. The non-private step is given both ways: ``ours_batched`` (the cost of DP against plain fine-tuning) and
+``ours_nonprivate`` (``train(non_private=True)``, which also computes per-record gradients, so its ratio is close to
+1 by design).
 
 Checks (before timing; on failure the script exits 1 and writes no ``--out`` file):
 
 * ours: step 0 with ``C = inf`` and the noise off; the clipped sum (read back from AdamW's first moment,
-  ``mu = (1 - b1) S / (q N)``) of every ``ours_dp*`` step and of ``ours_nonprivate`` equals the batched gradient sum of the
-  same batch within ``1e-4`` relative L2 (float64);
+  ``mu = (1 - b1) S / (q N)``) of every ``ours_dp*`` step and of ``ours_nonprivate`` equals the batched gradient sum
+  of the same batch within ``1e-4`` relative L2 (float64);
 * torch: on batch 0, the sum of Opacus's per-sample gradients equals ``n`` times the batched gradient that
-  autograd accumulates in the same backward pass, within ``1e-4``; after one DP step every trainable tensor has
-  moved and (LoRA) no base weight has.
+  autograd accumulates in the same backward pass, within ``1e-4``; ghost clipping's per-sample norms and clipped
+  sum (``C``: ours' mean norm) equal those computed from the per-sample gradients, within ``1e-4``; after one DP
+  step every trainable tensor has moved and (LoRA) no base weight has.
 
-LoRA's ``B`` starts at small random values (here and in PEFT), not zero, so that the checks see nonzero gradients
-for both adapter matrices; speed is the same.
+Each check runs with float32 products at full precision
+(:func:`snapaudit_jax.utils.platform.full_float32_precision`: on accelerators, whose default is TF32, the checked
+step compiles apart from the timed one); the timed steps run at the backend's default.
 """
 
 from __future__ import annotations
@@ -101,6 +112,7 @@ from snapaudit_jax.models.config import LlamaConfig
 from snapaudit_jax.models.decoders import Llama
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.io import write_json
+from snapaudit_jax.utils.platform import full_float32_precision
 
 # SmolLM2-135M (HuggingFaceTB/SmolLM2-135M config.json).
 SMOLLM2 = dict(layers=30, dim=576, heads=9, kv_heads=3, intermediate=1536, vocab=49152)
@@ -308,30 +320,52 @@ def _torch_modules(method: str, model, cfg: LlamaConfig, args):
     return wrapped
 
 
+def _labels(tokens, mask):
+    """Next-token targets of each position, ``-100`` (ignored) where the target or its input is padding."""
+    import torch
+
+    valid = mask[:, 1:] & mask[:, :-1]
+    labels = torch.full_like(tokens, -100)  # transformers' causal-LM loss: shifted labels, no copy of the logits
+    labels[:, :-1] = torch.where(valid, tokens[:, 1:], -100)
+    return labels
+
+
 def _torch_losses(module, tokens, mask):
     """``(n,)`` per-record mean next-token cross-entropy over real targets (as :func:`sequence_losses`)."""
     import torch
 
     logits = module(input_ids=tokens, attention_mask=mask.long(), use_cache=False).logits
-    valid = mask[:, 1:] & mask[:, :-1]
-    labels = torch.full_like(tokens, -100)  # transformers' causal-LM loss: shifted labels, no copy of the logits
-    labels[:, :-1] = torch.where(valid, tokens[:, 1:], -100)
+    labels = _labels(tokens, mask)
     nll = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
                                             reduction="none", ignore_index=-100)
-    return nll.reshape(tokens.shape).sum(1) / valid.sum(1).clamp(min=1).float()
+    return nll.reshape(tokens.shape).sum(1) / (labels != -100).sum(1).clamp(min=1).float()
+
+
+def torch_device():
+    """The device of the torch side: the first CUDA device where torch sees one, else the CPU."""
+    import torch
+
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
 class Torch:
-    """The torch DP (Opacus) and non-private steps of one method."""
+    """The torch steps of one method: Opacus per-sample gradients (hooks), Opacus ghost clipping, non-private.
+
+    Everything (weights, adapters, batches, optimizer state) lives on :func:`torch_device`; each step waits for
+    the device before it returns, so that its time is the step's.
+    """
 
     def __init__(self, method: str, model, cfg, args, data, *, q: float, batches, clip: float):
         import torch
         from opacus import PrivacyEngine
 
         self.torch = torch
+        self.device = torch_device()
         tokens_np, mask_np = data
-        self.tokens, self.mask = torch.from_numpy(tokens_np.astype(np.int64)), torch.from_numpy(mask_np)
+        self.tokens = torch.from_numpy(tokens_np.astype(np.int64)).to(self.device)
+        self.mask = torch.from_numpy(mask_np).to(self.device)
         self.batches = batches
+        self.clip = clip
         self.normaliser = q * tokens_np.shape[0]
         defaults = DPSGDConfig(steps=1, learning_rate=LEARNING_RATE, non_private=True, batch_size=1)
 
@@ -340,31 +374,56 @@ class Torch:
             return torch.optim.AdamW(params, lr=LEARNING_RATE, betas=(B1, defaults.b2), eps=defaults.eps,
                                      weight_decay=defaults.weight_decay)
 
-        self.plain = _torch_modules(method, model, cfg, args).train()
+        def fresh():
+            return _torch_modules(method, model, cfg, args).to(self.device).train()
+
+        def private(module, mode: str, **kwargs):
+            loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(tokens_np.shape[0])),
+                                                 batch_size=args.batch)
+            made = PrivacyEngine(accountant="rdp").make_private(
+                module=module, optimizer=adamw(module), data_loader=loader, noise_multiplier=NOISE_MULTIPLIER,
+                max_grad_norm=clip, poisson_sampling=True, grad_sample_mode=mode, loss_reduction="mean", **kwargs)
+            # Opacus derives the expected batch from the loader (N / ceil(N / B)); ours divides by q N exactly.
+            made[1].expected_batch_size = self.normaliser
+            return made
+
+        self.plain = fresh()
         self.plain_opt = adamw(self.plain)
-        dp_module = _torch_modules(method, model, cfg, args).train()
+        dp_module = fresh()
         self.frozen = {n: p.detach().clone() for n, p in dp_module.named_parameters() if not p.requires_grad}
         self.trainable_before = {n: p.detach().clone() for n, p in dp_module.named_parameters() if p.requires_grad}
-        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(tokens_np.shape[0])),
-                                             batch_size=args.batch)
-        engine = PrivacyEngine(accountant="rdp")
-        self.dp, self.dp_opt, _ = engine.make_private(
-            module=dp_module, optimizer=adamw(dp_module), data_loader=loader, noise_multiplier=NOISE_MULTIPLIER,
-            max_grad_norm=clip, poisson_sampling=True, grad_sample_mode="hooks", loss_reduction="mean",
-        )
-        # Opacus derives the expected batch from the loader (N / ceil(N / B)); ours divides by q N exactly.
-        self.dp_opt.expected_batch_size = self.normaliser
+        self.dp, self.dp_opt, _ = private(dp_module, "hooks")
+        # Ghost clipping (Li et al.): per-sample norms from the hooks' activations and backprops, then a second
+        # backward pass of the clip-weighted per-sample losses. Opacus's criterion wrapper reduces each
+        # sequence's token losses to their mean over non-ignored targets: the per-record loss of ours.
+        self.ghost, self.ghost_opt, self.ghost_criterion, _ = private(
+            fresh(), "ghost", criterion=torch.nn.CrossEntropyLoss(ignore_index=-100))
+        self.ghost_unsupported = None  # why Opacus's ghost clipping cannot run this model, once check() tried it
         self.trainable_tensors = len(self.trainable_before)
         self.trainable_parameters = sum(p.numel() for p in self.trainable_before.values())
 
     def _rows(self, t: int):
-        idx = self.torch.from_numpy(self.batches[t].astype(np.int64))
+        idx = self.torch.from_numpy(self.batches[t].astype(np.int64)).to(self.device)
         if idx.numel() == 0:
             raise RuntimeError(f"step {t}: empty Poisson batch (torch cannot step on it); use another --seed")
         return self.tokens[idx], self.mask[idx]
 
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
+
+    def _ghost_loss(self, tokens, mask):
+        logits = self.ghost(input_ids=tokens, attention_mask=mask.long(), use_cache=False).logits
+        return self.ghost_criterion(logits.float().reshape(-1, logits.shape[-1]), _labels(tokens, mask).reshape(-1),
+                                    shape=logits.shape)
+
     def check(self, perturb: bool = False) -> dict:
-        """Opacus's per-sample gradients against autograd's batched gradient (same backward pass), on batch 0."""
+        """Opacus's per-sample gradients (hooks) against autograd's batched gradient of the same backward pass,
+        and ghost clipping's per-sample norms and clipped sum against those per-sample gradients, on batch 0.
+
+        Ghost clipping is dropped (``ghost_unsupported`` says why) where Opacus refuses the model: it does not
+        support a parameter used by two modules (the tied embedding and LM head of full fine-tuning).
+        """
         torch = self.torch
         tokens, mask = self._rows(0)
         n = tokens.shape[0]
@@ -372,33 +431,62 @@ class Torch:
         losses = _torch_losses(self.dp, tokens, mask)
         losses.mean().backward()
         err = ref = 0.0
-        sq_norms = torch.zeros(n, dtype=torch.float64)
-        for p in self.dp.parameters():
+        sq_norms = torch.zeros(n, dtype=torch.float64, device=self.device)
+        samples = {}
+        for name, p in self.dp.named_parameters():
             if not p.requires_grad:
                 continue
-            gs = p.grad_sample.double()
+            gs = samples[name.removeprefix("_module.")] = p.grad_sample.double()
             total = gs.sum(0) * (1.0 + 1e-3 if perturb else 1.0)
             err += float(((total - n * p.grad.double()) ** 2).sum())
             ref += float(((n * p.grad.double()) ** 2).sum())
             sq_norms += (gs.reshape(n, -1) ** 2).sum(1)
         self.dp_opt.zero_grad(set_to_none=True)
-        return {"rel_error": math.sqrt(err / ref), "losses": losses.detach().double().numpy(),
-                "norm_mean": float(sq_norms.sqrt().mean())}
+        norms = sq_norms.sqrt()
+        out = {"rel_error": math.sqrt(err / ref), "losses": losses.detach().double().cpu().numpy(),
+               "norm_mean": float(norms.mean())}
+        self.ghost_opt.zero_grad(set_to_none=True)
+        try:
+            self._ghost_loss(tokens, mask).backward()
+        except NotImplementedError as exc:  # Opacus: "Parameter tying is not supported with Ghost Clipping"
+            self.ghost_unsupported = f"Opacus: {exc}"
+            self.ghost = self.ghost_opt = self.ghost_criterion = None
+            return out
+        factors = torch.clamp(self.clip / (norms + 1e-6), max=1.0)  # Opacus's clipping factor
+        err = ref = 0.0
+        for name, p in self.ghost.named_parameters():
+            if p.requires_grad:
+                want = torch.einsum("i,i...->...", factors, samples[name.removeprefix("_module.")])
+                got = p.grad.double() * (1.0 + 1e-3 if perturb else 1.0)
+                err += float(((got - want) ** 2).sum())
+                ref += float((want ** 2).sum())
+        ghost_norms = self.ghost.per_sample_gradient_norms.double()
+        out["ghost_rel_error"] = math.sqrt(err / ref)
+        out["ghost_norms_rel_error"] = float(torch.linalg.norm(ghost_norms - norms) / torch.linalg.norm(norms))
+        self.ghost_opt.zero_grad(set_to_none=True)
+        return out
+
+    def kinds(self) -> tuple[str, ...]:
+        return ("dp", "nonprivate") if self.ghost is None else ("dp", "ghost", "nonprivate")
 
     def start(self) -> dict:
-        """One warm-up step of each; checks that the DP step moved every trainable tensor and no frozen one."""
+        """One warm-up step of each; checks that each DP step moved every trainable tensor and no frozen one."""
         seconds = {}
-        for name in ("dp", "nonprivate"):
+        for name in self.kinds():
             start = time.perf_counter()
             self.step(name, 0)
             seconds[name + "_warmup"] = round(time.perf_counter() - start, 2)
-        params = dict(self.dp._module.named_parameters()) if hasattr(self.dp, "_module") else dict(
-            self.dp.named_parameters())
-        moved = sum(not torch_equal(params[n], v) for n, v in self.trainable_before.items())
-        frozen_moved = sum(not torch_equal(params[n], v) for n, v in self.frozen.items())
-        seconds["dp_trainable_tensors_moved"] = f"{moved}/{len(self.trainable_before)}"
-        seconds["dp_frozen_tensors_moved"] = frozen_moved
-        self.moved_ok = moved == len(self.trainable_before) and frozen_moved == 0
+        self.moved_ok = True
+        for kind, module in (("dp", self.dp), ("ghost", self.ghost)):
+            if module is None:
+                continue
+            params = dict(module._module.named_parameters()) if hasattr(module, "_module") else dict(
+                module.named_parameters())
+            moved = sum(not torch_equal(params[n], v) for n, v in self.trainable_before.items())
+            frozen_moved = sum(not torch_equal(params[n], v) for n, v in self.frozen.items())
+            seconds[f"{kind}_trainable_tensors_moved"] = f"{moved}/{len(self.trainable_before)}"
+            seconds[f"{kind}_frozen_tensors_moved"] = frozen_moved
+            self.moved_ok &= moved == len(self.trainable_before) and frozen_moved == 0
         return seconds
 
     def step(self, name: str, t: int) -> None:
@@ -407,10 +495,15 @@ class Torch:
             self.dp_opt.zero_grad(set_to_none=True)
             _torch_losses(self.dp, tokens, mask).mean().backward()  # Opacus: loss_reduction="mean"
             self.dp_opt.step()
+        elif name == "ghost":
+            self.ghost_opt.zero_grad(set_to_none=True)
+            self._ghost_loss(tokens, mask).backward()  # both backward passes
+            self.ghost_opt.step()
         else:
             self.plain_opt.zero_grad(set_to_none=True)
             (_torch_losses(self.plain, tokens, mask).sum() / self.normaliser).backward()
             self.plain_opt.step()
+        self._sync()
 
 
 def torch_equal(a, b) -> bool:
@@ -462,7 +555,8 @@ def benchmark(args) -> dict:
         num_params[method] = int(sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param))))
         trainable[method] = int(sum(x.size for x in jax.tree.leaves(nnx.state(model, flt))))
         side = ours[method] = Ours(model, flt, data, q=q, microbatch=args.microbatch, key=key, batches=batches)
-        errors, compile_s, norm_mean = side.check(perturb=args.perturb_check == "ours")
+        with full_float32_precision():
+            errors, compile_s, norm_mean = side.check(perturb=args.perturb_check == "ours")
         out["checks"].update({f"ours_{name}_{method}": err for name, err in errors.items()})
         if _failed(out):
             return out
@@ -475,8 +569,14 @@ def benchmark(args) -> dict:
                                    f"{trainable[method]}")
             check = ts.check(perturb=args.perturb_check == "torch")
             out["checks"][f"torch_opacus_{method}"] = check["rel_error"]
-            ours_losses = np.asarray(sequence_losses(model, jnp.asarray(tokens_np[batches[0]]),
-                                                     jnp.asarray(mask_np[batches[0]])), np.float64)
+            if ts.ghost_unsupported:
+                out.setdefault("torch_opacus_ghost_unsupported", {})[method] = ts.ghost_unsupported
+            else:
+                out["checks"][f"torch_opacus_ghost_{method}"] = check["ghost_rel_error"]
+                out["checks"][f"torch_opacus_ghost_norms_{method}"] = check["ghost_norms_rel_error"]
+            with full_float32_precision():
+                ours_losses = np.asarray(sequence_losses(model, jnp.asarray(tokens_np[batches[0]]),
+                                                         jnp.asarray(mask_np[batches[0]])), np.float64)
             out["parity"][method] = {
                 "loss_max_abs_diff": float(np.max(np.abs(ours_losses - check["losses"]))),
                 "mean_record_grad_norm": {"ours": norm_mean, "torch": check["norm_mean"]},
@@ -490,10 +590,12 @@ def benchmark(args) -> dict:
     for method in args.methods:
         names += [("ours", method, kind) for kind in ours[method].runs] + [("ours", method, "batched")]
         if not args.skip_torch:
-            names += [("torch", method, "dp"), ("torch", method, "nonprivate")]
+            names += [("torch", method, kind) for kind in torch_side[method].kinds()]
 
     def label(side, method, kind):
-        return f"{side}_{'opacus' if (side, kind) == ('torch', 'dp') else kind}_{method}"
+        if side == "torch":
+            kind = {"dp": "opacus", "ghost": "opacus_ghost"}.get(kind, kind)
+        return f"{side}_{kind}_{method}"
 
     wall = {label(*n): [] for n in names}
     cpu = dict.fromkeys(wall, 0.0)
@@ -543,6 +645,10 @@ def benchmark(args) -> dict:
             ratios[f"dp_over_opacus_{method}"] = ratio(f"ours_dp_{method}", f"torch_opacus_{method}")
             ratios[f"opacus_over_torch_nonprivate_{method}"] = ratio(f"torch_opacus_{method}",
                                                                      f"torch_nonprivate_{method}")
+            if f"torch_opacus_ghost_{method}" in variants:
+                ratios[f"dp_over_opacus_ghost_{method}"] = ratio(f"ours_dp_{method}", f"torch_opacus_ghost_{method}")
+                ratios[f"opacus_ghost_over_torch_nonprivate_{method}"] = ratio(f"torch_opacus_ghost_{method}",
+                                                                               f"torch_nonprivate_{method}")
             ratios[f"batched_over_torch_nonprivate_{method}"] = ratio(f"ours_batched_{method}",
                                                                       f"torch_nonprivate_{method}")
         limit = GOALS[f"{method}_dp_over_nonprivate"]
@@ -554,6 +660,8 @@ def benchmark(args) -> dict:
         if method == "lora":
             r = ratios.get("dp_over_opacus_lora")
             goals["lora_dp_faster_than_opacus_peft"] = {"ratio": r, "met": None if r is None else r < 1.0}
+            r = ratios.get("dp_over_opacus_ghost_lora")
+            goals["lora_dp_faster_than_opacus_ghost_peft"] = {"ratio": r, "met": None if r is None else r < 1.0}
 
     shape = {
         "name": "SmolLM2-135M" if args.full_shape else "SmolLM2-135M shape, shrunk",
@@ -589,9 +697,15 @@ def benchmark(args) -> dict:
 
         out["torch"] = {
             "skipped": False, "torch": torch.__version__, "transformers": transformers.__version__,
-            "peft": peft.__version__, "opacus": opacus.__version__, "device": "cpu",
+            "peft": peft.__version__, "opacus": opacus.__version__,
+            "device": str(torch_side[args.methods[0]].device),
+            "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
             "opacus_setup": ("PrivacyEngine.make_private(grad_sample_mode='hooks', poisson_sampling=True, "
                              "loss_reduction='mean'), our batches fed directly, expected_batch_size = q N"),
+            "opacus_ghost_setup": ("the same with grad_sample_mode='ghost' and the returned criterion wrapping "
+                                   "CrossEntropyLoss(ignore_index=-100), called with shape=(B, T, V): each "
+                                   "sequence's mean loss over its real targets, two backward passes per step"),
+            "opacus_ghost_unsupported": out.pop("torch_opacus_ghost_unsupported", {}),
             "opacus_notes": (
                 "LoRA: the base model is frozen (PEFT), so Opacus hooks only the LoRA nn.Linear modules; full: "
                 "Opacus has no grad sampler for LlamaRMSNorm and computes its per-sample gradients with its "
@@ -671,7 +785,9 @@ def main(argv=None) -> int:
                         help="records per clipped-gradient call of ours (default: the library's, 1 on CPU)")
     parser.add_argument("--skip-torch", action="store_true", help="no PyTorch / Opacus baseline")
     parser.add_argument("--seed", type=int_at_least(0), default=0)
-    parser.add_argument("--perturb-check", choices=("ours", "torch"), default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--perturb-check", choices=("ours", "torch"), default=None,
+                        help="scale that side's checked sums by 1 + 1e-3 (torch: both Opacus modes; tests that the "
+                        "checks can fail)")
     args = parser.parse_args(argv)
     if args.layers is None:
         args.layers = CPU_LAYERS if jax.default_backend() == "cpu" else SMOLLM2["layers"]

@@ -37,9 +37,12 @@ def test_tiny_run_reports_every_variant_ratio_goal_and_check(tmp_path, env):
     assert r["methods"] == ["full", "lora"] and r["seq"] == 16 and r["expected_batch"] == 4
     sides = ["ours_dp", "ours_nonprivate", "ours_batched"] + (["torch_opacus", "torch_nonprivate"] if HAS_TORCH else [])
     # on the CPU (JAX_PLATFORMS=cpu) the default path is per-record: book-keeping and ghost beside it for both
-    # methods (the fast paths cover full fine-tuning's embeddings, tied head and RMSNorms too)
+    # methods (the fast paths cover full fine-tuning's embeddings, tied head and RMSNorms too); Opacus's ghost
+    # clipping runs LoRA only (it refuses the tied embedding of full fine-tuning)
     paths = [f"ours_dp_{p}_{m}" for p in ("book_keeping", "ghost") for m in ("full", "lora")]
-    assert sorted(r["variants"]) == sorted([f"{s}_{m}" for s in sides for m in ("full", "lora")] + paths)
+    opacus_ghost = ["torch_opacus_ghost_lora"] if HAS_TORCH else []
+    assert sorted(r["variants"]) == sorted([f"{s}_{m}" for s in sides for m in ("full", "lora")] + paths
+                                           + opacus_ghost)
     assert r["clipping"] == {"ours_dp_full": "per_record", "ours_dp_lora": "per_record",
                              **{p: p.split("_", 2)[2].rsplit("_", 1)[0] for p in paths}}
     assert set(r["microbatch_sizes"].values()) == {1}
@@ -61,7 +64,16 @@ def test_tiny_run_reports_every_variant_ratio_goal_and_check(tmp_path, env):
     for g in (goals["lora_dp_within_1.25x_nonprivate"], goals["full_dp_within_2x_nonprivate"]):
         assert isinstance(g["met_vs_batched"], bool) and g["ratio_vs_batched"] > 0
     if HAS_TORCH:
+        import torch
+
         assert not r["torch"]["skipped"] and r["torch"]["opacus"] == "1.6.0"
+        assert r["torch"]["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+        assert r["torch"]["opacus_ghost_unsupported"] == {
+            "full": "Opacus: Parameter tying is not supported with Ghost Clipping"}
+        # Opacus's ghost clipping: its norms and clipped sum equal those of its per-sample gradients
+        assert checks["torch_opacus_ghost_lora"] <= 1e-4 and checks["torch_opacus_ghost_norms_lora"] <= 1e-4
+        assert r["ratios"]["dp_over_opacus_ghost_lora"] > 0
+        assert isinstance(goals["lora_dp_faster_than_opacus_ghost_peft"]["met"], bool)
         for m in ("full", "lora"):
             assert checks[f"torch_opacus_{m}"] <= 1e-4 and checks[f"torch_opacus_{m}_updates"] is True
             # the torch model holds our weights: the same per-record losses and gradient norms
@@ -84,7 +96,10 @@ def test_a_perturbed_sum_fails_the_check_exit_1_and_no_file(tmp_path, env, side)
     proc = _run([*TINY, *flags, "--method", "lora", "--perturb-check", side, "--out", str(out)], env)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "correctness check failed" in proc.stderr
-    assert ("ours_dp_lora" if side == "ours" else "torch_opacus_lora") in proc.stderr
+    if side == "ours":
+        assert "ours_dp_lora" in proc.stderr
+    else:  # both Opacus checks have the power to fail
+        assert "torch_opacus_lora, torch_opacus_ghost_lora" in proc.stderr
     assert not out.exists()
 
 

@@ -264,10 +264,15 @@ def test_simulate_plans_its_memory_and_int32_indices_before_compiling(monkeypatc
     snaps = np.array([[1.0, 0.0, 0.0]])
     with pytest.raises(InputError, match=r"int32 range \(2\^31\)"):
         simulate(jax.random.key(0), mech, attack, snaps, trials=T.MAX_TRIALS, parallel_blocks=2**14)
-    # 4001 thresholds: a block's comparisons alone are 2^14 x 4001 int32 = 250 MiB.
+    # 4001 thresholds: one block's comparisons alone are 2^14 x 4001 int32 = 250 MiB. One block a step
+    # (parallel_blocks=1, the CPU's default; an accelerator's default vectorises many blocks a step and plans
+    # that many times more), so that the planned size is the same on every backend.
     monkeypatch.setattr(memory, "available_bytes", lambda: 200 * 2**20)
+    assert T.BLOCK_TRIALS == 2**14
     with pytest.raises(InputError, match=r"simulate: the simulation of pv .* threshold comparisons 250.1 MiB for "
                                          "4001 threshold"):
-        simulate(jax.random.key(0), mech, attack, snaps, trials=10, threshold=np.linspace(-1, 1, 4001))
-    counts = simulate(jax.random.key(0), mech, attack, snaps, trials=10, threshold=np.linspace(-1, 1, 3))
+        simulate(jax.random.key(0), mech, attack, snaps, trials=10, threshold=np.linspace(-1, 1, 4001),
+                 parallel_blocks=1)
+    counts = simulate(jax.random.key(0), mech, attack, snaps, trials=10, threshold=np.linspace(-1, 1, 3),
+                      parallel_blocks=1)
     assert counts.total_trials == 10  # a small grid fits the same machine
