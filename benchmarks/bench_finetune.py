@@ -760,7 +760,8 @@ def readable(r: dict) -> str:
     return f"{head}\n{table}\n{tail}"
 
 
-def main(argv=None) -> int:
+def parse(argv=None) -> argparse.Namespace:
+    """The checked arguments (exits with status 2 naming a bad flag)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a readable table")
     parser.add_argument("--out", help="also write the JSON object to this file (atomically)")
@@ -816,6 +817,19 @@ def main(argv=None) -> int:
         if missing:
             parser.error(f"the torch baseline needs {missing}; or pass --skip-torch")
 
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    rc, result = run(args)
+    if rc == 0 and args.out:
+        write_json(args.out, result)
+    return rc
+
+
+def run(args) -> tuple[int, dict]:
+    """Runs the benchmark of parsed ``args`` and prints it: ``(exit status, result)``; 1 when a check failed."""
     start = time.perf_counter()
     result = machine_info()
     result.update(benchmark(args))
@@ -824,13 +838,11 @@ def main(argv=None) -> int:
         print(json.dumps(result["checks"]) if args.json else f"checks: {result['checks']}", flush=True)
         print(f"error: correctness check failed: {', '.join(result['checks_failed'])} (relative L2 tolerance "
               f"{SUM_TOL:g}; *_updates: a DP step must move every adapter and no base weight)", file=sys.stderr)
-        return 1
+        return 1, result
     print(json.dumps(result) if args.json else readable(result), flush=True)
     if result["jax_compiles_timed"]:
         print(f"warning: {result['jax_compiles_timed']} XLA compilation(s) during the timed steps", file=sys.stderr)
-    if args.out:
-        write_json(args.out, result)
-    return 0
+    return 0, result
 
 
 if __name__ == "__main__":

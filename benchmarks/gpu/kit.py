@@ -2,7 +2,7 @@
 
 Usage (``benchmarks/gpu/run.sh`` calls it after installing)::
 
-    python benchmarks/gpu/kit.py --out DIR [--budget SECONDS] [--parts simulation,dpsgd,llm,tests]
+    python benchmarks/gpu/kit.py --out DIR [--budget SECONDS] [--parts simulation,dpsgd,finetune,llm,tests]
     python benchmarks/gpu/kit.py --cpu-smoke --out DIR
 
 Parts (each writes ``DIR/<part>.json``; see ``benchmarks/gpu/README.md``):
@@ -10,6 +10,8 @@ Parts (each writes ``DIR/<part>.json``; see ``benchmarks/gpu/README.md``):
 * ``simulation`` -- ``simulation.py``: 10^9 trials per hypothesis for PV (k = 2, 16), PoE, ESA, KSA
   against the device's random-bit throughput;
 * ``dpsgd`` -- ``dpsgd.py``: a DP-SGD step of GPT-2-small against the non-private step;
+* ``finetune`` -- ``finetune.py``: DP fine-tuning (full and LoRA) of the SmolLM2 shape, ours against the
+  non-private step and Opacus (hooks and ghost clipping) + PEFT on the same device;
 * ``llm`` -- ``llm.py``: bfloat16 prefill and decode of three Llama shapes against transformers;
 * ``tests`` -- the accelerator-relevant tests on the default backend: the simulator's counts across
   chunk sizes, device counts and vectorised blocks, its kernels' exactness (variates, mechanisms),
@@ -32,10 +34,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-PARTS = ("simulation", "dpsgd", "llm", "tests")
+PARTS = ("simulation", "dpsgd", "finetune", "llm", "tests")
 # Seconds each part is planned for on one H200 (llm: mostly XLA compilation of the unrolled models; dpsgd: three
-# clipping paths of GPT-2-small, about 56 s of compilation each).
-PLANNED = {"simulation": 90, "dpsgd": 240, "llm": 210, "tests": 120}
+# clipping paths of GPT-2-small, about 56 s of compilation each; finetune: an estimate, not yet measured there --
+# about a dozen compiles of a 4-layer SmolLM2 shape and the torch side).
+PLANNED = {"simulation": 90, "dpsgd": 240, "finetune": 180, "llm": 210, "tests": 120}
 MARGIN = 15
 TEST_FILES = (
     "tests/snapaudit_jax/simulation/test_trials.py",

@@ -3,6 +3,7 @@
 #
 #   bash benchmarks/gpu/run.sh              # on the bare, offline accelerator machine: under 8 minutes on one H200
 #   bash benchmarks/gpu/run.sh --cpu-smoke  # the same parts, tiny, on this machine's CPU (about 2 minutes)
+#   bash benchmarks/gpu/run.sh --parts dpsgd,finetune --budget 500   # some parts (kit.py's flags)
 #
 # It installs the project (--no-deps) and the wheels in .whl/ (benchmarks/gpu/wheels.sh fetches them) into a
 # folder of its own, then runs benchmarks/gpu/kit.py, which writes its JSON to $OUT (the device tool's output
@@ -12,11 +13,17 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 python=${PYTHON:-python3}
 smoke=()
-case "${1:-}" in
-  "") ;;
-  --cpu-smoke) smoke=(--cpu-smoke) ;;
-  *) echo "run.sh: unknown argument '$1' (the only option is --cpu-smoke)" >&2; exit 2 ;;
-esac
+kit_args=()  # --parts P,Q and --budget S go to kit.py
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --cpu-smoke) smoke=(--cpu-smoke) ;;
+    --parts|--budget)
+      [ $# -ge 2 ] || { echo "run.sh: $1 needs a value" >&2; exit 2; }
+      kit_args+=("$1" "$2"); shift ;;
+    *) echo "run.sh: unknown argument '$1' (options: --cpu-smoke, --parts P,Q, --budget SECONDS)" >&2; exit 2 ;;
+  esac
+  shift
+done
 out=${OUT:-${KIT_OUT:-/tmp/snapaudit-gpu-kit}}
 site=${KIT_SITE:-/tmp/snapaudit-kit-site}
 start=$(date +%s)
@@ -39,4 +46,4 @@ if "$python" -m pip install -q --no-index --no-deps --no-build-isolation --no-ca
 else
   echo "run.sh: could not build the project offline ($(tail -n 1 /tmp/snapaudit-kit-install.log)); the kit imports it from the repository" >&2
 fi
-"$python" benchmarks/gpu/kit.py --out "$out" "${smoke[@]}"
+"$python" benchmarks/gpu/kit.py --out "$out" "${smoke[@]}" "${kit_args[@]}"

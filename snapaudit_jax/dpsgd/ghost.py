@@ -15,10 +15,10 @@ a unit's positions (its tokens, a user's rows laid end to end):
 * **LoRA adapters** (:class:`~snapaudit_jax.finetune.lora.LoRAProjection`, ``y = x W + b + s (x A) B`` on a
   slice of the columns): ``dB = s (x A)^T h`` and ``dA = s x^T (h B^T)`` with ``h`` the slice's cotangent, each
   a dense layer of its own input and cotangent.
-* **Embeddings** (``nnx.Embed`` looked up by the decoders' ``_embed``: GPT-2's ``wte`` and ``wpe``, Llama's
-  ``embed``): row ``v`` of unit ``i``'s gradient is ``sum_s [x_s = v] e_s`` (``e`` the lookup's cotangents),
-  so ``||dE||^2 = sum_{s,t} [x_s = x_t] (e_s . e_t)`` by token co-occurrence, with no vocabulary-sized
-  per-unit tensor.
+* **Embeddings** (``nnx.Embed`` looked up by the decoders' ``_embed`` -- GPT-2's ``wte`` and ``wpe``, Llama's
+  ``embed`` -- or called directly, as other NNX models do): row ``v`` of unit ``i``'s gradient is
+  ``sum_s [x_s = v] e_s`` (``e`` the lookup's cotangents), so ``||dE||^2 = sum_{s,t} [x_s = x_t] (e_s . e_t)``
+  by token co-occurrence, with no vocabulary-sized per-unit tensor.
 * **The tied head** (``nnx.Embed.attend``, ``logits = h E^T``): ``dE`` gains ``dl^T h`` (``dl`` the logits'
   cotangents), a dense term of its own, and the cross term with the lookup,
   ``2 sum_{s,t} dl_t[x_s] (e_s . h_t)``.
@@ -146,9 +146,10 @@ class _Tap:
     output, so the summed loss's gradient with respect to the probe is the call's output cotangent.
 
     ``kind`` names the call: ``"dense"`` (``nnx.Linear``: ``y = x W + b``), ``"layer_norm"`` and ``"rms_norm"``
-    (``y = n(x) * scale (+ bias)``), ``"lookup"`` (an embedding's rows, through the decoders' ``_embed``) and
-    ``"attend"`` (a tied head, ``logits = h E^T``). Any other attribute is the module's own; reading one of its
-    parameters' values directly marks that parameter as not covered (:class:`_Guard`).
+    (``y = n(x) * scale (+ bias)``), ``"lookup"`` (an embedding's rows: through the decoders' ``_embed``, or
+    ``nnx.Embed`` called directly) and ``"attend"`` (a tied head, ``logits = h E^T``). Any other attribute is
+    the module's own; reading one of its parameters' values directly marks that parameter as not covered
+    (:class:`_Guard`).
     """
 
     def __init__(self, module, path: tuple, record: dict, kind: str):
@@ -167,12 +168,23 @@ class _Tap:
             return y
         return y + probes[len(record["calls"]) - 1].astype(y.dtype)
 
-    def __call__(self, x):
+    def __call__(self, x, *args, **kwargs):
         module, _, _, kind = self._tap
-        return self._probe(kind, x, module(x))
+        if kind != "embed":
+            return self._probe(kind, x, module(x))
+        if args or any(v is not None for v in kwargs.values()):
+            # a sharded call (out_sharding): the module's own, whose table then has no terms (named as not covered)
+            return module(x, *args, **kwargs)
+        # nnx.Embed.__call__: the table cast to the module's dtype, its rows by jnp.take (one row: every id is 0)
+        if not jnp.issubdtype(x.dtype, jnp.integer):
+            raise ValueError("Input type must be an integer or unsigned integer.")
+        (table,) = module.promote_dtype((module.embedding[...],), dtype=module.dtype, inexact=False)
+        ids = jnp.zeros_like(x) if module.num_embeddings == 1 else x
+        return self._probe("lookup", ids, jnp.take(table, ids, axis=0))
 
     def lookup(self, ids):
-        """The embedding's rows of ``ids``, as ``jnp.take`` gives them (the decoders' ``_embed``)."""
+        """The embedding's rows of ``ids`` in the table's dtype, as ``jnp.take`` gives them (the decoders'
+        ``_embed``)."""
         module = self._tap[0]
         return self._probe("lookup", ids, jnp.take(module.embedding[...], ids, axis=0))
 

@@ -28,7 +28,8 @@ def _run(args, env, timeout=300):
 @pytest.mark.slow
 def test_tiny_run_reports_every_path_against_the_nonprivate_step(tmp_path, env):
     out = tmp_path / "dpsgd.json"
-    proc = _run([*TINY, "--memory-budget-mb", "2", "--json", "--out", str(out)], env)
+    proc = _run([*TINY, "--memory-budget-mb", "2", "--sweep-batches", "32,4", "--sweep-repeats", "1", "--json",
+                 "--out", str(out)], env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
     assert json.loads(proc.stdout) == r
@@ -51,6 +52,17 @@ def test_tiny_run_reports_every_path_against_the_nonprivate_step(tmp_path, env):
         assert mem["largest_within_budget"][name] == (max(within) if within else None)
     assert set(r["goals"]) == {"book_keeping_time", "book_keeping_memory", "book_keeping_largest_batch"}
     assert r["goals"]["book_keeping_time"]["limit"] == 1.25 and r["goals"]["book_keeping_memory"]["limit"] == 1.3
+    largest = mem["largest_within_budget"]
+    assert r["goals"]["book_keeping_largest_batch"]["nonprivate_ratio"] == (
+        None if not largest["per_record"] or largest["nonprivate"] is None
+        else round(largest["nonprivate"] / largest["per_record"], 2))
+    # the batch sweep: every variant at each expected batch, sorted, q = b / N, nothing compiled while timed
+    assert list(r["sweep"]) == ["4", "32"]
+    for b, point in r["sweep"].items():
+        assert point["sampling_rate"] == int(b) / 32 and len(point["batch_sizes"]) == 1
+        assert list(point["median_step_seconds"]) == [*names, "nonprivate"]
+        assert list(point["ratios_over_nonprivate"]) == names and point["jax_compiles_timed"] == 0
+    assert r["sweep"]["32"]["batch_sizes"] == [32]  # q = 1 takes every record
 
 
 @pytest.mark.slow
@@ -62,7 +74,16 @@ def test_a_perturbed_sum_fails_the_check_exit_1_and_no_file(tmp_path, env):
     assert not out.exists()
 
 
-def test_bad_flags_exit_2_naming_them(tmp_path):
-    proc = _run(["--memory-microbatches", "8,x", "--out", str(tmp_path / "o.json")], dict(os.environ), timeout=60)
-    assert proc.returncode == 2 and "--memory-microbatches must be integers >= 1" in proc.stderr
+@pytest.mark.parametrize("flags, message", [
+    (["--memory-microbatches", "8,x"], "--memory-microbatches must be integers >= 1"),
+    pytest.param(["--sweep-batches", "8,x"], "--sweep-batches must be integers >= 1, comma-separated, got '8,x'",
+                 marks=pytest.mark.slow),
+    pytest.param(["--sweep-batches", "8,256", "--records", "128"],
+                 "--sweep-batches must be integers from 1 to --records (128), got 8,256", marks=pytest.mark.slow),
+    pytest.param(["--sweep-batches", "0,8"], "--sweep-batches must be integers from 1 to --records (128), got 0,8",
+                 marks=pytest.mark.slow),
+])
+def test_bad_flags_exit_2_naming_them(tmp_path, flags, message):
+    proc = _run([*flags, "--out", str(tmp_path / "o.json")], dict(os.environ), timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-500:]
     assert not (tmp_path / "o.json").exists()

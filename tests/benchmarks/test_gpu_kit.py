@@ -29,8 +29,8 @@ def test_cpu_smoke_runs_every_part_and_writes_their_json(tmp_path):
     out = tmp_path / "out"
     kit = json.loads((out / "kit.json").read_text())
     assert kit["mode"] == "cpu-smoke"
-    assert {p: r["status"] for p, r in kit["parts"].items()} == dict.fromkeys(["simulation", "dpsgd", "llm", "tests"],
-                                                                              "ok")
+    assert {p: r["status"] for p, r in kit["parts"].items()} == dict.fromkeys(
+        ["simulation", "dpsgd", "finetune", "llm", "tests"], "ok")
     tests = kit["parts"]["tests"]["summary"]
     assert tests["tests"] >= 3 and tests["failures"] == tests["errors"] == 0
     sim = json.loads((out / "simulation.json").read_text())
@@ -55,6 +55,14 @@ def test_cpu_smoke_runs_every_part_and_writes_their_json(tmp_path):
     assert set(dpsgd["paths"]) == {"per_record", "book_keeping", "ghost"}
     assert all(r["check_rel_error"] < tolerance and r["records_per_s"] > 0 for r in dpsgd["paths"].values())
     assert dpsgd["dp_path"] == dpsgd["auto"]["path"] == ("per_record" if dpsgd["backend"] == "cpu" else "book_keeping")
+    tune = json.loads((out / "finetune.json").read_text())
+    assert tune["part"] == "finetune" and tune["status"] == "ok" and tune["methods"] == ["lora"]
+    assert tune["jax_compiles_timed"] == 0
+    assert all(v <= tolerance for k, v in tune["checks"].items() if not isinstance(v, bool) and k != "tolerance")
+    ours = {"ours_dp_lora", "ours_dp_book_keeping_lora", "ours_dp_ghost_lora", "ours_batched_lora"}
+    assert ours <= set(tune["variants"])
+    if not tune["torch"]["skipped"]:  # Opacus (hooks and ghost clipping) + PEFT on the device torch sees
+        assert {"torch_opacus_lora", "torch_opacus_ghost_lora", "torch_nonprivate_lora"} <= set(tune["variants"])
     llm = json.loads((out / "llm.json").read_text())
     assert [row["arch"] for row in llm["architectures"]] == ["smollm2-135m", "llama-3.2-1b", "llama-3-8b"]
     assert all(row["status"] == "ok" for row in llm["architectures"])
@@ -67,7 +75,13 @@ def test_bad_arguments_exit_2_naming_them(tmp_path):
     kit = os.path.join(str(ROOT), "benchmarks", "gpu", "kit.py")
     proc = subprocess.run([sys.executable, kit, "--out", str(tmp_path / "o"), "--parts", "simulation,train"],
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "--parts must name some of simulation, dpsgd, llm, tests" in proc.stderr
+    assert proc.returncode == 2 and "--parts must name some of simulation, dpsgd, finetune, llm, tests" in proc.stderr
+    proc = subprocess.run(["bash", RUN, "--parts"], env=_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "run.sh: --parts needs a value" in proc.stderr
+    tune = os.path.join(str(ROOT), "benchmarks", "gpu", "finetune.py")
+    proc = subprocess.run([sys.executable, tune, "--out", str(tmp_path / "f.json")], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 2 and "no accelerator" in proc.stderr and not (tmp_path / "f.json").exists()
     sim = os.path.join(str(ROOT), "benchmarks", "gpu", "simulation.py")
     proc = subprocess.run([sys.executable, sim, "--out", str(tmp_path / "s.json")], capture_output=True, text=True,
                           timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))

@@ -268,3 +268,26 @@ def test_a_unit_with_a_non_finite_gradient_adds_exactly_nothing():
         for name, value in flat_want.items():
             assert np.isfinite(flat_got[name]).all(), (fast.__name__, name)
             np.testing.assert_allclose(flat_got[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_an_embedding_called_directly_is_a_lookup(monkeypatch):
+    """A model calling ``nnx.Embed`` itself (not through the decoders' ``_embed``): its tables are covered as
+    lookups and their norms equal the per-unit gradients'; tables read outside their taps are named."""
+    from snapaudit_jax.dpsgd.ghost import not_covered
+    from snapaudit_jax.models import decoders
+
+    model = CONFIGS["gpt2"]()
+    tokens, mask = _data((4, 7), seed=3)
+    tokens[:, 4] = tokens[:, 2]  # repeated tokens: the co-occurrence pairs count
+    monkeypatch.setattr(decoders, "_embed", lambda embed, ids: embed(ids))
+    assert not_covered(*nnx.split(model, nnx.Param, ...), jnp.asarray(tokens), jnp.asarray(mask)) == ()
+    oracle = _oracle(model, tokens, mask, every=True)
+    got = dense_sq_norms(model, tokens, mask, method="ghost")
+    for name in ("wte.embedding", "wpe.embedding"):
+        np.testing.assert_allclose(np.asarray(got.per_param[name]), oracle[name], rtol=1e-5, err_msg=name)
+    np.testing.assert_allclose(np.asarray(got.total), sum(oracle.values()), rtol=1e-5)
+    # power: tables read outside their taps (their raw values, as a low-precision path would) are named
+    # (other shapes: not_covered is cached on the shapes, and the patched forward must be traced anew)
+    monkeypatch.setattr(decoders, "_embed", lambda embed, ids: jnp.take(embed.embedding[...], ids, axis=0))
+    assert not_covered(*nnx.split(model, nnx.Param, ...), jnp.asarray(tokens[:, :6]), jnp.asarray(mask[:, :6])) == (
+        "wpe.embedding", "wte.embedding")
