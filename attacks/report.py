@@ -169,4 +169,4 @@ def plot_leakage(path: str, results: Mapping[str, dict], log: Callable[[str], No
     ax.legend(fontsize=8)
     ax.set_title("PII leakage by training variant")
     fig.tight_layout()
-    save_figure(fig, path, fmt="png", dpi=120)
+    save_figure(fig, path, fmt="png", svg_copy=True, dpi=120)  # the SVG: report.html's copy

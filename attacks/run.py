@@ -8,7 +8,7 @@ A small GPT-2 (our Flax NNX model) is trained on a synthetic corpus of e-mail an
 extraction game (PII it also generates is not counted as leaked) and supplies the tokenizer: the BPE is
 trained on public text only, so its vocabulary holds no private PII.
 
-Each variant gets, measured as seed 003 measures it (where the CPU-sized setting differs, the README says so):
+Each variant gets, measured as seed 003 measures it (where the CPU-sized setting differs, docs/pii.md says so):
 
 * held-out perplexity -- for the scrubbed variants on scrubbed held-out text, as the reference scrubs the
   training *and* the test split (a scrubbed model never saw a raw name, so raw text measures the tagger);

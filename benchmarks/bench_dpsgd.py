@@ -54,7 +54,7 @@ batch over the per-record path's, which no clipping path can beat: where a large
 every step's memory it is below 3).
 
 Correctness check (before timing, at the initial parameters, step 0's batch; float32 products at full precision:
-:func:`snapaudit_jax.utils.platform.full_float32_precision`): with the noise off, each DP
+:func:`snapaudit_jax.models.precision.full_float32_precision`): with the noise off, each DP
 variant's clipped sum (read back from AdamW's first moment, ``mu = (1 - b1) S / (q N)``) against an independent
 per-record loop (one jitted ``value_and_grad`` per record, clipped and summed in NumPy, float64 comparison), and
 the non-private gradient against the loop's unclipped sum. Beyond a relative L2 error of ``1e-4`` the script exits
@@ -77,7 +77,7 @@ from flax import nnx
 
 from _common import CompileCounter, int_at_least, machine_info, measured
 from snapaudit_jax.utils.io import write_json
-from snapaudit_jax.utils.platform import full_float32_precision
+from snapaudit_jax.models.precision import full_float32_precision
 from snapaudit_jax.dpsgd import DPSGDConfig, poisson_batch, sequence_losses
 from snapaudit_jax.dpsgd.train import _SAMPLE_STREAM, _dp_step, _prepare
 from snapaudit_jax.models.config import GPT2Config

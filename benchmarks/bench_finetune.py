@@ -76,7 +76,7 @@ Checks (before timing; on failure the script exits 1 and writes no ``--out`` fil
   step every trainable tensor has moved and (LoRA) no base weight has.
 
 Each check runs with float32 products at full precision
-(:func:`snapaudit_jax.utils.platform.full_float32_precision`: on accelerators, whose default is TF32, the checked
+(:func:`snapaudit_jax.models.precision.full_float32_precision`: on accelerators, whose default is TF32, the checked
 step compiles apart from the timed one); the timed steps run at the backend's default.
 """
 
@@ -112,7 +112,7 @@ from snapaudit_jax.models.config import LlamaConfig
 from snapaudit_jax.models.decoders import Llama
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.io import write_json
-from snapaudit_jax.utils.platform import full_float32_precision
+from snapaudit_jax.models.precision import full_float32_precision
 
 # SmolLM2-135M (HuggingFaceTB/SmolLM2-135M config.json).
 SMOLLM2 = dict(layers=30, dim=576, heads=9, kv_heads=3, intermediate=1536, vocab=49152)

@@ -77,7 +77,7 @@ def format_report(rows: list[dict], config: CPAConfig) -> str:
 
 
 def _save(fig, path) -> None:
-    save_figure(fig, path, fmt="png", bbox_inches="tight")
+    save_figure(fig, path, fmt="png", svg_copy=True, bbox_inches="tight")  # the SVG: report.html's copy
 
 
 def plot_alpha_dial(path: str | os.PathLike, rows: Sequence[Mapping], *, title: str | None = None) -> None:

@@ -1,4 +1,4 @@
-"""The README's DP fine-tuning table: ``examples/finetune_small.toml`` at epsilon 1, 3 and 8, beside its baseline.
+"""The DP fine-tuning table of docs/finetune.md: ``examples/finetune_small.toml`` at epsilon 1, 3 and 8, beside its baseline.
 
 Usage::
 
@@ -49,7 +49,7 @@ def _fmt(x, spec: str) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    """The README table."""
+    """The table of docs/finetune.md."""
     lines = ["| model | (epsilon, delta) | held-out perplexity | canary exposure, median / max (bits) | greedy "
              "extraction | one-run epsilon lower bound (95%) |", "|---|---|---:|---:|---:|---:|"]
     for r in rows:

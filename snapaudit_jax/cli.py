@@ -12,6 +12,7 @@ internal bug, printed with its traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -80,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     s.add_argument("--plot", default=None, metavar="FILE.png",
                    help="plot eps_emp against eps_theory (format from the suffix: .png, .pdf, .svg, ...)")
-    s.add_argument("--out", default=None, metavar="FILE.json", help="write the full results (all fields)")
+    s.add_argument("--out", default=None, metavar="FILE.json",
+                   help="write the full results (all fields), and their HTML report as FILE.html beside it")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--strict-neighbours", action="store_true",
                    help="refuse clean outputs farther apart than the sensitivity (default: audit them with a warning)")
@@ -95,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--quiet", action="store_true", help="no progress on stderr")
         if command.plan:
             p.add_argument("--plan", action="store_true", help="print the run's plan and write nothing")
+
+    r = sub.add_parser("report", help="(re)write a finished run's report.html from its files",
+                       description="Renders the self-contained HTML report of a finished run folder (audit, cpa, "
+                                   "pii, finetune) from the files the run wrote, and prints its path.")
+    r.add_argument("run_dir", metavar="RUN_DIR", help="the run folder")
+    r.add_argument("--out", default=None, metavar="FILE.html", help="write here instead (default RUN_DIR/report.html)")
 
     g = sub.add_parser("generate", help="generate text with a Flax language model")
     g.add_argument("--model", default="smollm2",
@@ -132,7 +140,7 @@ def _config_commands() -> dict:
 
 def _run_config(args) -> int:
     """``snapaudit NAME CONFIG.toml``: load, run into ``--out``, print the report (and the command's summary)."""
-    from snapaudit_jax.utils.commands import resolve, run_command
+    from snapaudit_jax.utils.commands import default_out, resolve, run_command
     from snapaudit_jax.utils.quiet import quiet_libraries
 
     command = _config_commands()[args.command]
@@ -142,6 +150,10 @@ def _run_config(args) -> int:
         return EXIT_OK
     with quiet_libraries(args.quiet):  # --quiet: nothing from the libraries either
         result, report = run_command(command, args.config, args.out, progress=not args.quiet)
+        from snapaudit_jax.report.html import write_report
+
+        # report.html, from the files the run wrote (`snapaudit report OUT` writes it again)
+        write_report(args.out or default_out(args.config))
     print(report)
     line = resolve(command.summary)(result) if command.summary else None
     if line:
@@ -203,6 +215,7 @@ def _simulate(args) -> int:
     # Every output is checked before the audits run: a bad path costs nothing and writes nothing.
     if args.out is not None:
         check_output_file("--out", args.out, ("json",))
+        check_output_file("--out", os.path.splitext(args.out)[0] + ".html", ("html",))  # its report, beside it
     if args.plot is not None:
         check_output_file("--plot", args.plot, PLOT_FORMATS)
         from snapaudit_jax.report import pyplot
@@ -211,14 +224,21 @@ def _simulate(args) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # surfaced in the table / JSON instead
         results = run_simulate(config, progress=not args.quiet and not args.json)
+    from snapaudit_jax.report import format_table
+
     if args.json:
         print(dumps([r.summary() for r in results]))
     else:
-        from snapaudit_jax.report import format_table
-
         print(format_table(results))
     if args.out is not None:
         write_json(args.out, [r.to_dict() for r in results])
+        from snapaudit_jax.report.html import write_report
+
+        folder, name = os.path.split(os.path.abspath(args.out))
+        write_report(folder, os.path.splitext(os.path.abspath(args.out))[0] + ".html", results_file=name,
+                     title=f"snapaudit simulate: {config.mechanism} ({config.threat}-box, {config.method})",
+                     figures=_simulate_figures(config, results),
+                     markdown=f"```\n{format_table(results)}\n```")
     if args.plot is not None:
         from snapaudit_jax.report.plots import plot_epsilon
 
@@ -254,7 +274,38 @@ def _embed(args) -> int:
     return EXIT_OK
 
 
-_COMMANDS = {"simulate": _simulate, "generate": _generate, "embed": _embed}
+def _simulate_figures(config, results) -> list[tuple[bytes, str]]:
+    """The report's figure of a simulate run: the bounds against the claims (and the certified trade-off curves of
+    white-box results), as SVG; none without matplotlib (the page then has the tables only)."""
+    import tempfile
+
+    try:
+        from snapaudit_jax.report.plots import plot_epsilon, pyplot
+
+        pyplot()
+    except SnapAuditError:
+        return []
+    label = f"{config.mechanism} {config.threat}-box, {config.method}"
+    with tempfile.TemporaryDirectory(prefix="snapaudit-report-") as scratch:
+        path = os.path.join(scratch, "epsilon.svg")
+        plot_epsilon(path, {label: results}, title=f"{config.mechanism}: calibration={config.calibration}",
+                     curves=results)
+        with open(path, "rb") as fh:
+            return [(fh.read(), "epsilon lower bounds against the claims (and certified trade-off curves)")]
+
+
+def _report(args) -> int:
+    from snapaudit_jax.report.html import REPORT_FILE, write_report
+    from snapaudit_jax.utils.io import check_output_file
+
+    out = args.out or os.path.join(args.run_dir, REPORT_FILE)
+    if args.out is not None:
+        check_output_file("--out", args.out, ("html",))
+    print(write_report(args.run_dir, out))
+    return EXIT_OK
+
+
+_COMMANDS = {"simulate": _simulate, "generate": _generate, "embed": _embed, "report": _report}
 
 
 def main(argv=None) -> int:

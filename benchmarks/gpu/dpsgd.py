@@ -33,7 +33,7 @@ for ``dp``) is the share of the non-private throughput each path keeps.
 Check (before timing): with ``C`` far above every per-record norm and the noise off, each path's
 clipped sum (read back from AdamW's first moment) equals the non-private gradient of the same batch
 up to ``--tolerance`` relative L2 (default ``1e-4`` on every backend: the check runs with float32 products at
-full precision, :func:`snapaudit_jax.utils.platform.full_float32_precision`, where accelerators default to
+full precision, :func:`snapaudit_jax.models.precision.full_float32_precision`, where accelerators default to
 TF32; the timed steps run at the backend's default); otherwise the script exits 1 and writes no file.
 """
 
@@ -63,7 +63,7 @@ from snapaudit_jax.dpsgd.train import _SAMPLE_STREAM, _prepare, resolve_clipping
 from snapaudit_jax.models.config import GPT2Config  # noqa: E402
 from snapaudit_jax.models.decoders import GPT2  # noqa: E402
 from snapaudit_jax.utils.io import write_json  # noqa: E402
-from snapaudit_jax.utils.platform import full_float32_precision  # noqa: E402
+from snapaudit_jax.models.precision import full_float32_precision  # noqa: E402
 
 SHAPES = {
     "gpt2-small": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257),

@@ -9,7 +9,8 @@ __all__ = ["determinism_line", "format_report", "mia_summary", "plot_pipeline"]
 
 
 def plot_pipeline(path: str, name: str, rows: list[dict]) -> None:
-    """``PIPELINE.png``: eps_emp against eps_theory, one line per mode and threat.
+    """``PIPELINE.png`` (and its SVG copy, for ``report.html``): eps_emp against eps_theory, one line per mode and
+    threat.
 
     Args:
       path: the PNG file (written atomically).
@@ -24,7 +25,7 @@ def plot_pipeline(path: str, name: str, rows: list[dict]) -> None:
     series = {}
     for r in rows:
         series.setdefault(f"{r['mode']} {r['threat']}-box", []).append((r["epsilon_theory"], r["epsilon_emp"]))
-    plot_epsilon(path, series, title=f"{name}: 95% lower bounds on epsilon")
+    plot_epsilon(path, series, title=f"{name}: 95% lower bounds on epsilon", svg_copy=True)
 
 
 def _pool_lines(info: dict) -> list[str]:

@@ -38,13 +38,16 @@ def pyplot():
     return plt
 
 
-def save_figure(fig, path: str | os.PathLike, *, fmt: str | None = None, **savefig) -> None:
+def save_figure(fig, path: str | os.PathLike, *, fmt: str | None = None, svg_copy: bool = False,
+                **savefig) -> None:
     """Writes ``fig`` to ``path`` atomically and closes it.
 
     Args:
       fig: a matplotlib figure.
       path: the output file; its suffix names the format unless ``fmt`` is given.
       fmt: a format of :data:`~snapaudit_jax.utils.io.PLOT_FORMATS`, default the suffix's.
+      svg_copy: also write the figure as SVG beside ``path`` (its suffix replaced by ``.svg``; atomically, after
+        ``path``): the vector copy that a run folder's ``report.html`` shows inline.
       **savefig: further arguments of ``Figure.savefig`` (``dpi``, ``bbox_inches``).
 
     Raises:
@@ -52,12 +55,16 @@ def save_figure(fig, path: str | os.PathLike, *, fmt: str | None = None, **savef
     """
     if fmt is None:
         fmt = check_output_file("path", path, PLOT_FORMATS)
-    buf = io.BytesIO()
+    buf, vector = io.BytesIO(), io.BytesIO()
     try:
         fig.savefig(buf, format=fmt, **savefig)
+        if svg_copy and fmt != "svg":
+            fig.savefig(vector, format="svg", **{k: v for k, v in savefig.items() if k != "dpi"})
     finally:
         pyplot().close(fig)
     atomic_write(path, lambda fh: fh.write(buf.getvalue()))
+    if vector.getbuffer().nbytes:
+        atomic_write(os.path.splitext(os.fspath(path))[0] + ".svg", lambda fh: fh.write(vector.getvalue()))
 
 
 def _tradeoff_panel(ax, results: Sequence[AuditResult]) -> None:
@@ -105,6 +112,7 @@ def plot_epsilon(
     *,
     title: str | None = None,
     curves: Sequence[AuditResult] = (),
+    svg_copy: bool = False,
 ) -> None:
     """Draws ``eps_emp`` against ``eps_theory`` for each named series, with ``y = x``.
 
@@ -117,6 +125,7 @@ def plot_epsilon(
       series: label -> a list of :class:`AuditResult` or of ``(eps_theory, eps_emp)`` pairs (each non-empty).
       title: the plot's title (optional).
       curves: results whose certified trade-off curves are drawn in the second panel.
+      svg_copy: also write an SVG copy beside ``path`` (:func:`save_figure`).
 
     Raises:
       InputError: ``path`` is a folder, has an unknown suffix or cannot be written.
@@ -145,4 +154,4 @@ def plot_epsilon(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    save_figure(fig, path, fmt=fmt)
+    save_figure(fig, path, fmt=fmt, svg_copy=svg_copy)

@@ -23,7 +23,7 @@ from typing import Any
 
 from snapaudit_jax.utils.io import check_output_dir
 
-__all__ = ["ENTRY_POINT_GROUP", "ConfigCommand", "discover", "resolve", "run_command"]
+__all__ = ["ENTRY_POINT_GROUP", "ConfigCommand", "default_out", "discover", "resolve", "run_command"]
 
 ENTRY_POINT_GROUP = "snapaudit.commands"
 
@@ -104,6 +104,18 @@ def discover() -> dict[str, ConfigCommand]:
     return dict(sorted(found.items()))
 
 
+def default_out(config_path: str) -> str:
+    """The output folder of a config-file command run without ``--out``.
+
+    Args:
+      config_path: the TOML configuration.
+
+    Returns:
+      ``runs/<config file name without suffix>``.
+    """
+    return os.path.join("runs", os.path.splitext(os.path.basename(config_path))[0])
+
+
 def run_command(command: ConfigCommand, config_path: str, out: str | None = None, *,
                 progress: bool = True) -> tuple[Mapping[str, Any], str]:
     """Loads ``config_path``, runs it into ``out`` and returns the result and the report's text.
@@ -122,7 +134,7 @@ def run_command(command: ConfigCommand, config_path: str, out: str | None = None
         another configuration, held by another live run; the command's ``run`` refuses it) -- before any work.
     """
     config = resolve(command.load)(config_path)
-    out = out or os.path.join("runs", os.path.splitext(os.path.basename(config_path))[0])
+    out = out or default_out(config_path)
     check_output_dir("--out", out)  # before any work: nothing is created if it could not be written
     result = resolve(command.run)(config, out, progress=progress)
     with open(os.path.join(out, command.report)) as fh:

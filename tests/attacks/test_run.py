@@ -17,7 +17,9 @@ import pytest
 from attacks.config import RESULT_KEYS, load_pii_config
 from attacks.run import run_pii
 from snapaudit_jax.utils.config import ConfigFileError
+from snapaudit_jax.report.html import write_report
 from tests.helpers.pii import tiny_pii_toml, write_toml
+from tests.helpers.report import check_report
 
 TINY = tiny_pii_toml("{variants}")
 
@@ -34,6 +36,9 @@ def tiny_run(tmp_path_factory):
 def test_results_json_has_every_variant_and_key(tiny_run):
     cfg, out, result = tiny_run
     assert {"results.json", "results_full.json", "table.md", "leakage.png", "config.json"} <= set(os.listdir(out))
+    # the page of the run (what `snapaudit pii` writes): results cell for cell, the leakage figure's SVG copy
+    check_report(write_report(out, os.path.join(os.path.dirname(out), "pii_report.html")),
+                 os.path.join(out, "results.json"), figures=1)
     results = json.load(open(os.path.join(out, "results.json")))
     assert list(results) == ["undefended", "dp", "scrubbed", "dp_scrubbed"]
     for name, row in results.items():

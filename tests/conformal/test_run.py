@@ -18,9 +18,10 @@ import pytest
 from conformal.config import load_cpa_config
 from conformal.data import synthetic_ladder
 from conformal.run import build_suites, run_cpa
+from snapaudit_jax.report.html import write_report
 from snapaudit_jax.utils.config import ConfigFileError
-
 from tests.helpers.cpa import BLOG, LLM_CONFIG, SMALL, TAB, TEXTWASH, WIKIBIO, write_config
+from tests.helpers.report import check_report
 
 
 REQUIRED_KEYS = {"suite", "knowledge_level", "alpha", "n_cal", "n_test", "coverage", "coverage_conditional",
@@ -51,6 +52,11 @@ def test_run_folder_files_and_summary_keys(small_run):
     assert {"summary.json", "report.md", "config.json", "validity_checks.json", "documents"} <= names
     assert any(n.startswith("alpha_dial") and n.endswith(".png") for n in names)
     assert any(n.startswith("set_sizes") and n.endswith(".png") for n in names)
+    # the page of the run (what `snapaudit cpa` writes), beside the folder: every figure's SVG copy inline
+    svgs = [n for n in names if n.endswith(".svg")]
+    assert len(svgs) == sum(n.endswith(".png") for n in names) > 0
+    check_report(write_report(out, os.path.join(os.path.dirname(out), "cpa_report.html")),
+                 os.path.join(out, "summary.json"), figures=len(svgs))
     rows = json.load(open(os.path.join(out, "summary.json")))
     assert rows and all(REQUIRED_KEYS <= set(r) for r in rows)
     std = rows_of(rows, "standard")

@@ -11,7 +11,9 @@ import pytest
 pytest.importorskip("flax")
 pytest.importorskip("torch")
 
-from tests.helpers.paths import EXAMPLES
+from snapaudit_jax.report.html import write_report  # noqa: E402
+from tests.helpers.paths import EXAMPLES  # noqa: E402
+from tests.helpers.report import check_report  # noqa: E402
 from tests.helpers.tiny_llm import make_tiny_llm_folder  # noqa: E402
 
 from snapaudit_jax.cli import main  # noqa: E402
@@ -142,6 +144,11 @@ def test_run_audit_writes_results_and_resumes(tmp_path, tiny_folder):
         assert os.path.exists(os.path.join(out, name)), name
     table = open(os.path.join(out, "table.md")).read()
     assert "## pv" in table and "determinism check" in table
+    # the page of the run: results cell for cell, one figure per pipeline (its SVG copy), loaded in Chromium
+    # where it is installed
+    assert os.path.exists(os.path.join(out, "pv.svg")) and os.path.exists(os.path.join(out, "poe.svg"))
+    check_report(write_report(out), os.path.join(out, "results.json"), figures=2)
+    os.remove(os.path.join(out, "report.html"))  # the resume below compares the folder as run_audit left it
     again = run_audit(cfg, out, progress=False)
     assert again["summary"]["pipelines"]["pv"]["manifest"]["resumed"] is True
     assert again["summary"]["llm_calls"]["computed"] == 0  # every answer came from the cache
@@ -180,6 +187,7 @@ def test_cli_audit_prints_the_table(tmp_path, tiny_folder, capsys):
     path = _config(tmp_path, tiny_folder)
     assert main(["audit", path, "--out", str(tmp_path / "cli"), "--quiet"]) == 0
     assert "| eps_theory |" in capsys.readouterr().out
+    assert (tmp_path / "cli" / "report.html").read_text().startswith("<!DOCTYPE html>")  # the command writes it
 
 
 @pytest.mark.slow

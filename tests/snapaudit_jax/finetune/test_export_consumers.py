@@ -1,4 +1,4 @@
-"""The consumers the README names for a ``snapaudit finetune`` export, each run on a real export.
+"""The consumers docs/finetune.md names for a ``snapaudit finetune`` export, each run on a real export.
 
 One module-scoped fine-tune (``snapaudit finetune`` on a tiny transformers-built Llama folder: LoRA rank 2,
 2 DP-SGD steps, a given sigma so no calibration runs, no baseline, no canaries; about 20 s on 2 cores) writes

@@ -22,6 +22,7 @@ from snapaudit_jax.finetune.config import load_finetune_config
 from snapaudit_jax.finetune.run import _TRAIN_STREAM, plan_dict, prepare
 from snapaudit_jax.utils.config import ConfigFileError
 from tests.helpers.paths import ROOT
+from tests.helpers.report import check_report
 from tests.helpers.tiny_llm import make_tiny_llm_folder
 
 WORDS = "alpha beta gamma delta kappa omega sigma tau rho zeta".split()
@@ -476,6 +477,9 @@ def test_run_report_card_resume_and_export(tiny, tmp_path, capsys):
     assert card["models"]["baseline"]["release"] == "NOT private"
     md = (out / "report.md").read_text()
     assert md.startswith("# DP fine-tuning report")
+    # the command's page: the card cell for cell, its releases' statuses among the notes
+    checked = check_report(str(out / "report.html"), str(out / "report.json"))
+    assert "NOT covered" in (out / "report.html").read_text() and checked["parsed"].tables
     assert f"| {dp['clipping'].replace('_', '-')}, {dp['microbatch_size']} units a microbatch (auto: " in md
     # the one-run column states its confidence, and the card the most these canaries could show
     one = card["models"]["private"]["canaries"]["one_run"]

@@ -1,11 +1,11 @@
-"""snapaudit_jax.utils.platform: the full-float32 context of correctness checks, by backend."""
+"""snapaudit_jax.models.precision: the full-float32 context of correctness checks, by backend."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from snapaudit_jax.utils.platform import full_float32_precision
+from snapaudit_jax.models.precision import full_float32_precision
 
 
 @pytest.mark.parametrize("backend", ["gpu", "tpu"])
