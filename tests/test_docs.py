@@ -25,6 +25,13 @@ def test_the_readme_is_short_and_links_every_guide_page():
     assert len(GUIDE) >= 11
 
 
+def test_the_guide_shows_a_screenshot_of_every_kind_of_report():
+    cli = (DOCS / "cli.md").read_text()
+    for kind in ("audit", "cpa", "pii", "finetune", "simulate"):
+        image = DOCS / "img" / f"report_{kind}.png"
+        assert f"(img/report_{kind}.png)" in cli and image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", kind
+
+
 @pytest.mark.parametrize("page", [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *GUIDE, DOCS / "architecture.md"],
                          ids=lambda p: p.name)
 def test_every_relative_link_resolves(page):

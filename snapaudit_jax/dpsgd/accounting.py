@@ -208,16 +208,17 @@ def calibrate_noise_multiplier(
     target = validate.positive_float("target_epsilon", target_epsilon)
     _, q, steps, delta, accountant, disc = _check(1.0, sampling_rate, steps, delta, accountant, pld_discretization)
     tol = validate.positive_float("tol", tol)
+    return _calibrated_sigma(target, q, steps, delta, accountant, tol, disc)
 
+
+@functools.lru_cache(maxsize=256)
+def _calibrated_sigma(target: float, q: float, steps: int, delta: float, accountant: str, tol: float,
+                      disc: float) -> float:
+    # A pure function of validated numbers, memoised like _epsilon: a PLD calibration runs a Brent search of
+    # dozens of accountant evaluations (seconds to tens of seconds), and a plan, its run, a resumed run and the
+    # candidates of a sweep ask for the same one again.
     def eps(sigma: float) -> float:
-        return compute_epsilon(
-            noise_multiplier=sigma,
-            sampling_rate=q,
-            steps=steps,
-            delta=delta,
-            accountant=accountant,
-            pld_discretization=disc,
-        )
+        return _epsilon(sigma, q, steps, delta, accountant, disc)
 
     lo, hi = 1.0, 1.0
     if eps(hi) > target:

@@ -125,3 +125,15 @@ def test_plan_epsilons_gives_both_accountants():
     assert isinstance(out, AccountantEpsilons)
     assert out.rdp == oracle(1.0, 0.01, 100, "rdp") and out.pld == oracle(1.0, 0.01, 100, "pld")
     assert out.epsilon == min(out.rdp, out.pld) == out.pld
+
+
+def test_a_repeated_calibration_runs_no_search_and_returns_the_same_sigma(monkeypatch):
+    """A plan, its run and a resumed run calibrate the same numbers: the second call is answered from memory
+    (no Brent search, no accountant), identically; other numbers search again."""
+    args = dict(target_epsilon=2.0, delta=1e-5, sampling_rate=0.01, steps=50, accountant="rdp")
+    first = calibrate(**args)
+    monkeypatch.setattr(dp_accounting, "calibrate_dp_mechanism", lambda *a, **k: pytest.fail("searched again"))
+    monkeypatch.setattr(accounting, "_make_accountant", lambda *a: pytest.fail("accountant evaluated again"))
+    assert calibrate(**args) == first
+    with pytest.raises(pytest.fail.Exception, match="searched again|accountant evaluated again"):
+        calibrate(**{**args, "steps": 51})
