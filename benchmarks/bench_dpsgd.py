@@ -357,10 +357,28 @@ def sweep_point(args, model, data, key, clip: float, variants: dict, batch: int)
     for name, (path, micro) in variants.items():
         run = runs[name] = _prepare(model, data, dp_config(args, q, clip, path, micro, args.sweep_repeats + 1), key)
         state[name] = ours_step(run, 0, run.params, run.opt_state, run.hyper)[:2]
+    wall, compiled = rotate(runs, state, nonprivate, batches, args.sweep_repeats)
+    return {
+        "sampling_rate": q, "batch_sizes": [int(b.size) for b in batches[1:]], "padded_nonprivate_batch": pad_to,
+        "median_step_seconds": {name: round(statistics.median(w), 4) for name, w in wall.items()},
+        "ratios_over_nonprivate": {name: round(statistics.median(a / b for a, b in zip(wall[name],
+                                                                                     wall["nonprivate"])), 3)
+                                   for name in runs},
+        "jax_compiles_timed": compiled,
+    }
+
+
+def rotate(runs: dict, state: dict, nonprivate: NonPrivate, batches: list, repeats: int) -> tuple[dict, int]:
+    """Times steps ``1 .. repeats`` of every DP run (continuing from ``state``, updated) and the non-private step,
+    on step ``t``'s batch, the order rotating from step to step (no variant always follows the same one).
+
+    Returns:
+      ``({name: [wall seconds per step]}, XLA compilations during the timed steps)``.
+    """
     names = [*runs, "nonprivate"]
     wall = {name: [] for name in names}
     with CompileCounter() as compiles:
-        for t in range(1, args.sweep_repeats + 1):
+        for t in range(1, repeats + 1):
             shift = (t - 1) % len(names)
             for name in names[shift:] + names[:shift]:
                 start = time.perf_counter()
@@ -370,16 +388,9 @@ def sweep_point(args, model, data, key, clip: float, variants: dict, batch: int)
                     params, opt_state, metrics = ours_step(runs[name], t, *state[name], runs[name].hyper)
                     state[name] = params, opt_state
                     if int(metrics["batch_size"]) != batches[t].size:
-                        raise RuntimeError(f"{name}: sweep batch {batch}, step {t} differs from poisson_batch")
+                        raise RuntimeError(f"{name}: step {t}'s batch differs from poisson_batch")
                 wall[name].append(time.perf_counter() - start)
-    return {
-        "sampling_rate": q, "batch_sizes": [int(b.size) for b in batches[1:]], "padded_nonprivate_batch": pad_to,
-        "median_step_seconds": {name: round(statistics.median(w), 4) for name, w in wall.items()},
-        "ratios_over_nonprivate": {name: round(statistics.median(a / b for a, b in zip(wall[name],
-                                                                                     wall["nonprivate"])), 3)
-                                   for name in runs},
-        "jax_compiles_timed": compiles.count,
-    }
+    return wall, compiles.count
 
 
 def readable(r: dict) -> str:

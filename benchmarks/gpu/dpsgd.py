@@ -56,8 +56,8 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from _common import CompileCounter, int_at_least  # noqa: E402
-from bench_dpsgd import B1, NOISE_MULTIPLIER, NonPrivate, dp_config, flat64, make_data, ours_step  # noqa: E402
+from _common import int_at_least  # noqa: E402
+from bench_dpsgd import B1, NOISE_MULTIPLIER, NonPrivate, dp_config, flat64, make_data, ours_step, rotate  # noqa: E402
 from snapaudit_jax.dpsgd import poisson_batch  # noqa: E402
 from snapaudit_jax.dpsgd.train import _SAMPLE_STREAM, _prepare, resolve_clipping  # noqa: E402
 from snapaudit_jax.models.config import GPT2Config  # noqa: E402
@@ -119,21 +119,7 @@ def benchmark(args, shape: str) -> dict:
                               dp_config(args, q, clip, path, args.microbatch, args.repeats + 1), key)
         state[path] = ours_step(runs[path], 0, runs[path].params, runs[path].opt_state, runs[path].hyper)[:2]
     nonprivate.step(batches[0])  # compiles the update
-    names = [*args.paths, "nonprivate"]
-    wall = {name: [] for name in names}
-    with CompileCounter() as compiles:
-        for t in range(1, args.repeats + 1):
-            shift = (t - 1) % len(names)  # the order rotates: no variant always follows the same one
-            for name in names[shift:] + names[:shift]:
-                start = time.perf_counter()
-                if name == "nonprivate":
-                    nonprivate.step(batches[t])
-                else:
-                    params, opt_state, metrics = ours_step(runs[name], t, *state[name], runs[name].hyper)
-                    state[name] = params, opt_state
-                    if int(metrics["batch_size"]) != batches[t].size:
-                        raise RuntimeError(f"{name} step {t} batch differs from poisson_batch")
-                wall[name].append(time.perf_counter() - start)
+    wall, compiled = rotate(runs, state, nonprivate, batches, args.repeats)
     sizes = [int(b.size) for b in batches[1:]]
 
     def rates(name):
@@ -153,7 +139,7 @@ def benchmark(args, shape: str) -> dict:
         "auto": {"path": auto[0], "reason": auto[1]}, "dp_path": default, "paths": paths,
         "dp": rates(default), "nonprivate": rates("nonprivate"),
         "check_rel_error": max(checks.values()), "compile_seconds": compile_seconds,
-        "jax_compiles_timed": compiles.count,
+        "jax_compiles_timed": compiled,
     }
     out["ratio_dp_over_nonprivate"] = paths[default]["ratio_over_nonprivate"]
     return out

@@ -54,6 +54,10 @@ NOT_COVERED = (
 # and the epsilons are in the hundreds; above 1e4 both accountants are at their resolution floor.
 _SIGMA_MIN = 0.3
 _SIGMA_MAX = 1e4
+# A PLD calibration at a fine value interval first finds the root with this coarse one, then brackets it within
+# _NARROW (relative) on each side with the fine accountant.
+_COARSE_PLD = 1e-2
+_NARROW = 0.02
 
 
 class _DroppedOrderFilter(logging.Filter):
@@ -220,6 +224,55 @@ def _calibrated_sigma(target: float, q: float, steps: int, delta: float, account
     def eps(sigma: float) -> float:
         return _epsilon(sigma, q, steps, delta, accountant, disc)
 
+    lo, hi = (_narrow_bracket(target, q, steps, delta, accountant, tol, disc, eps)
+              or _wide_bracket(target, q, steps, delta, accountant, eps))
+    if lo == hi:  # the search floor meets the target
+        return hi
+    with _quiet_dropped_orders():
+        sigma = dp_accounting.calibrate_dp_mechanism(
+            lambda: _make_accountant(accountant, disc),
+            lambda s: dpsgd_event(s, q, steps),
+            target,
+            delta,
+            bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi),
+            tol=tol,
+        )
+    sigma = float(sigma)
+    if eps(sigma) > target:  # calibrate_dp_mechanism guarantees this; keep the claim checked
+        raise ArithmeticError(f"calibration returned noise_multiplier={sigma} with epsilon above {target}")
+    return sigma
+
+
+def _narrow_bracket(target, q, steps, delta, accountant, tol, disc, eps) -> tuple[float, float] | None:
+    """``(lo, hi)`` with ``eps(lo) > target >= eps(hi)``, a few percent apart, found around the root of a coarse
+    PLD accountant (value interval :data:`_COARSE_PLD`: one evaluation costs about 1/50 of one at 1e-4), so that
+    the fine accountant's Brent search starts close; ``(s, s)`` if the floor ``s`` meets the target; ``None``
+    (search the wide bracket) for RDP, a coarse interval already, or a coarse calibration that fails. Every
+    bracket end is checked with the fine accountant: the coarse one only says where to look."""
+    if accountant != "pld" or disc >= _COARSE_PLD:
+        return None
+    try:
+        guess = _calibrated_sigma(target, q, steps, delta, accountant, tol, _COARSE_PLD)
+    except (InputError, ArithmeticError):
+        return None
+    hi, step = guess, _NARROW
+    while eps(hi) > target:  # the coarse accountant is the more pessimistic one, so this rarely loops
+        if hi >= _SIGMA_MAX:
+            return None
+        hi, step = min(hi * (1.0 + step), _SIGMA_MAX), 2.0 * step  # steps double: a far guess costs log steps
+    lo, step = hi, _NARROW
+    while True:
+        lo = max(lo / (1.0 + step), _SIGMA_MIN)
+        if eps(lo) > target:
+            return lo, hi
+        if lo <= _SIGMA_MIN:
+            return _SIGMA_MIN, _SIGMA_MIN
+        hi, step = lo, 2.0 * step
+
+
+def _wide_bracket(target, q, steps, delta, accountant, eps) -> tuple[float, float]:
+    """``(lo, hi)`` with ``eps(lo) > target >= eps(hi)``, by doubling or halving from ``sigma = 1``; ``(s, s)``
+    if the floor ``s`` meets the target."""
     lo, hi = 1.0, 1.0
     if eps(hi) > target:
         while True:
@@ -238,24 +291,12 @@ def _calibrated_sigma(target: float, q: float, steps: int, delta: float, account
             hi, lo = lo, lo / 2.0
             if lo < _SIGMA_MIN:
                 if eps(_SIGMA_MIN) <= target:
-                    return _SIGMA_MIN
+                    return _SIGMA_MIN, _SIGMA_MIN
                 lo = _SIGMA_MIN
                 break
             if eps(lo) > target:
                 break
-    with _quiet_dropped_orders():
-        sigma = dp_accounting.calibrate_dp_mechanism(
-            lambda: _make_accountant(accountant, disc),
-            lambda s: dpsgd_event(s, q, steps),
-            target,
-            delta,
-            bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi),
-            tol=tol,
-        )
-    sigma = float(sigma)
-    if eps(sigma) > target:  # calibrate_dp_mechanism guarantees this; keep the claim checked
-        raise ArithmeticError(f"calibration returned noise_multiplier={sigma} with epsilon above {target}")
-    return sigma
+    return lo, hi
 
 
 class Calibration(NamedTuple):

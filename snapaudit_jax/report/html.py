@@ -11,8 +11,8 @@ FILE.json`` beside its JSON file. The page holds, in order:
    the ``simulate`` list) as one table per list of records, or as rows of name and value; a cell shows a string
    as it is and any other value as its JSON text, so the table can be checked against the file.
 3. **Figures**: every SVG the run drew (inline, as ``data:`` images, so that their element ids cannot clash),
-   the PNGs of older runs the same way, and the training curves of any ``*history*`` record of per-step
-   losses (drawn here).
+   the PNGs of older runs the same way, and the training curves of every record of per-step losses under a
+   ``history`` or ``histories`` key (drawn here).
 4. **Assumptions, warnings and releases not covered**: every string the results file holds under a key that
    names one (``assumption``, ``warning``, ``caveat``, ``not_covered``, ``status``, ``note``), with its place in
    the file.
@@ -295,21 +295,21 @@ def _figure(data: bytes, mime: str, caption: str) -> str:
             f"<figcaption>{html.escape(caption)}</figcaption></figure>")
 
 
-def _histories(value: Any, path: str = "") -> list[tuple[str, dict[str, list[float]]]]:
-    """``(path, {series: values})`` of every ``*history*`` object holding per-step numeric lists."""
+def _histories(value: Any, path: str = "", inside: bool = False) -> list[tuple[str, dict[str, list[float]]]]:
+    """``(path, {series: values})`` of every object under a ``history`` / ``histories`` key that holds per-step
+    numeric lists (losses, gradient norms, batch sizes)."""
     found = []
     if isinstance(value, Mapping):
+        series = {k: v for k, v in value.items() if isinstance(v, list) and len(v) > 1
+                  and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)}
+        if inside and series:
+            found.append((path, series))
         for key, sub in value.items():
             here = f"{path}.{key}" if path else str(key)
-            if "history" in str(key).lower() and isinstance(sub, Mapping):
-                series = {k: v for k, v in sub.items() if isinstance(v, list) and len(v) > 1
-                          and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)}
-                if series:
-                    found.append((here, series))
-            found += _histories(sub, here)
+            found += _histories(sub, here, inside or "histor" in str(key).lower())
     elif isinstance(value, list):
         for k, sub in enumerate(value):
-            found += _histories(sub, f"{path}.{k}")
+            found += _histories(sub, f"{path}.{k}", inside)
     return found
 
 
@@ -322,11 +322,14 @@ def _curves_svg(path: str, series: Mapping[str, list[float]]) -> bytes | None:
         plt = pyplot()
     except Exception:  # matplotlib is an optional extra: the page then has no curves, and says so
         return None
-    shown = [k for k in series if "loss" in k.lower()] or list(series)[:4]
-    fig, axes = plt.subplots(1, len(shown), figsize=(4.2 * len(shown), 3.0), squeeze=False)
+    preferred = [k for k in series if any(w in k.lower() for w in ("loss", "grad_norm_mean", "clipped"))]
+    shown = (preferred or [k for k in series if k != "step"])[:4] or list(series)[:1]
+    steps = series.get("step")
+    fig, axes = plt.subplots(1, len(shown), figsize=(3.6 * len(shown), 2.8), squeeze=False)
     for ax, key in zip(axes[0], shown):
         values = series[key]
-        ax.plot(range(len(values)), values, lw=1.2)
+        x = steps if steps is not None and len(steps) == len(values) else range(len(values))
+        ax.plot(x, values, lw=1.2, marker="." if len(values) < 50 else None)
         ax.set_title(key, fontsize=10)
         ax.set_xlabel("step")
         if all(v > 0 for v in values):

@@ -137,3 +137,21 @@ def test_a_repeated_calibration_runs_no_search_and_returns_the_same_sigma(monkey
     assert calibrate(**args) == first
     with pytest.raises(pytest.fail.Exception, match="searched again|accountant evaluated again"):
         calibrate(**{**args, "steps": 51})
+
+
+@pytest.mark.parametrize("shift", [1.0, 1.3, 0.7])
+def test_the_coarse_pass_only_says_where_to_look(shift):
+    """A fine PLD calibration brackets the root around the coarse accountant's answer, every end checked with
+    the fine one: with the fine epsilon shifted 30% either way from the coarse one (a coarse guess far off), the
+    bracket still holds the fine root, eps(lo) > target >= eps(hi)."""
+    q, steps, delta, target = 0.1, 3, 1e-3, 4.0
+
+    def fine(sigma):  # a "fine" interval of 1e-3 (below the coarse 1e-2), ten times cheaper than 1e-4
+        return accounting._epsilon(sigma * shift, q, steps, delta, "pld", 1e-3)
+
+    lo, hi = accounting._narrow_bracket(target, q, steps, delta, "pld", 1e-4, 1e-3, fine)
+    assert fine(lo) > target >= fine(hi) and lo < hi
+    if shift == 1.0:  # the coarse answer is close: one step of 2% either side
+        assert hi / lo <= 1.02**2 + 1e-12
+    assert accounting._narrow_bracket(target, q, steps, delta, "rdp", 1e-4, 1e-3, fine) is None
+    assert accounting._narrow_bracket(target, q, steps, delta, "pld", 1e-4, 1e-2, fine) is None

@@ -479,7 +479,10 @@ def test_run_report_card_resume_and_export(tiny, tmp_path, capsys):
     assert md.startswith("# DP fine-tuning report")
     # the command's page: the card cell for cell, its releases' statuses among the notes
     checked = check_report(str(out / "report.html"), str(out / "report.json"))
-    assert "NOT covered" in (out / "report.html").read_text() and checked["parsed"].tables
+    page = (out / "report.html").read_text()
+    assert "NOT covered" in page and checked["parsed"].tables
+    # the training curves of the private model and its twin, drawn from the card's histories
+    assert "training curves: histories.private" in page and "training curves: histories.baseline" in page
     assert f"| {dp['clipping'].replace('_', '-')}, {dp['microbatch_size']} units a microbatch (auto: " in md
     # the one-run column states its confidence, and the card the most these canaries could show
     one = card["models"]["private"]["canaries"]["one_run"]
