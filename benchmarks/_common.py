@@ -1,6 +1,7 @@
 """Helpers shared by the benchmark scripts (run as ``python benchmarks/bench_*.py``: this folder is on the path).
 
-Import it after any environment variable a script sets for XLA: it imports jax.
+Its helpers import jax when they are called, so a script can check its flags before JAX loads; import jax (or
+call a helper) only after any environment variable the script sets for XLA.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ import platform
 import time
 from typing import NamedTuple
 
-import jax
-
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+CLIPPING_PATHS = ("per_record", "book_keeping", "ghost")  # DPSGDConfig.clipping's paths ("auto" takes one of them)
 
 
 def machine_info() -> dict:
     """Where a benchmark ran: load at start, CPUs, platform, Python, jax version, backend and device count."""
+    import jax
+
     return {
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
         "cpu_count": os.cpu_count(),
@@ -42,10 +44,14 @@ class CompileCounter:
             self.seconds += duration
 
     def __enter__(self):
+        import jax
+
         jax.monitoring.register_event_duration_secs_listener(self._listen)
         return self
 
     def __exit__(self, *exc):
+        import jax
+
         jax.monitoring.unregister_event_duration_listener(self._listen)
 
 
@@ -65,6 +71,8 @@ def int_at_least(minimum: int, maximum: int | None = None):
 def timed(fn, *args, **kwargs):
     """``(fn(*args, **kwargs), wall seconds)``, waiting for any JAX arrays in the result."""
     start = time.perf_counter()
+    import jax
+
     out = jax.block_until_ready(fn(*args, **kwargs))
     return out, time.perf_counter() - start
 

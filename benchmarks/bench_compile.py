@@ -17,8 +17,9 @@ every parameter trained), and for each clipping path of ``--paths`` the jitted s
 * ``hlo_kb``: the size of the lowered module's text, which grows with every unrolled layer.
 
 Nothing runs; each step is lowered and compiled once, in a fresh jit cache entry (the depth changes the
-parameters' tree), with the persistent compilation cache off. ``per_layer`` fits ``seconds = a + b layers`` (least squares) to each path's lowering plus
-compilation: ``b`` is what each further layer costs, and a scanned stack of layers would make it about 0.
+parameters' tree), with the persistent compilation cache off. ``per_layer`` fits ``seconds = a + b layers``
+(least squares) to each path's lowering plus compilation: ``b`` is what each further layer costs, and a scanned
+stack of layers would make it about 0.
 """
 
 from __future__ import annotations
@@ -28,20 +29,8 @@ import json
 import sys
 import time
 
-# JAX and the models are imported after the flags are checked (a bad flag exits at once).
-PATHS = ("per_record", "book_keeping", "ghost")  # DPSGDConfig.clipping's paths, as bench_dpsgd.PATHS
-
-
-def int_at_least(minimum: int):
-    """An argparse type: an integer ``>= minimum`` (as ``_common.int_at_least``, which imports JAX)."""
-
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text}")
-        return value
-
-    return parse
+from _common import CLIPPING_PATHS as PATHS
+from _common import int_at_least  # (JAX and the models are imported after the flags are checked)
 
 
 def _timed_compile(lower):

@@ -75,7 +75,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from _common import CompileCounter, int_at_least, machine_info, measured
+from _common import CLIPPING_PATHS, CompileCounter, int_at_least, machine_info, measured
 from snapaudit_jax.utils.io import write_json
 from snapaudit_jax.models.precision import full_float32_precision
 from snapaudit_jax.dpsgd import DPSGDConfig, poisson_batch, sequence_losses
@@ -85,7 +85,7 @@ from snapaudit_jax.models.decoders import GPT2
 
 SUM_TOL = 1e-4
 NOISE_MULTIPLIER, LEARNING_RATE, B1 = 1.0, 1e-3, 0.9
-PATHS = ("per_record", "book_keeping", "ghost")
+PATHS = CLIPPING_PATHS
 GOALS = {"time_over_nonprivate": 1.25, "memory_over_nonprivate": 1.3, "largest_batch_over_per_record": 3.0}
 
 
@@ -95,6 +95,18 @@ def make_data(records: int, seq: int, vocab: int, seed: int) -> tuple[np.ndarray
     lengths = rng.integers(seq // 2, seq + 1, records)
     mask = np.arange(seq)[None, :] < lengths[:, None]
     return np.where(mask, tokens, 0).astype(np.int32), mask
+
+
+def step_batches(key, records: int, q: float, steps: int) -> list[np.ndarray]:
+    """The record indices of steps ``0 .. steps - 1`` as :func:`snapaudit_jax.dpsgd.train`'s Poisson sampler
+    draws them from the run key ``key``: every implementation is timed on these batches."""
+    sample_key = jax.random.fold_in(key, _SAMPLE_STREAM)
+    return [np.flatnonzero(poisson_batch(sample_key, t, records, q)) for t in range(steps)]
+
+
+def padded_size(batches: list[np.ndarray]) -> int:
+    """The non-private step's one compiled batch size: the largest batch, rounded up to a multiple of 8."""
+    return -(-max(b.size for b in batches) // 8) * 8
 
 
 def flat64(tree) -> np.ndarray:
@@ -212,9 +224,8 @@ def benchmark(args) -> dict:
     tokens, mask = jnp.asarray(data[0]), jnp.asarray(data[1])
     q = args.batch / args.records
     key = jax.random.key(args.seed)
-    sample_key = jax.random.fold_in(key, _SAMPLE_STREAM)
-    batches = [np.flatnonzero(poisson_batch(sample_key, t, args.records, q)) for t in range(args.repeats + 1)]
-    pad_to = -(-max(b.size for b in batches) // 8) * 8
+    batches = step_batches(key, args.records, q, args.repeats + 1)
+    pad_to = padded_size(batches)
 
     loop = Loop(model, tokens, mask, clip=np.inf)
     initial = jax.tree.map(jnp.array, loop.params)
@@ -348,9 +359,8 @@ def sweep_point(args, model, data, key, clip: float, variants: dict, batch: int)
     """
     records = args.records
     q = batch / records
-    sample_key = jax.random.fold_in(key, _SAMPLE_STREAM)
-    batches = [np.flatnonzero(poisson_batch(sample_key, t, records, q)) for t in range(args.sweep_repeats + 1)]
-    pad_to = -(-max(b.size for b in batches) // 8) * 8
+    batches = step_batches(key, records, q, args.sweep_repeats + 1)
+    pad_to = padded_size(batches)
     nonprivate = NonPrivate(model, jnp.asarray(data[0]), jnp.asarray(data[1]), normaliser=records * q, pad_to=pad_to)
     nonprivate.step(batches[0])
     runs, state = {}, {}

@@ -103,9 +103,9 @@ import optax
 from flax import nnx
 
 from _common import CompileCounter, int_at_least, machine_info, measured
-from bench_dpsgd import flat64, make_data, ours_step
-from snapaudit_jax.dpsgd import DPSGDConfig, ghost, poisson_batch, sequence_losses
-from snapaudit_jax.dpsgd.train import _SAMPLE_STREAM, _prepare
+from bench_dpsgd import flat64, make_data, ours_step, step_batches
+from snapaudit_jax.dpsgd import DPSGDConfig, ghost, sequence_losses
+from snapaudit_jax.dpsgd.train import _prepare
 from snapaudit_jax.finetune.export import hf_config, hf_tensors
 from snapaudit_jax.finetune.lora import TARGETS, LoRAConfig, LoRAProjection, apply_lora, lora_adapters
 from snapaudit_jax.models.config import LlamaConfig
@@ -531,8 +531,7 @@ def benchmark(args) -> dict:
     data = (tokens_np, mask_np)
     q = args.batch / args.records
     key = jax.random.key(args.seed)
-    sample_key = jax.random.fold_in(key, _SAMPLE_STREAM)
-    batches = [np.flatnonzero(poisson_batch(sample_key, t, args.records, q)) for t in range(args.repeats + 1)]
+    batches = step_batches(key, args.records, q, args.repeats + 1)
     sizes = [int(b.size) for b in batches[1:]]
     real_tokens = [int(mask_np[b].sum()) for b in batches[1:]]
 

@@ -56,10 +56,12 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from _common import CLIPPING_PATHS as PATHS  # noqa: E402
 from _common import int_at_least  # noqa: E402
-from bench_dpsgd import B1, NOISE_MULTIPLIER, NonPrivate, dp_config, flat64, make_data, ours_step, rotate  # noqa: E402
-from snapaudit_jax.dpsgd import poisson_batch  # noqa: E402
-from snapaudit_jax.dpsgd.train import _SAMPLE_STREAM, _prepare, resolve_clipping  # noqa: E402
+from bench_dpsgd import (  # noqa: E402
+    B1, NOISE_MULTIPLIER, NonPrivate, dp_config, flat64, make_data, ours_step, padded_size, rotate, step_batches,
+)
+from snapaudit_jax.dpsgd.train import _prepare, resolve_clipping  # noqa: E402
 from snapaudit_jax.models.config import GPT2Config  # noqa: E402
 from snapaudit_jax.models.decoders import GPT2  # noqa: E402
 from snapaudit_jax.utils.io import write_json  # noqa: E402
@@ -72,7 +74,6 @@ SHAPES = {
 GPU_DEFAULTS = dict(records=1024, batch=64, seq=128, microbatch=16, repeats=5)
 SMOKE_DEFAULTS = dict(records=64, batch=8, seq=32, microbatch=4, repeats=3)
 HUGE_CLIP = 1e9
-PATHS = ("per_record", "book_keeping", "ghost")  # DPSGDConfig.clipping's paths (auto resolves to one of them)
 
 
 def benchmark(args, shape: str) -> dict:
@@ -82,9 +83,8 @@ def benchmark(args, shape: str) -> dict:
     tokens, mask = jnp.asarray(tokens_np), jnp.asarray(mask_np)
     q = args.batch / args.records
     key = jax.random.key(args.seed)
-    sample_key = jax.random.fold_in(key, _SAMPLE_STREAM)
-    batches = [np.flatnonzero(poisson_batch(sample_key, t, args.records, q)) for t in range(args.repeats + 1)]
-    pad_to = -(-max(b.size for b in batches) // 8) * 8
+    batches = step_batches(key, args.records, q, args.repeats + 1)
+    pad_to = padded_size(batches)
     nonprivate = NonPrivate(model, tokens, mask, normaliser=args.records * q, pad_to=pad_to)
     num_params = int(sum(x.size for x in jax.tree.leaves(nonprivate.params)))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)

@@ -275,8 +275,9 @@ def _results_html(headline: Any, name: str) -> str:
             else:
                 rows += [(f"{key}.{k}" if k else key, v) for k, v in _flat_items(value)]
         if rows:
-            body = "".join(f'<tr><td class="text">{html.escape(k)}</td><td class="{"text" if isinstance(v, str) else "num"}"'
-                           f' data-key="{html.escape(k)}">{html.escape(cell_text(v))}</td></tr>' for k, v in rows)
+            body = "".join(f'<tr><td class="text">{html.escape(k)}</td>'
+                           f'<td class="{"text" if isinstance(v, str) else "num"}" data-key="{html.escape(k)}">'
+                           f"{html.escape(cell_text(v))}</td></tr>" for k, v in rows)
             parts.insert(0, f'<div class="wide"><table class="results" data-caption="{html.escape(name)}"><caption>'
                             f'{html.escape(name)}</caption><thead><tr><th class="text">name</th><th class="text">'
                             f"value</th></tr></thead><tbody>{body}</tbody></table></div>")
@@ -414,7 +415,7 @@ def render(run_dir: str, *, results_file: str | None = None, title: str | None =
         read[STAMP_FILE] = stamp_path
     full_name = None if single else _first(run_dir, FULL_FILES)
     full = headline
-    if full_name is not None:
+    if full_name is not None and full_name != name:  # the fine-tuning card is both: read once
         read[full_name] = os.path.join(run_dir, full_name)
         full = _read_json(read[full_name])
     md_name = None if single else _first(run_dir, MARKDOWN_FILES)
