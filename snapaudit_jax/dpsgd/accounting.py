@@ -185,9 +185,12 @@ def calibrate_noise_multiplier(
 ) -> float:
     """The smallest ``sigma`` (within ``tol``) whose ``epsilon`` at ``delta`` is ``<= target_epsilon``.
 
-    Brackets the root in ``[0.3, 1e4]`` by doubling/halving from ``sigma = 1``, then runs
-    ``dp_accounting.calibrate_dp_mechanism`` (Brent's method) on the bracket. The mechanism is that of
-    :func:`dpsgd_event`: ``steps`` Poisson-sampled Gaussian steps at rate ``q``, add/remove-one adjacency.
+    Brackets the root in ``[0.3, 1e4]``: for PLD at an interval below 1e-2, around the root of a coarse PLD
+    accountant (interval 1e-2, much cheaper), every bracket end checked with the fine one; otherwise by
+    doubling/halving from ``sigma = 1``. Then runs ``dp_accounting.calibrate_dp_mechanism`` (Brent's method) on
+    the bracket. Memoised on the validated arguments: the same calibration again runs no search. The mechanism
+    is that of :func:`dpsgd_event`: ``steps`` Poisson-sampled Gaussian steps at rate ``q``, add/remove-one
+    adjacency.
 
     Args:
       target_epsilon: ``> 0``.
