@@ -46,7 +46,7 @@ from snapaudit_jax.dpsgd.canaries import (
     make_canaries,
 )
 from snapaudit_jax.dpsgd.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from snapaudit_jax.dpsgd.config import ACCOUNTANTS, CLIPPINGS, OPTIMIZERS, DPSGDConfig
+from snapaudit_jax.dpsgd.config import ACCOUNTANTS, CLIPPINGS, LAYERS, OPTIMIZERS, DPSGDConfig
 from snapaudit_jax.dpsgd.gradients import (
     ClippedGrads,
     LossSummary,
@@ -56,7 +56,15 @@ from snapaudit_jax.dpsgd.gradients import (
     sequence_losses,
 )
 from snapaudit_jax.dpsgd.sampling import inclusion_threshold, poisson_batch, sampling_probability
-from snapaudit_jax.dpsgd.train import HISTORY_KEYS, ResolvedPrivacy, resolve_clipping, resolve_privacy, train
+from snapaudit_jax.dpsgd.train import (
+    HISTORY_KEYS,
+    SCAN_MIN_LAYERS,
+    ResolvedPrivacy,
+    resolve_clipping,
+    resolve_layers,
+    resolve_privacy,
+    train,
+)
 from snapaudit_jax.dpsgd.tuning import (
     RULES,
     Candidate,
@@ -74,6 +82,7 @@ from snapaudit_jax.dpsgd.tuning import (
 __all__ = [
     "ACCOUNTANTS",
     "CLIPPINGS",
+    "LAYERS",
     "ADJACENCY",
     "AccountantEpsilons",
     "Calibration",
@@ -117,6 +126,8 @@ __all__ = [
     "record_losses",
     "repeat_and_select_rdp",
     "resolve_clipping",
+    "resolve_layers",
+    "SCAN_MIN_LAYERS",
     "resolve_privacy",
     "sampling_probability",
     "save_checkpoint",

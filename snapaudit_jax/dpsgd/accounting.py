@@ -520,6 +520,9 @@ class DPReport:
       clipping: how the clipped sum was computed (``DPSGDConfig.clipping`` resolved: ``"per_record"``,
         ``"book_keeping"`` or ``"ghost"``; the same sum to float32 rounding, no privacy effect).
       clipping_reason: why that path (``"auto"``'s choice and what the fast paths did not cover).
+      layers: how the decoder's blocks ran (``DPSGDConfig.layers`` resolved: ``"scan"`` or ``"unrolled"``; the
+        same function to float32 rounding, no privacy effect).
+      layers_reason: why.
       not_covered: releases the guarantee does not cover (the training history, tuning on the private data,
         several sequences of one person beyond group privacy).
       randomness: where the batches and the noise came from (:data:`~snapaudit_jax.dpsgd.keys.RANDOMNESS`): a
@@ -558,6 +561,8 @@ class DPReport:
     not_covered: tuple[str, ...]
     clipping: str = "per_record"
     clipping_reason: str = ""
+    layers: str = "unrolled"
+    layers_reason: str = ""
     randomness: str = "batches and noise from the caller's key: the guarantee holds only if that key is secret " \
                       "and uniformly random"
 
@@ -627,6 +632,8 @@ def make_report(
     microbatch_size: int,
     clipping: str = "per_record",
     clipping_reason: str = "",
+    layers: str = "unrolled",
+    layers_reason: str = "",
     protected_unit: str = PROTECTED_UNIT,
     adjacency: str = ADJACENCY,
     not_covered: tuple[str, ...] = NOT_COVERED,
@@ -656,6 +663,8 @@ def make_report(
       microbatch_size: records per clipped-gradient call.
       clipping: the clipping path (``"per_record"``, ``"book_keeping"``, ``"ghost"``).
       clipping_reason: why that path.
+      layers: how the decoder's blocks ran (``"scan"`` or ``"unrolled"``).
+      layers_reason: why.
       protected_unit: the unit the guarantee protects (default: one dataset row).
       adjacency: the neighbouring relation (default: add/remove one record).
       not_covered: the releases the guarantee does not cover.
@@ -713,6 +722,8 @@ def make_report(
         microbatch_size=microbatch_size,
         clipping=clipping,
         clipping_reason=clipping_reason,
+        layers=layers,
+        layers_reason=layers_reason,
         not_covered=tuple(not_covered),
         **({} if randomness is None else {"randomness": randomness}),
     )

@@ -27,7 +27,7 @@ import numpy as np
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.io import named_os_errors, save_safetensors
 
-__all__ = ["save_checkpoint", "latest_checkpoint", "load_checkpoint", "CHECKPOINT_FORMAT"]
+__all__ = ["save_checkpoint", "latest_checkpoint", "load_checkpoint", "read_meta", "CHECKPOINT_FORMAT"]
 
 CHECKPOINT_FORMAT = 1
 _NAME = re.compile(r"^step_(\d{8})$")
@@ -145,6 +145,29 @@ def _restore(prefix: str, template, arrays: dict[str, np.ndarray], typed: dict[s
             )
         leaves.append(jnp.asarray(value))
     return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def read_meta(path: str | os.PathLike) -> dict[str, Any]:
+    """The ``meta.json`` of a checkpoint folder (its step, history and the run's identity), arrays unread.
+
+    Args:
+      path: the checkpoint folder.
+
+    Returns:
+      The ``meta.json`` dictionary.
+
+    Raises:
+      InputError: unreadable or not a JSON object.
+    """
+    path = os.fspath(path)
+    try:
+        with open(os.path.join(path, "meta.json")) as fh:
+            meta = json.load(fh)
+    except (OSError, ValueError) as err:
+        raise InputError(f"checkpoint {path}: not readable ({err})") from None
+    if not isinstance(meta, dict):
+        raise InputError(f"checkpoint {path}: meta.json must hold a JSON object, got {type(meta).__name__}")
+    return meta
 
 
 def load_checkpoint(path: str | os.PathLike, params_template, opt_state_template):

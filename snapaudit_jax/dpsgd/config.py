@@ -12,11 +12,12 @@ from typing import Any
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 
-__all__ = ["DPSGDConfig", "OPTIMIZERS", "ACCOUNTANTS", "CLIPPINGS"]
+__all__ = ["DPSGDConfig", "OPTIMIZERS", "ACCOUNTANTS", "CLIPPINGS", "LAYERS"]
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 ACCOUNTANTS = ("rdp", "pld")
 CLIPPINGS = ("auto", "per_record", "book_keeping", "ghost")
+LAYERS = ("auto", "scan", "unrolled")
 
 
 def _unit_interval_open_right(name: str, value: Any) -> float:
@@ -65,6 +66,13 @@ class DPSGDConfig:
         ``"auto"`` (default): on accelerators, book-keeping when the fast paths cover every trainable parameter
         (DP-LoRA, and full fine-tuning of a float32 decoder), else per-record; on the CPU, per-record (one unit
         at a time, it is as fast there: ``benchmarks/bench_finetune.py``). The report says which and why.
+      layers: how the decoder's blocks run in the training step (speed of compilation only, the same function to
+        float32 rounding): ``"scan"`` (:func:`~snapaudit_jax.models.decoders.stack_layers`: one
+        :func:`jax.lax.scan` over the blocks' stacked parameters, so the step compiles in about the time of one
+        block), ``"unrolled"`` (one traced copy per block), or ``"auto"`` (default): scan for GPT-2 and Llama
+        decoders of at least :data:`~snapaudit_jax.dpsgd.train.SCAN_MIN_LAYERS` blocks on the per-record path
+        (the fast paths' taps see unrolled blocks only), else unrolled. The model is given back unrolled either
+        way. The report says which and why.
       accountant: ``"rdp"`` or ``"pld"``: the accountant used to calibrate ``sigma`` to ``target_epsilon``
         (the report always gives both).
       calibration_tol: absolute tolerance on the calibrated ``sigma``.
@@ -103,6 +111,7 @@ class DPSGDConfig:
     non_private: bool = False
     seed: int | None = None
     clipping: str = "auto"
+    layers: str = "auto"
 
     def __post_init__(self):
         fix = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -161,6 +170,7 @@ class DPSGDConfig:
         if self.seed is not None:
             fix("seed", validate.seed("seed", self.seed))
         fix("clipping", validate.choice("clipping", self.clipping, CLIPPINGS))
+        fix("layers", validate.choice("layers", self.layers, LAYERS))
 
     @property
     def private(self) -> bool:

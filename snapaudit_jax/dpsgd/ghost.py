@@ -218,11 +218,13 @@ def _tap_modules(model, record: dict) -> None:
     :class:`_Tap`; for the base projection of a LoRA adapter, records the adapter's ``(scale, spans)`` under the
     adapter's path."""
     from snapaudit_jax.finetune.lora import LoRAProjection
+    from snapaudit_jax.models.decoders import StackedBlocks
 
+    stacks = [path for path, module in record["modules"].items() if isinstance(module, StackedBlocks)]
     for path, module in record["modules"].items():
         kind = _tap_kind(module)
-        if kind is None or not path:
-            continue
+        if kind is None or not path or any(path[:len(stack)] == stack for stack in stacks):
+            continue  # a stacked block's modules run inside a scan: not tapped, so their parameters are not covered
         parent = model
         for key in path[:-1]:
             parent = parent[key] if isinstance(key, int) else getattr(parent, key)

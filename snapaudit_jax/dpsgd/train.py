@@ -60,11 +60,12 @@ from snapaudit_jax.dpsgd.accounting import (
     compute_epsilon,
     make_report,
 )
-from snapaudit_jax.dpsgd.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from snapaudit_jax.dpsgd.checkpoint import latest_checkpoint, load_checkpoint, read_meta, save_checkpoint
 from snapaudit_jax.dpsgd.config import DPSGDConfig
 from snapaudit_jax.dpsgd.gradients import _check_dataset, _clipped_sum
 from snapaudit_jax.dpsgd.keys import RANDOMNESS, key_digest, resolve_run_key
 from snapaudit_jax.dpsgd.sampling import _poisson_mask, compact_indices, inclusion_threshold, sampling_probability
+from snapaudit_jax.models.decoders import GPT2, Llama, _stacked_state, stack_layers, unstack_layers
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 
@@ -295,6 +296,8 @@ class _Prepared(NamedTuple):
     identity: dict[str, Any]
     mesh: Any  # None or the 1-D data-parallel jax.sharding.Mesh
     clipping_reason: str
+    layers: str
+    layers_reason: str
 
 
 def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh=None) -> _Prepared:
@@ -310,6 +313,9 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
     if not jax.tree.leaves(params):
         raise InputError(f"trainable must select at least one parameter of the model, got {trainable!r}")
     clipping, clipping_reason = resolve_clipping(config.clipping, graphdef, params, rest, tokens_np[:1], mask_np[:1])
+    layers, layers_reason = resolve_layers(config.layers, model, trainable, clipping)
+    if layers == "scan":
+        graphdef, params, rest = nnx.split(stack_layers(model), trainable, ...)
     privacy = resolve_privacy(config, n)
     spec = _StepSpec(
         num_records=n,
@@ -334,9 +340,12 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
     opt_state = _make_tx(spec, hyper, jax.random.fold_in(key, _NOISE_STREAM)).init(params)
     identity = {
         # The requested clipping is in "clipping" as resolved: the path sets the float32 summation order.
-        "config": {k: v for k, v in config.to_dict().items() if k != "clipping"},
+        "config": {k: v for k, v in config.to_dict().items() if k not in ("clipping", "layers")},
         # None: the per-record path, as in checkpoints written before the fast paths.
         "clipping": None if clipping == "per_record" else clipping,
+        # The parameters' tree (stacked or one per block) and the float32 rounding of the step; None: unrolled, as
+        # in checkpoints written before the scan.
+        "layers": None if layers == "unrolled" else layers,
         "sampling_rate": privacy.sampling_rate,
         "noise_multiplier": privacy.noise_multiplier,
         "dataset_sha256": _fingerprint(tokens_np, mask_np),
@@ -365,7 +374,7 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
         tokens, mask = parallel._shard_units(mesh, tokens_np, mask_np)
         key, hyper, params, opt_state, rest = parallel._replicate(mesh, (key, hyper, params, opt_state, rest))
     return _Prepared(key, privacy, spec, hyper, graphdef, params, opt_state, rest, tokens, mask, identity, mesh,
-                     clipping_reason)
+                     clipping_reason, layers, layers_reason)
 
 
 _FAST_COVER = "the fast paths cover every trainable parameter (ghost.not_covered is empty)"
@@ -414,6 +423,74 @@ def resolve_clipping(requested: str, graphdef, params, rest, tokens, mask, backe
         raise InputError(f"clipping = {requested!r} does not cover this model: {why}; use \"auto\" or "
                          "\"per_record\"")
     return "per_record", f"auto: the fast paths do not cover this model: {why}"
+
+
+SCAN_MIN_LAYERS = 4
+"""The fewest blocks ``layers = "auto"`` scans (``benchmarks/bench_compile.py``: below it the unrolled step
+compiles about as fast)."""
+
+
+def _block_patterns(model, trainable) -> dict[str, set[int]]:
+    """Trainable parameters under ``blocks`` by their path with the block index replaced by ``*``, with the
+    indices of the blocks that have them trainable."""
+    _, params, _ = nnx.split(model, trainable, ...)
+    found: dict[str, set[int]] = {}
+    for path, _ in nnx.to_flat_state(params):
+        if len(path) > 1 and path[0] == "blocks" and isinstance(path[1], int):
+            found.setdefault(".".join(map(str, ("blocks", "*") + tuple(path[2:]))), set()).add(path[1])
+    return found
+
+
+def resolve_layers(requested: str, model, trainable, clipping: str) -> tuple[str, str]:
+    """How the blocks of a run's model run, and why: ``(layers, reason)``.
+
+    Args:
+      requested: ``DPSGDConfig.layers``.
+      model: the model to train (unstacked).
+      trainable: the filter of the trained parameters.
+      clipping: the resolved clipping path (:func:`resolve_clipping`).
+
+    Returns:
+      ``("scan" | "unrolled", reason)``; ``"auto"`` scans a :class:`~snapaudit_jax.models.decoders.GPT2` or
+      ``Llama`` of at least :data:`SCAN_MIN_LAYERS` blocks of one structure, trained alike in every block, on
+      the per-record path.
+
+    Raises:
+      InputError: ``"scan"`` requested for a model that cannot be stacked (not one of our decoders, fewer than two
+        blocks, blocks of different structure, a trainable filter that selects a parameter in some blocks only)
+        or with a fast clipping path (named).
+    """
+    if requested == "unrolled":
+        return "unrolled", "requested (layers = \"unrolled\")"
+    why = None
+    if not isinstance(model, (GPT2, Llama)):
+        why = f"{type(model).__name__} is not one of the decoders (GPT2, Llama) whose blocks can be stacked"
+    elif clipping != "per_record":
+        why = f"the {clipping.replace('_', '-')} path's taps see unrolled blocks only"
+    else:
+        count = len(model.blocks)
+        uneven = sorted(name for name, blocks in _block_patterns(model, trainable).items() if len(blocks) != count)
+        if uneven:
+            why = f"the trainable filter selects {', '.join(uneven)} in some blocks only"
+        else:
+            try:
+                _stackable(model)
+            except InputError as err:
+                why = str(err)
+    if why is not None:
+        if requested == "scan":
+            raise InputError(f"layers = \"scan\" cannot run this model: {why}; use \"auto\" or \"unrolled\"")
+        return "unrolled", f"auto: {why}"
+    if requested == "scan":
+        return "scan", "requested (layers = \"scan\")"
+    if len(model.blocks) < SCAN_MIN_LAYERS:
+        return "unrolled", f"auto: {len(model.blocks)} blocks, fewer than {SCAN_MIN_LAYERS} (unrolled compiles as fast)"
+    return "scan", f"auto: {len(model.blocks)} blocks of one structure on the per-record path"
+
+
+def _stackable(model) -> None:
+    """Raises :class:`InputError` unless ``model``'s blocks can be stacked (without stacking them)."""
+    jax.eval_shape(lambda: _stacked_state(model.blocks)[1])
 
 
 def _check_same_run(identity: dict[str, Any]) -> None:
@@ -568,13 +645,14 @@ def train(
     if checkpoint_dir is not None:
         found = latest_checkpoint(checkpoint_dir)
         if found is not None:
-            params, opt_state, meta = load_checkpoint(found, params, opt_state)
+            meta = read_meta(found)  # the run's identity before the arrays: a refusal that names what differs
             for name, value in run.identity.items():
                 if meta.get("run", {}).get(name) != value:
                     raise InputError(
                         f"checkpoint {found}: {name} differs from this run (checkpoint "
                         f"{meta.get('run', {}).get(name)!r}, run {value!r}); use another checkpoint_dir"
                     )
+            params, opt_state, meta = load_checkpoint(found, params, opt_state)
             if mesh is not None:
                 params, opt_state = parallel._replicate(mesh, (params, opt_state))
             start = int(meta["step"])
@@ -652,10 +730,12 @@ def train(
         microbatch_size=privacy.microbatch_size,
         clipping=run.spec.clipping,
         clipping_reason=run.clipping_reason,
+        layers=run.layers,
+        layers_reason=run.layers_reason,
         protected_unit=protected_unit or (PROTECTED_UNIT if run.tokens.ndim == 2 else UNIT_GROUP),
         randomness=RANDOMNESS[randomness],
     )
     rest = run.rest
     if multi:  # replicated over every process: this process's copy, usable without the other processes
         params, rest = parallel._to_local((params, rest))
-    return nnx.merge(run.graphdef, params, rest), _history(raw, stop), report
+    return unstack_layers(nnx.merge(run.graphdef, params, rest)), _history(raw, stop), report

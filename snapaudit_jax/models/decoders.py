@@ -41,8 +41,9 @@ from snapaudit_jax.models.layers import (
     rope_tables,
     write_cache,
 )
+from snapaudit_jax.utils.errors import InputError
 
-__all__ = ["GPT2", "Llama"]
+__all__ = ["GPT2", "Llama", "StackedBlocks", "stack_layers", "unstack_layers"]
 
 
 def _low_precision(x) -> bool:
@@ -103,6 +104,140 @@ def _self_attention(q, k, v, bias, cache, index):
         return attend(q, k, v, bias, causal_blocks=blocks), None
     cache = write_cache(cache, k, v, index)
     return attend(q, cache.k, cache.v, bias, causal_blocks=blocks), cache
+
+
+def _stacked_state(blocks):
+    """``(graphdef, state)`` of ``blocks`` stacked along a new leading axis (the layer axis).
+
+    Raises:
+      InputError: fewer than two blocks, or blocks that differ in structure (e.g. LoRA adapters on some
+        layers only), named by index.
+    """
+    if len(blocks) < 2:
+        raise InputError(f"stacking the layers needs at least two blocks, got {len(blocks)}")
+    graphdef, first = nnx.split(blocks[0])
+    states = [first]
+    for i, block in enumerate(blocks[1:], start=1):
+        other, state = nnx.split(block)
+        if other != graphdef:
+            raise InputError(f"block {i} differs in structure from block 0 (adapters or modules on some layers "
+                             "only): the layers cannot be stacked")
+        states.append(state)
+    return graphdef, jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
+
+
+class StackedBlocks(nnx.Module):
+    """A decoder's blocks as one block whose every parameter has a leading layer axis, run by one scan.
+
+    Tracing and compiling a forward and backward pass then cost one block whatever the depth (the unrolled
+    blocks cost one each: ``benchmarks/bench_compile.py``), and the optimizer and the DP noise see one array per
+    parameter kind instead of one per layer. :func:`stack_layers` builds it, :func:`unstack_layers` gives the
+    decoder back its blocks (loading, LoRA, export and the transformers parity work on those).
+
+    Args:
+      blocks: the decoder's blocks, all of one structure.
+
+    Attributes:
+      layers: one block holding every block's parameters stacked (``(n, ...)``).
+      count: the number of blocks ``n``.
+    """
+
+    def __init__(self, blocks):
+        """Stacks ``blocks`` (their parameters are copied; the blocks are not modified).
+
+        Args:
+          blocks: see :class:`StackedBlocks`.
+        """
+        graphdef, state = _stacked_state(blocks)
+        self.layers = nnx.merge(graphdef, state)
+        self.count = len(blocks)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def layer(self, i: int):
+        """Block ``i`` as a module of its own (its parameters sliced out of the stack).
+
+        Args:
+          i: the block's index.
+
+        Returns:
+          The block; writing to it does not change the stack.
+        """
+        graphdef, state = nnx.split(self.layers)
+        return nnx.merge(graphdef, jax.tree.map(lambda leaf: leaf[i], state))
+
+    def __call__(self, x, *args):
+        """``x`` through every block in order, without a KV cache, as one :func:`jax.lax.scan`.
+
+        Args:
+          x: ``(B, L, E)`` hidden states.
+          *args: the blocks' shared inputs (GPT-2: the attention bias; Llama: the RoPE tables and the bias).
+
+        Returns:
+          ``(B, L, E)`` hidden states after the last block.
+        """
+        graphdef, state = nnx.split(self.layers)
+
+        def body(h, layer_state):
+            h, _ = nnx.merge(graphdef, layer_state)(h, *args, None, 0)
+            return h, None
+
+        return jax.lax.scan(body, x, state)[0]
+
+
+def stack_layers(model):
+    """``model`` with its blocks stacked into one :class:`StackedBlocks` (a scan over the layers).
+
+    Args:
+      model: a :class:`GPT2` or :class:`Llama` (LoRA adapters, if any, applied to every block alike).
+
+    Returns:
+      A new model computing the same function (same outputs up to float32 rounding, tested), whose parameters
+      under ``blocks.layers`` have a leading layer axis; ``model`` is not modified. A stacked model is returned
+      as it is.
+
+    Raises:
+      InputError: fewer than two blocks, or blocks of different structure.
+    """
+    if isinstance(model.blocks, StackedBlocks):
+        return model
+    graphdef, state = nnx.split(model)
+    copy = nnx.merge(graphdef, state, copy=True)
+    copy.blocks = StackedBlocks(list(copy.blocks))
+    return copy
+
+
+def unstack_layers(model):
+    """``model`` with one module per block again (the inverse of :func:`stack_layers`, bitwise).
+
+    Args:
+      model: a decoder, stacked or not.
+
+    Returns:
+      A new model with ``blocks`` a list of blocks; an unstacked ``model`` is returned as it is.
+    """
+    if not isinstance(model.blocks, StackedBlocks):
+        return model
+    graphdef, state = nnx.split(model)
+    copy = nnx.merge(graphdef, state, copy=True)
+    copy.blocks = nnx.List([copy.blocks.layer(i) for i in range(len(copy.blocks))])
+    return copy
+
+
+def _run_blocks(model, x, args, cache, index):
+    """``x`` through every block, with the new cache (``None`` without one): one scan for stacked blocks
+    without a cache, else block by block (a stacked model's blocks sliced out of the stack)."""
+    blocks = model.blocks
+    if isinstance(blocks, StackedBlocks):
+        if cache is None:
+            return blocks(x, *args), None
+        blocks = [blocks.layer(i) for i in range(len(blocks))]
+    new_cache = []
+    for i, block in enumerate(blocks):
+        x, layer_cache = block(x, *args, None if cache is None else cache[i], index)
+        new_cache.append(layer_cache)
+    return x, (None if cache is None else tuple(new_cache))
 
 
 class _GPT2Block(nnx.Module):
@@ -193,11 +328,8 @@ class GPT2(nnx.Module):
         """
         x = _embed(self.wte, tokens) + _embed(self.wpe, positions)
         bias = _mask_bias(key_mask, cache, index, tokens.shape[1], allowed)
-        new_cache = []
-        for i, block in enumerate(self.blocks):
-            x, layer_cache = block(x, bias, None if cache is None else cache[i], index)
-            new_cache.append(layer_cache)
-        return self.ln_f(x), (None if cache is None else tuple(new_cache))
+        x, new_cache = _run_blocks(self, x, (bias,), cache, index)
+        return self.ln_f(x), new_cache
 
     def logits(self, hidden):
         """Vocabulary logits through the tied embedding.
@@ -309,11 +441,8 @@ class Llama(nnx.Module):
         rope = rope_tables(positions, rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
         bias = _mask_bias(key_mask, cache, index, tokens.shape[1], allowed)
         x = _embed(self.embed, tokens)
-        new_cache = []
-        for i, block in enumerate(self.blocks):
-            x, layer_cache = block(x, rope, bias, None if cache is None else cache[i], index)
-            new_cache.append(layer_cache)
-        return _rms_norm(self.norm, x), (None if cache is None else tuple(new_cache))
+        x, new_cache = _run_blocks(self, x, (rope, bias), cache, index)
+        return _rms_norm(self.norm, x), new_cache
 
     def logits(self, hidden):
         """Vocabulary logits through ``lm_head`` (or the tied embedding).

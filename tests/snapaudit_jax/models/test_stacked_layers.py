@@ -1,0 +1,201 @@
+"""Tests for the decoders' stacked layers (``stack_layers``, ``unstack_layers``, ``StackedBlocks``).
+
+Oracles: the same model with one module per block (the unrolled loop, itself checked against transformers in
+test_models.py): logits, losses and gradients equal to float32 rounding, the KV-cache decode equal, the round
+trip bitwise; the lowered step's StableHLO, whose size grows with every unrolled block and must not grow with a
+stacked one (a structural fact, not a timing).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from snapaudit_jax.dpsgd import ghost, sequence_losses
+from snapaudit_jax.finetune.lora import LoRAConfig, apply_lora
+from snapaudit_jax.models import Greedy, decode
+from snapaudit_jax.models.config import GPT2Config, LlamaConfig
+from snapaudit_jax.models.decoders import GPT2, Llama, StackedBlocks, stack_layers, unstack_layers
+from snapaudit_jax.utils.errors import InputError
+
+VOCAB = 41
+
+
+def gpt2(layers: int = 3, seed: int = 0):
+    return GPT2(GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=16, n_layer=layers, n_head=2, n_inner=32),
+                rngs=nnx.Rngs(seed))
+
+
+def llama(layers: int = 3, seed: int = 0, tied: bool = False):
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=24, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=4, max_position_embeddings=32,
+                      tie_word_embeddings=tied)
+    return Llama(cfg, rngs=nnx.Rngs(seed))
+
+
+def batch(rows: int = 5, length: int = 12, seed: int = 0):
+    """Tokens with left- and right-padded rows of 3..length real tokens."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, VOCAB, (rows, length)).astype(np.int32)
+    lens = rng.integers(3, length + 1, rows)
+    pos = np.arange(length)[None, :]
+    mask = np.where((np.arange(rows) % 2 == 0)[:, None], pos < lens[:, None], pos >= (length - lens)[:, None])
+    return jnp.asarray(tokens), jnp.asarray(mask)
+
+
+def flat_params(model) -> dict[str, np.ndarray]:
+    return {".".join(map(str, path)): np.asarray(v[...]) for path, v in nnx.to_flat_state(nnx.state(model))}
+
+
+def loss_and_grads(model, tokens, mask, trainable=nnx.Param):
+    graphdef, params, rest = nnx.split(model, trainable, ...)
+
+    def loss(p, r, t, m):
+        return jnp.sum(sequence_losses(nnx.merge(graphdef, p, r), t, m))
+
+    value, grads = jax.jit(jax.value_and_grad(loss))(params, rest, tokens, mask)
+    return float(value), grads
+
+
+def _rows(model, tokens, mask):
+    graphdef, state = nnx.split(model)
+    return jax.jit(lambda s, t, m: sequence_losses(nnx.merge(graphdef, s), t, m))(state, tokens, mask)
+
+
+def unstacked_grads(grads, layers: int) -> dict[str, np.ndarray]:
+    """A stacked model's gradients by the unrolled model's parameter names."""
+    out = {}
+    for path, v in nnx.to_flat_state(grads):
+        value = np.asarray(v[...])
+        if path[:2] == ("blocks", "layers"):
+            for i in range(layers):
+                out[".".join(map(str, ("blocks", i) + tuple(path[2:])))] = value[i]
+        else:
+            out[".".join(map(str, path))] = value
+    return out
+
+
+def test_round_trip_is_bitwise_and_leaves_the_model_alone():
+    """Stacked parameters carry a leading layer axis holding block i at index i; unstacking gives the same
+    parameters bit for bit; neither call modifies its argument; stacking twice is stacking once."""
+    model = gpt2(layers=3)
+    before = flat_params(model)
+    stacked = stack_layers(model)
+    assert isinstance(stacked.blocks, StackedBlocks) and len(stacked.blocks) == 3
+    kernel = np.asarray(stacked.blocks.layers.c_fc.kernel[...])
+    assert kernel.shape == (3, 16, 32)
+    for i in range(3):
+        np.testing.assert_array_equal(kernel[i], before[f"blocks.{i}.c_fc.kernel"])
+    assert stack_layers(stacked) is stacked
+    back = unstack_layers(stacked)
+    after = flat_params(back)
+    assert after.keys() == before.keys()
+    for name, value in before.items():
+        np.testing.assert_array_equal(after[name], value, err_msg=name)
+    assert flat_params(model).keys() == before.keys() and isinstance(model.blocks, nnx.List)
+    assert unstack_layers(model) is model
+    stacked.blocks.layers.c_fc.kernel[...] = 0.0  # the stack is a copy
+    np.testing.assert_array_equal(np.asarray(model.blocks[0].c_fc.kernel[...]), before["blocks.0.c_fc.kernel"])
+
+
+@pytest.mark.parametrize("make", [pytest.param(gpt2, marks=pytest.mark.slow), pytest.param(llama, marks=pytest.mark.slow),
+                                  pytest.param(lambda layers: llama(layers, tied=True), marks=pytest.mark.slow)],
+                         ids=["gpt2", "llama-untied", "llama-tied"])
+def test_stacked_model_computes_the_same_losses_and_gradients(make):
+    """Per-row losses and every parameter's gradient of the stacked model equal the unrolled model's (float32,
+    1e-5 relative to the largest entry), on padded rows of several lengths; power: a stack with two blocks
+    swapped differs."""
+    model = make(3)
+    tokens, mask = batch()
+    stacked = stack_layers(model)
+    rows = np.asarray(_rows(model, tokens, mask))
+    np.testing.assert_allclose(np.asarray(_rows(stacked, tokens, mask)), rows, rtol=1e-5)
+    value, grads = loss_and_grads(model, tokens, mask)
+    value_s, grads_s = loss_and_grads(stacked, tokens, mask)
+    assert value_s == pytest.approx(value, rel=1e-6)
+    want = {".".join(map(str, p)): np.asarray(v[...]) for p, v in nnx.to_flat_state(grads)}
+    got = unstacked_grads(grads_s, 3)
+    assert got.keys() == want.keys()
+    for name, g in want.items():
+        np.testing.assert_allclose(got[name], g, rtol=0, atol=1e-5 * max(1e-12, float(np.abs(g).max())), err_msg=name)
+    swapped = stack_layers(model)
+    graphdef, state = nnx.split(swapped.blocks.layers)
+    nnx.update(swapped.blocks.layers, jax.tree.map(lambda v: v[jnp.array([1, 0, 2])], state))
+    assert not np.allclose(np.asarray(_rows(swapped, tokens, mask)), rows, rtol=1e-3)
+
+
+def test_lora_adapters_stack_and_train_only_themselves():
+    """A LoRA model (adapters on every block) stacks; its adapters' gradients equal the unrolled model's and
+    the stacked base weights get none (trainable = LoRA parameters)."""
+    model = apply_lora(llama(3), LoRAConfig(rank=2, alpha=4.0), key=jax.random.key(1))
+    # non-zero B so that A's gradient is not zero
+    for block in model.blocks:
+        for proj in (block.qkv_proj, block.o_proj):
+            if hasattr(proj, "lora_b"):
+                for b in proj.lora_b:
+                    b[...] = jax.random.normal(jax.random.key(2), b.shape) * 0.1
+    tokens, mask = batch()
+    _, grads = loss_and_grads(model, tokens, mask, nnx.LoRAParam)
+    _, grads_s = loss_and_grads(stack_layers(model), tokens, mask, nnx.LoRAParam)
+    want = {".".join(map(str, p)): np.asarray(v[...]) for p, v in nnx.to_flat_state(grads)}
+    got = unstacked_grads(grads_s, 3)
+    assert got.keys() == want.keys() and any("lora_a" in name for name in want)
+    for name, g in want.items():
+        assert np.abs(g).max() > 0, name
+        np.testing.assert_allclose(got[name], g, rtol=0, atol=1e-5 * float(np.abs(g).max()), err_msg=name)
+
+
+def test_decoding_a_stacked_model_with_its_cache_matches():
+    """Greedy decoding (prefill and cached steps, block by block out of the stack) gives the unrolled model's
+    tokens."""
+    model = llama(3)
+    tokens = jnp.asarray([[3, 5, 7, 9], [0, 0, 11, 2]], jnp.int32)
+    mask = jnp.asarray([[True] * 4, [False, False, True, True]])
+    want = np.asarray(decode(model, tokens, mask, Greedy(), max_new_tokens=6))
+    got = np.asarray(decode(stack_layers(model), tokens, mask, Greedy(), max_new_tokens=6))
+    np.testing.assert_array_equal(got, want)
+    assert len(set(want.ravel().tolist())) > 1
+
+
+def test_blocks_that_differ_or_too_few_are_refused():
+    """Blocks of different structure (adapters on one block only) and a single block cannot be stacked: an
+    InputError names the block or the count."""
+    model = gpt2(3)
+    other = apply_lora(gpt2(3), LoRAConfig(rank=2), key=jax.random.key(0))
+    model.blocks[1] = other.blocks[1]
+    with pytest.raises(InputError, match=r"block 1 differs in structure from block 0"):
+        stack_layers(model)
+    with pytest.raises(InputError, match=r"at least two blocks, got 1"):
+        stack_layers(gpt2(1))
+
+
+def test_fast_clipping_taps_name_the_stacked_parameters_as_not_covered():
+    """The ghost and book-keeping taps see unrolled blocks only: on a stacked model every stacked parameter is
+    named as not covered (so the fast paths refuse it), the rest stays covered."""
+    tokens, mask = batch(rows=1)
+    missing = ghost.not_covered(*nnx.split(stack_layers(gpt2(2)), nnx.Param, ...), tokens, mask)
+    assert missing and all(name.startswith("blocks.layers.") for name in missing)
+    assert "blocks.layers.c_fc.kernel" in missing
+    assert ghost.not_covered(*nnx.split(gpt2(2), nnx.Param, ...), tokens, mask) == ()
+
+
+def _lowered_kb(model, tokens, mask) -> float:
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def loss(p, r, t, m):
+        return jnp.sum(sequence_losses(nnx.merge(graphdef, p, r), t, m))
+
+    return len(jax.jit(jax.grad(loss)).lower(params, rest, tokens, mask).as_text()) / 1024
+
+
+def test_the_stacked_step_does_not_grow_with_depth():
+    """The lowered gradient step of a stacked model is as large at 8 blocks as at 2 (within 2 %: only the
+    parameters' shapes change), where the unrolled one grows by more than half (power)."""
+    tokens, mask = batch(rows=2)
+    two, eight = (_lowered_kb(stack_layers(gpt2(n)), tokens, mask) for n in (2, 8))
+    assert abs(eight - two) <= 0.02 * two, (two, eight)
+    two_u, eight_u = (_lowered_kb(gpt2(n), tokens, mask) for n in (2, 8))
+    assert eight_u > 1.5 * two_u, (two_u, eight_u)
