@@ -79,9 +79,9 @@ from _common import CLIPPING_PATHS, CompileCounter, int_at_least, machine_info, 
 from snapaudit_jax.utils.io import write_json
 from snapaudit_jax.models.precision import full_float32_precision
 from snapaudit_jax.dpsgd import DPSGDConfig, poisson_batch, sequence_losses
-from snapaudit_jax.dpsgd.train import _SAMPLE_STREAM, _dp_step, _prepare
+from snapaudit_jax.dpsgd.train import _SAMPLE_STREAM, _dp_step, _prepare, resolve_layers
 from snapaudit_jax.models.config import GPT2Config
-from snapaudit_jax.models.decoders import GPT2
+from snapaudit_jax.models.decoders import GPT2, stack_layers
 
 SUM_TOL = 1e-4
 NOISE_MULTIPLIER, LEARNING_RATE, B1 = 1.0, 1e-3, 0.9
@@ -111,6 +111,13 @@ def padded_size(batches: list[np.ndarray]) -> int:
 
 def flat64(tree) -> np.ndarray:
     return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in jax.tree.leaves(tree)])
+
+
+def same_layout(model, trainable=nnx.Param):
+    """``model`` laid out as ``DPSGDConfig(layers="auto")`` trains it on this backend (stacked under one scan, or
+    as it is), so that a baseline built from it runs the DP step's layout and flattens in its order."""
+    layers, _ = resolve_layers("auto", model, trainable)
+    return stack_layers(model) if layers == "scan" else model
 
 
 class Loop:
@@ -238,7 +245,7 @@ def benchmark(args) -> dict:
         clip = loop.clip = float(np.median(norms))
         loop_sum = np.concatenate([np.ravel(x.astype(np.float64)) for x in loop.clipped_sum(initial, batches[0])[0]])
 
-    nonprivate = NonPrivate(model, tokens, mask, normaliser=args.records * q, pad_to=pad_to)
+    nonprivate = NonPrivate(same_layout(model), tokens, mask, normaliser=args.records * q, pad_to=pad_to)
     start = time.perf_counter()
     with full_float32_precision():
         batched = flat64(nonprivate.grad(nonprivate.params, *nonprivate.padded(batches[0])))
@@ -361,7 +368,8 @@ def sweep_point(args, model, data, key, clip: float, variants: dict, batch: int)
     q = batch / records
     batches = step_batches(key, records, q, args.sweep_repeats + 1)
     pad_to = padded_size(batches)
-    nonprivate = NonPrivate(model, jnp.asarray(data[0]), jnp.asarray(data[1]), normaliser=records * q, pad_to=pad_to)
+    nonprivate = NonPrivate(same_layout(model), jnp.asarray(data[0]), jnp.asarray(data[1]), normaliser=records * q,
+                            pad_to=pad_to)
     nonprivate.step(batches[0])
     runs, state = {}, {}
     for name, (path, micro) in variants.items():

@@ -103,7 +103,7 @@ import optax
 from flax import nnx
 
 from _common import CompileCounter, int_at_least, machine_info, measured
-from bench_dpsgd import flat64, make_data, ours_step, step_batches
+from bench_dpsgd import flat64, make_data, ours_step, same_layout, step_batches
 from snapaudit_jax.dpsgd import DPSGDConfig, ghost, sequence_losses
 from snapaudit_jax.dpsgd.train import _prepare
 from snapaudit_jax.finetune.export import hf_config, hf_tensors
@@ -212,7 +212,7 @@ class Ours:
                     self.runs[f"dp_{path}"] = _prepare(model, data, DPSGDConfig(clipping=path, **dp), key,
                                                        trainable)
         self.runs["nonprivate"] = _prepare(model, data, DPSGDConfig(non_private=True, **base), key, trainable)
-        self.batched = Batched(model, trainable, jnp.asarray(tokens_np), jnp.asarray(mask_np),
+        self.batched = Batched(same_layout(model, trainable), trainable, jnp.asarray(tokens_np), jnp.asarray(mask_np),
                                inv_normaliser=1.0 / (q * tokens_np.shape[0]))
         self.batches = batches
         self.num_records = tokens_np.shape[0]

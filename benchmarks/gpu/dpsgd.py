@@ -59,9 +59,10 @@ from flax import nnx  # noqa: E402
 from _common import CLIPPING_PATHS as PATHS  # noqa: E402
 from _common import int_at_least  # noqa: E402
 from bench_dpsgd import (  # noqa: E402
-    B1, NOISE_MULTIPLIER, NonPrivate, dp_config, flat64, make_data, ours_step, padded_size, rotate, step_batches,
+    B1, NOISE_MULTIPLIER, NonPrivate, dp_config, flat64, make_data, ours_step, padded_size, rotate, same_layout,
+    step_batches,
 )
-from snapaudit_jax.dpsgd.train import _prepare, resolve_clipping  # noqa: E402
+from snapaudit_jax.dpsgd.train import _prepare, resolve_clipping, resolve_layers  # noqa: E402
 from snapaudit_jax.models.config import GPT2Config  # noqa: E402
 from snapaudit_jax.models.decoders import GPT2  # noqa: E402
 from snapaudit_jax.utils.io import write_json  # noqa: E402
@@ -85,10 +86,11 @@ def benchmark(args, shape: str) -> dict:
     key = jax.random.key(args.seed)
     batches = step_batches(key, args.records, q, args.repeats + 1)
     pad_to = padded_size(batches)
-    nonprivate = NonPrivate(model, tokens, mask, normaliser=args.records * q, pad_to=pad_to)
+    nonprivate = NonPrivate(same_layout(model), tokens, mask, normaliser=args.records * q, pad_to=pad_to)
     num_params = int(sum(x.size for x in jax.tree.leaves(nonprivate.params)))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     auto = resolve_clipping("auto", graphdef, params, rest, tokens[:1], mask[:1])
+    layers = resolve_layers("auto", model, nnx.Param)  # every step below (and the baseline) runs this layout
 
     start = time.perf_counter()
     with full_float32_precision():
@@ -136,7 +138,8 @@ def benchmark(args, shape: str) -> dict:
         "records": args.records, "expected_batch": args.batch, "sampling_rate": q, "batch_sizes": sizes,
         "padded_nonprivate_batch": pad_to, "microbatch_size": runs[default].spec.microbatch_size, "clip_norm": clip,
         "noise_multiplier": NOISE_MULTIPLIER, "optimizer": "adamw",
-        "auto": {"path": auto[0], "reason": auto[1]}, "dp_path": default, "paths": paths,
+        "auto": {"path": auto[0], "reason": auto[1]}, "layers": {"layout": layers[0], "reason": layers[1]},
+        "dp_path": default, "paths": paths,
         "dp": rates(default), "nonprivate": rates("nonprivate"),
         "check_rel_error": max(checks.values()), "compile_seconds": compile_seconds,
         "jax_compiles_timed": compiled,

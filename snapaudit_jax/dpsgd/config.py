@@ -69,10 +69,11 @@ class DPSGDConfig:
       layers: how the decoder's blocks run in the training step (speed of compilation only, the same function to
         float32 rounding): ``"scan"`` (:func:`~snapaudit_jax.models.decoders.stack_layers`: one
         :func:`jax.lax.scan` over the blocks' stacked parameters, so the step compiles in about the time of one
-        block), ``"unrolled"`` (one traced copy per block), or ``"auto"`` (default): scan for GPT-2 and Llama
-        decoders of at least :data:`~snapaudit_jax.dpsgd.train.SCAN_MIN_LAYERS` blocks on the per-record path
-        (the fast paths' taps see unrolled blocks only), else unrolled. The model is given back unrolled either
-        way. The report says which and why.
+        block), ``"unrolled"`` (one traced copy per block), or ``"auto"`` (default): on accelerators, scan for
+        GPT-2 and Llama decoders of at least :data:`~snapaudit_jax.dpsgd.train.SCAN_MIN_LAYERS` blocks of one
+        structure (every clipping path), else unrolled; on the CPU unrolled (the scanned step runs 1.2-1.4x as
+        long there: ``benchmarks/bench_compile.py``). The model is given back unrolled either way. The report
+        says which and why.
       accountant: ``"rdp"`` or ``"pld"``: the accountant used to calibrate ``sigma`` to ``target_epsilon``
         (the report always gives both).
       calibration_tol: absolute tolerance on the calibrated ``sigma``.

@@ -32,6 +32,12 @@ a :class:`_Tap` that records its input and adds a zero-valued probe to its outpu
 summed loss with respect to the probes is ``g``. One forward and one backward of the summed loss give every
 covered parameter's per-unit norm.
 
+Stacked blocks (:func:`~snapaudit_jax.models.decoders.stack_layers`: one scan over parameters with a leading
+layer axis) are tapped inside the scan body: each tapped call's inputs leave the scan stacked over the layers, its
+probes enter it stacked alike, and a stacked parameter's terms carry the layer axis: its per-unit squared norm is
+the sum of its layers' (each computed as above, vectorised over the layers) and its clipped sum is stacked like
+the parameter. The traced function stays one block long whatever the depth.
+
 Never silently wrong: a trainable parameter without a tapped call, one read outside its tap (the decoders'
 low-precision paths compute with the raw weights: bfloat16 RMSNorm and logits), or one shared between two
 modules is *not covered*, and :func:`not_covered` names it; the fast paths refuse such a model. A tapped layer
@@ -201,6 +207,61 @@ class _Tap:
         return value
 
 
+class _ScanTap:
+    """Stands in for a :class:`~snapaudit_jax.models.decoders.StackedBlocks` of a traced copy: runs its scan with
+    every block's covered modules tapped inside the scan body, so each tapped call's inputs come out of the scan
+    stacked over the layers (``(n, ...)``) and its probes go in stacked alike. The calls are recorded once, under
+    the stacked parameters' paths (``blocks.layers.c_fc``), their indices in ``record["stacked"]``."""
+
+    scans_blocks = True
+
+    def __init__(self, stacked, path: tuple, record: dict):
+        self._tap = (stacked, path, record)
+
+    def __len__(self) -> int:
+        return len(self._tap[0])
+
+    def __call__(self, x, *args):
+        stacked, path, record = self._tap
+        graphdef, state = nnx.split(stacked.layers)
+        prefix = path + ("layers",)
+
+        def layer(h, layer_state, layer_probes):
+            block = nnx.merge(graphdef, layer_state)
+            inner = dict(calls=[], inputs=[], outputs=[], probes=layer_probes, lora={}, bypassed=set(),
+                         modules={tuple(p): m for p, m in nnx.iter_modules(block)})
+            _tap_modules(block, inner)
+            h, _ = block(h, *args, None, 0)
+            return h, inner
+
+        meta: dict = {}
+
+        def dry(h, layer_state):  # the calls of one block (their count sets which probes are this scan's)
+            h, inner = layer(h, layer_state, None)
+            meta.update(inner)
+            return h
+
+        jax.eval_shape(dry, x, jax.tree.map(lambda leaf: leaf[0], state))
+        first, count = len(record["calls"]), len(meta["calls"])
+        probes = None if record["probes"] is None else record["probes"][first:first + count]
+
+        def body(h, xs):
+            layer_state, layer_probes = xs
+            h, inner = layer(h, layer_state, layer_probes)
+            return h, (inner["inputs"], inner["outputs"])
+
+        h, (inputs, outputs) = jax.lax.scan(body, x, (state, probes))
+        record["stacked"].update(range(first, first + count))
+        record["calls"].extend((prefix + cpath, call) for cpath, call in meta["calls"])
+        record["inputs"].extend(inputs)
+        if record["probes"] is None:
+            record["outputs"].extend(outputs)
+        record["lora"].update({prefix + lpath: spans for lpath, spans in meta["lora"].items()})
+        record["bypassed"].update(_name(prefix) + "." + name for name in meta["bypassed"])
+        record["modules"].update({prefix + mpath: module for mpath, module in meta["modules"].items() if mpath})
+        return h
+
+
 def _tap_kind(module) -> str | None:
     """The :class:`_Tap` kind of a module whose parameters' per-unit gradients the factors cover, else ``None``."""
     if isinstance(module, nnx.Linear):
@@ -221,10 +282,15 @@ def _tap_modules(model, record: dict) -> None:
     from snapaudit_jax.models.decoders import StackedBlocks
 
     stacks = [path for path, module in record["modules"].items() if isinstance(module, StackedBlocks)]
+    for path in stacks:  # a stacked block's modules run inside a scan: tapped there, layer by layer
+        parent = model
+        for key in path[:-1]:
+            parent = parent[key] if isinstance(key, int) else getattr(parent, key)
+        object.__setattr__(parent, path[-1], _ScanTap(record["modules"][path], path, record))
     for path, module in record["modules"].items():
         kind = _tap_kind(module)
         if kind is None or not path or any(path[:len(stack)] == stack for stack in stacks):
-            continue  # a stacked block's modules run inside a scan: not tapped, so their parameters are not covered
+            continue
         parent = model
         for key in path[:-1]:
             parent = parent[key] if isinstance(key, int) else getattr(parent, key)
@@ -241,7 +307,7 @@ def _forward(graphdef, params, rest, tokens, mask, probes, record: dict):
     """Summed loss of every unit, with ``(per-unit losses, tapped inputs, tapped outputs)``; ``record`` receives
     the tapped calls ``(path, kind)`` in call order, the LoRA adapters' ``(scale, spans)`` by path and the
     parameters read outside their taps."""
-    record.update(calls=[], inputs=[], outputs=[], probes=probes, lora={}, bypassed=set(), modules={})
+    record.update(calls=[], inputs=[], outputs=[], probes=probes, lora={}, bypassed=set(), modules={}, stacked=set())
     model = nnx.merge(graphdef, params, rest)
     record["modules"] = {tuple(path): m for path, m in nnx.iter_modules(model)}
     _tap_modules(model, record)
@@ -257,12 +323,14 @@ class _Term(NamedTuple):
     ``"outer"``: ``a_i^T g_i`` (``a`` ``(B, S, p)``, ``g`` ``(B, S, q)``; a dense kernel, a bias with ``a = 1``,
     a tied head with ``a`` the logits' cotangents and ``g`` the hidden states). ``"diag"``: ``sum_s a_s * g_s``
     (a norm's scale: ``a`` the normalised input). ``"lookup"``: row ``v`` is ``sum_s [a_s = v] g_s`` (an
-    embedding: ``a`` ``(B, S)`` the ids looked up).
+    embedding: ``a`` ``(B, S)`` the ids looked up). A stacked block's parameter (``layers``) has one such term per
+    layer, stacked: ``a`` and ``g`` with a leading layer axis ``n``.
     """
 
     kind: str
     a: jax.Array
     g: jax.Array
+    layers: bool = False  # a stacked parameter's term: ``a`` and ``g`` carry a leading layer axis
 
 
 def _normalised(module, x, kind: str) -> jax.Array:
@@ -298,25 +366,27 @@ def _factors(graphdef, params, rest, tokens, mask):
     units = tokens.shape[0]
     factors: dict[str, list[_Term]] = {}
 
-    def add(name, kind, a, g):
-        if name in covered:
-            factors.setdefault(name, []).append(_Term(kind, a, g))
+    for index, ((path, call), a, g) in enumerate(zip(record["calls"], inputs, cotangents)):
+        lead = g.shape[:1] if index in record["stacked"] else ()  # a stacked block's calls: (n, ...) over layers
 
-    for (path, call), a, g in zip(record["calls"], inputs, cotangents):
-        g = g.reshape(units, -1, g.shape[-1]).astype(jnp.float32)  # a unit's rows end to end: S = k * L
+        def add(name, kind, a, g, layers=bool(lead)):
+            if name in covered:
+                factors.setdefault(name, []).append(_Term(kind, a, g, layers))
+
+        g = g.reshape(lead + (units, -1, g.shape[-1])).astype(jnp.float32)  # a unit's rows end to end: S = k * L
         if call == "lookup":
-            add(_name(path + ("embedding",)), "lookup", a.reshape(units, -1), g)
+            add(_name(path + ("embedding",)), "lookup", a.reshape(lead + (units, -1)), g)
             continue
-        a = a.reshape(units, -1, a.shape[-1]).astype(jnp.float32)
+        a = a.reshape(lead + (units, -1, a.shape[-1])).astype(jnp.float32)
         if call == "attend":  # logits = h E^T: dE = dlogits^T h
             add(_name(path + ("embedding",)), "outer", g, a)
             continue
         if call in ("layer_norm", "rms_norm"):
             add(_name(path + ("scale",)), "diag", _normalised(record["modules"][path], a, call), g)
-            add(_name(path + ("bias",)), "outer", jnp.ones(a.shape[:2] + (1,), jnp.float32), g)
+            add(_name(path + ("bias",)), "outer", jnp.ones(a.shape[:-1] + (1,), jnp.float32), g)
             continue
         add(_name(path + ("kernel",)), "outer", a, g)
-        add(_name(path + ("bias",)), "outer", jnp.ones(a.shape[:2] + (1,), jnp.float32), g)
+        add(_name(path + ("bias",)), "outer", jnp.ones(a.shape[:-1] + (1,), jnp.float32), g)
         if path[-1] == "base" and path[:-1] in record["lora"]:
             # y = x W + b + scale (x A_i) B_i on columns [start, stop): with h = scale g[start:stop], unit i's
             # dB_i = (x A_i)^T h and dA_i = x^T (h B_i^T) -- dense layers of their own
@@ -324,8 +394,8 @@ def _factors(graphdef, params, rest, tokens, mask):
             for i, (start, stop) in enumerate(spans):
                 a_name, b_name = _name(path[:-1] + ("lora_a", i)), _name(path[:-1] + ("lora_b", i))
                 h = g[..., start:stop] * scale
-                add(b_name, "outer", _hi("bsi,ir->bsr", a, values[a_name].astype(jnp.float32)), h)
-                add(a_name, "outer", a, _hi("bso,ro->bsr", h, values[b_name].astype(jnp.float32)))
+                add(b_name, "outer", _hi("...bsi,...ir->...bsr", a, values[a_name].astype(jnp.float32)), h)
+                add(a_name, "outer", a, _hi("...bso,...ro->...bsr", h, values[b_name].astype(jnp.float32)))
     owners: dict[int, list[str]] = {}  # a Variable held by two tapped modules gets terms under one name only
     for path, module in record["modules"].items():
         if _tap_kind(module) is not None:
@@ -362,8 +432,18 @@ def _term_sq_norm(term: _Term, method: str) -> jax.Array:
     return _inner(term, term)
 
 
+def _per_layer(fn, terms: list[_Term], *args) -> jax.Array:
+    """``fn(terms, *args)`` for each layer of a stacked parameter's terms, stacked on a leading axis."""
+    kinds = [t.kind for t in terms]
+    return jax.vmap(lambda arrays: fn([_Term(k, a, g) for k, (a, g) in zip(kinds, arrays)], *args))(
+        [(t.a, t.g) for t in terms])
+
+
 def _param_sq_norm(terms: list[_Term], method: str) -> jax.Array:
-    """``||sum_j G_j||^2`` per unit: the terms' own norms and twice their cross products."""
+    """``||sum_j G_j||^2`` per unit: the terms' own norms and twice their cross products (a stacked parameter's
+    summed over its layers)."""
+    if terms[0].layers:
+        return jnp.sum(_per_layer(_param_sq_norm, terms, method), axis=0)
     total = sum(_term_sq_norm(t, method) for t in terms)
     for j in range(len(terms)):
         for k in range(j + 1, len(terms)):
@@ -373,7 +453,9 @@ def _param_sq_norm(terms: list[_Term], method: str) -> jax.Array:
 
 def _weighted_sum(terms: list[_Term], weights: jax.Array, shape: tuple) -> jax.Array:
     """``sum_i w_i G_i`` of one parameter from its terms (units with ``w_i = 0`` masked out: their tensors may
-    hold NaN, and ``0 * NaN`` is NaN)."""
+    hold NaN, and ``0 * NaN`` is NaN); a stacked parameter's layer by layer."""
+    if terms[0].layers:
+        return _per_layer(_weighted_sum, terms, weights, shape[1:])
     keep = weights > 0
     total = jnp.zeros(shape, jnp.float32)
     for term in terms:

@@ -65,7 +65,7 @@ from snapaudit_jax.dpsgd.config import DPSGDConfig
 from snapaudit_jax.dpsgd.gradients import _check_dataset, _clipped_sum
 from snapaudit_jax.dpsgd.keys import RANDOMNESS, key_digest, resolve_run_key
 from snapaudit_jax.dpsgd.sampling import _poisson_mask, compact_indices, inclusion_threshold, sampling_probability
-from snapaudit_jax.models.decoders import GPT2, Llama, _stacked_state, stack_layers, unstack_layers
+from snapaudit_jax.models.decoders import GPT2, Llama, check_stackable, stack_layers, unstack_layers
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 
@@ -313,7 +313,7 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
     if not jax.tree.leaves(params):
         raise InputError(f"trainable must select at least one parameter of the model, got {trainable!r}")
     clipping, clipping_reason = resolve_clipping(config.clipping, graphdef, params, rest, tokens_np[:1], mask_np[:1])
-    layers, layers_reason = resolve_layers(config.layers, model, trainable, clipping)
+    layers, layers_reason = resolve_layers(config.layers, model, trainable)
     if layers == "scan":
         graphdef, params, rest = nnx.split(stack_layers(model), trainable, ...)
     privacy = resolve_privacy(config, n)
@@ -441,32 +441,41 @@ def _block_patterns(model, trainable) -> dict[str, set[int]]:
     return found
 
 
-def resolve_layers(requested: str, model, trainable, clipping: str) -> tuple[str, str]:
+_CPU_LAYERS_REASON = ("on the CPU unrolled, the measured default (benchmarks/bench_compile.py, GPT-2 12 x 256: the "
+                      "scanned step compiles in 0.39-0.42x the time but runs 1.24-1.40x as long, a loss after about "
+                      "40 steps; layers = \"scan\" forces the scan)")
+
+
+def resolve_layers(requested: str, model, trainable, backend: str | None = None) -> tuple[str, str]:
     """How the blocks of a run's model run, and why: ``(layers, reason)``.
 
     Args:
       requested: ``DPSGDConfig.layers``.
       model: the model to train (unstacked).
       trainable: the filter of the trained parameters.
-      clipping: the resolved clipping path (:func:`resolve_clipping`).
+      backend: the JAX backend the step runs on (default ``jax.default_backend()``).
 
     Returns:
-      ``("scan" | "unrolled", reason)``; ``"auto"`` scans a :class:`~snapaudit_jax.models.decoders.GPT2` or
-      ``Llama`` of at least :data:`SCAN_MIN_LAYERS` blocks of one structure, trained alike in every block, on
-      the per-record path.
+      ``("scan" | "unrolled", reason)``; ``"auto"`` scans, on accelerators, a
+      :class:`~snapaudit_jax.models.decoders.GPT2` or ``Llama`` of at least :data:`SCAN_MIN_LAYERS` blocks of one
+      structure, trained alike in every block (on every clipping path: the fast paths tap the stacked blocks
+      inside the scan); on the CPU it stays unrolled (the scanned step runs slower there: the reason says how
+      much).
 
     Raises:
       InputError: ``"scan"`` requested for a model that cannot be stacked (not one of our decoders, fewer than two
-        blocks, blocks of different structure, a trainable filter that selects a parameter in some blocks only)
-        or with a fast clipping path (named).
+        blocks, blocks of different structure, a trainable filter that selects a parameter in some blocks only),
+        named.
     """
     if requested == "unrolled":
         return "unrolled", "requested (layers = \"unrolled\")"
     why = None
     if not isinstance(model, (GPT2, Llama)):
         why = f"{type(model).__name__} is not one of the decoders (GPT2, Llama) whose blocks can be stacked"
-    elif clipping != "per_record":
-        why = f"the {clipping.replace('_', '-')} path's taps see unrolled blocks only"
+    elif requested == "auto" and len(model.blocks) < SCAN_MIN_LAYERS:
+        return "unrolled", f"auto: {len(model.blocks)} blocks, fewer than {SCAN_MIN_LAYERS} (unrolled compiles as fast)"
+    elif requested == "auto" and (backend or jax.default_backend()) == "cpu":
+        return "unrolled", f"auto: {_CPU_LAYERS_REASON}"
     else:
         count = len(model.blocks)
         uneven = sorted(name for name, blocks in _block_patterns(model, trainable).items() if len(blocks) != count)
@@ -474,7 +483,7 @@ def resolve_layers(requested: str, model, trainable, clipping: str) -> tuple[str
             why = f"the trainable filter selects {', '.join(uneven)} in some blocks only"
         else:
             try:
-                _stackable(model)
+                check_stackable(model.blocks)
             except InputError as err:
                 why = str(err)
     if why is not None:
@@ -483,14 +492,7 @@ def resolve_layers(requested: str, model, trainable, clipping: str) -> tuple[str
         return "unrolled", f"auto: {why}"
     if requested == "scan":
         return "scan", "requested (layers = \"scan\")"
-    if len(model.blocks) < SCAN_MIN_LAYERS:
-        return "unrolled", f"auto: {len(model.blocks)} blocks, fewer than {SCAN_MIN_LAYERS} (unrolled compiles as fast)"
-    return "scan", f"auto: {len(model.blocks)} blocks of one structure on the per-record path"
-
-
-def _stackable(model) -> None:
-    """Raises :class:`InputError` unless ``model``'s blocks can be stacked (without stacking them)."""
-    jax.eval_shape(lambda: _stacked_state(model.blocks)[1])
+    return "scan", f"auto: {len(model.blocks)} blocks of one structure, one scan (compiles in the time of one block)"
 
 
 def _check_same_run(identity: dict[str, Any]) -> None:

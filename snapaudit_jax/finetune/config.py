@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from snapaudit_jax.dpsgd.canaries import CanaryConfig
-from snapaudit_jax.dpsgd.config import CLIPPINGS
+from snapaudit_jax.dpsgd.config import CLIPPINGS, LAYERS
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.config import ConfigFileError, dataclass_section, read_toml, reject_unknown
 from snapaudit_jax.utils.errors import InputError
@@ -152,6 +152,10 @@ class TrainConfig:
         LoRA, whose every trainable parameter it covers; per-record for full fine-tuning and on the CPU),
         ``"per_record"``, ``"book_keeping"`` or ``"ghost"`` (both refused for full fine-tuning: embeddings and
         norm scales are not covered).
+      layers: how the decoder's blocks run in the training step (compile and step time only, the same function to
+        float32 rounding: :class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s ``layers``): ``"auto"`` (one scan over
+        the stacked blocks on accelerators for 4 blocks or more, unrolled on the CPU), ``"scan"`` or
+        ``"unrolled"``.
       checkpoint_every: steps between checkpoints (resume after a kill).
       devices: data parallelism over this many local devices (``0``: one device; see
         :func:`snapaudit_jax.dpsgd.train`'s ``mesh``); a run resumes only on as many.
@@ -168,6 +172,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     microbatch_size: int = 0
     clipping: str = "auto"
+    layers: str = "auto"
     checkpoint_every: int = 10
     devices: int = 0
 
@@ -196,6 +201,7 @@ class TrainConfig:
         validate.nonnegative_float("weight_decay", self.weight_decay)
         validate.positive_int("microbatch_size", self.microbatch_size, minimum=0)
         validate.choice("clipping", self.clipping, CLIPPINGS)
+        validate.choice("layers", self.layers, LAYERS)
         validate.positive_int("checkpoint_every", self.checkpoint_every)
         if validate.positive_int("devices", self.devices, minimum=0) > 4096:
             raise InputError(f"devices must be <= 4096, got {self.devices}")

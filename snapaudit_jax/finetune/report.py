@@ -135,6 +135,7 @@ def build_report(prep, trainings: dict[str, tuple[dict, dict]], evaluations: dic
             "noise_multiplier": dp["noise_multiplier"], "calibration": prep.calibration,
             "optimizer": dp["optimizer"], "learning_rate": dp["learning_rate"],
             "clipping": dp["clipping"], "clipping_reason": dp["clipping_reason"],
+            "layers": dp["layers"], "layers_reason": dp["layers_reason"],
             "microbatch_size": dp["microbatch_size"],
             "accountants": dp["accountants"], "software": dp["software"],
         },
@@ -215,6 +216,8 @@ def format_report(card: dict[str, Any]) -> str:
         f"| delta | {c['delta']:.3g} ({c['delta_rule']}) |",
         f"| clipping (the same clipped sum either way, to float32 rounding) | {d['clipping'].replace('_', '-')}, "
         f"{d['microbatch_size']} units a microbatch ({d['clipping_reason']}) |",
+        f"| layers (the same function either way, to float32 rounding) | {d.get('layers', 'unrolled')}"
+        + (f" ({d['layers_reason']})" if d.get("layers_reason") else "") + " |",
         f"| records read / truncated to {data['max_length']} tokens | {data['records_read']} / "
         f"{data['records_truncated']} |",
         f"| training records / held-out records | {data['train_records']} / {data['held_out_records']} |",

@@ -123,7 +123,7 @@ class Prepared:
         common = dict(
             steps=steps or ft.steps, learning_rate=learning_rate or ft.learning_rate, sampling_rate=self.sampling_rate,
             optimizer=ft.optimizer, weight_decay=ft.weight_decay, microbatch_size=ft.microbatch_size or None,
-            clipping=ft.clipping,
+            clipping=ft.clipping, layers=ft.layers,
             seed=self.config.noise_seed, accountant=privacy.accountant,
         )
         if not private:

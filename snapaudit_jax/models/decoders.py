@@ -43,7 +43,7 @@ from snapaudit_jax.models.layers import (
 )
 from snapaudit_jax.utils.errors import InputError
 
-__all__ = ["GPT2", "Llama", "StackedBlocks", "stack_layers", "unstack_layers"]
+__all__ = ["GPT2", "Llama", "StackedBlocks", "check_stackable", "stack_layers", "unstack_layers"]
 
 
 def _low_precision(x) -> bool:
@@ -106,24 +106,31 @@ def _self_attention(q, k, v, bias, cache, index):
     return attend(q, cache.k, cache.v, bias, causal_blocks=blocks), cache
 
 
-def _stacked_state(blocks):
-    """``(graphdef, state)`` of ``blocks`` stacked along a new leading axis (the layer axis).
+def check_stackable(blocks) -> None:
+    """Raises unless ``blocks`` can be stacked (nothing is traced or copied).
+
+    Args:
+      blocks: a decoder's blocks.
 
     Raises:
-      InputError: fewer than two blocks, or blocks that differ in structure (e.g. LoRA adapters on some
-        layers only), named by index.
+      InputError: fewer than two blocks, or blocks that differ in structure (e.g. LoRA adapters on some layers
+        only), named by index.
     """
     if len(blocks) < 2:
         raise InputError(f"stacking the layers needs at least two blocks, got {len(blocks)}")
-    graphdef, first = nnx.split(blocks[0])
-    states = [first]
+    graphdef = nnx.graphdef(blocks[0])
     for i, block in enumerate(blocks[1:], start=1):
-        other, state = nnx.split(block)
-        if other != graphdef:
+        if nnx.graphdef(block) != graphdef:
             raise InputError(f"block {i} differs in structure from block 0 (adapters or modules on some layers "
                              "only): the layers cannot be stacked")
-        states.append(state)
-    return graphdef, jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
+
+
+def _stacked_state(blocks):
+    """``(graphdef, state)`` of ``blocks`` stacked along a new leading axis (the layer axis); see
+    :func:`check_stackable`."""
+    check_stackable(blocks)
+    graphdef, _ = nnx.split(blocks[0])
+    return graphdef, jax.tree.map(lambda *leaves: jnp.stack(leaves), *(nnx.state(block) for block in blocks))
 
 
 class StackedBlocks(nnx.Module):
@@ -141,6 +148,8 @@ class StackedBlocks(nnx.Module):
       layers: one block holding every block's parameters stacked (``(n, ...)``).
       count: the number of blocks ``n``.
     """
+
+    scans_blocks = True  # the decoders run it (or a stand-in marked alike) as one call without a KV cache
 
     def __init__(self, blocks):
         """Stacks ``blocks`` (their parameters are copied; the blocks are not modified).
@@ -229,7 +238,7 @@ def _run_blocks(model, x, args, cache, index):
     """``x`` through every block, with the new cache (``None`` without one): one scan for stacked blocks
     without a cache, else block by block (a stacked model's blocks sliced out of the stack)."""
     blocks = model.blocks
-    if isinstance(blocks, StackedBlocks):
+    if getattr(type(blocks), "scans_blocks", False):  # StackedBlocks, or the gradient taps' stand-in for one
         if cache is None:
             return blocks(x, *args), None
         blocks = [blocks.layer(i) for i in range(len(blocks))]

@@ -17,7 +17,7 @@ CHATML = (
 )
 
 
-def make_tiny_llm_folder(path: str, texts: list[str], *, vocab_size: int = 400, seed: int = 0) -> str:
+def make_tiny_llm_folder(path: str, texts: list[str], *, vocab_size: int = 400, seed: int = 0, layers: int = 2) -> str:
     import torch
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -36,7 +36,7 @@ def make_tiny_llm_folder(path: str, texts: list[str], *, vocab_size: int = 400, 
         json.dump({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": CHATML}, fh)
     torch.manual_seed(seed)
     cfg = transformers.LlamaConfig(
-        vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, rope_theta=1e4,
         tie_word_embeddings=True, eos_token_id=tok.token_to_id("<|im_end|>"), initializer_range=0.2,
     )

@@ -388,6 +388,7 @@ REPORT_KEYS = {
     "sampling_rate", "sampling_probability", "expected_batch_size", "steps", "steps_planned", "dataset_size",
     "protected_unit", "adjacency", "target_epsilon", "calibration_accountant", "accountants", "software",
     "optimizer", "learning_rate", "microbatch_size", "not_covered", "randomness", "clipping", "clipping_reason",
+    "layers", "layers_reason",
 }
 
 

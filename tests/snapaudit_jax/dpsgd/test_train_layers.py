@@ -39,35 +39,38 @@ def _data(seed: int = 0):
 
 
 def _flat(model) -> np.ndarray:
-    return np.concatenate([np.ravel(np.asarray(v[...], np.float64))
-                           for _, v in sorted(nnx.to_flat_state(nnx.state(model, nnx.Param)), key=lambda kv: str(kv[0]))])
+    leaves = sorted(nnx.to_flat_state(nnx.state(model, nnx.Param)), key=lambda kv: str(kv[0]))
+    return np.concatenate([np.ravel(np.asarray(v[...], np.float64)) for _, v in leaves])
 
 
 BASE = dict(optimizer="sgd", microbatch_size=4, delta=1e-5, batch_size=6, learning_rate=0.5)
 
 
 def test_auto_resolution_and_its_reasons():
-    """auto scans our decoders of SCAN_MIN_LAYERS blocks and more on the per-record path; it stays unrolled (with
-    the reason) below that, on a fast clipping path, for a filter that trains some blocks only, and for other
-    modules; "scan" where it cannot run is an InputError naming why."""
+    """auto scans our decoders of SCAN_MIN_LAYERS blocks and more on accelerators and stays unrolled on the CPU
+    (with the measured reason); it stays unrolled below SCAN_MIN_LAYERS, for a filter that trains some blocks only
+    and for other modules; "scan" forces the scan on any backend, and where it cannot run it is an InputError
+    naming why."""
     assert LAYERS == ("auto", "scan", "unrolled")
     deep, shallow = _model(), _model(SCAN_MIN_LAYERS - 1)
-    assert resolve_layers("auto", deep, nnx.Param, "per_record")[0] == "scan"
-    layers, why = resolve_layers("auto", shallow, nnx.Param, "per_record")
+    layers, why = resolve_layers("auto", deep, nnx.Param, backend="gpu")
+    assert layers == "scan" and why.startswith(f"auto: {SCAN_MIN_LAYERS} blocks of one structure")
+    layers, why = resolve_layers("auto", deep, nnx.Param, backend="cpu")
+    assert layers == "unrolled" and "on the CPU unrolled" in why and "bench_compile.py" in why
+    assert resolve_layers("scan", deep, nnx.Param, backend="cpu") == ("scan", 'requested (layers = "scan")')
+    layers, why = resolve_layers("auto", shallow, nnx.Param, backend="gpu")
     assert layers == "unrolled" and f"fewer than {SCAN_MIN_LAYERS}" in why
-    assert resolve_layers("scan", shallow, nnx.Param, "per_record") == ("scan", 'requested (layers = "scan")')
-    layers, why = resolve_layers("auto", deep, nnx.Param, "book_keeping")
-    assert layers == "unrolled" and "book-keeping path's taps" in why
-    with pytest.raises(InputError, match=r'layers = "scan" cannot run this model: the ghost path'):
-        resolve_layers("scan", deep, nnx.Param, "ghost")
+    assert resolve_layers("scan", shallow, nnx.Param) == ("scan", 'requested (layers = "scan")')
     first_block = nnx.All(nnx.Param, nnx.PathContains(0))
-    layers, why = resolve_layers("auto", deep, first_block, "per_record")
+    layers, why = resolve_layers("auto", deep, first_block, backend="tpu")
     assert layers == "unrolled" and "in some blocks only" in why and "blocks.*.c_fc.kernel" in why
-    with pytest.raises(InputError, match=r"in some blocks only"):
-        resolve_layers("scan", deep, first_block, "per_record")
-    layers, why = resolve_layers("auto", nnx.Linear(2, 2, rngs=nnx.Rngs(0)), nnx.Param, "per_record")
+    with pytest.raises(InputError, match=r'layers = "scan" cannot run this model: the trainable filter'):
+        resolve_layers("scan", deep, first_block)
+    layers, why = resolve_layers("auto", nnx.Linear(2, 2, rngs=nnx.Rngs(0)), nnx.Param, backend="gpu")
     assert layers == "unrolled" and "Linear is not one of the decoders" in why
-    assert resolve_layers("unrolled", deep, nnx.Param, "per_record")[0] == "unrolled"
+    with pytest.raises(InputError, match=r"at least two blocks, got 1"):
+        resolve_layers("scan", _model(1), nnx.Param)
+    assert resolve_layers("unrolled", deep, nnx.Param)[0] == "unrolled"
     with pytest.raises(InputError, match=r"layers must be one of"):
         DPSGDConfig(steps=1, noise_multiplier=1.0, layers="stacked", **BASE)
 
@@ -77,7 +80,7 @@ def test_scanned_training_equals_unrolled_training_and_gives_the_model_back_unro
     """Four SGD steps without noise (units clipped): the scanned run's parameters equal the unrolled run's
     to 1e-6 relative, the model comes back with one module per block, and the report says which layout ran;
     power: the same run on other data moves the parameters by far more. With LoRA adapters on every block
-    (trainable = LoRA parameters) alike."""
+    (trainable = LoRA parameters) clipped by book-keeping alike."""
     data = _data()
     runs = {}
     for layers in ("unrolled", "scan"):
@@ -93,8 +96,9 @@ def test_scanned_training_equals_unrolled_training_and_gives_the_model_back_unro
     other, _, _ = train(_model(), _data(seed=1), config, key=jax.random.key(3))
     assert np.abs(_flat(other) - runs["unrolled"]).max() > 100 * 1e-6 * moved
     lora = {}
-    for layers in ("unrolled", "scan"):
-        config = DPSGDConfig(steps=3, clip_norm=0.05, noise_multiplier=0.0, layers=layers, **BASE)
+    for layers in ("unrolled", "scan"):  # and by book-keeping, the blocks tapped inside the scan
+        config = DPSGDConfig(steps=3, clip_norm=0.05, noise_multiplier=0.0, layers=layers, clipping="book_keeping",
+                             **BASE)
         model = apply_lora(_model(), LoRAConfig(rank=2), key=jax.random.key(1))
         trained, _, report = train(model, data, config, key=jax.random.key(3), trainable=nnx.LoRAParam)
         assert report.layers == layers

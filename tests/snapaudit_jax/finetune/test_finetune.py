@@ -502,6 +502,41 @@ def test_run_report_card_resume_and_export(tiny, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_a_deep_model_trains_under_the_scan_and_releases_every_blocks_adapters(tmp_path):
+    """A model of SCAN_MIN_LAYERS blocks trains with its blocks under one scan (``[finetune] layers = "scan"``;
+    the card says so), resumes to the same card, and its released adapter moved in every block (B starts at
+    zero: an adapter the stacked step never updated would still be zero there)."""
+    from safetensors.numpy import load_file
+
+    from snapaudit_jax.dpsgd import SCAN_MIN_LAYERS
+
+    rows = _notes()
+    model = make_tiny_llm_folder(str(tmp_path / "model"), [r["text"] for r in rows], vocab_size=300,
+                                 layers=SCAN_MIN_LAYERS)
+    data = tmp_path / "notes.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = _toml(tmp_path, model, str(data), canaries="n_canaries = 0\n",
+                finetune="method = \"lora\"\nrank = 2\nsteps = 3\nbatch_size = 4\nlearning_rate = 0.01\n"
+                         "checkpoint_every = 2\nlayers = \"scan\"\n")
+    out = tmp_path / "run"
+    assert main(["finetune", cfg, "--out", str(out), "--quiet"]) == 0
+    card = json.loads((out / "report.json").read_text())
+    dp = card["dpsgd"]
+    assert dp["layers"] == "scan" and dp["layers_reason"] == 'requested (layers = "scan")'
+    assert '| layers (the same function either way, to float32 rounding) | scan (requested (layers = "scan")) |' in (
+        out / "report.md").read_text()
+    folder = out / "export" / "private_adapter"
+    adapter = load_file(str(next(folder / n for n in os.listdir(folder) if n.endswith(".safetensors"))))
+    for i in range(SCAN_MIN_LAYERS):
+        moved = [k for k, v in adapter.items() if f"layers.{i}." in k and "lora_B" in k and np.abs(v).max() > 0]
+        assert moved, f"block {i}: no adapter moved"
+    assert main(["finetune", cfg, "--out", str(out), "--quiet"]) == 0
+    again = json.loads((out / "report.json").read_text())
+    card.pop("seconds"), again.pop("seconds")
+    assert again == card
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("digits", [4, 6])
 def test_the_plan_counts_the_canary_scoring_the_run_does(tiny, monkeypatch, digits):
     """The plan's count of canary continuations and forward passes per model equals what the memorization

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from snapaudit_jax.dpsgd import ghost, sequence_losses
+from snapaudit_jax.dpsgd import clipped_grad_sum, ghost, sequence_losses
 from snapaudit_jax.finetune.lora import LoRAConfig, apply_lora
 from snapaudit_jax.models import Greedy, decode
 from snapaudit_jax.models.config import GPT2Config, LlamaConfig
@@ -101,8 +101,8 @@ def test_round_trip_is_bitwise_and_leaves_the_model_alone():
     np.testing.assert_array_equal(np.asarray(model.blocks[0].c_fc.kernel[...]), before["blocks.0.c_fc.kernel"])
 
 
-@pytest.mark.parametrize("make", [pytest.param(gpt2, marks=pytest.mark.slow), pytest.param(llama, marks=pytest.mark.slow),
-                                  pytest.param(lambda layers: llama(layers, tied=True), marks=pytest.mark.slow)],
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [gpt2, llama, lambda layers: llama(layers, tied=True)],
                          ids=["gpt2", "llama-untied", "llama-tied"])
 def test_stacked_model_computes_the_same_losses_and_gradients(make):
     """Per-row losses and every parameter's gradient of the stacked model equal the unrolled model's (float32,
@@ -172,14 +172,46 @@ def test_blocks_that_differ_or_too_few_are_refused():
         stack_layers(gpt2(1))
 
 
-def test_fast_clipping_taps_name_the_stacked_parameters_as_not_covered():
-    """The ghost and book-keeping taps see unrolled blocks only: on a stacked model every stacked parameter is
-    named as not covered (so the fast paths refuse it), the rest stays covered."""
-    tokens, mask = batch(rows=1)
-    missing = ghost.not_covered(*nnx.split(stack_layers(gpt2(2)), nnx.Param, ...), tokens, mask)
-    assert missing and all(name.startswith("blocks.layers.") for name in missing)
-    assert "blocks.layers.c_fc.kernel" in missing
-    assert ghost.not_covered(*nnx.split(gpt2(2), nnx.Param, ...), tokens, mask) == ()
+def _by_unrolled_name(tree, layers: int) -> dict[str, np.ndarray]:
+    return unstacked_grads(tree, layers)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["gpt2-full", "llama-lora"])
+def test_fast_clipping_on_stacked_blocks_equals_the_per_record_path(kind):
+    """The ghost norms and the book-keeping and ghost clipped sums of a stacked model (its blocks tapped inside the
+    scan) equal jax_privacy's per-record path on the unrolled model: norms to 1e-5 relative, every parameter's
+    clipped sum to 1e-5 of its largest entry, with most units clipped; nothing is left uncovered. Power: a stacked
+    parameter's norm is the sum of its layers' (the unrolled per-parameter norms), not any one layer's."""
+    layers = 3
+    if kind == "gpt2-full":
+        model, trainable = gpt2(layers), nnx.Param
+    else:
+        model = apply_lora(llama(layers), LoRAConfig(rank=2), key=jax.random.key(1))
+        for block in model.blocks:
+            for b in block.qkv_proj.lora_b:
+                b[...] = jax.random.normal(jax.random.key(2), b.shape) * 0.1
+        trainable = nnx.LoRAParam
+    stacked = stack_layers(model)
+    tokens, mask = batch(rows=6)
+    assert ghost.not_covered(*nnx.split(stacked, trainable, ...), tokens[:1], mask[:1]) == ()
+    oracle = clipped_grad_sum(model, tokens, mask, clip_norm=float("inf"), trainable=trainable)
+    norms = ghost.dense_sq_norms(stacked, tokens, mask, trainable=trainable)
+    np.testing.assert_allclose(np.sqrt(np.asarray(norms.total)), np.asarray(oracle.norms), rtol=1e-5)
+    unrolled = ghost.dense_sq_norms(model, tokens, mask, trainable=trainable)
+    name = sorted(n for n in norms.per_param if n.startswith("blocks.layers."))[-1]
+    parts = [np.asarray(unrolled.per_param[name.replace("blocks.layers.", f"blocks.{i}.")]) for i in range(layers)]
+    np.testing.assert_allclose(np.asarray(norms.per_param[name]), sum(parts), rtol=1e-5)
+    assert all(not np.allclose(np.asarray(norms.per_param[name]), part, rtol=1e-3) for part in parts)
+    clip = float(np.median(np.asarray(oracle.norms))) / 2
+    want = _by_unrolled_name(clipped_grad_sum(model, tokens, mask, clip_norm=clip, trainable=trainable).grad_sum,
+                             layers)
+    for method in ("book_keeping", "ghost"):
+        got = _by_unrolled_name(clipped_grad_sum(stacked, tokens, mask, clip_norm=clip, trainable=trainable,
+                                                 method=method).grad_sum, layers)
+        assert got.keys() == want.keys()
+        for n, g in want.items():
+            np.testing.assert_allclose(got[n], g, rtol=0, atol=1e-5 * float(np.abs(g).max()), err_msg=f"{method} {n}")
 
 
 def _lowered_kb(model, tokens, mask) -> float:
@@ -191,6 +223,7 @@ def _lowered_kb(model, tokens, mask) -> float:
     return len(jax.jit(jax.grad(loss)).lower(params, rest, tokens, mask).as_text()) / 1024
 
 
+@pytest.mark.slow
 def test_the_stacked_step_does_not_grow_with_depth():
     """The lowered gradient step of a stacked model is as large at 8 blocks as at 2 (within 2 %: only the
     parameters' shapes change), where the unrolled one grows by more than half (power)."""
