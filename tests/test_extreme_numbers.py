@@ -31,6 +31,8 @@ def _loaders():
     from snapaudit_jax.finetune.config import load_finetune_config
 
     return {"finetune_small.toml": load_finetune_config, "finetune_gpu.toml": load_finetune_config,
+            "finetune_scale.toml": load_finetune_config, "finetune_scale_eps3.toml": load_finetune_config,
+            "finetune_scale_full.toml": load_finetune_config,
             "quickstart.toml": load_config, "one_run.toml": load_config, "one_run_wide.toml": load_config,
             "pii_small.toml": load_pii_config, "pii_gpu.toml": load_pii_config,
             "cpa_synthetic.toml": load_cpa_config, "cpa_llm.toml": load_cpa_config}

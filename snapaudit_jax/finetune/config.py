@@ -16,6 +16,7 @@ from typing import Any
 
 from snapaudit_jax.dpsgd.canaries import CanaryConfig
 from snapaudit_jax.dpsgd.config import CLIPPINGS, LAYERS
+from snapaudit_jax.finetune.synthetic import GENERATORS, MAX_UNITS
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.config import ConfigFileError, dataclass_section, read_toml, reject_unknown
 from snapaudit_jax.utils.errors import InputError
@@ -47,7 +48,13 @@ class DataConfig:
 
     Attributes:
       path: a local ``.jsonl`` / ``.json`` / ``.csv`` / ``.parquet`` file, read in memory
-        (:func:`snapaudit_jax.utils.records.read_records`: no copy in any library cache).
+        (:func:`snapaudit_jax.utils.records.read_records`: no copy in any library cache); ``""`` with ``generate``.
+      generate: ``""`` (default: the records are ``path``'s), or the name of a synthetic corpus made in memory at
+        run time instead of a file (:data:`snapaudit_jax.finetune.synthetic.GENERATORS`: ``"clinical_notes"``,
+        whose records have the columns ``patient`` and ``text``): a corpus of any size, never committed.
+      generate_units: with ``generate``, the corpus's units (patients), ``1`` to
+        :data:`~snapaudit_jax.finetune.synthetic.MAX_UNITS`.
+      generate_seed: with ``generate``, the generator's seed (the corpus is public: it decides nothing secret).
       text_field: the column holding each record's text (unless ``messages_field``).
       messages_field: a column of chat messages (``[{"role", "content"}, ...]``), rendered once with the model's
         chat template (token ids as transformers' ``apply_chat_template(messages, tokenize=True)``); replaces
@@ -69,6 +76,9 @@ class DataConfig:
     """
 
     path: str = ""
+    generate: str = ""
+    generate_units: int = 0
+    generate_seed: int = 0
     text_field: str = "text"
     messages_field: str = ""
     train_on: str = "assistant"
@@ -88,8 +98,26 @@ class DataConfig:
         Raises:
           InputError: a field breaking its rule (naming the field, the rule and the value).
         """
-        if not isinstance(self.path, str) or not self.path.strip():
-            raise InputError(f"path must name the data file (.jsonl, .json, .csv or .parquet), got {self.path!r}")
+        if not isinstance(self.generate, str):
+            raise InputError(f"generate must be a string, got {self.generate!r}")
+        if self.generate:
+            validate.choice("generate", self.generate, tuple(GENERATORS))
+            if self.path:
+                raise InputError(f"path must be empty with generate (the records are made at run time), got "
+                                 f"{self.path!r}")
+            if self.held_out_path:
+                raise InputError(f"held_out_path must be empty with generate (held_out_fraction splits the made "
+                                 f"corpus), got {self.held_out_path!r}")
+            if validate.positive_int("generate_units", self.generate_units) > MAX_UNITS:
+                raise InputError(f"generate_units must be <= {MAX_UNITS}, got {self.generate_units}")
+            validate.seed("generate_seed", self.generate_seed)
+        else:
+            for name in ("generate_units", "generate_seed"):
+                if getattr(self, name) != 0:
+                    raise InputError(f"{name} must be 0 without generate, got {getattr(self, name)!r}")
+            if not isinstance(self.path, str) or not self.path.strip():
+                raise InputError(f"path must name the data file (.jsonl, .json, .csv or .parquet), got "
+                                 f"{self.path!r}")
         for name in ("text_field", "messages_field", "user_field", "held_out_path", "system_prompt"):
             if not isinstance(getattr(self, name), str):
                 raise InputError(f"{name} must be a string, got {getattr(self, name)!r}")
@@ -527,7 +555,8 @@ def load_finetune_config(path: str | os.PathLike) -> FinetuneConfig:
         raise ConfigFileError(f"run.{str(err).split(' ', 1)[0]}: {err}") from None
     reject_unknown(run, "run")
     if "data" not in raw:
-        raise ConfigFileError("data.path: the [data] table with the path of the records file is required")
+        raise ConfigFileError("data.path: the [data] table with the path of the records file (or generate) is "
+                              "required")
     for name, kind in _SECTIONS.items():
         body = raw.pop(name, {})
         default = kind()

@@ -50,6 +50,7 @@ import numpy as np
 from snapaudit_jax.utils.records import read_records
 from snapaudit_jax.dpsgd.canaries import CanarySet, make_canaries
 from snapaudit_jax.finetune.config import FinetuneConfig
+from snapaudit_jax.finetune.synthetic import generated
 from snapaudit_jax.models.inference import CONTEXT, TARGET, frame
 from snapaudit_jax.utils.config import ConfigFileError
 from snapaudit_jax.utils.errors import InputError
@@ -248,10 +249,14 @@ def load_texts(path: str, config: FinetuneConfig, tokenizer, key: str = "data.pa
         a string or an integer (naming the row).
     """
     data = config.data
-    try:
-        columns = read_records(path)
-    except InputError as err:
-        raise ConfigFileError(f"{key}: {err}") from None
+    if key == "data.path" and data.generate:  # made in memory at run time (finetune.synthetic)
+        columns, _ = generated(data.generate, data.generate_units, data.generate_seed)
+        path = f"the generated {data.generate} corpus"
+    else:
+        try:
+            columns = read_records(path)
+        except InputError as err:
+            raise ConfigFileError(f"{key}: {err}") from None
     n = max((len(v) for v in columns.values()), default=0)
     if n == 0:
         raise ConfigFileError(f"{key}: {path} holds no records")

@@ -46,6 +46,7 @@ from snapaudit_jax.dpsgd.sampling import inclusion_threshold
 from snapaudit_jax.finetune.config import FinetuneConfig
 from snapaudit_jax.finetune.data import FinetuneData, pack_records, pack_units, prepare_data
 from snapaudit_jax.finetune.lora import TRAINABLE, LoRAConfig, apply_lora
+from snapaudit_jax.finetune.synthetic import generated
 from snapaudit_jax.utils.config import ConfigFileError
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.files import sha256_file
@@ -387,13 +388,17 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
     """
     from snapaudit_jax.dpsgd import ghost, record_losses
     from snapaudit_jax.dpsgd.gradients import _clipped_sum
-    from snapaudit_jax.dpsgd.train import resolve_clipping
+    from snapaudit_jax.dpsgd.train import resolve_clipping, resolve_layers
+    from snapaudit_jax.models.decoders import stack_layers
 
     cfg = prep.config
     model = _build_model(prep)
     graphdef, params, rest = nnx.split(model, _trainable(prep), ...)
     tokens, mask = prep.dataset
     path, reason = resolve_clipping(cfg.finetune.clipping, graphdef, params, rest, tokens[:1], mask[:1])
+    layers, layers_reason = resolve_layers(cfg.finetune.layers, model, _trainable(prep))
+    if layers == "scan":  # the step measured in the layout the run trains in
+        graphdef, params, rest = nnx.split(stack_layers(model), _trainable(prep), ...)
     size = prep.dpsgd_config(False).microbatch_for(prep.data.num_units)
     longest = int(np.argmax((mask.reshape(mask.shape[0], -1) > 0).sum(axis=1)))
     t = jax.numpy.asarray(np.repeat(tokens[longest:longest + 1], size, axis=0))
@@ -429,7 +434,8 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
     if prep.sweep is not None:
         runs = prep.sweep["accounting"].runs
         phases["sweep_validation"] = per_batch * -(-len(prep.data.validation) // bs) * runs
-    measured = {"clipping": path, "clipping_reason": reason, "microbatch_size": size,
+    measured = {"clipping": path, "clipping_reason": reason, "layers": layers, "layers_reason": layers_reason,
+                "microbatch_size": size,
                 "microbatches_per_step": microbatches, "seconds_per_microbatch": per_microbatch,
                 "seconds_per_unit": per_microbatch / size, "seconds_per_eval_batch": per_batch}
     if prep.data.canaries is not None:
@@ -569,6 +575,7 @@ def format_plan(info: dict[str, Any]) -> str:
             f"{info['method']} fine-tuning: {t['trainable_parameters']:,} of {info['parameters']:,} parameters train",
             f"clipping: {t['clipping'].replace('_', '-')} ({t['clipping_reason']}), {t['microbatch_size']} units a "
             f"microbatch, {t['microbatches_per_step']:.3g} microbatches a step on average",
+            f"layers: {t.get('layers', 'unrolled')} ({t.get('layers_reason', '')})",
             f"step time on this machine: {t['seconds_per_microbatch']:.3g} s a microbatch, about "
             f"{t['seconds_per_step']:.3g} s a step; the run, about {t['seconds_total'] / 60:.1f} min: "
             + ", ".join(f"{name.replace('_', ' ')} {sec / 60:.1f}" for name, sec in t["phases"].items())
@@ -606,7 +613,11 @@ def run_folder(config: FinetuneConfig, out_dir: str | os.PathLike) -> RunFolder:
       The :class:`~snapaudit_jax.utils.run_folder.RunFolder` of command ``finetune``.
     """
     table = config.to_table()
-    table["data"]["sha256"] = _file_digest(config.data.path, "data.path")
+    if config.data.generate:  # the made corpus's digest (the same records for the same generator, size and seed)
+        table["data"]["sha256"] = generated(config.data.generate, config.data.generate_units,
+                                            config.data.generate_seed)[1]
+    else:
+        table["data"]["sha256"] = _file_digest(config.data.path, "data.path")
     if config.data.held_out_path:
         table["data"]["held_out_sha256"] = _file_digest(config.data.held_out_path, "data.held_out_path")
     return RunFolder(out_dir, "finetune", table, version=RESUME_VERSION, results=RESULT_FILES)

@@ -281,6 +281,11 @@ def test_plan_matches_dp_accounting_and_trains_nothing(tiny, tmp_path):
     ({"finetune": "batch_size = 1000\n"}, "finetune.batch_size"),
     ({"privacy": "target_epsilon = 4.0\nnoise_multiplier = 1.0\n"}, "privacy.target_epsilon"),
     ({"privacy": "unit = \"user\"\n", "data": "path = \"{data}\"\n"}, "data.user_field"),
+    ({"data": "path = \"{data}\"\ngenerate = \"clinical_notes\"\ngenerate_units = 10\n"}, "path must be empty with generate (the records are made at run time), got"),
+    ({"data": "generate = \"court_cases\"\ngenerate_units = 10\n"}, "data.generate"),
+    ({"data": "generate = \"clinical_notes\"\n"}, "data.generate_units"),
+    ({"data": "generate = \"clinical_notes\"\ngenerate_units = 1000001\n"}, "generate_units must be <= 1000000"),
+    ({"data": "path = \"{data}\"\ngenerate_units = 10\n"}, "generate_units must be 0 without generate"),
 ])
 def test_bad_settings_are_refused_before_training_naming_the_key(tiny, tmp_path, sections, key, capsys):
     root, model, data, _ = tiny
@@ -499,6 +504,32 @@ def test_run_report_card_resume_and_export(tiny, tmp_path, capsys):
     other = _toml(root, model, data, finetune="method = \"lora\"\nrank = 2\nsteps = 4\nbatch_size = 4\n")
     assert main(["finetune", other, "--out", str(out), "--quiet"]) == 2
     assert "finetune.steps" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_generated_corpus_is_made_at_run_time_and_stamps_the_run_folder(tiny, tmp_path):
+    """``[data] generate``: the run trains on the generator's patients (user-level units, split by the keyed
+    hash), nothing is read from or written to a data file, and the run folder's stamp holds the corpus's digest
+    (another seed: another digest)."""
+    from snapaudit_jax.finetune.run import run_folder
+    from snapaudit_jax.finetune.synthetic import clinical_notes, digest
+
+    root, model, _, _ = tiny
+    data = ('generate = "clinical_notes"\ngenerate_units = 60\ngenerate_seed = 3\nuser_field = "patient"\n'
+            'max_length = 24\nheld_out_fraction = 0.2\n')
+    cfg = _toml(root, model, "", data=data, privacy="unit = \"user\"\ntarget_epsilon = 4.0\n"
+                                                   "max_records_per_user = 2\n", canaries="n_canaries = 0\n")
+    config = load_finetune_config(cfg)
+    assert config.data.path == "" and config.data.generate_units == 60
+    prep = prepare(config)
+    notes = clinical_notes(60, 3)
+    patients = {r["patient"] for r in notes}
+    held = sum(_coin(1, "held_out", b"user\0" + p.casefold().encode()) < 0.2 for p in patients)  # canonical ids
+    assert 0 < held < 60 and prep.data.stats["users"] == 60
+    assert prep.dataset[0].shape[0] == 60 - held and prep.dataset[0].shape[1] == 2
+    table = run_folder(config, str(tmp_path / "run")).config
+    assert table["data"]["sha256"] == digest(notes) != digest(clinical_notes(60, 4))
+    assert table["data"]["generate"] == "clinical_notes"
 
 
 @pytest.mark.slow
