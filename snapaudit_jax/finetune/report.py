@@ -16,7 +16,12 @@ from typing import Any
 
 from snapaudit_jax.utils.io import to_json, write_json, write_text
 
-__all__ = ["build_report", "write_report", "format_report", "RELEASE_STATUS"]
+__all__ = ["build_report", "write_report", "format_report", "compare_models", "GOALS", "RELEASE_STATUS"]
+
+GOALS = {"private_over_baseline_perplexity": 1.5, "private_over_base_perplexity": 0.5}
+"""The scale run's goals (docs/finetune.md): the DP model's held-out perplexity at most 1.5x the non-private
+twin's and at most half the base's. Printed by every run with a twin and a base, never asserted: a goal missed is
+a result, not an error."""
 
 RELEASE_STATUS = {
     "private_model": "(epsilon, delta)-DP for the protected unit (the accounted release)",
@@ -143,6 +148,7 @@ def build_report(prep, trainings: dict[str, tuple[dict, dict]], evaluations: dic
                                        "trained on its answers: after its last whole answer, or left out)"},
         "method": {"kind": cfg.finetune.method, "base": cfg.model.base, "lora": lora},
         "models": models,
+        "comparison": compare_models(models),
         "releases": releases,
         "exports": exports,
         "histories": {name: h for name, (h, _) in trainings.items()},
@@ -166,6 +172,32 @@ def build_report(prep, trainings: dict[str, tuple[dict, dict]], evaluations: dic
         else:
             card["sweep"]["runs"] = "in sweep.json only (keep private: releasing K or the other runs voids the bound)"
     return to_json(card)
+
+
+def compare_models(models: dict[str, dict]) -> dict[str, Any] | None:
+    """What DP cost in utility and bought in memorization: the private model against its twin and the base.
+
+    Args:
+      models: the card's ``models`` (``base``, ``private`` and, with a twin, ``baseline``).
+
+    Returns:
+      ``None`` without the three models; else each ratio of :data:`GOALS` with its goal and whether it is met,
+      and, with canaries, the inserted canaries' median exposure for the twin, the private model and the twin's
+      held-out controls (the twin memorised when its inserted canaries stand above its controls; the private model
+      should not).
+    """
+    if not {"base", "private", "baseline"} <= set(models):
+        return None
+    ppl = {name: models[name]["held_out_perplexity"] for name in ("base", "private", "baseline")}
+    out: dict[str, Any] = {"note": "goals of the scale examples (docs/finetune.md), printed, never asserted"}
+    for name, goal in GOALS.items():
+        ratio = ppl["private"] / ppl["baseline" if "baseline" in name else "base"]
+        out[name] = {"ratio": ratio, "goal": goal, "met": bool(ratio <= goal)}
+    exposure = {name: (models[name].get("canaries") or {}).get("exposure") for name in ("private", "baseline")}
+    if all(exposure.values()):
+        out["exposure_median_inserted"] = {name: exposure[name]["median_inserted"] for name in exposure}
+        out["exposure_median_held_out"] = {name: exposure[name]["median_held_out"] for name in exposure}
+    return out
 
 
 def _num(x, fmt: str = ".4g") -> str:
@@ -278,6 +310,19 @@ def format_report(card: dict[str, Any]) -> str:
         else:
             text += ": too few canaries for a non-trivial bound."
         lines += ["", text]
+    comparison = card.get("comparison")
+    if comparison:
+        lines += ["", "## DP against the twin and the base", "", f"({comparison['note']})", "",
+                  "| measure | value | goal | met |", "|---|---:|---:|---|"]
+        for name, label in (("private_over_baseline_perplexity", "held-out perplexity, private / twin"),
+                            ("private_over_base_perplexity", "held-out perplexity, private / base")):
+            row = comparison[name]
+            lines.append(f"| {label} | {row['ratio']:.3f} | <= {row['goal']:g} | {'yes' if row['met'] else 'no'} |")
+        if "exposure_median_inserted" in comparison:
+            ins, held = comparison["exposure_median_inserted"], comparison["exposure_median_held_out"]
+            for name, label in (("baseline", "twin"), ("private", "private")):
+                lines.append(f"| canary exposure, {label}: inserted / held-out median (bits) | "
+                             f"{_num(ins[name], '.2f')} / {_num(held[name], '.2f')} | | |")
     lines += ["", "## Every data-dependent release", "", "| release | privacy status |", "|---|---|"]
     lines += [f"| {r['release']} | {r['status']} |" for r in card["releases"]]
     if card.get("exports"):

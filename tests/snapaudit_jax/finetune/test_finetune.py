@@ -480,6 +480,11 @@ def test_run_report_card_resume_and_export(tiny, tmp_path, capsys):
     assert "NOT private" in statuses and "NOT covered" in statuses
     assert set(card["models"]) == {"base", "private", "baseline"}
     assert card["models"]["baseline"]["release"] == "NOT private"
+    # DP against the twin and the base: the ratios of the printed perplexities, with their goals
+    ppl = {name: row["held_out_perplexity"] for name, row in card["models"].items()}
+    comparison = card["comparison"]
+    assert comparison["private_over_baseline_perplexity"]["ratio"] == pytest.approx(ppl["private"] / ppl["baseline"])
+    assert comparison["private_over_base_perplexity"]["ratio"] == pytest.approx(ppl["private"] / ppl["base"])
     md = (out / "report.md").read_text()
     assert md.startswith("# DP fine-tuning report")
     # the command's page: the card cell for cell, its releases' statuses among the notes
@@ -504,6 +509,31 @@ def test_run_report_card_resume_and_export(tiny, tmp_path, capsys):
     other = _toml(root, model, data, finetune="method = \"lora\"\nrank = 2\nsteps = 4\nbatch_size = 4\n")
     assert main(["finetune", other, "--out", str(out), "--quiet"]) == 2
     assert "finetune.steps" in capsys.readouterr().err
+
+
+def test_the_comparison_holds_the_ratios_goals_and_exposures():
+    """compare_models: each perplexity ratio against its goal (met when at most the goal, the boundary included),
+    the median exposures of both trained models, and nothing without a twin or a base."""
+    from snapaudit_jax.finetune.report import GOALS, compare_models
+
+    def model(ppl, exposure=None):
+        row = {"held_out_perplexity": ppl}
+        if exposure is not None:
+            row["canaries"] = {"exposure": {"median_inserted": exposure[0], "median_held_out": exposure[1]}}
+        return row
+
+    models = {"base": model(20.0), "private": model(10.0, (1.0, 0.9)), "baseline": model(8.0, (12.5, 1.1))}
+    out = compare_models(models)
+    assert out["private_over_baseline_perplexity"] == {"ratio": 1.25, "goal": GOALS[
+        "private_over_baseline_perplexity"], "met": True}
+    assert out["private_over_base_perplexity"] == {"ratio": 0.5, "goal": 0.5, "met": True}
+    assert out["exposure_median_inserted"] == {"private": 1.0, "baseline": 12.5}
+    assert out["exposure_median_held_out"] == {"private": 0.9, "baseline": 1.1}
+    models["private"] = model(12.5)
+    out = compare_models(models)
+    assert not out["private_over_baseline_perplexity"]["met"] and not out["private_over_base_perplexity"]["met"]
+    assert "exposure_median_inserted" not in out
+    assert compare_models({"base": model(1.0), "private": model(1.0)}) is None
 
 
 @pytest.mark.slow
