@@ -15,6 +15,10 @@ Both expose the same call::
 ``logits`` is separate so scoring can apply the vocabulary projection only to
 the positions it needs.
 
+:func:`stack_layers` gives a model whose blocks run as one :func:`jax.lax.scan` over parameters stacked on a
+leading layer axis (training, scoring, and decoding with the stacked cache of :func:`empty_cache`): tracing and
+compiling cost one block whatever the depth; :func:`unstack_layers` gives the per-block model back.
+
 The compute dtype is the parameters' dtype (:attr:`GPT2.dtype`, :attr:`Llama.dtype`;
 :func:`~snapaudit_jax.models.weights.cast_model` casts a model). Below float32
 (bfloat16) activations and the KV cache take that dtype, and what transformers
@@ -194,6 +198,32 @@ class StackedBlocks(nnx.Module):
 
         return jax.lax.scan(body, x, state)[0]
 
+    def cached(self, x, *args, cache: LayerCache, index):
+        """``x`` through every block with a stacked KV cache, as one :func:`jax.lax.scan` over the blocks and their
+        caches.
+
+        Args:
+          x: ``(B, L, E)`` hidden states.
+          *args: the blocks' shared inputs, as :meth:`__call__`.
+          cache: one :class:`~snapaudit_jax.models.layers.LayerCache` whose keys and values carry a leading layer
+            axis (``(n, B, S, K, D)``: :func:`empty_cache` of a stacked model).
+          index: slot of the first new token.
+
+        Returns:
+          ``(hidden, cache)``: the hidden states after the last block and the cache with the new keys and values
+          written at ``index`` (a new stacked cache: decoding copies it once per step, where an unrolled model
+          writes in place).
+        """
+        graphdef, state = nnx.split(self.layers)
+
+        def body(h, xs):
+            layer_state, k, v = xs
+            h, new = nnx.merge(graphdef, layer_state)(h, *args, LayerCache(k, v), index)
+            return h, (new.k, new.v)
+
+        h, (k, v) = jax.lax.scan(body, x, (state, cache.k, cache.v))
+        return h, LayerCache(k, v)
+
 
 def stack_layers(model):
     """``model`` with its blocks stacked into one :class:`StackedBlocks` (a scan over the layers).
@@ -235,12 +265,15 @@ def unstack_layers(model):
 
 
 def _run_blocks(model, x, args, cache, index):
-    """``x`` through every block, with the new cache (``None`` without one): one scan for stacked blocks
-    without a cache, else block by block (a stacked model's blocks sliced out of the stack)."""
+    """``x`` through every block, with the new cache (``None`` without one): one scan for stacked blocks without a
+    cache or with a stacked one, else block by block (a stacked model's blocks sliced out of the stack for a tuple
+    of per-layer caches)."""
     blocks = model.blocks
     if getattr(type(blocks), "scans_blocks", False):  # StackedBlocks, or the gradient taps' stand-in for one
         if cache is None:
             return blocks(x, *args), None
+        if isinstance(cache, LayerCache):  # a stacked cache (empty_cache of a stacked model)
+            return blocks.cached(x, *args, cache=cache, index=index)
         blocks = [blocks.layer(i) for i in range(len(blocks))]
     new_cache = []
     for i, block in enumerate(blocks):
@@ -326,14 +359,16 @@ class GPT2(nnx.Module):
           positions: ``(B, L)`` int32 position ids (:func:`~snapaudit_jax.models.layers.positions_from_mask`
             for left-padded rows).
           key_mask: ``(B, S)`` bool, slots holding real tokens; without a cache ``S = L``.
-          cache: one :class:`~snapaudit_jax.models.layers.LayerCache` per layer, each ``(B, S, H, D)``, or
-            ``None`` (attention over the new tokens only).
+          cache: one :class:`~snapaudit_jax.models.layers.LayerCache` per layer, each ``(B, S, H, D)`` (for a
+            stacked model also one ``LayerCache`` of ``(n, B, S, H, D)``: :func:`empty_cache`), or ``None``
+            (attention over the new tokens only).
           index: slot of the first new token in the cache (int or int32 scalar); ignored without a cache.
           allowed: optional ``(B, L, S)`` bool replacing the causal mask; it must never let a query see a later slot.
 
         Returns:
           ``(hidden, cache)``: ``(B, L, E)`` final-LayerNorm states in the compute dtype, and the updated tuple of
-          ``LayerCache`` (new keys/values written at ``index``), or ``None`` without a cache.
+          ``LayerCache`` (new keys/values written at ``index``; a stacked cache for a stacked one), or ``None`` without a
+          cache.
         """
         x = _embed(self.wte, tokens) + _embed(self.wpe, positions)
         bias = _mask_bias(key_mask, cache, index, tokens.shape[1], allowed)
@@ -437,14 +472,16 @@ class Llama(nnx.Module):
           positions: ``(B, L)`` int32 position ids, the RoPE angles
             (:func:`~snapaudit_jax.models.layers.positions_from_mask` for left-padded rows).
           key_mask: ``(B, S)`` bool, slots holding real tokens; without a cache ``S = L``.
-          cache: one :class:`~snapaudit_jax.models.layers.LayerCache` per layer, each ``(B, S, K, D)``, or
-            ``None`` (attention over the new tokens only).
+          cache: one :class:`~snapaudit_jax.models.layers.LayerCache` per layer, each ``(B, S, K, D)`` (for a
+            stacked model also one ``LayerCache`` of ``(n, B, S, K, D)``: :func:`empty_cache`), or ``None``
+            (attention over the new tokens only).
           index: slot of the first new token in the cache (int or int32 scalar); ignored without a cache.
           allowed: optional ``(B, L, S)`` bool replacing the causal mask; it must never let a query see a later slot.
 
         Returns:
           ``(hidden, cache)``: ``(B, L, E)`` final-RMSNorm states in the compute dtype, and the updated tuple of
-          ``LayerCache`` (new keys/values written at ``index``), or ``None`` without a cache.
+          ``LayerCache`` (new keys/values written at ``index``; a stacked cache for a stacked one), or ``None`` without a
+          cache.
         """
         cfg = self.cfg
         rope = rope_tables(positions, rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
@@ -479,8 +516,13 @@ def empty_cache(model, batch: int, slots: int) -> tuple[LayerCache, ...]:
 
     Returns:
       ``model.num_layers`` :class:`~snapaudit_jax.models.layers.LayerCache`, each holding ``(B, S, K, D)``
-      zeros in the model's compute dtype (``model.dtype``: float32, or bfloat16 for a bfloat16 model).
+      zeros in the model's compute dtype (``model.dtype``: float32, or bfloat16 for a bfloat16 model); for a
+      stacked model (:func:`stack_layers`) one ``LayerCache`` of ``(n, B, S, K, D)`` zeros, which its blocks
+      read and write under one scan.
     """
     kv_heads, dim = model.cache_shape()
+    if isinstance(model.blocks, StackedBlocks):
+        zeros = jnp.zeros((model.num_layers, batch, slots, kv_heads, dim), model.dtype)
+        return LayerCache(zeros, zeros)
     zeros = jnp.zeros((batch, slots, kv_heads, dim), model.dtype)
     return tuple(LayerCache(zeros, zeros) for _ in range(model.num_layers))

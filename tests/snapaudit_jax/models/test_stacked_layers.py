@@ -18,7 +18,8 @@ from snapaudit_jax.dpsgd import clipped_grad_sum, ghost, sequence_losses
 from snapaudit_jax.finetune.lora import LoRAConfig, apply_lora
 from snapaudit_jax.models import Greedy, decode
 from snapaudit_jax.models.config import GPT2Config, LlamaConfig
-from snapaudit_jax.models.decoders import GPT2, Llama, StackedBlocks, stack_layers, unstack_layers
+from snapaudit_jax.models.decoders import GPT2, Llama, StackedBlocks, empty_cache, stack_layers, unstack_layers
+from snapaudit_jax.models.layers import LayerCache
 from snapaudit_jax.utils.errors import InputError
 
 VOCAB = 41
@@ -148,10 +149,24 @@ def test_lora_adapters_stack_and_train_only_themselves():
         np.testing.assert_allclose(got[name], g, rtol=0, atol=1e-5 * float(np.abs(g).max()), err_msg=name)
 
 
+@pytest.mark.slow
 def test_decoding_a_stacked_model_with_its_cache_matches():
-    """Greedy decoding (prefill and cached steps, block by block out of the stack) gives the unrolled model's
-    tokens."""
+    """Greedy decoding of a stacked model (its cache stacked too: prefill and cached steps under one scan) gives
+    the unrolled model's tokens; a tuple of per-layer caches still works on it, block by block."""
     model = llama(3)
+    stacked = stack_layers(model)
+    cache = empty_cache(stacked, 2, 10)
+    assert isinstance(cache, LayerCache) and cache.k.shape == (3, 2, 10, 2, 4)
+    tokens4 = jnp.asarray([[3, 5, 7, 9]] * 2, jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(4), (2, 4))
+    key_mask = jnp.zeros((2, 10), bool).at[:, :4].set(True)
+    h_scan, c_scan = stacked(tokens4, positions, key_mask, cache=cache, index=0)
+    h_loop, c_loop = stacked(tokens4, positions, key_mask, cache=empty_cache(model, 2, 10), index=0)
+    np.testing.assert_allclose(np.asarray(h_scan), np.asarray(h_loop), rtol=1e-5, atol=1e-6)
+    for i in range(3):
+        np.testing.assert_allclose(np.asarray(c_scan.k[i]), np.asarray(c_loop[i].k), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(c_scan.v[i]), np.asarray(c_loop[i].v), rtol=1e-5, atol=1e-6)
+    assert float(jnp.abs(c_scan.k[:, :, :4]).max()) > 0 and float(jnp.abs(c_scan.k[:, :, 4:]).max()) == 0
     tokens = jnp.asarray([[3, 5, 7, 9], [0, 0, 11, 2]], jnp.int32)
     mask = jnp.asarray([[True] * 4, [False, False, True, True]])
     want = np.asarray(decode(model, tokens, mask, Greedy(), max_new_tokens=6))
@@ -223,12 +238,28 @@ def _lowered_kb(model, tokens, mask) -> float:
     return len(jax.jit(jax.grad(loss)).lower(params, rest, tokens, mask).as_text()) / 1024
 
 
+def _decode_kb(model, tokens, mask) -> float:
+    from snapaudit_jax.models.inference import Greedy, decode_tokens
+
+    graphdef, state = nnx.split(model)
+
+    def run(s, t, m):
+        return decode_tokens(nnx.merge(graphdef, s), t, m, Greedy(), jnp.int32(4), max_new=4)
+
+    return len(jax.jit(run).lower(state, tokens, mask).as_text()) / 1024
+
+
 @pytest.mark.slow
 def test_the_stacked_step_does_not_grow_with_depth():
-    """The lowered gradient step of a stacked model is as large at 8 blocks as at 2 (within 2 %: only the
-    parameters' shapes change), where the unrolled one grows by more than half (power)."""
+    """The lowered gradient step and the lowered decode loop of a stacked model are as large at 8 blocks as at 2
+    (within 2 %: only the parameters' shapes change), where the unrolled ones grow by more than half (power)."""
     tokens, mask = batch(rows=2)
     two, eight = (_lowered_kb(stack_layers(gpt2(n)), tokens, mask) for n in (2, 8))
     assert abs(eight - two) <= 0.02 * two, (two, eight)
     two_u, eight_u = (_lowered_kb(gpt2(n), tokens, mask) for n in (2, 8))
+    assert eight_u > 1.5 * two_u, (two_u, eight_u)
+    # decoding (prefill and the cached steps) alike
+    two, eight = (_decode_kb(stack_layers(llama(n)), tokens, mask) for n in (2, 8))
+    assert abs(eight - two) <= 0.02 * two, (two, eight)
+    two_u, eight_u = (_decode_kb(llama(n), tokens, mask) for n in (2, 8))
     assert eight_u > 1.5 * two_u, (two_u, eight_u)
