@@ -96,6 +96,10 @@ class TrainingConfig:
       clipping: how the DP variants clip (:class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s ``clipping``: ``"auto"``,
         ``"per_record"``, ``"book_keeping"``, ``"ghost"``; the same sum to float32 rounding, so never the
         guarantee); the path taken and why are in each DP variant's report.
+      layers: how every variant's decoder blocks run in the training step
+        (:class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s ``layers``: ``"auto"``, one scan over the stacked blocks on
+        accelerators for 4 blocks or more and unrolled on the CPU; ``"scan"``; ``"unrolled"``; compile and step
+        time only, the same function to float32 rounding); the layout and why are in each variant's report.
     """
 
     steps: int = 400
@@ -107,6 +111,7 @@ class TrainingConfig:
     delta: float | None = None
     accountant: str = "pld"
     clipping: str = "auto"
+    layers: str = "auto"
 
     def validate(self) -> "TrainingConfig":
         """Checks every field.
@@ -127,9 +132,10 @@ class TrainingConfig:
         if self.delta is not None:
             validate.open_unit("delta", self.delta)
         validate.choice("accountant", self.accountant, ("rdp", "pld"))
-        from snapaudit_jax.dpsgd.config import CLIPPINGS
+        from snapaudit_jax.dpsgd.config import CLIPPINGS, LAYERS
 
         validate.choice("clipping", self.clipping, CLIPPINGS)
+        validate.choice("layers", self.layers, LAYERS)
         return self
 
 

@@ -136,3 +136,19 @@ def test_the_dp_variants_clip_on_the_configured_path(tmp_path):
         assert cfg.training.clipping == want
         assert _dpsgd_config(cfg, True, 100).clipping == want
         assert _dpsgd_config(cfg, False, 100).non_private
+
+
+def test_every_variant_trains_in_the_configured_layout(tmp_path):
+    """``[training] layers`` reaches every variant's DPSGDConfig, DP and non-private alike (the default ``auto``
+    too); another value is refused naming the key."""
+    from attacks.run import _dpsgd_config
+
+    for line, want in (("", "auto"), ('layers = "scan"\n', "scan"), ('layers = "unrolled"\n', "unrolled")):
+        text = TINY.format(variants="").replace("steps = 6", "steps = 6\n" + line)
+        cfg = load_pii_config(write_toml(tmp_path, text))
+        assert cfg.training.layers == want
+        assert _dpsgd_config(cfg, True, 100).layers == want == _dpsgd_config(cfg, False, 100).layers
+    text = TINY.format(variants="").replace("steps = 6", 'steps = 6\nlayers = "stacked"')
+    refused = r"layers must be one of 'auto', 'scan', 'unrolled', got 'stacked' \(training\.layers\)"
+    with pytest.raises(ConfigFileError, match=refused):
+        load_pii_config(write_toml(tmp_path, text))
