@@ -82,8 +82,7 @@ def measure(args, layers: int, layout: str) -> dict:
     key = jax.random.key(args.seed)
     out = {}
     for path in args.paths:
-        config = dp_config(args, q, 1.0, path, 8, 1)
-        run = _prepare(model, data, type(config)(**{**config.__dict__, "layers": layout}), key)
+        run = _prepare(model, data, dp_config(args, q, 1.0, path, 8, 1, layers=layout), key)
         if run.identity["layers"] != (None if layout == "unrolled" else layout):
             raise RuntimeError(f"{path}: the step ran {run.identity['layers']}, not {layout}")
         state = {"params": jax.tree.map(jnp.array, run.params), "opt": jax.tree.map(jnp.array, run.opt_state)}

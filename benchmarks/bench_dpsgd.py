@@ -215,10 +215,13 @@ def ours_step(run, t, params, opt_state, hyper):
     return out
 
 
-def dp_config(args, q: float, clip: float, path: str, micro: int | None, steps: int) -> DPSGDConfig:
-    """The timed DP step's configuration: ``clip``, ``sigma = NOISE_MULTIPLIER``, AdamW, ``path`` at ``micro``."""
+def dp_config(args, q: float, clip: float, path: str, micro: int | None, steps: int,
+              layers: str = "auto") -> DPSGDConfig:
+    """The timed DP step's configuration: ``clip``, ``sigma = NOISE_MULTIPLIER``, AdamW, ``path`` at ``micro``,
+    the blocks laid out as ``layers``."""
     return DPSGDConfig(steps=steps, learning_rate=LEARNING_RATE, clip_norm=clip, noise_multiplier=NOISE_MULTIPLIER,
-                       delta=1e-5, sampling_rate=q, optimizer="adamw", b1=B1, microbatch_size=micro, clipping=path)
+                       delta=1e-5, sampling_rate=q, optimizer="adamw", b1=B1, microbatch_size=micro, clipping=path,
+                       layers=layers)
 
 
 def benchmark(args) -> dict:

@@ -7,9 +7,10 @@ Usage::
 
 It runs :mod:`bench_finetune` (see its docstring for what is measured and checked) with sizes for one
 accelerator: the SmolLM2-135M shape cut to ``--layers`` decoder layers (default 4; our steps run the blocks
-under one scan there, ``DPSGDConfig.layers = "auto"``, so ``--layers 30`` compiles about as fast), 128 tokens, expected batch 32 of 256 records, 3 timed steps per
-variant, both methods. Ours takes the clipping path ``auto`` picks on the backend beside the other two; the torch
-side (transformers, PEFT, Opacus hooks and ghost clipping) runs on the CUDA device torch sees. Correctness checks
+under one scan there, ``DPSGDConfig.layers = "auto"``, so ``--layers 30`` compiles about as fast), 128 tokens,
+expected batch 32 of 256 records, 3 timed steps per variant, both methods. Ours takes the clipping path ``auto``
+picks on the backend beside the other two; the torch side (transformers, PEFT, Opacus hooks and ghost clipping)
+runs on the CUDA device torch sees. Correctness checks
 run with float32 products at full precision on both sides; the timed steps at each backend's default.
 
 ``--cpu-smoke``: a one-layer toy of the shape, LoRA only, on the CPU (about 30 s). ``--deadline`` below 90

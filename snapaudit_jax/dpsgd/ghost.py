@@ -274,26 +274,30 @@ def _tap_kind(module) -> str | None:
     return None
 
 
+def _parent(model, path: tuple):
+    """The module holding the attribute or list item at ``path`` (a path of :func:`flax.nnx.iter_modules`)."""
+    parent = model
+    for key in path[:-1]:
+        parent = parent[key] if isinstance(key, int) else getattr(parent, key)
+    return parent
+
+
 def _tap_modules(model, record: dict) -> None:
     """Replaces every covered module of ``model`` (a fresh traced copy, its modules in ``record["modules"]``) by a
-    :class:`_Tap`; for the base projection of a LoRA adapter, records the adapter's ``(scale, spans)`` under the
-    adapter's path."""
+    :class:`_Tap` and every stacked block by a :class:`_ScanTap` (which taps the block's modules inside its scan);
+    for the base projection of a LoRA adapter, records the adapter's ``(scale, spans)`` under the adapter's
+    path."""
     from snapaudit_jax.finetune.lora import LoRAProjection
     from snapaudit_jax.models.decoders import StackedBlocks
 
     stacks = [path for path, module in record["modules"].items() if isinstance(module, StackedBlocks)]
     for path in stacks:  # a stacked block's modules run inside a scan: tapped there, layer by layer
-        parent = model
-        for key in path[:-1]:
-            parent = parent[key] if isinstance(key, int) else getattr(parent, key)
-        object.__setattr__(parent, path[-1], _ScanTap(record["modules"][path], path, record))
+        object.__setattr__(_parent(model, path), path[-1], _ScanTap(record["modules"][path], path, record))
     for path, module in record["modules"].items():
         kind = _tap_kind(module)
         if kind is None or not path or any(path[:len(stack)] == stack for stack in stacks):
             continue
-        parent = model
-        for key in path[:-1]:
-            parent = parent[key] if isinstance(key, int) else getattr(parent, key)
+        parent = _parent(model, path)
         if isinstance(parent, LoRAProjection) and path[-1] == "base":
             record["lora"][path[:-1]] = (parent.scale, tuple(parent.spans))
         tap = _Tap(module, path, record, kind)

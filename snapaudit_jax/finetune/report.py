@@ -182,9 +182,9 @@ def compare_models(models: dict[str, dict]) -> dict[str, Any] | None:
 
     Returns:
       ``None`` without the three models; else each ratio of :data:`GOALS` with its goal and whether it is met,
-      and, with canaries, the inserted canaries' median exposure for the twin, the private model and the twin's
-      held-out controls (the twin memorised when its inserted canaries stand above its controls; the private model
-      should not).
+      and, with canaries, the median exposure of the inserted canaries and of the held-out controls for the twin
+      and for the private model (the twin memorised when its inserted canaries stand above its controls; the
+      private model should not).
     """
     if not {"base", "private", "baseline"} <= set(models):
         return None

@@ -30,6 +30,8 @@ returns them rounded to bfloat16). A float32 model computes as it always has.
 
 from __future__ import annotations
 
+import operator
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -110,11 +112,14 @@ def _self_attention(q, k, v, bias, cache, index):
     return attend(q, cache.k, cache.v, bias, causal_blocks=blocks), cache
 
 
-def check_stackable(blocks) -> None:
+def check_stackable(blocks):
     """Raises unless ``blocks`` can be stacked (nothing is traced or copied).
 
     Args:
       blocks: a decoder's blocks.
+
+    Returns:
+      Their common :class:`flax.nnx.GraphDef` (one block's structure).
 
     Raises:
       InputError: fewer than two blocks, or blocks that differ in structure (e.g. LoRA adapters on some layers
@@ -127,13 +132,13 @@ def check_stackable(blocks) -> None:
         if nnx.graphdef(block) != graphdef:
             raise InputError(f"block {i} differs in structure from block 0 (adapters or modules on some layers "
                              "only): the layers cannot be stacked")
+    return graphdef
 
 
 def _stacked_state(blocks):
     """``(graphdef, state)`` of ``blocks`` stacked along a new leading axis (the layer axis); see
     :func:`check_stackable`."""
-    check_stackable(blocks)
-    graphdef, _ = nnx.split(blocks[0])
+    graphdef = check_stackable(blocks)
     return graphdef, jax.tree.map(lambda *leaves: jnp.stack(leaves), *(nnx.state(block) for block in blocks))
 
 
@@ -168,17 +173,14 @@ class StackedBlocks(nnx.Module):
     def __len__(self) -> int:
         return self.count
 
-    def layer(self, i: int):
-        """Block ``i`` as a module of its own (its parameters sliced out of the stack).
-
-        Args:
-          i: the block's index.
+    def unstacked(self) -> list:
+        """Every block as a module of its own (its parameters sliced out of the stack), in order.
 
         Returns:
-          The block; writing to it does not change the stack.
+          The ``n`` blocks; writing to them does not change the stack.
         """
         graphdef, state = nnx.split(self.layers)
-        return nnx.merge(graphdef, jax.tree.map(lambda leaf: leaf[i], state))
+        return [nnx.merge(graphdef, jax.tree.map(operator.itemgetter(i), state)) for i in range(self.count)]
 
     def __call__(self, x, *args):
         """``x`` through every block in order, without a KV cache, as one :func:`jax.lax.scan`.
@@ -241,10 +243,7 @@ def stack_layers(model):
     """
     if isinstance(model.blocks, StackedBlocks):
         return model
-    graphdef, state = nnx.split(model)
-    copy = nnx.merge(graphdef, state, copy=True)
-    copy.blocks = StackedBlocks(list(copy.blocks))
-    return copy
+    return _with_blocks(model, lambda blocks: StackedBlocks(list(blocks)))
 
 
 def unstack_layers(model):
@@ -258,9 +257,14 @@ def unstack_layers(model):
     """
     if not isinstance(model.blocks, StackedBlocks):
         return model
+    return _with_blocks(model, lambda blocks: nnx.List(blocks.unstacked()))
+
+
+def _with_blocks(model, make):
+    """A copy of ``model`` (its parameters copied) whose ``blocks`` are ``make(the copy's blocks)``."""
     graphdef, state = nnx.split(model)
     copy = nnx.merge(graphdef, state, copy=True)
-    copy.blocks = nnx.List([copy.blocks.layer(i) for i in range(len(copy.blocks))])
+    copy.blocks = make(copy.blocks)
     return copy
 
 
@@ -274,7 +278,7 @@ def _run_blocks(model, x, args, cache, index):
             return blocks(x, *args), None
         if isinstance(cache, LayerCache):  # a stacked cache (empty_cache of a stacked model)
             return blocks.cached(x, *args, cache=cache, index=index)
-        blocks = [blocks.layer(i) for i in range(len(blocks))]
+        blocks = blocks.unstacked()
     new_cache = []
     for i, block in enumerate(blocks):
         x, layer_cache = block(x, *args, None if cache is None else cache[i], index)
@@ -367,8 +371,8 @@ class GPT2(nnx.Module):
 
         Returns:
           ``(hidden, cache)``: ``(B, L, E)`` final-LayerNorm states in the compute dtype, and the updated tuple of
-          ``LayerCache`` (new keys/values written at ``index``; a stacked cache for a stacked one), or ``None`` without a
-          cache.
+          ``LayerCache`` (new keys/values written at ``index``; a stacked cache for a stacked one), or ``None``
+          without a cache.
         """
         x = _embed(self.wte, tokens) + _embed(self.wpe, positions)
         bias = _mask_bias(key_mask, cache, index, tokens.shape[1], allowed)
@@ -480,8 +484,8 @@ class Llama(nnx.Module):
 
         Returns:
           ``(hidden, cache)``: ``(B, L, E)`` final-RMSNorm states in the compute dtype, and the updated tuple of
-          ``LayerCache`` (new keys/values written at ``index``; a stacked cache for a stacked one), or ``None`` without a
-          cache.
+          ``LayerCache`` (new keys/values written at ``index``; a stacked cache for a stacked one), or ``None``
+          without a cache.
         """
         cfg = self.cfg
         rope = rope_tables(positions, rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
@@ -506,7 +510,7 @@ class Llama(nnx.Module):
         return self.embed.attend(hidden) if self.lm_head is None else self.lm_head(hidden)
 
 
-def empty_cache(model, batch: int, slots: int) -> tuple[LayerCache, ...]:
+def empty_cache(model, batch: int, slots: int) -> tuple[LayerCache, ...] | LayerCache:
     """A zero KV cache of ``slots`` slots for every layer of ``model``.
 
     Args:
