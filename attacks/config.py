@@ -24,9 +24,9 @@ from snapaudit_jax.utils.config import ConfigFileError, dataclass_section, read_
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.memory import check_fits
 
-__all__ = ["VARIANTS", "RESULT_KEYS", "HEADLINE_LABEL", "REPETITION_BINS", "MAX_VOCAB_SIZE", "ModelConfig",
-           "TrainingConfig", "PIIConfig", "load_pii_config", "check_one_run_design", "check_sizes", "gpt2_parameters",
-           "headline_label"]
+__all__ = ["VARIANTS", "RESULT_KEYS", "HEADLINE_LABEL", "REPETITION_BINS", "MAX_VOCAB_SIZE", "METHODS",
+           "SCRATCH_ONLY", "LORA_ONLY", "ModelConfig", "TrainingConfig", "PIIConfig", "load_pii_config",
+           "check_base", "check_one_run_design", "check_sizes", "gpt2_parameters", "headline_label"]
 
 VARIANTS = ("undefended", "dp", "scrubbed", "dp_scrubbed")
 RESULT_KEYS = ("perplexity", "extraction_precision", "extraction_recall", "reconstruction_accuracy",
@@ -45,23 +45,58 @@ _BYTES_PER_RECORD = 2 * 8
 _BYTES_PER_PERSON = 4 * 8
 
 
+BASES_SCRATCH = "scratch"  # model.base: a GPT-2 trained from a random initialisation (the small CPU test)
+METHODS = ("full", "lora")
+# [model] keys of one kind of base only: refused by load_pii_config where they do not apply, never silently ignored
+SCRATCH_ONLY = ("n_layer", "n_embd", "n_head", "vocab_size")
+LORA_ONLY = ("rank", "alpha", "targets")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """The GPT-2 trained in every variant (and the BPE vocabulary it reads).
+    """The model every variant trains: a pretrained base fine-tuned (the paper's setting), or a GPT-2 from scratch.
 
     Attributes:
-      n_layer, n_embd, n_head: transformer shape (``n_inner = 4 n_embd``).
-      max_length: positions; every framed record and canary must fit.
-      vocab_size: BPE vocabulary size (trained on the public corpus).
-      init_seed: seed of the shared initialisation.
+      base: ``"smollm2"`` (the embedded SmolLM2-135M), a local GPT-2 / Llama Hugging Face folder or a Llama
+        ``.gguf`` file -- every variant fine-tunes it, its tokenizer reads the text, and the untouched base is the
+        public baseline -- or ``"scratch"``: a GPT-2 of the shape below from a random initialisation, with a BPE
+        and a baseline model trained on the public corpus.
+      method: ``"lora"`` (adapters only; the base stays bitwise unchanged) or ``"full"`` (every parameter; the
+        only method of ``"scratch"``).
+      rank, alpha, targets: the LoRA adapters (:class:`~snapaudit_jax.finetune.lora.LoRAConfig`; ``targets``
+        empty: the family's default projections).
+      allow_pickle: accept pickle weights in a base folder (they can execute code when loaded).
+      n_layer, n_embd, n_head: ``"scratch"``: the transformer's shape (``n_inner = 4 n_embd``).
+      max_length: positions; every framed record and canary must fit (and, with a base, the base's positions).
+      vocab_size: ``"scratch"``: the BPE vocabulary size (trained on the public corpus).
+      init_seed: seed of the shared initialisation (``"scratch"``: the weights; LoRA: the adapters).
     """
 
+    base: str = "smollm2"
+    method: str = "lora"
+    rank: int = 8
+    alpha: float = 16.0
+    targets: tuple[str, ...] = ()
+    allow_pickle: bool = False
     n_layer: int = 2
     n_embd: int = 128
     n_head: int = 4
     max_length: int = 128
     vocab_size: int = 1024
     init_seed: int = 0
+
+    @property
+    def pretrained(self) -> bool:
+        """Whether the variants fine-tune a pretrained base (``base`` is not ``"scratch"``)."""
+        return self.base != BASES_SCRATCH
+
+    def lora(self):
+        """The adapters' :class:`~snapaudit_jax.finetune.lora.LoRAConfig`, or ``None`` for ``method = "full"``."""
+        if self.method != "lora":
+            return None
+        from snapaudit_jax.finetune.lora import LoRAConfig
+
+        return LoRAConfig(rank=self.rank, alpha=self.alpha, targets=self.targets)
 
     def validate(self) -> "ModelConfig":
         """Checks every field.
@@ -71,9 +106,21 @@ class ModelConfig:
 
         Raises:
           ValueError: a size that is not a positive integer, ``vocab_size`` outside ``[300, MAX_VOCAB_SIZE]``, an
-            ``init_seed`` outside ``[0, 2**63 - 1]``, or ``n_embd`` not divisible by ``n_head`` (naming the field,
-            the rule and the value).
+            ``init_seed`` outside ``[0, 2**63 - 1]``, ``n_embd`` not divisible by ``n_head``, an empty ``base``, an
+            unknown ``method`` or ``"lora"`` with ``base = "scratch"`` (naming the field, the rule and the value).
         """
+        if not isinstance(self.base, str) or not self.base.strip():
+            raise InputError(f"base must be 'smollm2', 'scratch', a model folder or a .gguf file, got {self.base!r}")
+        validate.choice("method", self.method, METHODS)
+        if not self.pretrained and self.method != "full":
+            raise InputError(f"method must be 'full' with base = 'scratch' (a random initialisation has nothing for "
+                             f"adapters to adapt), got {self.method!r}")
+        validate.positive_int("rank", self.rank)
+        validate.positive_float("alpha", self.alpha)
+        if any(not isinstance(t, str) for t in self.targets) or len(set(self.targets)) != len(self.targets):
+            raise InputError(f"targets must be distinct projection names, got {list(self.targets)}")
+        if not isinstance(self.allow_pickle, bool):
+            raise InputError(f"allow_pickle must be true or false, got {self.allow_pickle!r}")
         for name in ("n_layer", "n_embd", "n_head", "max_length"):
             validate.positive_int(name, getattr(self, name))
         if validate.positive_int("vocab_size", self.vocab_size, minimum=300) > MAX_VOCAB_SIZE:
@@ -215,6 +262,9 @@ def check_sizes(config: PIIConfig) -> None:
       ConfigFileError: the estimate exceeds the machine's available memory; the message names the key whose
         term is largest (``model.vocab_size``, ``model.n_layer`` or ``model.max_length``).
     """
+    if config.model.pretrained:
+        check_base(config)
+        return
     terms = gpt2_parameters(config.model)
     per_parameter = 8 if config.training.optimizer == "sgd" else 16
     biggest = max(terms, key=terms.get)
@@ -226,6 +276,59 @@ def check_sizes(config: PIIConfig) -> None:
                    f"{m.vocab_size}, max_length {m.max_length}) trained with {config.training.optimizer}")
     except InputError as err:
         raise ConfigFileError(str(err)) from None
+
+
+def check_base(config: PIIConfig):
+    """Reads the pretrained base's header (no weights) and refuses, before any data is generated, a base the run
+    cannot fine-tune: unreadable or not a decoder, too large to train in memory, adapters it does not have, or
+    fewer positions than ``model.max_length``.
+
+    Args:
+      config: the experiment, with ``model.base`` not ``"scratch"``.
+
+    Returns:
+      ``(tokenizer, cfg)``: the base's tokenizer and architecture config.
+
+    Raises:
+      ConfigFileError: naming ``model.base``, ``model.method``, ``model.rank``, ``model.targets`` or
+        ``model.max_length``.
+    """
+    from snapaudit_jax.finetune.base import base_header, check_training_fits, max_positions
+
+    m = config.model
+    tokenizer, cfg = base_header(m.base, "model.base")
+    check_training_fits(cfg, method=m.method, optimizer=config.training.optimizer, field="model.method")
+    lora = m.lora()
+    if lora is not None:
+        try:
+            lora.resolved_targets(cfg)
+        except InputError as err:
+            key = "rank" if str(err).startswith("rank") else "targets"
+            raise ConfigFileError(f"model.{key}: {err}") from None
+    if m.max_length > max_positions(cfg):
+        raise ConfigFileError(f"model.max_length: must be <= {max_positions(cfg)} (the positions of the base "
+                              f"{m.base!r}), got {m.max_length}")
+    return tokenizer, cfg
+
+
+def _check_keys_apply(config: PIIConfig, model_body, run_keys) -> None:
+    """Refuses ``[model]`` and ``[run]`` keys that do not apply to the configured base or method (a key that
+    would be silently ignored)."""
+    m = config.model
+    given = model_body if isinstance(model_body, dict) else {}
+    if m.pretrained:
+        for key in SCRATCH_ONLY:
+            if key in given:
+                raise ConfigFileError(f"model.{key}: applies to base = 'scratch' only (the pretrained base "
+                                      f"{m.base!r} has its own shape and tokenizer), got {given[key]!r}; remove it")
+        if "public_records" in run_keys:
+            raise ConfigFileError(f"run.public_records: applies to model.base = 'scratch' only (the pretrained base "
+                                  f"{m.base!r} is the public baseline), got {run_keys['public_records']!r}; remove it")
+    if m.method != "lora":
+        for key in LORA_ONLY:
+            if key in given:
+                raise ConfigFileError(f"model.{key}: applies to method = 'lora' only, got {given[key]!r} with method "
+                                      f"= {m.method!r}; remove it")
 
 
 def _check_corpus_body(body, base: CorpusConfig) -> None:
@@ -300,6 +403,8 @@ def load_pii_config(path: str | os.PathLike) -> PIIConfig:
     """
     raw = read_toml(path)
     run = table(raw, "run", "run", {})
+    run_keys = dict(run)
+    model_body = raw.get("model", {})
     base = PIIConfig()
     kw: dict[str, Any] = {}
     kw["seed"] = take(run, "seed", "run", lambda v: validate.seed("seed", v), 0)
@@ -343,6 +448,7 @@ def load_pii_config(path: str | os.PathLike) -> PIIConfig:
                     raise ConfigFileError(f"{name}: {err} ({name}.{key})") from None
     reject_unknown(raw, os.fspath(path))
     config = PIIConfig(**kw)
+    _check_keys_apply(config, model_body, run_keys)
     check_sizes(config)
     if config.n_test >= config.corpus.n_records:
         raise ConfigFileError(f"run.n_test: must be < corpus.n_records = {config.corpus.n_records}, "

@@ -15,7 +15,14 @@ from typing import Any
 import numpy as np
 
 from attacks.blackbox import frame
-from attacks.config import _TOKENIZER_BYTES_PER_ENTRY, MAX_VOCAB_SIZE, PIIConfig, check_one_run_design, check_sizes
+from attacks.config import (
+    _TOKENIZER_BYTES_PER_ENTRY,
+    MAX_VOCAB_SIZE,
+    PIIConfig,
+    check_base,
+    check_one_run_design,
+    check_sizes,
+)
 from attacks.corpus import CanarySet, Corpus, Record, make_canaries, make_corpus
 from attacks.extraction import normalize_pii
 from attacks.ner import Tagger, default_tagger, evaluate_tagger, scrub_text
@@ -68,9 +75,10 @@ class PreparedData:
       corpus: the private corpus (training and held-out records).
       train: the training records (members), in corpus order.
       test: the held-out records (non-members: perplexity and membership inference).
-      public: the public corpus (same generator, other people): the tokenizer's and the baseline model's text.
+      public: ``model.base = "scratch"``: the public corpus (same generator, other people), the tokenizer's and the
+        baseline model's text; ``None`` with a pretrained base (the base is the public model).
       canaries: the canaries, each with its insertion coin.
-      tokenizer: the BPE trained on the public corpus.
+      tokenizer: the base's tokenizer, or (``"scratch"``) the BPE trained on the public corpus.
       tagger: the tagger that scrubs the training text and finds PII in generated text.
       scrubbed: the training records as the scrubbed variants train on them (tagged PII replaced by ``[MASK]``).
       scrubbed_test: the held-out records scrubbed alike (the scrubbed variants' evaluation text).
@@ -82,7 +90,7 @@ class PreparedData:
     corpus: Corpus
     train: list[Record]
     test: list[Record]
-    public: Corpus
+    public: Corpus | None
     canaries: CanarySet
     tokenizer: Tokenizer
     tagger: Tagger
@@ -95,8 +103,10 @@ class PreparedData:
 def prepare_data(config: PIIConfig, log: RunLog) -> PreparedData:
     """Builds the corpora, the split, the canaries, the tokenizer and the scrubbed text of ``config``.
 
-    The held-out records are the first ``n_test`` of a permutation seeded by ``[config.seed, 11]``; the public
-    corpus is the same generator with seed ``corpus.seed + 7919`` and ``public_records`` records.
+    The held-out records are the first ``n_test`` of a permutation seeded by ``[config.seed, 11]``. With
+    ``model.base = "scratch"`` the public corpus is the same generator with seed ``corpus.seed + 7919`` and
+    ``public_records`` records, and the BPE is trained on it; with a pretrained base the tokenizer is the base's
+    (its header is read, not its weights) and there is no public corpus.
 
     Args:
       config: the experiment.
@@ -106,22 +116,28 @@ def prepare_data(config: PIIConfig, log: RunLog) -> PreparedData:
       The :class:`PreparedData`.
 
     Raises:
-      ConfigFileError: a canary design the one-run bounds do not cover, a model that cannot fit in memory, fewer
+      ConfigFileError: a canary design the one-run bounds do not cover, a model that cannot fit in memory or a base
+        that cannot be fine-tuned (:func:`attacks.config.check_base`), fewer
         distinct PII strings of ``inference.label`` in the training records than the largest
         ``inference.n_candidates``, or a framed record or canary longer than ``model.max_length``.
     """
     check_one_run_design(config)  # also for a PIIConfig built in code, not read by load_pii_config
-    check_sizes(config)
+    if config.model.pretrained:
+        tokenizer, _ = check_base(config)  # the base's tokenizer (header only: the weights load after every check)
+    else:
+        check_sizes(config)
     corpus = make_corpus(config.corpus)
     perm = np.random.default_rng([config.seed, 11]).permutation(len(corpus.records))
     test_idx = set(int(i) for i in perm[:config.n_test])
     train = [r for r in corpus.records if r.index not in test_idx]
     test = [r for r in corpus.records if r.index in test_idx]
-    # The public corpus: same generator, another seed (other people, organisations, canaries absent).
-    public = make_corpus(dataclasses.replace(config.corpus, seed=config.corpus.seed + 7919,
-                                             n_records=config.public_records))
+    public = None
+    if not config.model.pretrained:
+        # The public corpus: same generator, another seed (other people, organisations, canaries absent).
+        public = make_corpus(dataclasses.replace(config.corpus, seed=config.corpus.seed + 7919,
+                                                 n_records=config.public_records))
+        tokenizer = train_tokenizer(public.texts, config.model.vocab_size)
     canaries = make_canaries(config.canaries)
-    tokenizer = train_tokenizer(public.texts, config.model.vocab_size)
     tagger = default_tagger(config.corpus.locale)
     texts = [r.text for r in train]
     predicted = tagger.tag(texts)
@@ -137,10 +153,13 @@ def prepare_data(config: PIIConfig, log: RunLog) -> PreparedData:
             f"inference.n_candidates: |C| = {max(config.inference.sizes)} needs at least that many distinct "
             f"{label} strings in the training records (the distractor pool, with the truth drawn once), got "
             f"{len(pool)}; lower it or raise corpus.n_people / corpus.n_records")
-    log(f"corpus: {len(train)} training records, {len(test)} held out, {len(public.records)} public; "
+    public_texts = public.texts if public is not None else []
+    public_part = (f"{len(public.records)} public" if public is not None
+                   else f"public model: the base {config.model.base!r}")
+    log(f"corpus: {len(train)} training records, {len(test)} held out, {public_part}; "
         f"{int(canaries.inserted.sum())}/{len(canaries.canaries)} canaries inserted; "
         f"tagger recall {quality['all']['recall']:.3f}, precision {quality['all']['precision']:.3f}")
-    longest = max(len(frame(tokenizer, t)) for t in texts + scrubbed + test_texts + scrubbed_test + public.texts
+    longest = max(len(frame(tokenizer, t)) for t in texts + scrubbed + test_texts + scrubbed_test + public_texts
                   + [c.text for c in canaries.canaries])
     if longest > config.model.max_length:
         raise ConfigFileError(f"model.max_length: must be >= {longest} (the longest framed record), "

@@ -1,12 +1,21 @@
 """The PII leakage experiment's run (``snapaudit pii CONFIG.toml``): four training variants, every attack, one table.
 
-A small GPT-2 (our Flax NNX model) is trained on a synthetic corpus of e-mail and court-case records
+As the paper runs it, a **pretrained** decoder (``[model] base``: the embedded SmolLM2-135M by default, or a
+local GPT-2 / Llama folder or GGUF file) is **fine-tuned** on a synthetic corpus of e-mail and court-case records
 (:mod:`attacks.corpus`) four ways -- ``undefended`` (plain training), ``dp`` (DP-SGD at the configured
 ``epsilon``), ``scrubbed`` (plain training on records whose tagged PII is replaced by ``[MASK]``) and
-``dp_scrubbed`` -- from the same initialisation, with the same optimizer, steps and Poisson batches. A
-``baseline`` model trained on a disjoint *public* corpus (same distribution, other people) serves the
-extraction game (PII it also generates is not counted as leaked) and supplies the tokenizer: the BPE is
-trained on public text only, so its vocabulary holds no private PII.
+``dp_scrubbed`` -- each a copy of the base (``method = "lora"``: the same initial adapters, the base's weights
+frozen; ``"full"``: every parameter) with the same optimizer, steps and Poisson batches, the batches and the DP
+noise from the run's secret key (:mod:`snapaudit_jax.dpsgd.keys`, as ``snapaudit finetune``; the base, its copy
+and the adapters are :mod:`snapaudit_jax.finetune.base`'s, shared with that command). The **public baseline** is
+the untouched base: PII it generates itself is not counted as leaked, it calibrates the reference membership
+attack, and the queries it already gets right are set aside in reconstruction and inference. Its tokenizer
+reads every text.
+
+``base = "scratch"`` keeps the small from-scratch setting (the fast test): a GPT-2 of the configured shape
+trained from one random initialisation, with a ``baseline`` model trained on a disjoint *public* corpus (same
+distribution, other people) that also supplies the BPE tokenizer (trained on public text only, so its
+vocabulary holds no private PII).
 
 Each variant gets, measured as seed 003 measures it (where the CPU-sized setting differs, docs/pii.md says so):
 
@@ -69,11 +78,13 @@ from attacks.reconstruction import reconstruction_attack
 from attacks.report import format_metric, format_table, plot_leakage
 from snapaudit_jax.models.tokenizer import Tokenizer
 from snapaudit_jax.utils.config import ConfigFileError
+from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.io import to_json, write_json, write_text
 from snapaudit_jax.utils.progress import RunLog
 from snapaudit_jax.utils.run_folder import RunFolder
 
-__all__ = ["RESULT_FILES", "RESUME_VERSION", "fingerprint", "perplexity", "run_folder", "run_pii", "train_variant"]
+__all__ = ["RESULT_FILES", "RESUME_VERSION", "fingerprint", "initial_model", "perplexity", "run_folder", "run_pii",
+           "train_variant"]
 
 # Of the resume files' layout (``checkpoints/``, ``variants/*.json``), in the run stamp; 3: the batches and noise
 # come from the run's secret key (``checkpoints/run_key.json``).
@@ -114,12 +125,41 @@ def _root_key(config: PIIConfig, out_dir: str):
     return resolve_run_key(None, config.noise_seed, os.path.join(out_dir, "checkpoints"))[0]
 
 
+def initial_model(config: PIIConfig, data: PreparedData, base=None):
+    """The shared initialisation every variant trains from.
+
+    Args:
+      config: the experiment.
+      data: its prepared data (the tokenizer of a ``"scratch"`` model).
+      base: the pretrained base's NNX decoder (``model.base`` not ``"scratch"``), left unchanged.
+
+    Returns:
+      ``(model, trainable)``: a copy of the base sharing its arrays, with the LoRA adapters of ``model.init_seed``
+      for ``method = "lora"`` (trainable: the adapters, :data:`snapaudit_jax.finetune.lora.TRAINABLE`), or
+      every parameter (``nnx.Param``) for ``method = "full"``; ``"scratch"``: a GPT-2 of ``model.init_seed``.
+
+    Raises:
+      ValueError: a pretrained ``model.base`` without ``base``.
+    """
+    from flax import nnx
+
+    if not config.model.pretrained:
+        return _init_model(config, data.tokenizer), nnx.Param
+    if base is None:
+        raise InputError(f"base: model.base = {config.model.base!r} is pretrained: pass its loaded decoder")
+    from snapaudit_jax.finetune.base import fresh_copy
+    from snapaudit_jax.finetune.lora import TRAINABLE
+
+    lora = config.model.lora()
+    return fresh_copy(base, lora, seed=config.model.init_seed), (TRAINABLE if lora is not None else nnx.Param)
+
+
 def train_variant(name: str, texts: list[str], dp: bool, config: PIIConfig, data: PreparedData, out_dir: str,
-                  log: RunLog):
+                  log: RunLog, base=None):
     """Trains one model from the shared initialisation, resuming from its checkpoints in ``out_dir``.
 
     Every variant (a name of :data:`~attacks.config.VARIANTS`) draws the same Poisson batches; the public
-    ``baseline`` draws its own.
+    ``baseline`` (``model.base = "scratch"`` only: a pretrained base is its own baseline) draws its own.
 
     Args:
       name: the variant, or ``"baseline"`` (checkpoints in ``out_dir/checkpoints/<name>``).
@@ -129,9 +169,10 @@ def train_variant(name: str, texts: list[str], dp: bool, config: PIIConfig, data
       data: its prepared data (the tokenizer).
       out_dir: the run folder.
       log: progress log.
+      base: the pretrained base's decoder (see :func:`initial_model`).
 
     Returns:
-      ``(model, report)``: the trained NNX GPT-2 and the :func:`snapaudit_jax.dpsgd.train` report (its
+      ``(model, report)``: the trained NNX decoder and the :func:`snapaudit_jax.dpsgd.train` report (its
       ``epsilon`` and ``delta`` when ``dp``).
     """
     from snapaudit_jax.dpsgd import train
@@ -140,8 +181,9 @@ def train_variant(name: str, texts: list[str], dp: bool, config: PIIConfig, data
     cfg = _dpsgd_config(config, dp, len(texts))
     start = time.perf_counter()
     log(f"training {name}: {len(texts)} records, {cfg.steps} steps" + (" (DP-SGD)" if dp else ""))
+    model, trainable = initial_model(config, data, base)
     model, history, report = train(
-        _init_model(config, data.tokenizer), (tokens, mask), cfg,
+        model, (tokens, mask), cfg, trainable=trainable,
         key=jax.random.fold_in(_root_key(config, out_dir), 1 if name in VARIANTS else 2),  # variants: same batches
         checkpoint_dir=os.path.join(out_dir, "checkpoints", name), checkpoint_every=max(1, cfg.steps // 4),
         progress=log.enabled)
@@ -281,6 +323,17 @@ def _lazy(model, data: PreparedData, samples, config: PIIConfig, key) -> dict:
     return res
 
 
+def _baseline_info(config: PIIConfig) -> dict:
+    """What the public baseline model is, and how the variants start (``results_full.json``)."""
+    m = config.model
+    if m.pretrained:
+        return {"model": m.base, "kind": "pretrained base, untouched",
+                "variants": f"fine-tuned copies of the base ({m.method}"
+                            + (f", rank {m.rank}, alpha {m.alpha:g}" if m.method == "lora" else "") + ")"}
+    return {"model": "scratch", "kind": f"GPT-2 trained on {config.public_records} public records",
+            "variants": "GPT-2 trained from one random initialisation"}
+
+
 def _report_dict(report) -> dict:
     return to_json(report.to_dict() if hasattr(report, "to_dict") else dataclasses.asdict(report))
 
@@ -384,7 +437,16 @@ def run_pii(config: PIIConfig, out_dir: str, *, progress: bool = True) -> dict:
 
 def _pii(config: PIIConfig, out_dir: str, data: PreparedData, log: RunLog, t0: float) -> dict:
     """:func:`run_pii` once its folder is claimed: the trainings, the attacks and the files."""
-    baseline, _ = train_variant("baseline", data.public.texts, False, config, data, out_dir, log)
+    base = None
+    if config.model.pretrained:  # the public baseline is the pretrained base itself, untouched
+        from snapaudit_jax.finetune.base import load_base
+
+        base = load_base(config.model.base, allow_pickle=config.model.allow_pickle).module
+        baseline = base
+        log(f"baseline: the pretrained base {config.model.base!r} (public; every variant fine-tunes a copy, "
+            f"{config.model.method})")
+    else:
+        baseline, _ = train_variant("baseline", data.public.texts, False, config, data, out_dir, log)
     base_samples_path = os.path.join(out_dir, "variants", "baseline_pii.json")
     if os.path.exists(base_samples_path):
         with open(base_samples_path) as fh:
@@ -408,7 +470,7 @@ def _pii(config: PIIConfig, out_dir: str, data: PreparedData, log: RunLog, t0: f
         else:
             scrubbed = name in ("scrubbed", "dp_scrubbed")
             texts = insert_canaries(data.scrubbed if scrubbed else [r.text for r in data.train], data.canaries)
-            model, report = train_variant(name, texts, name.startswith("dp"), config, data, out_dir, log)
+            model, report = train_variant(name, texts, name.startswith("dp"), config, data, out_dir, log, base)
             done = to_json(_attack(name, model, report, config, data, baseline, baseline_pii, log))
             write_json(path, done)
         results[name] = done["row"]
@@ -419,8 +481,9 @@ def _pii(config: PIIConfig, out_dir: str, data: PreparedData, log: RunLog, t0: f
     write_json(os.path.join(out_dir, "results.json"), results)
     write_json(os.path.join(out_dir, "results_full.json"),
                {"variants": full, "tagger": to_json(data.tagger_quality), "seconds": seconds,
+                "baseline": _baseline_info(config),
                 "corpus": {"train_records": len(data.train), "test_records": len(data.test),
-                           "public_records": len(data.public.records),
+                           "public_records": len(data.public.records) if data.public is not None else None,
                            "canaries_inserted": int(data.canaries.inserted.sum()),
                            "canaries_held_out": int((~data.canaries.inserted).sum())}})
     write_json(os.path.join(out_dir, "config.json"), _config_json(config))

@@ -50,6 +50,7 @@ from tests.helpers.bad_input.common import (
     _tree,
     _write,
 )
+from tests.helpers.pii import tiny_pretrained_pii_toml
 
 SIMULATE = [
     Case("simulate-snapshot-random-bytes",
@@ -244,6 +245,14 @@ PII = [
          ("inference.n_candidates", "|C| = 1000", "got 20")),
     Case("pii-max-length-too-short", _config_cmd("pii", _pii("max_length = 192", "max_length = 24")),
          ("model.max_length", "must be >=", "got 24")),
+    Case("pii-lora-from-scratch", _config_cmd("pii", _pii('method = "full"', 'method = "lora"')),
+         ("model.method", "must be 'full' with base = 'scratch'", "'lora'")),
+    Case("pii-shape-of-a-pretrained-base",
+         _config_cmd("pii", _pii('base = "scratch"\nmethod = "full"', 'base = "smollm2"\nmethod = "lora"')),
+         ("model.n_layer", "applies to base = 'scratch' only", "got 1")),
+    Case("pii-base-missing",
+         _config_cmd("pii", tiny_pretrained_pii_toml("/nonexistent/snapaudit-base")),
+         ("model.base", "/nonexistent/snapaudit-base", "not a .gguf file or a checkpoint folder")),
     Case("pii-folder-of-another-configuration",
          _config_cmd("pii", PII_OK, out=lambda t: _run_folder(t, {
              "run.json": json.dumps({"version": 2, "config": "0123456789abcdef"}),

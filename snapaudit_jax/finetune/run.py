@@ -43,15 +43,16 @@ from snapaudit_jax.dpsgd import DPSGDConfig, loss_summary, train
 from snapaudit_jax.dpsgd.accounting import compute_epsilon
 from snapaudit_jax.dpsgd.keys import RANDOMNESS, resolve_run_key
 from snapaudit_jax.dpsgd.sampling import inclusion_threshold
+from snapaudit_jax.finetune.base import base_header, check_training_fits, fresh_copy, load_base
 from snapaudit_jax.finetune.config import FinetuneConfig
 from snapaudit_jax.finetune.data import FinetuneData, pack_records, pack_units, prepare_data
-from snapaudit_jax.finetune.lora import TRAINABLE, LoRAConfig, apply_lora
+from snapaudit_jax.finetune.lora import TRAINABLE, LoRAConfig
 from snapaudit_jax.finetune.synthetic import generated
 from snapaudit_jax.utils.config import ConfigFileError
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.files import sha256_file
 from snapaudit_jax.utils.io import to_json, write_json
-from snapaudit_jax.utils.memory import check_fits, format_bytes
+from snapaudit_jax.utils.memory import format_bytes
 from snapaudit_jax.utils.progress import RunLog
 from snapaudit_jax.utils.run_folder import RunFolder
 
@@ -61,7 +62,7 @@ RESULT_FILES = ("report.json", "report.md")
 RESUME_VERSION = 4  # 2: the batches and noise come from the run's secret key (checkpoints/run_key.json); 3: user ids
 # compared in canonical form (finetune.data.canonical_user: the keyed splits of integer ids changed); 4: DP-LoRA
 # clips by book-keeping by default (finetune.clipping; another float32 summation order)
-_LORA_STREAM, _TRAIN_STREAM, _SWEEP_STREAM, _PLAN_STREAM = 7, 11, 17, 19
+_TRAIN_STREAM, _SWEEP_STREAM, _PLAN_STREAM = 11, 17, 19  # and base.LORA_STREAM = 7
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,45 +134,6 @@ class Prepared:
                            noise_multiplier=noise_multiplier or self.noise_multiplier, delta=self.delta, **common)
 
 
-def _base_path(config: FinetuneConfig) -> str:
-    from snapaudit_jax.models import default_model_path
-
-    base = config.model.base
-    return default_model_path(base) if base == "smollm2" else base
-
-
-def _base_header(config: FinetuneConfig):
-    """The base's tokenizer and architecture config, read without its weights."""
-    from snapaudit_jax.models import load_tokenizer
-    from snapaudit_jax.models.weights import gguf_llama_config, open_gguf, read_config
-
-    try:
-        path = _base_path(config)
-        tokenizer = load_tokenizer(config.model.base)
-        if path.endswith(".gguf"):
-            cfg = gguf_llama_config(open_gguf(path), path)
-        else:
-            cfg, _ = read_config(path)
-    except InputError as err:
-        raise ConfigFileError(f"model.base: {err}") from None
-    from snapaudit_jax.models.config import GPT2Config, LlamaConfig
-
-    if not isinstance(cfg, (GPT2Config, LlamaConfig)):
-        raise ConfigFileError(f"model.base: {config.model.base}: fine-tuning needs a GPT-2 or Llama decoder, got a "
-                              f"{type(cfg).__name__} checkpoint (a BERT checkpoint is an embedder, not a language "
-                              "model)")
-    return tokenizer, cfg
-
-
-def _load_base(config: FinetuneConfig):
-    from snapaudit_jax.models import load_language_model
-
-    try:
-        return load_language_model(config.model.base, allow_pickle=config.model.allow_pickle, data_parallel=False)
-    except InputError as err:
-        raise ConfigFileError(f"model.base: {err}") from None
-
-
 def _resolve_delta(config: FinetuneConfig, n: int) -> float:
     privacy = config.privacy
     if privacy.delta == 0:
@@ -236,20 +198,6 @@ def _sweep_plan(config: FinetuneConfig, q: float, delta: float) -> tuple[float, 
                          "accounting": accounting}
 
 
-def _parameter_count(cfg) -> int:
-    """Parameters of a GPT-2 / Llama config (embeddings, blocks, norms, an untied head)."""
-    from snapaudit_jax.models.config import GPT2Config
-
-    if isinstance(cfg, GPT2Config):
-        e = cfg.n_embd
-        return cfg.vocab_size * e + cfg.n_positions * e + cfg.n_layer * (4 * e + 4 * e * e + 4 * e + 2 * e * cfg.n_inner
-                                                                          + cfg.n_inner + e) + 2 * e
-    e, d, h, kv, inter = (cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads,
-                          cfg.intermediate_size)
-    block = 2 * e + e * (h + 2 * kv) * d + h * d * e + 3 * e * inter
-    return cfg.vocab_size * e * (1 if cfg.tie_word_embeddings else 2) + cfg.num_hidden_layers * block + e
-
-
 def prepare(config: FinetuneConfig, log=None) -> Prepared:
     """Reads the data and the base's header, makes every check, then loads the weights; trains nothing.
 
@@ -275,7 +223,7 @@ def prepare(config: FinetuneConfig, log=None) -> Prepared:
     if config.finetune.devices > len(jax.local_devices()):
         raise ConfigFileError(f"finetune.devices: this process has {len(jax.local_devices())} local devices "
                               f"({jax.default_backend()}), got {config.finetune.devices}")
-    tokenizer, cfg = _base_header(config)
+    tokenizer, cfg = base_header(config.model.base)
     lora = None
     if config.finetune.method == "lora":
         try:
@@ -284,13 +232,8 @@ def prepare(config: FinetuneConfig, log=None) -> Prepared:
         except InputError as err:
             key = "rank" if str(err).startswith("rank") else "targets"
             raise ConfigFileError(f"finetune.{key}: {err}") from None
-    total = _parameter_count(cfg)
-    per = 4 * (2 if lora else (4 if config.finetune.optimizer != "sgd" else 3))
-    try:
-        check_fits("finetune.method", total * per, f"{config.finetune.method} fine-tuning of {total:,} parameters "
-                   f"(weights, gradients and optimizer state)")
-    except InputError as err:
-        raise ConfigFileError(str(err)) from None
+    check_training_fits(cfg, method=config.finetune.method, optimizer=config.finetune.optimizer,
+                        field="finetune.method")
     data = prepare_data(config, tokenizer)
     n = data.num_units
     if config.finetune.batch_size > n:
@@ -309,17 +252,13 @@ def prepare(config: FinetuneConfig, log=None) -> Prepared:
     dataset = pack_units(data.train_units, user_level=config.privacy.unit == "user")
     held_out = pack_records(data.held_out)
     validation = pack_records(data.validation) if data.validation else None
-    lm = _load_base(config)
+    lm = load_base(config.model.base, allow_pickle=config.model.allow_pickle)
     return Prepared(config, lm, data, dataset, held_out, delta, sigma, calibration, lora, validation, sweep)
 
 
 def _build_model(prep: Prepared):
     """A fresh copy of the base (sharing its arrays), with the run's LoRA adapters when ``method = "lora"``."""
-    graphdef, state = nnx.split(prep.lm.module)
-    model = nnx.merge(graphdef, state)
-    if prep.lora is not None:
-        apply_lora(model, prep.lora, key=jax.random.fold_in(jax.random.key(prep.config.seed), _LORA_STREAM))
-    return model
+    return fresh_copy(prep.lm.module, prep.lora, seed=prep.config.seed)
 
 
 def _trainable(prep: Prepared):

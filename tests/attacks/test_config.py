@@ -93,10 +93,10 @@ def test_gpt2_parameters_count_the_model_every_variant_trains():
 def test_check_sizes_counts_the_optimizer_state_and_the_tokenizer_tables(monkeypatch):
     import dataclasses
 
-    from attacks.config import PIIConfig, check_sizes, gpt2_parameters
+    from attacks.config import ModelConfig, PIIConfig, check_sizes, gpt2_parameters
     from snapaudit_jax.utils import memory
 
-    config = PIIConfig()
+    config = PIIConfig(model=ModelConfig(base="scratch", method="full"))
     params = sum(gpt2_parameters(config.model).values())
     adam = params * 16 + config.model.vocab_size * 57  # params, grads, two moments; the BPE trainer's reservation
     monkeypatch.setattr(memory, "available_bytes", lambda: adam)

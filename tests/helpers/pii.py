@@ -20,6 +20,8 @@ n_people = 20
 n_canaries = 16
 
 [model]
+base = "scratch"
+method = "full"
 n_layer = 1
 n_embd = 32
 n_head = 2
@@ -56,6 +58,24 @@ def tiny_pii_toml(variants: str = "") -> str:
       The TOML text.
     """
     return _TINY_PII.format(variants=variants + "\n" if variants else "")
+
+
+def tiny_pretrained_pii_toml(base: str, *, method: str = "lora", variants: str = "", run: str = "") -> str:
+    """The tiny PII experiment fine-tuning a pretrained ``base`` (no public corpus: the base is the baseline).
+
+    Args:
+      base: the base (a model folder, a ``.gguf`` file or ``"smollm2"``).
+      method: ``"lora"`` (rank 2 on the family's default projections) or ``"full"``.
+      variants: a line for the ``[run]`` table (as :func:`tiny_pii_toml`).
+      run: more lines for the ``[run]`` table (e.g. ``"noise_seed = 3"``).
+
+    Returns:
+      The TOML text.
+    """
+    model = f'[model]\nbase = "{base}"\nmethod = "{method}"\n' + ("rank = 2\n" if method == "lora" else "")
+    text = tiny_pii_toml(variants).replace("public_records = 60\n", run + "\n" if run else "")
+    start, end = text.index("[model]"), text.index("max_length = 192")
+    return text[:start] + model + text[end:].replace("vocab_size = 400\n", "")
 
 
 def write_toml(folder, text: str, name: str = "pii.toml") -> str:
