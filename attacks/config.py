@@ -25,13 +25,14 @@ from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.memory import check_fits
 
 __all__ = ["VARIANTS", "RESULT_KEYS", "HEADLINE_LABEL", "REPETITION_BINS", "MAX_VOCAB_SIZE", "METHODS",
-           "SCRATCH_ONLY", "LORA_ONLY", "ModelConfig", "TrainingConfig", "PIIConfig", "load_pii_config",
-           "check_base", "check_one_run_design", "check_sizes", "gpt2_parameters", "headline_label"]
+           "SCRATCH_ONLY", "LORA_ONLY", "ModelConfig", "TrainingConfig", "ExposureConfig", "PIIConfig",
+           "load_pii_config", "check_base", "check_one_run_design", "check_sizes", "gpt2_parameters",
+           "headline_label"]
 
 VARIANTS = ("undefended", "dp", "scrubbed", "dp_scrubbed")
 RESULT_KEYS = ("perplexity", "extraction_precision", "extraction_recall", "reconstruction_accuracy",
                "reconstruction_accuracy_raw", "inference_accuracy", "inference_accuracy_raw", "mia_auc",
-               "mia_auc_reference", "epsilon_claimed", "epsilon_audited")
+               "mia_auc_reference", "canary_exposure", "epsilon_claimed", "epsilon_audited")
 HEADLINE_LABEL = "PERSON"  # Table III's entity class (the first attacked label when PERSON is not attacked)
 REPETITION_BINS = ((1, 3), (4, 15), (16, None))  # training records holding the attacked PII string
 # Token ids are int32 in the model (and the tokenizer's u32): the vocabulary cannot be larger. The tokenizers BPE
@@ -187,6 +188,41 @@ class TrainingConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ExposureConfig:
+    """Canary exposure of every variant (Carlini et al.'s secret sharer; the measure ``snapaudit finetune`` reports,
+    by the same function: :func:`snapaudit_jax.finetune.memorization.canary_exposure`).
+
+    Attributes:
+      enabled: measure it (``results.json``'s ``canary_exposure``: the median exposure of the inserted canaries,
+        in bits; the held-out canaries' beside it in ``results_full.json``).
+      samples: secrets drawn (no canary's among them) for the skew-normal extrapolation of each canary's rank.
+      exact_limit: rank every canary exactly, scoring the whole space, when ``10**canaries.digits`` is at most
+        this.
+    """
+
+    enabled: bool = True
+    samples: int = 256
+    exact_limit: int = 10_000
+
+    def validate(self) -> "ExposureConfig":
+        """Checks every field.
+
+        Returns:
+          ``self``, unchanged.
+
+        Raises:
+          ValueError: ``enabled`` not a bool, ``samples`` outside ``[16, 10**6]`` or a negative ``exact_limit``
+            (naming the field, the rule and the value).
+        """
+        if not isinstance(self.enabled, bool):
+            raise InputError(f"enabled must be true or false, got {self.enabled!r}")
+        if validate.positive_int("samples", self.samples, minimum=16) > 10**6:
+            raise InputError(f"samples must be <= 1000000, got {self.samples}")
+        validate.positive_int("exact_limit", self.exact_limit, minimum=0)
+        return self
+
+
+@dataclasses.dataclass(frozen=True)
 class PIIConfig:
     """A PII leakage experiment (``examples/pii_small.toml`` documents every key).
 
@@ -200,7 +236,7 @@ class PIIConfig:
       public_records: records of the public corpus (tokenizer and baseline model).
       variants: which of :data:`VARIANTS` to run.
       corpus: the private corpus (``n_records`` includes the ``n_test`` held-out ones).
-      canaries, model, training, extraction, reconstruction, inference, audit: each stage's settings.
+      canaries, model, training, extraction, reconstruction, inference, audit, exposure: each stage's settings.
       mia_fprs: false-positive rates of the reported membership TPRs (empirical).
       eval_batch_size: rows per scoring pass.
       lazy_slots: PERSON slots of the extraction samples scored by the lazy extractability estimate
@@ -220,6 +256,7 @@ class PIIConfig:
     reconstruction: ReconstructionConfig = ReconstructionConfig(n_samples=64, max_queries=100)
     inference: InferenceConfig = InferenceConfig(n_candidates=(100, 500), max_queries=100)
     audit: CanaryAuditConfig = CanaryAuditConfig()
+    exposure: ExposureConfig = ExposureConfig()
     mia_fprs: tuple[float, ...] = (0.1, 0.01)
     eval_batch_size: int = 32
     lazy_slots: int = 32
@@ -228,7 +265,7 @@ class PIIConfig:
 _SECTIONS = {
     "corpus": CorpusConfig, "canaries": CanaryConfig, "model": ModelConfig, "training": TrainingConfig,
     "extraction": ExtractionConfig, "reconstruction": ReconstructionConfig, "inference": InferenceConfig,
-    "audit": CanaryAuditConfig,
+    "audit": CanaryAuditConfig, "exposure": ExposureConfig,
 }
 
 
@@ -458,6 +495,10 @@ def load_pii_config(path: str | os.PathLike) -> PIIConfig:
         raise ConfigFileError(f"audit.delta: must equal training.delta = {config.training.delta} (the audited "
                               f"claim), got {config.audit.delta}")
     check_one_run_design(config)
+    room = 10 ** config.canaries.digits - config.canaries.n_canaries
+    if config.exposure.enabled and config.exposure.samples > room:
+        raise ConfigFileError(f"exposure.samples: must be <= 10**canaries.digits - canaries.n_canaries = {room} (the "
+                              f"sample holds no canary's secret), got {config.exposure.samples}")
     return config
 
 

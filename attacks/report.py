@@ -46,7 +46,12 @@ def format_table(results: Mapping[str, dict], full: Mapping[str, dict], config: 
     """
     sizes = config.inference.sizes
     label = headline_label(config)
-    lines = ["# PII leakage of a small GPT-2 trained four ways", "",
+    m = config.model
+    title = (f"# PII leakage of {m.base} fine-tuned four ways ({m.method})" if m.pretrained
+             else "# PII leakage of a small GPT-2 trained four ways")
+    public = ("Public baseline: the pretrained base itself, untouched (every variant fine-tunes a copy of it)."
+              if m.pretrained else "Public baseline: a GPT-2 of the same shape trained on a disjoint public corpus.")
+    lines = [title, "", public + " "
              f"Extraction (Table III): {label} strings in {config.extraction.n_samples} top-{config.extraction.top_k}"
              " samples, precision and recall over unique strings against the training PII as the same tagger finds "
              "it, PII the public baseline model also generates removed. Reconstruction "
@@ -54,16 +59,18 @@ def format_table(results: Mapping[str, dict], full: Mapping[str, dict], config: 
              f"{1 / sizes[0]:.3f}) of {config.reconstruction.label}: accuracy over the queries the public baseline "
              "model does not already get right. MIA: loss attack (and the reference-model attack calibrated by the "
              "public baseline model), members vs held-out records, scrubbed text for the scrubbed variants (as the "
-             "perplexity). Epsilon audited: our one-run lower bound from the canaries inserted once (95%, declared "
+             "perplexity). Canary exposure: median over the inserted canaries, in bits (log2 of the secret space at "
+             "most). Epsilon audited: our one-run lower bound from the canaries inserted once (95%, declared "
              "guess grid).", "",
              "| variant | perplexity | extraction precision | extraction recall | reconstruction acc. | "
-             "inference acc. | MIA AUC (loss) | MIA AUC (reference) | epsilon claimed | epsilon audited |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "inference acc. | MIA AUC (loss) | MIA AUC (reference) | canary exposure | epsilon claimed | "
+             "epsilon audited |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
         lines.append(f"| {name} | {format_metric(r['perplexity'], 2)} | {format_metric(r['extraction_precision'])} | "
                      f"{format_metric(r['extraction_recall'])} | {format_metric(r['reconstruction_accuracy'])} | "
                      f"{format_metric(r['inference_accuracy'])} | {format_metric(r['mia_auc'])} | "
-                     f"{format_metric(r['mia_auc_reference'])} | "
+                     f"{format_metric(r['mia_auc_reference'])} | {format_metric(r.get('canary_exposure'), 2)} | "
                      f"{format_metric(r['epsilon_claimed'], 2)} | {format_metric(r['epsilon_audited'], 2)} |")
 
     def pr(rates):

@@ -88,7 +88,7 @@ __all__ = ["RESULT_FILES", "RESUME_VERSION", "fingerprint", "initial_model", "pe
 
 # Of the resume files' layout (``checkpoints/``, ``variants/*.json``), in the run stamp; 3: the batches and noise
 # come from the run's secret key (``checkpoints/run_key.json``).
-RESUME_VERSION = 3
+RESUME_VERSION = 4  # 4: rows hold canary_exposure; the variants may fine-tune a pretrained base
 RESULT_FILES = ("results.json", "results_full.json", "table.md", "config.json")  # a finished run's files
 
 
@@ -253,6 +253,12 @@ def _attack(name: str, model, report, config: PIIConfig, data: PreparedData, bas
     audit_delta = report.delta if report.dp else config.audit.delta
     audit_cfg = dataclasses.replace(config.audit, delta=audit_delta)
     out["canary_audit"] = canary_audit(model, data.tokenizer, data.canaries, audit_cfg, jax.random.fold_in(key, 5))
+    if config.exposure.enabled:  # the same measure, by the same function, as snapaudit finetune's card
+        from snapaudit_jax.finetune.memorization import canary_exposure
+
+        out["exposure"] = canary_exposure(model, data.tokenizer, data.canaries, key=jax.random.fold_in(key, 7),
+                                          exact_limit=config.exposure.exact_limit,
+                                          sample_size=config.exposure.samples).headline()
     group = next((g for g in out["canary_audit"]["groups"] if g["repetitions"] == 1), None)
     audited = None
     if group is not None and group.get("one_run"):
@@ -268,11 +274,14 @@ def _attack(name: str, model, report, config: PIIConfig, data: PreparedData, bas
         "inference_accuracy_raw": to_json(inf["accuracy"]),
         "mia_auc": to_json(out["mia"]["auc"]),
         "mia_auc_reference": to_json(out["mia_reference"]["auc"]),
+        "canary_exposure": to_json(out["exposure"]["median_inserted"]) if "exposure" in out else None,
         "epsilon_claimed": float(report.epsilon) if report.dp else None,
         "epsilon_audited": audited,
     }
+    exposure = (f", canary exposure median {format_metric(out['exposure']['median_inserted'])} bits"
+                if "exposure" in out else "")
     log(f"{name}: MIA AUC {out['mia']['auc']:.3f} (loss), {out['mia_reference']['auc']:.3f} (reference model), "
-        f"audited epsilon {audited if audited is None else round(audited, 3)}"
+        f"audited epsilon {audited if audited is None else round(audited, 3)}{exposure}"
         f" ({time.perf_counter() - t0:.0f}s of attacks)")
     return out
 

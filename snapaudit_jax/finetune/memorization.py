@@ -284,6 +284,22 @@ class ExposureReport:
                          "extrapolated": _stats([r.extrapolated for r in rows])}
         return out
 
+    def headline(self) -> dict:
+        """The report cards' exposure entry (``snapaudit finetune`` and ``snapaudit pii`` alike).
+
+        Returns:
+          ``{"method", "space_size", "max_possible", "median_inserted", "max_inserted", "median_held_out",
+          "max_held_out", "summary", "rows", "fit"}``: the exact values where the space was scored whole, else the
+          extrapolated ones.
+        """
+        summary = self.summary()
+        kind = "exact" if self.method == "exact" else "extrapolated"
+        inserted, held_out = summary["inserted"][kind], summary["held_out"][kind]
+        return {"method": self.method, "space_size": self.space_size, "max_possible": self.max_exposure,
+                "median_inserted": inserted["median"], "max_inserted": inserted["max"],
+                "median_held_out": held_out["median"], "max_held_out": held_out["max"],
+                "summary": summary, "rows": [dataclasses.asdict(r) for r in self.rows], "fit": list(self.fit)}
+
     def to_dict(self) -> dict:
         """The fields, ``rows`` as dicts, and :meth:`summary`, ready for JSON."""
         return {"rows": [dataclasses.asdict(r) for r in self.rows], "space_size": self.space_size,

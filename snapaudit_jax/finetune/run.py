@@ -702,16 +702,9 @@ def _memorization(model, prep: Prepared) -> dict[str, Any]:
     one = bounds[min(bounds)]
     ceiling = one_run_ceiling(canaries, delta=prep.delta)[min(bounds)]
     needed = None if ceiling > 0 else canaries_for_a_positive_bound(delta=prep.delta, alpha=one.alpha)
-    summary = exposure.summary()
-    kind = "exact" if exposure.method == "exact" else "extrapolated"
     rates = extraction.rates()
     return {
-        "exposure": {
-            "method": exposure.method, "space_size": exposure.space_size, "max_possible": exposure.max_exposure,
-            "median_inserted": summary["inserted"][kind]["median"], "max_inserted": summary["inserted"][kind]["max"],
-            "median_held_out": summary["held_out"][kind]["median"], "max_held_out": summary["held_out"][kind]["max"],
-            "summary": summary, "rows": [dataclasses.asdict(r) for r in exposure.rows], "fit": list(exposure.fit),
-        },
+        "exposure": exposure.headline(),
         "extraction": {
             "method": extraction.method, "greedy_inserted": rates["inserted"]["greedy"],
             f"top_{section.top_k}_inserted": rates["inserted"][f"top_{section.top_k}"],

@@ -152,3 +152,11 @@ def test_every_variant_trains_in_the_configured_layout(tmp_path):
     refused = r"layers must be one of 'auto', 'scan', 'unrolled', got 'stacked' \(training\.layers\)"
     with pytest.raises(ConfigFileError, match=refused):
         load_pii_config(write_toml(tmp_path, text))
+
+
+def test_an_exposure_sample_larger_than_the_secret_space_is_refused(tmp_path):
+    text = tiny_pii_toml().replace("n_canaries = 16", "n_canaries = 16\ndigits = 4") + "\n[exposure]\nsamples = 9990\n"
+    with pytest.raises(ConfigFileError, match=r"exposure.samples: must be <= 10\*\*canaries.digits - "
+                                              r"canaries.n_canaries = 9984 .*got 9990"):
+        load_pii_config(write_toml(tmp_path, text))
+    assert load_pii_config(write_toml(tmp_path, text.replace("9990", "9984"))).exposure.samples == 9984

@@ -167,3 +167,19 @@ def test_a_run_takes_the_base_as_its_public_baseline(tiny_base, tmp_path, monkey
     assert full["baseline"]["model"] == tiny_base and full["baseline"]["kind"] == "pretrained base, untouched"
     assert full["corpus"]["public_records"] is None
     assert sorted(os.listdir(out / "checkpoints")) == ["dp", "run_key.json"]  # no baseline was trained
+    # exposure: snapaudit finetune's function on the released model (resumed from its final checkpoint)
+    from attacks.corpus import insert_canaries
+    from attacks.data import prepare_data
+    from attacks.run import train_variant
+    from snapaudit_jax.finetune.memorization import canary_exposure
+    from snapaudit_jax.utils.progress import RunLog
+
+    data = prepare_data(cfg, RunLog(False))
+    texts = insert_canaries([r.text for r in data.train], data.canaries)
+    model, _ = train_variant("dp", texts, True, cfg, data, str(out), RunLog(False), lm.module)
+    expected = canary_exposure(model, lm.tokenizer, data.canaries, key=jax.random.fold_in(jax.random.fold_in(
+        jax.random.key(cfg.seed), 1000), 7), exact_limit=cfg.exposure.exact_limit, sample_size=cfg.exposure.samples)
+    stored = full["variants"]["dp"]["exposure"]
+    assert stored["median_inserted"] == pytest.approx(expected.headline()["median_inserted"], rel=1e-6)
+    assert result["results"]["dp"]["canary_exposure"] == stored["median_inserted"]
+    assert 0 <= stored["median_inserted"] <= stored["max_possible"] == pytest.approx(np.log2(10.0**8))
