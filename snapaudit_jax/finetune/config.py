@@ -16,10 +16,11 @@ from typing import Any
 
 from snapaudit_jax.dpsgd.canaries import CanaryConfig
 from snapaudit_jax.dpsgd.config import CLIPPINGS, LAYERS
-from snapaudit_jax.finetune.synthetic import GENERATORS, MAX_UNITS
+from snapaudit_jax.finetune.synthetic import BYTES_PER_UNIT, GENERATORS, MAX_UNITS
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.config import ConfigFileError, dataclass_section, read_toml, reject_unknown
 from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.memory import check_fits
 
 __all__ = [
     "METHODS",
@@ -110,6 +111,8 @@ class DataConfig:
                                  f"corpus), got {self.held_out_path!r}")
             if validate.positive_int("generate_units", self.generate_units) > MAX_UNITS:
                 raise InputError(f"generate_units must be <= {MAX_UNITS}, got {self.generate_units}")
+            check_fits("generate_units", self.generate_units * BYTES_PER_UNIT,
+                       f"{self.generate_units} generated patients (about 3.5 notes each, made in memory)")
             validate.seed("generate_seed", self.generate_seed)
         else:
             for name in ("generate_units", "generate_seed"):

@@ -264,5 +264,5 @@ def dataclass_section(default, body, where: str):
         return dataclasses.replace(default, **values).validate()
     except (TypeError, ValueError) as err:
         msg = str(err)
-        field = msg.split(" ", 1)[0].split("[", 1)[0]
+        field = msg.split(" ", 1)[0].split("[", 1)[0].rstrip(":")
         raise ConfigFileError(f"{where}: {msg}" + (f" ({where}.{field})" if field in names else "")) from None

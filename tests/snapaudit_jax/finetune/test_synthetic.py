@@ -66,3 +66,21 @@ def test_the_scale_examples_are_sized_as_the_scale_run_needs(name, epsilon, meth
     assert ft.batch_size >= 512 and ft.steps >= 200 and config.baseline and config.canaries.n_canaries > 0
     with open(os.path.join(ROOT, "examples", name)) as fh:
         assert fh.readline().startswith(f"# snapaudit finetune examples/{name} --out runs/")
+
+
+def test_a_corpus_larger_than_the_memory_is_refused_before_it_is_made(monkeypatch):
+    """``generate_units`` is checked against the machine's memory (the made columns' measured bytes a patient, a
+    lower bound) when the configuration is read, naming ``data.generate_units``; the boundary passes."""
+    from snapaudit_jax.finetune.synthetic import BYTES_PER_UNIT
+    from snapaudit_jax.utils import memory
+    from snapaudit_jax.utils.config import ConfigFileError
+
+    path = os.path.join(ROOT, "examples", "finetune_scale.toml")
+    units = load_finetune_config(path).data.generate_units
+    monkeypatch.setattr(memory, "available_bytes", lambda: units * BYTES_PER_UNIT - 1)
+    with pytest.raises(ConfigFileError, match=rf"data: generate_units: {units} generated patients \(about 3.5 notes "
+                                              r"each, made in memory\) would need at least .* of memory.*"
+                                              r"\(data.generate_units\)"):
+        load_finetune_config(path)
+    monkeypatch.setattr(memory, "available_bytes", lambda: units * BYTES_PER_UNIT)
+    assert load_finetune_config(path).data.generate_units == units
