@@ -14,7 +14,38 @@ import numpy as np
 from attacks.config import REPETITION_BINS, PIIConfig, headline_label
 from snapaudit_jax.utils.errors import DependencyError
 
-__all__ = ["format_metric", "format_table", "plot_leakage"]
+__all__ = ["GOALS", "compare_variants", "format_metric", "format_table", "plot_leakage"]
+
+GOALS = {"dp_over_undefended_perplexity": 1.5, "dp_over_undefended_extraction_recall": 0.5}
+"""The scale run's goals (issue: the PII experiment at a scale where DP learns): the DP variant's held-out
+perplexity at most 1.5x the undefended one's and its headline extraction recall at most half of it. Printed by
+every run with both variants, never asserted: a goal missed is a result, not an error."""
+
+
+def compare_variants(results: Mapping[str, dict]) -> dict | None:
+    """What DP cost in utility and bought in extraction: the ``dp`` variant against ``undefended``.
+
+    Args:
+      results: ``{variant: row}`` (``results.json``).
+
+    Returns:
+      ``None`` without both variants; else ``{goal name: {"ratio", "goal", "met"}, "note"}`` for each of
+      :data:`GOALS` (``ratio`` and ``met`` ``None`` with a ``"reason"`` where the undefended figure is zero or
+      undefined: nothing extracted leaves no ratio).
+    """
+    if not {"undefended", "dp"} <= set(results):
+        return None
+    out: dict = {"note": "goals of the scale run (docs/pii.md), printed, never asserted"}
+    for name, goal in GOALS.items():
+        key = "perplexity" if name.endswith("perplexity") else "extraction_recall"
+        dp, undefended = results["dp"].get(key), results["undefended"].get(key)
+        if dp is None or undefended is None or not np.isfinite(dp) or not np.isfinite(undefended) or undefended <= 0:
+            out[name] = {"ratio": None, "goal": goal, "met": None,
+                         "reason": f"undefended {key} is {undefended!r}: no ratio"}
+            continue
+        ratio = float(dp) / float(undefended)
+        out[name] = {"ratio": ratio, "goal": goal, "met": bool(ratio <= goal)}
+    return out
 
 
 def format_metric(x: float | None, digits: int = 3) -> str:
@@ -131,6 +162,12 @@ def format_table(results: Mapping[str, dict], full: Mapping[str, dict], config: 
         lines.append(f"| {name} | {format_metric(group['auc'])} | {format_metric(one.get('epsilon'), 2)} | {guesses} | "
                      f"{format_metric(jp.get('one_run'), 2)} | {format_metric(ours['std']['epsilon_std'], 2)} | "
                      f"{format_metric(ours['gdp']['mu_lower'], 2)} | {format_metric(jp.get('cp_bonferroni'), 2)} |")
+    goals = compare_variants(results)
+    if goals is not None:
+        lines += ["", "DP against undefended (" + goals["note"] + "): " + "; ".join(
+            f"{name.replace('_', ' ')} {format_metric(g['ratio'], 2)} (goal <= {g['goal']:g}: "
+            + ("met" if g["met"] else "missed" if g["met"] is not None else g["reason"]) + ")"
+            for name, g in goals.items() if name != "note") + ".", ""]
     lines += ["", f"Tagger (scrubbing) on the training records: recall {tagger['all']['recall']:.3f}, precision "
               f"{tagger['all']['precision']:.3f}; PII it misses stays in the scrubbed variants' training data.", ""]
     for name, f in full.items():

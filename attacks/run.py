@@ -75,7 +75,7 @@ from attacks.extraction import extraction_attack, extraction_samples, lazy_extra
 from attacks.inference import inference_attack
 from attacks.mia import mia_attack
 from attacks.reconstruction import reconstruction_attack
-from attacks.report import format_metric, format_table, plot_leakage
+from attacks.report import compare_variants, format_metric, format_table, plot_leakage
 from snapaudit_jax.models.tokenizer import Tokenizer
 from snapaudit_jax.utils.config import ConfigFileError
 from snapaudit_jax.utils.errors import InputError
@@ -84,7 +84,7 @@ from snapaudit_jax.utils.progress import RunLog
 from snapaudit_jax.utils.run_folder import RunFolder
 
 __all__ = ["RESULT_FILES", "RESUME_VERSION", "fingerprint", "initial_model", "perplexity", "run_folder", "run_pii",
-           "train_variant"]
+           "train_variant", "training_arrays"]
 
 # Of the resume files' layout (``checkpoints/``, ``variants/*.json``), in the run stamp; 3: the batches and noise
 # come from the run's secret key (``checkpoints/run_key.json``).
@@ -154,6 +154,27 @@ def initial_model(config: PIIConfig, data: PreparedData, base=None):
     return fresh_copy(base, lora, seed=config.model.init_seed), (TRAINABLE if lora is not None else nnx.Param)
 
 
+def training_arrays(tokenizer, texts: Sequence[str], max_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """The training records as right-padded arrays only as wide as the longest of them needs.
+
+    Every step costs its padded width, so the arrays end at the longest framed record rounded up to a multiple
+    of 8 (at most ``max_length``), not at ``max_length`` itself; the padding is masked, so the losses and
+    gradients are the same.
+
+    Args:
+      tokenizer: the tokenizer.
+      texts: the training records.
+      max_length: ``model.max_length`` (every framed record fits in it: :func:`attacks.data.prepare_data`).
+
+    Returns:
+      ``(tokens, mask)`` of :func:`attacks.blackbox.encode_texts`, ``(n, L)`` with ``L <= max_length``.
+    """
+    from attacks.blackbox import frame
+
+    longest = max(len(frame(tokenizer, t)) for t in texts)
+    return encode_texts(tokenizer, texts, min(int(max_length), max(8, -(-longest // 8) * 8)))
+
+
 def train_variant(name: str, texts: list[str], dp: bool, config: PIIConfig, data: PreparedData, out_dir: str,
                   log: RunLog, base=None):
     """Trains one model from the shared initialisation, resuming from its checkpoints in ``out_dir``.
@@ -177,7 +198,7 @@ def train_variant(name: str, texts: list[str], dp: bool, config: PIIConfig, data
     """
     from snapaudit_jax.dpsgd import train
 
-    tokens, mask = encode_texts(data.tokenizer, texts, config.model.max_length)
+    tokens, mask = training_arrays(data.tokenizer, texts, config.model.max_length)
     cfg = _dpsgd_config(config, dp, len(texts))
     start = time.perf_counter()
     log(f"training {name}: {len(texts)} records, {cfg.steps} steps" + (" (DP-SGD)" if dp else ""))
@@ -486,10 +507,16 @@ def _pii(config: PIIConfig, out_dir: str, data: PreparedData, log: RunLog, t0: f
         full[name] = {k: v for k, v in done.items() if k != "row"}
         full[name]["by_repetition"] = _by_repetition(done, data)
 
+    goals = compare_variants(results)
+    if goals is not None:
+        log("DP against undefended: " + "; ".join(
+            f"{name} {format_metric(g['ratio'], 2)} (goal <= {g['goal']:g}: "
+            + ("met" if g["met"] else "missed" if g["met"] is not None else g["reason"]) + ")"
+            for name, g in goals.items() if name != "note"))
     seconds = time.perf_counter() - t0
     write_json(os.path.join(out_dir, "results.json"), results)
     write_json(os.path.join(out_dir, "results_full.json"),
-               {"variants": full, "tagger": to_json(data.tagger_quality), "seconds": seconds,
+               {"variants": full, "tagger": to_json(data.tagger_quality), "seconds": seconds, "goals": goals,
                 "baseline": _baseline_info(config),
                 "corpus": {"train_records": len(data.train), "test_records": len(data.test),
                            "public_records": len(data.public.records) if data.public is not None else None,

@@ -63,6 +63,32 @@ def test_results_json_has_every_variant_and_key(tiny_run):
     table = open(os.path.join(out, "table.md")).read()
     for name in results:
         assert f"| {name} |" in table
+    # DP against undefended, printed with its goals; exposure of every variant, by the finetune card's function
+    from attacks.report import compare_variants
+
+    assert full["goals"] == json.loads(json.dumps(compare_variants(results)))
+    ratio = full["goals"]["dp_over_undefended_perplexity"]["ratio"]
+    assert ratio == pytest.approx(results["dp"]["perplexity"] / results["undefended"]["perplexity"])
+    assert "DP against undefended" in table
+    for name, row in results.items():
+        exposure = full["variants"][name]["exposure"]
+        assert row["canary_exposure"] == exposure["median_inserted"]
+        assert 0.0 <= exposure["median_held_out"] <= exposure["max_possible"] and exposure["method"] == "extrapolated"
+
+
+def test_dp_against_undefended_is_two_ratios_beside_their_goals():
+    from attacks.report import GOALS, compare_variants
+
+    rows = {"undefended": {"perplexity": 10.0, "extraction_recall": 0.4},
+            "dp": {"perplexity": 14.0, "extraction_recall": 0.3}}
+    out = compare_variants(rows)
+    assert set(out) == {"note", *GOALS}
+    assert out["dp_over_undefended_perplexity"] == {"ratio": pytest.approx(1.4), "goal": 1.5, "met": True}
+    assert out["dp_over_undefended_extraction_recall"] == {"ratio": pytest.approx(0.75), "goal": 0.5, "met": False}
+    rows["undefended"]["extraction_recall"] = 0.0  # nothing extracted: no ratio, never a division by zero
+    recall = compare_variants(rows)["dp_over_undefended_extraction_recall"]
+    assert recall["ratio"] is None and recall["met"] is None and "no ratio" in recall["reason"]
+    assert compare_variants({"dp": rows["dp"]}) is None
 
 
 @pytest.mark.slow
@@ -173,3 +199,24 @@ def test_scrubbed_variants_are_evaluated_on_scrubbed_text(tiny_run):
                                rtol=1e-5)
 
 
+
+
+def test_training_arrays_end_at_the_longest_record_rounded_to_eight():
+    """Steps cost their padded width: the arrays are as wide as the longest framed record needs (a multiple of 8,
+    at most max_length), the same tokens and mask as the full-width encoding's first columns, the rest padding."""
+    import numpy as np
+
+    from attacks.blackbox import encode_texts, frame
+    from attacks.run import training_arrays
+    from tests.helpers.attack_lm import small_lm
+
+    _, tok = small_lm()
+    texts = ["Ana Lopez wrote to Ben.", "a much longer record than the first one, naming Carla Diaz of Madrid twice"]
+    longest = max(len(frame(tok, t)) for t in texts)
+    tokens, mask = training_arrays(tok, texts, 192)
+    assert tokens.shape[1] % 8 == 0 and longest <= tokens.shape[1] < longest + 8
+    wide_tokens, wide_mask = encode_texts(tok, texts, 192)
+    width = tokens.shape[1]
+    assert np.array_equal(tokens, wide_tokens[:, :width]) and np.array_equal(mask, wide_mask[:, :width])
+    assert not wide_mask[:, width:].any()
+    assert training_arrays(tok, texts, longest)[0].shape[1] == longest  # never wider than max_length
