@@ -115,6 +115,7 @@ def inference_attack(
     *,
     candidate_pool: Sequence[str] | None = None,
     baseline_model=None,
+    baseline_cache: dict | None = None,
 ) -> dict:
     """PII inference: top-1 accuracy of the perplexity ranking over ``|C|`` candidates containing the truth.
 
@@ -128,6 +129,9 @@ def inference_attack(
         ``records``, the training pool of the paper).
       baseline_model: optional model without the private data; it ranks the same sets, and queries it gets
         right are excluded from ``accuracy_excluding_baseline`` (see :mod:`attacks.reconstruction`).
+      baseline_cache: optional dict kept by the caller across calls that share ``baseline_model`` (e.g. one
+        experiment's variants): the baseline's rankings, keyed by the queries' texts and the candidate sets, are
+        read from it instead of scored again (a call with other queries or sets misses and adds its own).
 
     Returns:
       The first size's game as :func:`~attacks.reconstruction.reconstruction_attack` returns it (``coverage``
@@ -149,7 +153,13 @@ def inference_attack(
         rankings = rank_candidates(model, tokenizer, queries, sets, batch_size=config.batch_size)
         baseline = None
         if baseline_model is not None:
-            baseline = rank_candidates(baseline_model, tokenizer, queries, sets, batch_size=config.batch_size)
+            ident = (tuple(q.text for q in queries), tuple(tuple(c) for c in sets))
+            if baseline_cache is not None and ident in baseline_cache:
+                baseline = baseline_cache[ident]
+            else:
+                baseline = rank_candidates(baseline_model, tokenizer, queries, sets, batch_size=config.batch_size)
+                if baseline_cache is not None:
+                    baseline_cache[ident] = baseline
         game = _summary(queries, rankings, baseline)
         game["n_candidates"] = size
         game["chance"] = 1.0 / size

@@ -234,7 +234,8 @@ def perplexity(model, tokenizer: Tokenizer, texts: Sequence[str], batch_size: in
     return float(math.exp(float(np.sum(s.nll)) / float(np.sum(s.tokens))))
 
 
-def _attack(name: str, model, report, config: PIIConfig, data: PreparedData, baseline, baseline_pii, log) -> dict:
+def _attack(name: str, model, report, config: PIIConfig, data: PreparedData, baseline, baseline_pii, log,
+            baseline_cache: dict | None = None) -> dict:
     key = jax.random.fold_in(jax.random.key(config.seed), 1000)  # the same attack randomness for every variant
     bs = config.eval_batch_size
     out: dict[str, Any] = {"variant": name}
@@ -259,7 +260,8 @@ def _attack(name: str, model, report, config: PIIConfig, data: PreparedData, bas
                                                   baseline_model=baseline)
     # Distractors: the training records' own PII of the label (inference_attack's default pool).
     out["inference"] = inference_attack(model, data.tokenizer, data.train, config.inference,
-                                        jax.random.fold_in(key, 3), baseline_model=baseline)
+                                        jax.random.fold_in(key, 3), baseline_model=baseline,
+                                        baseline_cache=baseline_cache)  # every variant plays the same sets
     rec, inf = out["reconstruction"], out["inference"]
     log(f"{name}: reconstruction {format_metric(rec['accuracy_excluding_baseline'])} excluding what the public "
         f"model gets right ({format_metric(rec['accuracy'])} raw), inference " + ", ".join(
@@ -491,6 +493,7 @@ def _pii(config: PIIConfig, out_dir: str, data: PreparedData, log: RunLog, t0: f
     log(f"baseline: {len(baseline_pii)} distinct PII strings in its samples (not counted as leaked)")
 
     results, full = {}, {}
+    baseline_rankings: dict = {}  # the baseline ranks the same inference sets for every variant: once
     for name in config.variants:
         path = os.path.join(out_dir, "variants", f"{name}.json")
         if os.path.exists(path):
@@ -501,7 +504,8 @@ def _pii(config: PIIConfig, out_dir: str, data: PreparedData, log: RunLog, t0: f
             scrubbed = name in ("scrubbed", "dp_scrubbed")
             texts = insert_canaries(data.scrubbed if scrubbed else [r.text for r in data.train], data.canaries)
             model, report = train_variant(name, texts, name.startswith("dp"), config, data, out_dir, log, base)
-            done = to_json(_attack(name, model, report, config, data, baseline, baseline_pii, log))
+            done = to_json(_attack(name, model, report, config, data, baseline, baseline_pii, log,
+                                   baseline_rankings))
             write_json(path, done)
         results[name] = done["row"]
         full[name] = {k: v for k, v in done.items() if k != "row"}

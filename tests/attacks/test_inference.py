@@ -94,6 +94,32 @@ def test_inference_plays_every_size_from_the_training_pool(lm):
             InferenceConfig(n_candidates=bad).validate()
 
 
+def test_a_baseline_cache_scores_the_baselines_sets_once_and_changes_nothing(lm, monkeypatch):
+    """Variants of one experiment play the same sets: with a shared cache the baseline ranks them once; the
+    results equal the uncached call's, and other queries miss the cache (it is keyed by content)."""
+    import attacks.inference as inference
+
+    model, tok = lm
+    records = SHORT + [record(3 + i, ["Hi ", ("PERSON", n), "."]) for i, n in
+                       enumerate(["Eve Adams", "Fay Hill", "Gus Lee", "Hal Ito"])]
+    baseline = gpt2(tok, 11)
+    cfg = InferenceConfig(n_candidates=(3, 4), fill="mask", batch_size=BATCH)
+    plain = inference_attack(model, tok, records, cfg, jax.random.key(6), baseline_model=baseline)
+    calls = []
+    rank = inference.rank_candidates
+    monkeypatch.setattr(inference, "rank_candidates", lambda m, *a, **k: calls.append(m) or rank(m, *a, **k))
+    cache: dict = {}
+    first = inference_attack(model, tok, records, cfg, jax.random.key(6), baseline_model=baseline,
+                             baseline_cache=cache)
+    second = inference_attack(model, tok, records, cfg, jax.random.key(6), baseline_model=baseline,
+                              baseline_cache=cache)
+    assert first == second == plain
+    assert [m is baseline for m in calls] == [False, True, False, True, False, False]  # 2 sizes; then cached
+    assert len(cache) == 2
+    inference_attack(model, tok, records, cfg, jax.random.key(7), baseline_model=baseline, baseline_cache=cache)
+    assert len(cache) == 4 and sum(m is baseline for m in calls) == 4  # other queries and sets: scored again
+
+
 @pytest.mark.parametrize("call, match", [
     (lambda: InferenceConfig(n_candidates=1).validate(), r"n_candidates must be an integer >= 2, got 1"),
 ])
