@@ -116,10 +116,9 @@ class ModelConfig:
         if not self.pretrained and self.method != "full":
             raise InputError(f"method must be 'full' with base = 'scratch' (a random initialisation has nothing for "
                              f"adapters to adapt), got {self.method!r}")
-        validate.positive_int("rank", self.rank)
-        validate.positive_float("alpha", self.alpha)
-        if any(not isinstance(t, str) for t in self.targets) or len(set(self.targets)) != len(self.targets):
-            raise InputError(f"targets must be distinct projection names, got {list(self.targets)}")
+        from snapaudit_jax.finetune.lora import LoRAConfig
+
+        LoRAConfig(rank=self.rank, alpha=self.alpha, targets=self.targets)  # rank, alpha and targets: its rules
         if not isinstance(self.allow_pickle, bool):
             raise InputError(f"allow_pickle must be true or false, got {self.allow_pickle!r}")
         for name in ("n_layer", "n_embd", "n_head", "max_length"):
