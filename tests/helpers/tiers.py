@@ -29,7 +29,6 @@ SLOW = "slow"
 
 #: Test modules with no test in the fast tier, each for a reason of its own (every other module keeps one).
 SLOW_ONLY_MODULES = {
-    "tests/attacks/test_run.py": "every test reads one whole snapaudit pii run (eight trainings)",
     "tests/snapaudit_jax/dpsgd/test_multihost.py": "two jax.distributed processes",
     "tests/snapaudit_jax/finetune/test_export_consumers.py": "every test reads one whole snapaudit finetune run",
     "tests/benchmarks/test_bench_finetune.py": "runs the benchmark script in subprocesses (torch, Opacus, jax)",
