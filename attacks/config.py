@@ -329,18 +329,13 @@ def check_base(config: PIIConfig):
       ConfigFileError: naming ``model.base``, ``model.method``, ``model.rank``, ``model.targets`` or
         ``model.max_length``.
     """
-    from snapaudit_jax.finetune.base import base_header, check_training_fits, max_positions
+    from snapaudit_jax.finetune.base import base_header, check_lora, check_training_fits, max_positions
 
     m = config.model
     tokenizer, cfg = base_header(m.base, "model.base")
     check_training_fits(cfg, method=m.method, optimizer=config.training.optimizer, field="model.method")
-    lora = m.lora()
-    if lora is not None:
-        try:
-            lora.resolved_targets(cfg)
-        except InputError as err:
-            key = "rank" if str(err).startswith("rank") else "targets"
-            raise ConfigFileError(f"model.{key}: {err}") from None
+    if m.method == "lora":
+        check_lora(cfg, rank=m.rank, alpha=m.alpha, targets=m.targets, section="model")
     if m.max_length > max_positions(cfg):
         raise ConfigFileError(f"model.max_length: must be <= {max_positions(cfg)} (the positions of the base "
                               f"{m.base!r}), got {m.max_length}")

@@ -14,7 +14,7 @@ import numpy as np
 from attacks.config import REPETITION_BINS, PIIConfig, headline_label
 from snapaudit_jax.utils.errors import DependencyError
 
-__all__ = ["GOALS", "compare_variants", "format_metric", "format_table", "plot_leakage"]
+__all__ = ["GOALS", "compare_variants", "format_goals", "format_metric", "format_table", "plot_leakage"]
 
 GOALS = {"dp_over_undefended_perplexity": 1.5, "dp_over_undefended_extraction_recall": 0.5}
 """The scale run's goals (issue: the PII experiment at a scale where DP learns): the DP variant's held-out
@@ -46,6 +46,22 @@ def compare_variants(results: Mapping[str, dict]) -> dict | None:
         ratio = float(dp) / float(undefended)
         out[name] = {"ratio": ratio, "goal": goal, "met": bool(ratio <= goal)}
     return out
+
+
+def format_goals(goals: Mapping[str, dict], *, words: bool = False) -> str:
+    """:func:`compare_variants`'s ratios, each beside its goal and whether it is met (or why there is none).
+
+    Args:
+      goals: :func:`compare_variants`'s dict.
+      words: names with spaces for the table (else as the JSON keys, for the log).
+
+    Returns:
+      One line, the goals separated by ``"; "``.
+    """
+    return "; ".join(
+        f"{name.replace('_', ' ') if words else name} {format_metric(g['ratio'], 2)} (goal <= {g['goal']:g}: "
+        + ("met" if g["met"] else "missed" if g["met"] is not None else g["reason"]) + ")"
+        for name, g in goals.items() if name != "note")
 
 
 def format_metric(x: float | None, digits: int = 3) -> str:
@@ -164,10 +180,7 @@ def format_table(results: Mapping[str, dict], full: Mapping[str, dict], config: 
                      f"{format_metric(ours['gdp']['mu_lower'], 2)} | {format_metric(jp.get('cp_bonferroni'), 2)} |")
     goals = compare_variants(results)
     if goals is not None:
-        lines += ["", "DP against undefended (" + goals["note"] + "): " + "; ".join(
-            f"{name.replace('_', ' ')} {format_metric(g['ratio'], 2)} (goal <= {g['goal']:g}: "
-            + ("met" if g["met"] else "missed" if g["met"] is not None else g["reason"]) + ")"
-            for name, g in goals.items() if name != "note") + ".", ""]
+        lines += ["", "DP against undefended (" + goals["note"] + "): " + format_goals(goals, words=True) + ".", ""]
     lines += ["", f"Tagger (scrubbing) on the training records: recall {tagger['all']['recall']:.3f}, precision "
               f"{tagger['all']['precision']:.3f}; PII it misses stays in the scrubbed variants' training data.", ""]
     for name, f in full.items():

@@ -75,7 +75,7 @@ from attacks.extraction import extraction_attack, extraction_samples, lazy_extra
 from attacks.inference import inference_attack
 from attacks.mia import mia_attack
 from attacks.reconstruction import reconstruction_attack
-from attacks.report import compare_variants, format_metric, format_table, plot_leakage
+from attacks.report import compare_variants, format_goals, format_metric, format_table, plot_leakage
 from snapaudit_jax.models.tokenizer import Tokenizer
 from snapaudit_jax.utils.config import ConfigFileError
 from snapaudit_jax.utils.errors import InputError
@@ -463,17 +463,18 @@ def run_pii(config: PIIConfig, out_dir: str, *, progress: bool = True) -> dict:
     log = RunLog(progress)
     t0 = time.perf_counter()
     data = prepare_data(config, log)  # every data/config error is raised before anything is written
-    with folder.claim():  # the folder is made, locked and stamped only now
-        return _pii(config, out_dir, data, log, t0)
-
-
-def _pii(config: PIIConfig, out_dir: str, data: PreparedData, log: RunLog, t0: float) -> dict:
-    """:func:`run_pii` once its folder is claimed: the trainings, the attacks and the files."""
     base = None
-    if config.model.pretrained:  # the public baseline is the pretrained base itself, untouched
+    if config.model.pretrained:  # its weights too: an unreadable file leaves no folder behind
         from snapaudit_jax.finetune.base import load_base
 
         base = load_base(config.model.base, allow_pickle=config.model.allow_pickle).module
+    with folder.claim():  # the folder is made, locked and stamped only now
+        return _pii(config, out_dir, data, base, log, t0)
+
+
+def _pii(config: PIIConfig, out_dir: str, data: PreparedData, base, log: RunLog, t0: float) -> dict:
+    """:func:`run_pii` once its folder is claimed: the trainings, the attacks and the files."""
+    if base is not None:  # the public baseline is the pretrained base itself, untouched
         baseline = base
         log(f"baseline: the pretrained base {config.model.base!r} (public; every variant fine-tunes a copy, "
             f"{config.model.method})")
@@ -513,10 +514,7 @@ def _pii(config: PIIConfig, out_dir: str, data: PreparedData, log: RunLog, t0: f
 
     goals = compare_variants(results)
     if goals is not None:
-        log("DP against undefended: " + "; ".join(
-            f"{name} {format_metric(g['ratio'], 2)} (goal <= {g['goal']:g}: "
-            + ("met" if g["met"] else "missed" if g["met"] is not None else g["reason"]) + ")"
-            for name, g in goals.items() if name != "note"))
+        log("DP against undefended: " + format_goals(goals))
     seconds = time.perf_counter() - t0
     write_json(os.path.join(out_dir, "results.json"), results)
     write_json(os.path.join(out_dir, "results_full.json"),

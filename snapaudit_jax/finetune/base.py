@@ -20,8 +20,8 @@ from snapaudit_jax.utils.config import ConfigFileError
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.memory import check_fits
 
-__all__ = ["LORA_STREAM", "base_header", "base_path", "check_training_fits", "fresh_copy", "load_base",
-           "max_positions", "parameter_count"]
+__all__ = ["LORA_STREAM", "base_header", "base_path", "check_lora", "check_training_fits", "fresh_copy",
+           "load_base", "max_positions", "parameter_count"]
 
 LORA_STREAM = 7  # the adapters' initialisation: fold_in(key(seed), LORA_STREAM)
 
@@ -157,6 +157,29 @@ def check_training_fits(cfg, *, method: str, optimizer: str, field: str) -> int:
     except InputError as err:
         raise ConfigFileError(str(err)) from None
     return need
+
+
+def check_lora(cfg, *, rank: int, alpha: float, targets, section: str) -> LoRAConfig:
+    """The adapters of a run, checked against the base (a rank above a projection's width, a target it lacks).
+
+    Args:
+      cfg: the base's architecture config.
+      rank, alpha, targets: the configured adapters.
+      section: the config section named in errors (``"finetune"`` or ``"model"``).
+
+    Returns:
+      The :class:`~snapaudit_jax.finetune.lora.LoRAConfig`.
+
+    Raises:
+      ConfigFileError: naming ``<section>.rank`` or ``<section>.targets``.
+    """
+    try:
+        lora = LoRAConfig(rank=rank, alpha=alpha, targets=targets)
+        lora.resolved_targets(cfg)
+    except InputError as err:
+        key = "rank" if str(err).startswith("rank") else "targets"
+        raise ConfigFileError(f"{section}.{key}: {err}") from None
+    return lora
 
 
 def fresh_copy(module, lora: LoRAConfig | None, *, seed: int) -> Any:

@@ -43,7 +43,7 @@ from snapaudit_jax.dpsgd import DPSGDConfig, loss_summary, train
 from snapaudit_jax.dpsgd.accounting import compute_epsilon
 from snapaudit_jax.dpsgd.keys import RANDOMNESS, resolve_run_key
 from snapaudit_jax.dpsgd.sampling import inclusion_threshold
-from snapaudit_jax.finetune.base import base_header, check_training_fits, fresh_copy, load_base
+from snapaudit_jax.finetune.base import base_header, check_lora, check_training_fits, fresh_copy, load_base
 from snapaudit_jax.finetune.config import FinetuneConfig
 from snapaudit_jax.finetune.data import FinetuneData, pack_records, pack_units, prepare_data
 from snapaudit_jax.finetune.lora import TRAINABLE, LoRAConfig
@@ -226,12 +226,8 @@ def prepare(config: FinetuneConfig, log=None) -> Prepared:
     tokenizer, cfg = base_header(config.model.base)
     lora = None
     if config.finetune.method == "lora":
-        try:
-            lora = LoRAConfig(rank=config.finetune.rank, alpha=config.finetune.alpha, targets=config.finetune.targets)
-            lora.resolved_targets(cfg)
-        except InputError as err:
-            key = "rank" if str(err).startswith("rank") else "targets"
-            raise ConfigFileError(f"finetune.{key}: {err}") from None
+        lora = check_lora(cfg, rank=config.finetune.rank, alpha=config.finetune.alpha,
+                          targets=config.finetune.targets, section="finetune")
     check_training_fits(cfg, method=config.finetune.method, optimizer=config.finetune.optimizer,
                         field="finetune.method")
     data = prepare_data(config, tokenizer)

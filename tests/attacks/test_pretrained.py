@@ -183,3 +183,22 @@ def test_a_run_takes_the_base_as_its_public_baseline(tiny_base, tmp_path, monkey
     assert stored["median_inserted"] == pytest.approx(expected.headline()["median_inserted"], rel=1e-6)
     assert result["results"]["dp"]["canary_exposure"] == stored["median_inserted"]
     assert 0 <= stored["median_inserted"] <= stored["max_possible"] == pytest.approx(np.log2(10.0**8))
+
+
+@pytest.mark.slow
+def test_unreadable_base_weights_are_refused_before_the_folder_is_made(tiny_base, tmp_path):
+    """The header reads (tokenizer, config), the weights do not: the run stops naming model.base and writes
+    nothing (the weights load before the run folder is claimed)."""
+    import shutil
+
+    from attacks.run import run_pii
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_base, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    cfg = load_pii_config(write_toml(tmp_path, tiny_pretrained_pii_toml(str(broken))))
+    out = tmp_path / "out"
+    with pytest.raises(ConfigFileError, match="model.base: "):
+        run_pii(cfg, str(out), progress=False)
+    assert not out.exists()
