@@ -42,7 +42,19 @@ def _scores(name: str, value) -> np.ndarray:
     return arr
 
 
-def membership_scores(model, tokenizer, texts: Sequence[str], *, reference_model=None, batch_size: int = 16):
+def _losses(model, tokenizer, texts: Sequence[str], batch_size: int, cache: dict | None) -> np.ndarray:
+    """Per-token mean losses of ``texts`` under ``model``, read from ``cache`` (keyed by the texts) when there."""
+    ident = tuple(texts)
+    if cache is not None and ident in cache:
+        return cache[ident]
+    losses = np.asarray(score_texts(model, tokenizer, texts, batch_size=batch_size).mean_nll)
+    if cache is not None:
+        cache[ident] = losses
+    return losses
+
+
+def membership_scores(model, tokenizer, texts: Sequence[str], *, reference_model=None, batch_size: int = 16,
+                      cache: dict | None = None, reference_cache: dict | None = None):
     """``(n,)`` membership scores: ``-loss`` or ``-(loss - reference loss)`` (per-token losses, EOS-framed).
 
     Args:
@@ -50,10 +62,14 @@ def membership_scores(model, tokenizer, texts: Sequence[str], *, reference_model
       texts: the records to score.
       reference_model: optional reference model (e.g. the baseline trained without the private data).
       batch_size: rows per scoring pass.
+      cache: optional dict the caller keeps for ``model`` alone: its losses, keyed by the texts, are read from
+        it instead of scored again (the loss and the reference attack score the same records).
+      reference_cache: the same for ``reference_model`` (e.g. kept across the variants of one experiment,
+        which share their public reference).
     """
-    score = -score_texts(model, tokenizer, texts, batch_size=batch_size).mean_nll
+    score = -_losses(model, tokenizer, texts, batch_size, cache)
     if reference_model is not None:
-        score = score + score_texts(reference_model, tokenizer, texts, batch_size=batch_size).mean_nll
+        score = score + _losses(reference_model, tokenizer, texts, batch_size, reference_cache)
     return score
 
 
@@ -142,6 +158,8 @@ def mia_attack(
     fprs: Sequence[float] = (0.1, 0.01),
     calibration_fraction: float = 0.5,
     batch_size: int = 16,
+    cache: dict | None = None,
+    reference_cache: dict | None = None,
 ) -> dict:
     """Loss-based membership inference of training records against held-out records.
 
@@ -154,6 +172,9 @@ def mia_attack(
       fprs: target false-positive rates.
       calibration_fraction: share of non-members used to set the held-out thresholds.
       batch_size: rows per scoring pass.
+      cache: optional dict of ``model``'s losses, kept by the caller for this model alone
+        (:func:`membership_scores`).
+      reference_cache: the same for ``reference_model``.
 
     Returns:
       ``{"auc" (all scores), "n_members", "n_nonmembers", "member_scores", "nonmember_scores",
@@ -166,8 +187,10 @@ def mia_attack(
     if len(members) < 1 or len(nonmembers) < 2:
         raise InputError(f"need >= 1 member and >= 2 non-members, got {len(members)} and {len(nonmembers)}")
     fprs = [validate.open_unit("fprs[...]", f) for f in fprs]
-    sm = membership_scores(model, tokenizer, members, reference_model=reference_model, batch_size=batch_size)
-    sn = membership_scores(model, tokenizer, nonmembers, reference_model=reference_model, batch_size=batch_size)
+    caches = {"reference_model": reference_model, "batch_size": batch_size, "cache": cache,
+              "reference_cache": reference_cache}
+    sm = membership_scores(model, tokenizer, members, **caches)
+    sn = membership_scores(model, tokenizer, nonmembers, **caches)
     perm = np.asarray(jax.random.permutation(key, len(sn)))
     n_cal = min(max(1, int(round(calibration_fraction * len(sn)))), len(sn) - 1)
     cal, ev = sn[perm[:n_cal]], sn[perm[n_cal:]]

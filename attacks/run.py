@@ -235,7 +235,7 @@ def perplexity(model, tokenizer: Tokenizer, texts: Sequence[str], batch_size: in
 
 
 def _attack(name: str, model, report, config: PIIConfig, data: PreparedData, baseline, baseline_pii, log,
-            baseline_cache: dict | None = None) -> dict:
+            baseline_cache: dict | None = None, baseline_losses: dict | None = None) -> dict:
     key = jax.random.fold_in(jax.random.key(config.seed), 1000)  # the same attack randomness for every variant
     bs = config.eval_batch_size
     out: dict[str, Any] = {"variant": name}
@@ -269,10 +269,12 @@ def _attack(name: str, model, report, config: PIIConfig, data: PreparedData, bas
             f"({format_metric(g['accuracy'])} raw)" for g in inf["by_size"]))
     rng = np.random.default_rng([config.seed, 13])
     members = [train_texts[int(i)] for i in rng.choice(len(data.train), len(data.test), replace=False)]
+    losses: dict = {}  # this variant's losses serve both attacks; the baseline's serve every variant
     out["mia"] = mia_attack(model, data.tokenizer, members, test_texts, jax.random.fold_in(key, 4),
-                            fprs=config.mia_fprs, batch_size=bs)
+                            fprs=config.mia_fprs, batch_size=bs, cache=losses)
     out["mia_reference"] = mia_attack(model, data.tokenizer, members, test_texts, jax.random.fold_in(key, 4),
-                                      reference_model=baseline, fprs=config.mia_fprs, batch_size=bs)
+                                      reference_model=baseline, fprs=config.mia_fprs, batch_size=bs,
+                                      cache=losses, reference_cache=baseline_losses)
     audit_delta = report.delta if report.dp else config.audit.delta
     audit_cfg = dataclasses.replace(config.audit, delta=audit_delta)
     out["canary_audit"] = canary_audit(model, data.tokenizer, data.canaries, audit_cfg, jax.random.fold_in(key, 5))
@@ -495,6 +497,7 @@ def _pii(config: PIIConfig, out_dir: str, data: PreparedData, base, log: RunLog,
 
     results, full = {}, {}
     baseline_rankings: dict = {}  # the baseline ranks the same inference sets for every variant: once
+    baseline_losses: dict = {}  # and scores the same membership records (scrubbed or raw) once
     for name in config.variants:
         path = os.path.join(out_dir, "variants", f"{name}.json")
         if os.path.exists(path):
@@ -506,7 +509,7 @@ def _pii(config: PIIConfig, out_dir: str, data: PreparedData, base, log: RunLog,
             texts = insert_canaries(data.scrubbed if scrubbed else [r.text for r in data.train], data.canaries)
             model, report = train_variant(name, texts, name.startswith("dp"), config, data, out_dir, log, base)
             done = to_json(_attack(name, model, report, config, data, baseline, baseline_pii, log,
-                                   baseline_rankings))
+                                   baseline_rankings, baseline_losses))
             write_json(path, done)
         results[name] = done["row"]
         full[name] = {k: v for k, v in done.items() if k != "row"}

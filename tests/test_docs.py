@@ -81,3 +81,66 @@ def test_the_guide_doctests_pass(name):
     runner.run(test)
     failures, tried = runner.summarize(verbose=False)
     assert tried >= 5 and failures == 0, (name, failures, tried)
+
+
+def test_the_guide_lists_the_keys_pii_writes():
+    """``results.json`` of ``snapaudit pii`` holds :data:`attacks.config.RESULT_KEYS` per variant (tested on a
+    run in tests/attacks/test_run.py): the guide lists exactly those."""
+    from attacks.config import RESULT_KEYS
+    from tests.helpers.docs import documented_keys
+
+    assert documented_keys("pii.md", "Every run writes `results.json`", "`null` where") == set(RESULT_KEYS)
+
+
+def _simulate_commands() -> list[str]:
+    """Every ``snapaudit simulate`` command of the guide's shell examples (continuation lines joined, comments
+    dropped)."""
+    commands = []
+    for page in [ROOT / "README.md", *GUIDE]:
+        for kind, body in FENCE.findall(page.read_text()):
+            if kind != "sh":
+                continue
+            for line in body.replace("\\\n", " ").splitlines():
+                line = line.split("  #")[0].strip()
+                if line.startswith("snapaudit simulate"):
+                    commands.append(line)
+    return commands
+
+
+@pytest.mark.slow
+def test_the_guides_simulate_commands_run_and_print_the_keys_it_lists(tmp_path, monkeypatch, capsys):
+    """Each ``snapaudit simulate`` command the guide shows runs with its flags (in a fresh folder, its
+    ``snaps.npz`` made from the default KSA histograms; trials capped at 200,000: the command is tested here, its
+    figures by the simulation tests), ``--json`` prints an object per epsilon with every key the command-line page
+    lists, ``--out`` writes the JSON and its HTML report beside it, and ``--plot`` its figure."""
+    import json
+    import shlex
+
+    import numpy as np
+
+    from snapaudit_jax.audits.command import DEFAULT_CLEAN
+    from snapaudit_jax.cli import main
+    from tests.helpers.docs import documented_keys
+
+    commands = _simulate_commands()
+    assert len(commands) >= 5 and any("--json" in c for c in commands) and any("--out" in c for c in commands)
+    listed = documented_keys("cli.md", "an object per epsilon, with keys", "rows of")
+    assert {"epsilon_emp", "tpr_low", "fpr_up", "violation"} <= listed
+    monkeypatch.chdir(tmp_path)
+    with_, without = (np.tile(np.asarray(v, np.float32), (200, 1)) for v in DEFAULT_CLEAN["ksa"])
+    np.savez("snaps.npz", **{"with": with_, "without": without})
+    for command in commands:
+        argv = shlex.split(command)[1:]
+        if "--trials" not in argv:
+            argv += ["--trials", "200000"]
+        argv[argv.index("--trials") + 1] = str(min(int(argv[argv.index("--trials") + 1]), 200_000))
+        assert main([*argv, "--quiet"]) == 0, command
+        printed = capsys.readouterr().out
+        if "--json" in argv:
+            rows = json.loads(printed)
+            assert rows and all(listed <= set(row) for row in rows), (command, listed - set(rows[0]))
+        if "--out" in argv:
+            out = tmp_path / argv[argv.index("--out") + 1]
+            assert out.is_file() and out.with_suffix(".html").is_file(), command
+        if "--plot" in argv:
+            assert (tmp_path / argv[argv.index("--plot") + 1]).is_file(), command

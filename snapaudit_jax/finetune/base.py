@@ -10,6 +10,7 @@ so the base stays bitwise the public model it was.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
@@ -40,8 +41,28 @@ def base_path(base: str) -> str:
     return default_model_path(base) if base == "smollm2" else base
 
 
+_HEADERS: dict[tuple, tuple] = {}  # base_header's memo: (base, what its files are now) -> (tokenizer, cfg)
+
+
+def _identity(path: str) -> tuple | None:
+    """What ``path`` is now: its real path with the size and modification time of the file, or of every entry
+    of the folder (a rewritten file changes it); ``None`` where it cannot be read (no memo then)."""
+    try:
+        real = os.path.realpath(path)
+        if os.path.isdir(real):
+            with os.scandir(real) as it:
+                return real, tuple(sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in it))
+        st = os.stat(real)
+        return real, st.st_size, st.st_mtime_ns
+    except OSError:
+        return None
+
+
 def base_header(base: str, field: str = "model.base"):
     """The base's tokenizer and architecture config, read without its weights.
+
+    A second call for the same base, its files unchanged (path, sizes and modification times), answers from
+    memory: a command reads the header when its configuration is loaded and again when it prepares its data.
 
     Args:
       base: a config's ``model.base``.
@@ -61,6 +82,9 @@ def base_header(base: str, field: str = "model.base"):
 
     try:
         path = base_path(base)
+        identity = _identity(path)
+        if identity is not None and (base, identity) in _HEADERS:
+            return _HEADERS[base, identity]
         if path.endswith(".gguf"):  # one parse of the metadata (seconds for a 49k vocabulary) serves both
             reader = open_gguf(path)
             tokenizer, cfg = Tokenizer.from_gguf(reader, path), gguf_llama_config(reader, path)
@@ -73,6 +97,9 @@ def base_header(base: str, field: str = "model.base"):
         raise ConfigFileError(f"{field}: {base}: fine-tuning needs a GPT-2 or Llama decoder, got a "
                               f"{type(cfg).__name__} checkpoint (a BERT checkpoint is an embedder, not a language "
                               "model)")
+    if identity is not None:
+        _HEADERS.clear()  # the latest base only: a tokenizer of a 49k vocabulary is not small
+        _HEADERS[base, identity] = tokenizer, cfg
     return tokenizer, cfg
 
 

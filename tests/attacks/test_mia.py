@@ -87,6 +87,39 @@ def test_mia_attack_scores_are_minus_training_loss(lm):
     np.testing.assert_allclose(ref, 0.0, atol=1e-6)
 
 
+def test_cached_losses_give_the_same_scores_and_are_scored_once(lm, monkeypatch):
+    """The loss and reference attacks of one variant share the target's losses, and variants share the
+    reference's: the scores equal the uncached ones, and each (model, texts) pair is scored once; other texts
+    miss the cache (power: a cache keyed by model only would answer them with the wrong losses)."""
+    import attacks.mia as mia
+
+    model, tok = lm
+    reference = gpt2(tok, 11)
+    members, nonmembers = [r.text for r in SHORT], ["Hi Eve Adams.", "Dear Fay Hill, call Gus Lee.", "Ok."]
+    plain = mia_attack(model, tok, members, nonmembers, jax.random.key(0), reference_model=reference, fprs=(0.5,),
+                       batch_size=BATCH)
+    calls = []
+    real = mia.score_texts
+    monkeypatch.setattr(mia, "score_texts", lambda m, t, texts, **kw: calls.append(
+        ("target" if m is model else "reference", tuple(texts))) or real(m, t, texts, **kw))
+    own, ref = {}, {}
+    for _ in range(2):
+        loss = mia_attack(model, tok, members, nonmembers, jax.random.key(0), fprs=(0.5,), batch_size=BATCH,
+                          cache=own)
+        both = mia_attack(model, tok, members, nonmembers, jax.random.key(0), reference_model=reference,
+                          fprs=(0.5,), batch_size=BATCH, cache=own, reference_cache=ref)
+    assert both["member_scores"] == plain["member_scores"]
+    assert both["nonmember_scores"] == plain["nonmember_scores"]
+    np.testing.assert_allclose(loss["member_scores"], -score_texts(model, tok, members, batch_size=BATCH).mean_nll)
+    assert sorted(calls) == sorted((m, tuple(t)) for m in ("target", "reference") for t in (members, nonmembers))
+    other = nonmembers[::-1]
+    got = membership_scores(model, tok, other, reference_model=reference, batch_size=BATCH, cache=own,
+                            reference_cache=ref)
+    assert len(calls) == 6
+    np.testing.assert_allclose(got, membership_scores(model, tok, other, reference_model=reference,
+                                                      batch_size=BATCH), rtol=1e-6)
+
+
 @pytest.mark.parametrize("call, match", [
     (lambda: roc_auc([1.0, np.nan], [0.0]), r"member_scores must be finite"),
     (lambda: tpr_at_fpr_heldout([1.0], [0.0], [0.0, 1.0], 1.5), r"fpr must be in \(0, 1\), got 1.5"),

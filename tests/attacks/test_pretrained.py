@@ -202,3 +202,31 @@ def test_unreadable_base_weights_are_refused_before_the_folder_is_made(tiny_base
     with pytest.raises(ConfigFileError, match="model.base: "):
         run_pii(cfg, str(out), progress=False)
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_the_base_header_is_read_once_per_run_and_again_when_its_files_change(tiny_base, tmp_path, monkeypatch):
+    """Loading the configuration and preparing the data both need the header: the second answer comes from
+    memory while the base's files are unchanged; a rewritten ``config.json`` is read afresh."""
+    import shutil
+
+    from attacks.data import prepare_data
+    from snapaudit_jax.finetune.base import base_header
+    from snapaudit_jax.models import weights
+    from snapaudit_jax.utils.progress import RunLog
+
+    folder = tmp_path / "base"
+    shutil.copytree(tiny_base, folder)
+    reads = []
+    real = weights.read_config
+    monkeypatch.setattr(weights, "read_config", lambda path: reads.append(path) or real(path))
+    cfg = load_pii_config(write_toml(tmp_path, tiny_pretrained_pii_toml(str(folder))))
+    data = prepare_data(cfg, RunLog(False))
+    assert len(reads) == 1
+    tokenizer, arch = base_header(str(folder))
+    assert tokenizer is data.tokenizer and len(reads) == 1
+    raw = json.loads((folder / "config.json").read_text())
+    raw["max_position_embeddings"] = 96
+    (folder / "config.json").write_text(json.dumps(raw) + " ")  # another size, whatever the clock's resolution
+    tokenizer2, arch2 = base_header(str(folder))
+    assert len(reads) == 2 and arch2.max_position_embeddings == 96 != arch.max_position_embeddings

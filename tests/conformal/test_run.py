@@ -21,6 +21,7 @@ from conformal.run import build_suites, run_cpa
 from snapaudit_jax.report.html import write_report
 from snapaudit_jax.utils.config import ConfigFileError
 from tests.helpers.cpa import BLOG, LLM_CONFIG, SMALL, TAB, TEXTWASH, WIKIBIO, write_config
+from tests.helpers.docs import documented_keys
 from tests.helpers.report import check_report
 
 
@@ -59,6 +60,8 @@ def test_run_folder_files_and_summary_keys(small_run):
                  os.path.join(out, "summary.json"), figures=len(svgs))
     rows = json.load(open(os.path.join(out, "summary.json")))
     assert rows and all(REQUIRED_KEYS <= set(r) for r in rows)
+    # every key a row holds is one the guide lists, and the guide lists no key no row holds
+    assert set().union(*map(set, rows)) == documented_keys("conformal.md", "a list of rows with keys", "`qhat` is")
     std = rows_of(rows, "standard")
     assert len(std) == 6 * len(cfg.alphas)  # 3 levels x 2 releases x alphas
     for r in std:

@@ -12,6 +12,7 @@ pytest.importorskip("flax")
 pytest.importorskip("torch")
 
 from snapaudit_jax.report.html import write_report  # noqa: E402
+from tests.helpers.docs import documented_keys  # noqa: E402
 from tests.helpers.paths import EXAMPLES  # noqa: E402
 from tests.helpers.report import check_report  # noqa: E402
 from tests.helpers.tiny_llm import make_tiny_llm_folder  # noqa: E402
@@ -134,6 +135,7 @@ def test_run_audit_writes_results_and_resumes(tmp_path, tiny_folder):
     rows = json.load(open(os.path.join(out, "results.json")))
     assert rows == json.loads(json.dumps(result["rows"]))
     assert all(set(r) == ROW_KEYS for r in rows)
+    assert ROW_KEYS == documented_keys("audit.md", "`results.json` is a list of rows", "\n\n")  # what the guide says
     # 2 pipelines x 2 epsilons x 2 threats x (active, passive).
     assert len(rows) == 16 and {r["mode"] for r in rows} == {"active", "passive"}
     for pipe, calls in (("pv", 2 * 6 * 3), ("poe", 2 * 6 * 4)):
