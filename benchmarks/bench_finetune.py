@@ -21,7 +21,7 @@ rank ``--rank`` on ``--targets``, the ``nnx.LoRAParam`` state only):
 
 * ``ours_dp_<m>``: the jitted step of :func:`snapaudit_jax.dpsgd.train` (``_prepare`` and ``_dp_step``, as
   ``benchmarks/bench_dpsgd.py`` calls them) with the library's default clipping path (``clipping = "auto"``:
-  per-record gradients on the CPU; on accelerators book-keeping) and microbatch (``--microbatch``;
+  book-keeping where it covers every trainable parameter, as here) and microbatch (``--microbatch``;
   default 1 on CPU), each unit's gradient clipped to ``C`` (the mean per-record norm at step 0), summed,
   Gaussian noise ``sigma C`` (``sigma = 1``), divided by ``q N``, AdamW;
 * ``ours_dp_<path>_<m>``: the same step on each other clipping path (``DPSGDConfig.clipping``; every path covers

@@ -6,24 +6,16 @@ second run of a tier compiles little. It is set in this process only: the comman
 subprocesses (the private-data suite, the benchmark smoke runs) keep their own environment.
 Lowering a jitted function that captures more than 16 KiB of constants fails the test (see below).
 
-XLA compiles the suite's programs without LLVM's optimisation passes (``tests.helpers.xla.FAST_COMPILE``, added to
-``XLA_FLAGS`` before JAX starts its backend, so the commands tests run in subprocesses inherit it): compilation of
-the tiny test models dominates the suite, and these flags cut it by about a third (measured on 2 CPU cores:
-``test_ghost.py`` 116 -> 81 s, ``test_trials.py`` + ``test_kernels.py`` 106 -> 82 s from an empty cache). They
-change how fast the compiled code runs, not what it computes (XLA's HLO passes, which decide the arithmetic, run
-as before). ``SNAPAUDIT_TEST_XLA_OPTIMIZE=1`` runs the suite at XLA's default instead. The workers of the
-multi-device and multi-process tests set their own ``XLA_FLAGS`` (device counts), so the programs of DP training
-and the simulator are also compiled at the default optimisation level in every run of the suite.
+The test processes compile at XLA's default optimisation level, the level users run. (Without LLVM's passes,
+``tests.helpers.xla.FAST_COMPILE``, a cold run took 20 min instead of 25, but a test process then crashed once
+with a segmentation fault while deserialising an executable from this cache; only the benchmark smoke runs,
+which compile in subprocesses with a cache of their own, use those flags.)
 """
 
-from tests.helpers.xla import use_fast_compile
+import jax
 
-use_fast_compile()
-
-import jax  # noqa: E402  (after XLA_FLAGS: the backend reads them when it starts)
-
-from tests.helpers.paths import ROOT  # noqa: E402
-from tests.helpers.tiers import (  # noqa: E402,F401  (pytest finds hooks by name in this module)
+from tests.helpers.paths import ROOT
+from tests.helpers.tiers import (  # noqa: F401  (pytest finds hooks by name in this module)
     pytest_addoption,
     pytest_collection_finish,
     pytest_configure,

@@ -63,9 +63,10 @@ class DPSGDConfig:
         to float32 rounding, so never the guarantee): ``"per_record"`` (one gradient per unit, jax_privacy),
         ``"book_keeping"`` (ghost norms and the clipped sum from one forward and one backward),
         ``"ghost"`` (ghost norms, then a second backward of the clip-weighted loss: less memory), or
-        ``"auto"`` (default): on accelerators, book-keeping when the fast paths cover every trainable parameter
-        (DP-LoRA, and full fine-tuning of a float32 decoder), else per-record; on the CPU, per-record (one unit
-        at a time, it is as fast there: ``benchmarks/bench_finetune.py``). The report says which and why.
+        ``"auto"`` (default): book-keeping when the fast paths cover every trainable parameter (DP-LoRA, and full
+        fine-tuning of a float32 decoder), else per-record; on every backend (measured faster than per-record, or
+        as fast, on every shape tried, the CPU's included: ``benchmarks/bench_finetune.py``,
+        ``bench_dpsgd.py``). The report says which and why.
       layers: how the decoder's blocks run in the training step (speed of compilation only, the same function to
         float32 rounding): ``"scan"`` (:func:`~snapaudit_jax.models.decoders.stack_layers`: one
         :func:`jax.lax.scan` over the blocks' stacked parameters, so the step compiles in about the time of one

@@ -122,8 +122,8 @@ def clipped_grad_sum(model, tokens, mask, *, clip_norm: float, padding=None, tra
         jax_privacy's vmapped per-record gradients), ``"book_keeping"`` or ``"ghost"``
         (:mod:`~snapaudit_jax.dpsgd.ghost`: for models whose every trainable parameter it covers: dense layers,
         LoRA adapters, embeddings, the tied head, LayerNorm/RMSNorm), or ``"auto"``
-        (:func:`~snapaudit_jax.dpsgd.resolve_clipping`: on accelerators book-keeping where it covers every
-        trainable parameter, else per-record; per-record on the CPU). The
+        (:func:`~snapaudit_jax.dpsgd.resolve_clipping`: book-keeping where it covers every trainable
+        parameter, else per-record). The
         same sum to float32 rounding (tested to ``1e-5``).
 
     Returns:

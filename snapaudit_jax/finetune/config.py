@@ -179,10 +179,10 @@ class TrainConfig:
       learning_rate, optimizer, weight_decay: the optimizer (optax).
       microbatch_size: units per vectorised clipped-gradient call (speed only; default: the backend's).
       clipping: how each unit's gradient is clipped (speed and memory only, the same sum to float32 rounding:
-        :class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s ``clipping``): ``"auto"`` (on accelerators book-keeping for
-        LoRA, whose every trainable parameter it covers; per-record for full fine-tuning and on the CPU),
-        ``"per_record"``, ``"book_keeping"`` or ``"ghost"`` (both refused for full fine-tuning: embeddings and
-        norm scales are not covered).
+        :class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s ``clipping``): ``"auto"`` (book-keeping where it covers
+        every trainable parameter: LoRA, and full fine-tuning of a float32 base; else per-record),
+        ``"per_record"``, ``"book_keeping"`` or ``"ghost"`` (both refused, naming the parameter, where a
+        trainable parameter is not covered: a bfloat16 base's embedding and norm scales).
       layers: how the decoder's blocks run in the training step (compile and step time only, the same function to
         float32 rounding: :class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s ``layers``): ``"auto"`` (one scan over
         the stacked blocks on accelerators for 4 blocks or more, unrolled on the CPU), ``"scan"`` or

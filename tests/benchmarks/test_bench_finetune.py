@@ -36,14 +36,14 @@ def test_tiny_run_reports_every_variant_ratio_goal_and_check(tmp_path, env):
     assert r["shape"]["layers"] == 1 and r["shape"]["hidden_size"] == 64 and not r["shape"]["full_shape"]
     assert r["methods"] == ["full", "lora"] and r["seq"] == 16 and r["expected_batch"] == 4
     sides = ["ours_dp", "ours_nonprivate", "ours_batched"] + (["torch_opacus", "torch_nonprivate"] if HAS_TORCH else [])
-    # on the CPU (JAX_PLATFORMS=cpu) the default path is per-record: book-keeping and ghost beside it for both
-    # methods (the fast paths cover full fine-tuning's embeddings, tied head and RMSNorms too); Opacus's ghost
-    # clipping runs LoRA only (it refuses the tied embedding of full fine-tuning)
-    paths = [f"ours_dp_{p}_{m}" for p in ("book_keeping", "ghost") for m in ("full", "lora")]
+    # the default path is book-keeping (the fast paths cover full fine-tuning's embeddings, tied head and
+    # RMSNorms too): per-record and ghost beside it for both methods; Opacus's ghost clipping runs LoRA only (it
+    # refuses the tied embedding of full fine-tuning)
+    paths = [f"ours_dp_{p}_{m}" for p in ("per_record", "ghost") for m in ("full", "lora")]
     opacus_ghost = ["torch_opacus_ghost_lora"] if HAS_TORCH else []
     assert sorted(r["variants"]) == sorted([f"{s}_{m}" for s in sides for m in ("full", "lora")] + paths
                                            + opacus_ghost)
-    assert r["clipping"] == {"ours_dp_full": "per_record", "ours_dp_lora": "per_record",
+    assert r["clipping"] == {"ours_dp_full": "book_keeping", "ours_dp_lora": "book_keeping",
                              **{p: p.split("_", 2)[2].rsplit("_", 1)[0] for p in paths}}
     assert set(r["microbatch_sizes"].values()) == {1}
     for v in r["variants"].values():

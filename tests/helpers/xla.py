@@ -1,17 +1,8 @@
-"""The XLA flags the test suite compiles with (see ``tests/conftest.py``); this module never imports JAX."""
+"""The XLA flags of the benchmark scripts' smoke runs in the tests; this module never imports JAX."""
 
 from __future__ import annotations
 
-import os
-
-# LLVM's optimisation passes skipped: about a third less compilation of the tiny test models; the HLO passes,
-# which decide the arithmetic, run as before.
+# LLVM's optimisation passes skipped: about a third less compilation of the tiny benchmark shapes; the HLO passes,
+# which decide the arithmetic, run as before. The test processes themselves compile at XLA's default
+# (tests/conftest.py says why).
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-
-
-def use_fast_compile() -> None:
-    """Adds :data:`FAST_COMPILE` to this process's ``XLA_FLAGS`` (inherited by its subprocesses) unless
-    ``SNAPAUDIT_TEST_XLA_OPTIMIZE=1`` asks for XLA's default; call it before JAX starts its backend."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if os.environ.get("SNAPAUDIT_TEST_XLA_OPTIMIZE") != "1" and FAST_COMPILE not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {FAST_COMPILE}".strip()
