@@ -187,10 +187,10 @@ def mia_attack(
     if len(members) < 1 or len(nonmembers) < 2:
         raise InputError(f"need >= 1 member and >= 2 non-members, got {len(members)} and {len(nonmembers)}")
     fprs = [validate.open_unit("fprs[...]", f) for f in fprs]
-    caches = {"reference_model": reference_model, "batch_size": batch_size, "cache": cache,
-              "reference_cache": reference_cache}
-    sm = membership_scores(model, tokenizer, members, **caches)
-    sn = membership_scores(model, tokenizer, nonmembers, **caches)
+    scoring = {"reference_model": reference_model, "batch_size": batch_size, "cache": cache,
+               "reference_cache": reference_cache}
+    sm = membership_scores(model, tokenizer, members, **scoring)
+    sn = membership_scores(model, tokenizer, nonmembers, **scoring)
     perm = np.asarray(jax.random.permutation(key, len(sn)))
     n_cal = min(max(1, int(round(calibration_fraction * len(sn)))), len(sn) - 1)
     cal, ev = sn[perm[:n_cal]], sn[perm[n_cal:]]

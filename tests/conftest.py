@@ -7,9 +7,9 @@ subprocesses (the private-data suite, the benchmark smoke runs) keep their own e
 Lowering a jitted function that captures more than 16 KiB of constants fails the test (see below).
 
 The test processes compile at XLA's default optimisation level, the level users run. (Without LLVM's passes,
-``tests.helpers.xla.FAST_COMPILE``, a cold run took 20 min instead of 25, but a test process then crashed once
-with a segmentation fault while deserialising an executable from this cache; only the benchmark smoke runs,
-which compile in subprocesses with a cache of their own, use those flags.)
+the flags of :func:`tests.helpers.bench.bench_env`, a cold run took 20 min instead of 25, but a test process then
+crashed once with a segmentation fault while deserialising an executable from this cache; only the benchmark
+smoke runs, which compile in subprocesses with a cache of their own, use those flags.)
 """
 
 import jax

@@ -51,11 +51,14 @@ def _identity(path: str) -> tuple | None:
         real = os.path.realpath(path)
         if os.path.isdir(real):
             with os.scandir(real) as it:
-                return real, tuple(sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in it))
-        st = os.stat(real)
-        return real, st.st_size, st.st_mtime_ns
+                return real, tuple(sorted((e.name, *_size_and_time(e.stat())) for e in it))
+        return real, *_size_and_time(os.stat(real))
     except OSError:
         return None
+
+
+def _size_and_time(st: os.stat_result) -> tuple[int, int]:
+    return st.st_size, st.st_mtime_ns
 
 
 def base_header(base: str, field: str = "model.base"):

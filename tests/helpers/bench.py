@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 from tests.helpers.paths import ROOT
-from tests.helpers.xla import FAST_COMPILE
 
 
 def bench_env(cache_dir) -> dict[str, str]:
@@ -26,7 +25,7 @@ def bench_env(cache_dir) -> dict[str, str]:
     """
     return dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(cache_dir), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", JAX_PLATFORMS="cpu",
-                XLA_FLAGS=FAST_COMPILE)
+                XLA_FLAGS="--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
 
 
 def run_script(name: str, args, env, timeout: float) -> subprocess.CompletedProcess:
