@@ -10,8 +10,8 @@ One step (Abadi et al. 2016, Alg. 1, with Poisson sampling as accounted):
    picks how: one gradient per unit (jax_privacy ``clipped_grad``; ``m = 1`` on CPU, where vmapping over
    records is slower), or book-keeping or ghost clipping (:mod:`~snapaudit_jax.dpsgd.ghost`: the units'
    norms from the activations and cotangents of one backward pass of the summed loss, no per-unit gradient),
-   which ``"auto"`` takes on accelerators wherever they cover every trainable parameter (DP-LoRA; on the CPU it
-   stays per-record, as fast there). The sum is the same to float32 rounding either way;
+   which ``"auto"`` takes wherever they cover every trainable parameter (on every backend; see
+   :func:`resolve_clipping`). The sum is the same to float32 rounding either way;
 3. Gaussian noise of std ``sigma C`` added to the *sum* (jax_privacy ``gaussian_privatizer``, an
    optax transformation whose key, seeded by ``fold_in(key, 1)``, lives in the optimizer state);
 4. division by the expected batch size ``q N`` (data-independent; ``optax.scale``), then the
