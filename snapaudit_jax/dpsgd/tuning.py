@@ -45,7 +45,17 @@ from dp_accounting.rdp import RdpAccountant
 from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS, compute_delta
 from scipy import optimize, special
 
-from snapaudit_jax.dpsgd.accounting import _check, _quiet_dropped_orders, compute_epsilon, dpsgd_event
+from snapaudit_jax.dpsgd.accounting import (
+    _check,
+    _epsilon,
+    _JumpsOverWindow,
+    _quiet_dropped_orders,
+    _Unreachable,
+    compute_epsilon,
+    dpsgd_event,
+    pld_ladder,
+    search_window,
+)
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.io import JSONRecord
@@ -373,7 +383,16 @@ def _composed_pld_epsilon(cands: Sequence[Candidate], delta: float, disc: float)
     merged: dict[tuple[float, float], int] = {}
     for c in cands:
         merged[(c.noise_multiplier, c.sampling_rate)] = merged.get((c.noise_multiplier, c.sampling_rate), 0) + c.steps
-    event = dp_accounting.ComposedDpEvent([dpsgd_event(sigma, q, steps) for (sigma, q), steps in merged.items()])
+    groups = tuple((sigma, q, steps) for (sigma, q), steps in merged.items())
+    if len(groups) == 1:  # one event: compute_epsilon's number, from its memo
+        return _epsilon(*groups[0], delta, "pld", disc)
+    return _composed_groups_epsilon(groups, delta, disc)
+
+
+@functools.lru_cache(maxsize=1024)
+def _composed_groups_epsilon(groups: tuple[tuple[float, float, int], ...], delta: float, disc: float) -> float:
+    # Memoised: a calibration's last evaluation is the one account_sweep makes at the sigma it returns.
+    event = dp_accounting.ComposedDpEvent([dpsgd_event(sigma, q, steps) for sigma, q, steps in groups])
     return float(PLDAccountant(_ADD_REMOVE, value_discretization_interval=disc).compose(event).get_epsilon(delta))
 
 
@@ -576,10 +595,11 @@ def calibrate_sweep(
     """The one noise multiplier of every candidate of a sweep whose accounted ``epsilon`` is just below a target.
 
     Every candidate runs at the same ``sigma``; :func:`account_sweep` gives the sweep's ``epsilon(sigma)``, which
-    decreases in ``sigma``. The search first bisects on the sweep's RDP bound (cheap, and never below the accounted
-    ``epsilon``); for a composition, whose PLD bound is lower still, it then solves ``epsilon(sigma) = target`` by
-    false position (Illinois) on ``log epsilon`` between there and a lower ``sigma``, until
-    ``(1 - max_margin) target <= epsilon(sigma) <= target``.
+    decreases in ``sigma``. :func:`~snapaudit_jax.dpsgd.accounting.search_window` solves
+    ``(1 - max_margin) target <= epsilon(sigma) <= target``: for a composition first on the PLD bound alone at
+    the coarser intervals of :func:`~snapaudit_jax.dpsgd.accounting.pld_ladder` (cheap, and within a few parts in
+    ten thousand at 1e-3), then on ``min(RDP, PLD)`` at the rule's interval, usually once; for random stopping
+    on its RDP bound.
 
     Args:
       target_epsilon: the sweep's target, ``> 0``.
@@ -621,8 +641,9 @@ def calibrate_sweep(
     orders = np.asarray(DEFAULT_RDP_ORDERS, dtype=np.float64)
     delta = _candidates([(1.0, q, steps) for q, steps in pairs], delta)[1]
 
+    @functools.lru_cache(maxsize=None)
     def rdp_epsilon(sigma: float) -> float:
-        # The RDP side of the sweep's accounting, cheap to evaluate: never below the accounted epsilon.
+        # The RDP side of the sweep's accounting, never below the accounted epsilon of a composition.
         # A Poisson-sampled Gaussian's RDP is additive over steps: one curve per sampling rate, scaled.
         unit = {q: _rdp_curve(Candidate(sigma, q, 1), orders) for q in {q for q, _ in pairs}}
         curves = np.stack([steps * unit[q] for q, steps in pairs])
@@ -630,15 +651,22 @@ def calibrate_sweep(
             orders, curves.max(axis=0), rule.distribution)
         return _rdp_epsilon(orders, rdp, delta)
 
-    def epsilon(sigma: float) -> float:
-        # account_sweep(...).epsilon at sigma, without its per-candidate epsilons.
-        if isinstance(rule, RandomStopping):
-            return rdp_epsilon(sigma)
-        cands = [Candidate(sigma, q, steps) for q, steps in pairs]
-        return min(rdp_epsilon(sigma), _composed_pld_epsilon(cands, delta, rule.pld_discretization))
-
-    sigma = _solve_sweep_sigma(target, (1.0 - max_margin) * target, rdp_epsilon, epsilon,
-                               exact_is_rdp=isinstance(rule, RandomStopping))
+    if isinstance(rule, RandomStopping):
+        levels = [rdp_epsilon]
+    else:
+        # Coarser PLD accountants say where to look; the last level is account_sweep's epsilon itself.
+        *coarse, disc = pld_ladder(rule.pld_discretization)
+        levels = [functools.partial(_sweep_pld, pairs, delta, d) for d in coarse]
+        levels.append(lambda sigma: min(rdp_epsilon(sigma), _sweep_pld(pairs, delta, disc, sigma)))
+    try:
+        sigma, _ = search_window(levels, target, (1.0 - max_margin) * target)
+    except _Unreachable as err:
+        raise InputError(f"target_epsilon {target} is unreachable for this sweep: even sigma = 1e4 gives "
+                         f"epsilon {err.epsilon:.4g}") from None
+    except _JumpsOverWindow as err:
+        raise InputError(f"max_margin is unattainable: the sweep's epsilon jumps from {err.above:.6g} (above "
+                         f"{target}) to {err.below:.6g} between sigma = {err.low:.8g} and {err.high:.8g}; raise "
+                         "max_margin") from None
     accounting = account_sweep([(sigma, q, steps) for q, steps in pairs], delta, rule, unit=unit)
     if not accounting.epsilon <= target:  # the search's epsilon is account_sweep's; a mismatch is a bug
         raise ArithmeticError(f"calibrate_sweep: epsilon {accounting.epsilon} above the target {target} at sigma "
@@ -646,59 +674,8 @@ def calibrate_sweep(
     return sigma, accounting
 
 
-def _solve_sweep_sigma(target: float, window: float, rdp_epsilon, epsilon, *, exact_is_rdp: bool) -> float:
-    """The sigma of :func:`calibrate_sweep`: ``window <= epsilon(sigma) <= target`` (``rdp_epsilon >= epsilon``)."""
-    floor, ceiling = 0.3, 1e4
-    if rdp_epsilon(ceiling) > target:
-        raise InputError(f"target_epsilon {target} is unreachable for this sweep: even sigma = 1e4 gives "
-                         f"epsilon {epsilon(ceiling):.4g}")
-    # 1. Bisection on the RDP bound: rdp_epsilon(high) <= target, hence epsilon(high) <= target.
-    if rdp_epsilon(floor) <= target:
-        high = floor
-    else:
-        low, high = floor, ceiling
-        while high / low > 1.0 + 1e-3:
-            mid = math.sqrt(low * high)
-            low, high = (mid, high) if rdp_epsilon(mid) > target else (low, mid)
-    e_high = epsilon(high)
-    if e_high >= window or high == floor:
-        return high
-    if exact_is_rdp:
-        raise InputError(f"max_margin is unattainable: the sweep's epsilon is {e_high:.6g} at sigma = {high:.8g} "
-                         f"and above {target} just below it; raise max_margin")
-    # 2. A composition's PLD bound lies below its RDP bound, so the root is lower: bracket it, then solve
-    # log epsilon(sigma) = log target by the Illinois variant of false position (few PLD evaluations).
-    low = max(floor, high / 1.25)
-    e_low = epsilon(low)
-    while e_low <= target:
-        if e_low >= window or low == floor:
-            return low
-        high, e_high = low, e_low
-        low = max(floor, low / 1.25)
-        e_low = epsilon(low)
-    f_low, f_high = math.log(e_low / target), math.log(e_high / target)
-    side = 0
-    for _ in range(60):
-        if e_high >= window:
-            return high
-        x_low, x_high = math.log(low), math.log(high)
-        x = x_high - f_high * (x_high - x_low) / (f_high - f_low)
-        guard = 1e-3 * (x_high - x_low)
-        mid = math.exp(min(max(x, x_low + guard), x_high - guard))
-        e_mid = epsilon(mid)
-        f_mid = math.log(e_mid / target)
-        if e_mid > target:
-            low, f_low = mid, f_mid
-            if side == -1:
-                f_high /= 2.0
-            side = -1
-        else:
-            high, e_high, f_high = mid, e_mid, f_mid
-            if side == 1:
-                f_low /= 2.0
-            side = 1
-    raise InputError(f"max_margin is unattainable: the sweep's epsilon jumps from above {target} to {e_high:.6g} "
-                     f"between sigma = {low:.8g} and {high:.8g}; raise max_margin")
+def _sweep_pld(pairs, delta: float, disc: float, sigma: float) -> float:
+    return _composed_pld_epsilon([Candidate(sigma, q, steps) for q, steps in pairs], delta, disc)
 
 
 def _key(key: Any) -> jax.Array:

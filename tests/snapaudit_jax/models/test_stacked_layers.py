@@ -128,6 +128,7 @@ def test_stacked_model_computes_the_same_losses_and_gradients(make):
     assert not np.allclose(np.asarray(_rows(swapped, tokens, mask)), rows, rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_lora_adapters_stack_and_train_only_themselves():
     """A LoRA model (adapters on every block) stacks; its adapters' gradients equal the unrolled model's and
     the stacked base weights get none (trainable = LoRA parameters)."""
