@@ -20,8 +20,10 @@ update (optax).
 * ``nonprivate`` (the baseline of every ratio): one jitted ``jax.grad`` of the summed per-record losses of the
   *same* batch, padded to a fixed size with zero-weight copies (so it compiles once), ``1 / (q N)``, the same
   AdamW: what the step costs without DP;
-* ``per_record``: the jitted step of :func:`snapaudit_jax.dpsgd.train` (``DPSGDConfig.clipping``
-  ``"per_record"``: jax_privacy ``clipped_grad`` over fixed-size microbatches of ``m`` records in a
+* ``default``: the jitted step of :func:`snapaudit_jax.dpsgd.train` as a user gets it: ``clipping = "auto"``
+  (book-keeping wherever it covers every parameter, as here; ``clipping`` in the JSON says which path ran) at
+  the library's default microbatch (1 on CPU; ``--microbatch`` overrides it);
+* ``per_record``: the same step with ``clipping = "per_record"`` (jax_privacy ``clipped_grad`` over fixed-size microbatches of ``m`` records in a
   ``fori_loop`` with a dynamic trip count, masked padding, jax_privacy's Gaussian privatizer, optax), called on
   the same inputs as ``train`` calls it, with the library's default ``m`` (1 on CPU; ``--microbatch``
   overrides it);
@@ -254,7 +256,7 @@ def benchmark(args) -> dict:
         batched = flat64(nonprivate.grad(nonprivate.params, *nonprivate.padded(batches[0])))
     compile_s = {"nonprivate": round(time.perf_counter() - start, 2)}
     rel_err = {"nonprivate": float(np.linalg.norm(batched - unclipped) / np.linalg.norm(unclipped))}
-    variants = {"per_record": ("per_record", args.microbatch),
+    variants = {"default": ("auto", args.microbatch), "per_record": ("per_record", args.microbatch),
                 f"per_record_vmap{args.vmap_microbatch}": ("per_record", args.vmap_microbatch),
                 "book_keeping": ("book_keeping", args.vmap_microbatch), "ghost": ("ghost", args.vmap_microbatch)}
     runs = {}
@@ -323,7 +325,8 @@ def benchmark(args) -> dict:
         name: max((m for m, mb in zip(args.memory_microbatches, mbs) if mb <= args.memory_budget_mb), default=None)
         for name, mbs in memory["compiled_mb"].items()}
     at = args.vmap_microbatch
-    at_mb = {name: round(dp_compiled_bytes(runs[name]) / 2**20, 2) for name in runs if name != "per_record"}
+    at_mb = {name: round(dp_compiled_bytes(run) / 2**20, 2) for name, run in runs.items()
+             if run.spec.microbatch_size == at}
     at_mb["nonprivate"] = round(nonprivate.compiled_bytes(at) / 2**20, 2)
     memory[f"compiled_mb_at_{at}"] = at_mb
 

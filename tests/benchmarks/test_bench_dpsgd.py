@@ -33,11 +33,13 @@ def test_tiny_run_reports_every_path_against_the_nonprivate_step(tmp_path, env):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
     assert json.loads(proc.stdout) == r
-    names = ["per_record", "per_record_vmap8", "book_keeping", "ghost"]
+    names = ["default", "per_record", "per_record_vmap8", "book_keeping", "ghost"]
     assert list(r["variants"]) == [*names, "nonprivate"] and list(r["ratios_over_nonprivate"]) == names
-    assert r["clipping"] == {"per_record": "per_record", "per_record_vmap8": "per_record",
+    # the default: auto resolves to book-keeping (every GPT-2 parameter is covered) at the library's microbatch
+    assert r["clipping"] == {"default": "book_keeping", "per_record": "per_record", "per_record_vmap8": "per_record",
                              "book_keeping": "book_keeping", "ghost": "ghost"}
-    assert r["microbatch_size"] == {"per_record": 1, "per_record_vmap8": 8, "book_keeping": 8, "ghost": 8}
+    assert r["microbatch_size"] == {"default": 1, "per_record": 1, "per_record_vmap8": 8, "book_keeping": 8,
+                                    "ghost": 8}
     for v in r["variants"].values():
         assert v["median_step_seconds"] > 0 and len(v["step_seconds"]) == 2
     assert all(x > 0 for x in r["ratios_over_nonprivate"].values()) and r["jax_compiles_timed"] == 0
