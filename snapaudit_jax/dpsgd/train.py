@@ -380,8 +380,9 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
 _FAST_COVER = "the fast paths cover every trainable parameter (ghost.not_covered is empty)"
 _MEASURED = ("book-keeping, the measured default on every backend (2 CPU cores, benchmarks/bench_finetune.py, "
              "SmolLM2 shape: DP-full 1.01x the batched non-private step against per-record's 1.24x at expected "
-             "batch 32, 1.56x against 1.92x at 8, DP-LoRA 1.17x against 1.19x; bench_dpsgd.py, GPT-2: 0.74-0.86x "
-             "the non-private step against 1.41-1.49x at 32-256)")
+             "batch 32, 1.56x against 1.92x at 8, DP-LoRA 1.17x against 1.19x; bench_dpsgd.py, GPT-2 2 x 128 with "
+             "a 1,024-token vocabulary, one record a microbatch: 0.77-1.19x against per-record's 0.74-1.08x at "
+             "8-256, 3-14% slower on that small shape)")
 
 
 def resolve_clipping(requested: str, graphdef, params, rest, tokens, mask) -> tuple[str, str]:
