@@ -23,10 +23,10 @@ update (optax).
 * ``default``: the jitted step of :func:`snapaudit_jax.dpsgd.train` as a user gets it: ``clipping = "auto"``
   (book-keeping wherever it covers every parameter, as here; ``clipping`` in the JSON says which path ran) at
   the library's default microbatch (1 on CPU; ``--microbatch`` overrides it);
-* ``per_record``: the same step with ``clipping = "per_record"`` (jax_privacy ``clipped_grad`` over fixed-size microbatches of ``m`` records in a
-  ``fori_loop`` with a dynamic trip count, masked padding, jax_privacy's Gaussian privatizer, optax), called on
-  the same inputs as ``train`` calls it, with the library's default ``m`` (1 on CPU; ``--microbatch``
-  overrides it);
+* ``per_record``: the same step with ``clipping = "per_record"`` (jax_privacy ``clipped_grad`` over fixed-size
+  microbatches of ``m`` records in a ``fori_loop`` with a dynamic trip count, masked padding, jax_privacy's
+  Gaussian privatizer, optax), called on the same inputs as ``train`` calls it, with the library's default ``m``
+  (1 on CPU; ``--microbatch`` overrides it);
 * ``per_record_vmap<M>``, ``book_keeping``, ``ghost``: the same step with ``m = --vmap-microbatch`` (default 32,
   the accelerator default) on each clipping path: per-record gradients vectorised with ``vmap``; ghost norms
   and the clipped sum from one forward and one backward (book-keeping); the norms, then a second backward of

@@ -79,7 +79,7 @@ def test_the_requested_accountant_decides_and_is_evaluated_at_most_twice(monkeyp
         accounting._epsilon.cache_clear()
         original, fine = accounting._epsilon, []
 
-        def counted(sigma, q_, steps_, delta, acc, disc, bias=bias, original=original):
+        def counted(sigma, q_, steps_, delta, acc, disc, bias=bias, original=original, fine=fine):
             if disc == 1e-4:
                 fine.append(sigma)
                 return original(sigma, q_, steps_, delta, acc, disc)
