@@ -1,5 +1,4 @@
-"""Suite-wide set-up: the fast tier's limits (:mod:`tests.helpers.tiers`), the modules' order (longest first,
-:mod:`tests.helpers.schedule`) and a persistent XLA compilation cache.
+"""Suite-wide set-up: the fast tier's limits (:mod:`tests.helpers.tiers`) and a persistent XLA compilation cache.
 
 The cache keeps the compiled kernels of the tests (XLA programs of their tiny models and kernels, keyed by the
 program, the flags and the jax version) under ``.pytest_cache/jax-compilation-cache`` in the repository, so a
@@ -16,7 +15,6 @@ smoke runs, which compile in subprocesses with a cache of their own, use those f
 import jax
 
 from tests.helpers.paths import ROOT
-from tests.helpers.schedule import pytest_collection_modifyitems  # noqa: F401  (the modules, longest first)
 from tests.helpers.tiers import (  # noqa: F401  (pytest finds hooks by name in this module)
     pytest_addoption,
     pytest_collection_finish,
