@@ -522,11 +522,13 @@ def _solve_level(eps, low: float, high: float, start: float, slope: float, floor
             if secant < -0.05:
                 slope = secant
         step, u, value, g = u_next - u, u_next, value_next, g_next
-    # Illinois false position on [above, below] (above[0] < below[0]: epsilon decreases in sigma).
+    # Illinois false position on [above, below] (above[0] < below[0]: epsilon decreases in sigma); every fourth
+    # step bisects, so that the bracket at least halves every four evaluations even where epsilon jumps.
     (ua, ga, va), (ub, gb, vb) = above, below
-    side = 0
+    side, steps = 0, 0
     while ub - ua > 1e-12 * max(1.0, abs(ub)):
-        if not (math.isfinite(ga) and math.isfinite(gb)):
+        steps += 1
+        if steps % 4 == 0 or not (math.isfinite(ga) and math.isfinite(gb)):
             u = 0.5 * (ua + ub)
         else:
             u = ub - gb * (ub - ua) / (gb - ga)

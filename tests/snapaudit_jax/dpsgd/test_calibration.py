@@ -127,9 +127,11 @@ def test_bad_arguments_are_named(kwargs, match):
 def test_an_accountant_that_jumps_over_the_window_is_reported_not_returned(monkeypatch):
     """A step-shaped epsilon (2 below sigma = 1.5, 0.5 above) has no sigma in [0.99, 1]: InputError naming
     max_margin once the bracket has closed on the step, never a sigma outside the window."""
-    monkeypatch.setattr(accounting, "_epsilon", lambda sigma, *a: 2.0 if sigma < 1.5 else 0.5)
+    calls = []
+    monkeypatch.setattr(accounting, "_epsilon", lambda sigma, *a: calls.append(sigma) or (2.0 if sigma < 1.5 else 0.5))
     with pytest.raises(InputError, match=r"max_margin=0.01 is unattainable with the pld accountant"):
         accounting.calibrate(1.0, DELTA, 0.1, 10)
+    assert len(calls) < 250  # the bracket halves at least every four evaluations: about 4 x 40 to close on 1e-12
 
 
 def test_plan_epsilons_gives_both_accountants():
