@@ -5,7 +5,7 @@ Usage::
     python benchmarks/bench_dpsgd.py [--json] [--out FILE.json] [--layers 2] [--dim 128] [--heads 4] \
         [--seq 64] [--vocab 1024] [--batch 32] [--records 128] [--microbatch M] [--vmap-microbatch 32] \
         [--memory-microbatches 8,16,32,64,128,256] [--memory-budget-mb 1024] [--repeats 10] [--seed 0] \
-        [--sweep-batches 8,16,32,64,128,256 --sweep-repeats 3]
+        [--sweep-batches 8,16,32,64,128,256 --sweep-repeats 3] [--skip-torch]
 
 What is measured
 ----------------
@@ -31,6 +31,16 @@ update (optax).
   the accelerator default) on each clipping path: per-record gradients vectorised with ``vmap``; ghost norms
   and the clipped sum from one forward and one backward (book-keeping); the norms, then a second backward of
   the clip-weighted loss (ghost clipping).
+
+* ``torch_opacus``, ``torch_opacus_ghost``, ``torch_nonprivate`` (unless ``--skip-torch``; torch, transformers,
+  peft and opacus installed: the ``bench`` extra): transformers' ``GPT2LMHeadModel`` holding the same weights, on
+  the device torch sees, under Opacus's ``PrivacyEngine`` with per-sample gradients by hooks (its functorch
+  fallback for GPT-2's ``Conv1D`` projections), with ghost clipping where Opacus allows it (it refuses the tied
+  embedding and LM head: ``torch.opacus_ghost_unsupported`` gives its reason), and plain autograd; the same
+  batches, clip norm, noise multiplier and AdamW. The positions are passed per record (``position_ids`` of shape
+  ``(B, T)``): with transformers' shared ``(1, T)`` row, Opacus's per-sample gradient of the position embedding
+  has one sample and its step fails. ``ratios_vs_torch``: ours over Opacus's step, and each torch step over the
+  non-private torch step.
 
 All are compiled first; then the timed steps rotate over the implementations on step ``t``'s batch, for
 ``t = 1 .. R``. ``median_step_seconds``, ``records_per_s`` (total records over total time),
@@ -59,18 +69,26 @@ Correctness check (before timing, at the initial parameters, step 0's batch; flo
 :func:`snapaudit_jax.models.precision.full_float32_precision`): with the noise off, each DP
 variant's clipped sum (read back from AdamW's first moment, ``mu = (1 - b1) S / (q N)``) against an independent
 per-record loop (one jitted ``value_and_grad`` per record, clipped and summed in NumPy, float64 comparison), and
-the non-private gradient against the loop's unclipped sum. Beyond a relative L2 error of ``1e-4`` the script exits
-with status 1 and writes no ``--out`` file.
+the non-private gradient against the loop's unclipped sum; Opacus's per-sample gradients summed against autograd's
+batched gradient of the same backward pass (and ghost clipping's norms and clipped sum against them, where it runs),
+and after one warm-up step every trainable tensor moved. Beyond a relative L2 error of ``1e-4`` the script stops
+before timing, exits with status 1 and writes no ``--out`` file. ``torch.parity`` (reported): ours' and the torch
+model's per-record losses and gradient norms on step 0's batch, which agree to float32 rounding when the torch
+model holds our weights.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import statistics
 import sys
 import time
+import warnings
 
+import _torch  # noqa: I001  (first: it sets OMP_WAIT_POLICY before anything loads libgomp)
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -80,6 +98,7 @@ from flax import nnx
 from _common import CLIPPING_PATHS, CompileCounter, int_at_least, machine_info, measured
 from snapaudit_jax.utils.io import write_json
 from snapaudit_jax.models.precision import full_float32_precision
+from snapaudit_jax.finetune.export import hf_config, hf_tensors
 from snapaudit_jax.dpsgd import DPSGDConfig, poisson_batch, sequence_losses
 from snapaudit_jax.dpsgd.train import _SAMPLE_STREAM, _dp_step, _prepare, resolve_layers
 from snapaudit_jax.models.config import GPT2Config
@@ -226,6 +245,38 @@ def dp_config(args, q: float, clip: float, path: str, micro: int | None, steps: 
                        layers=layers)
 
 
+def torch_gpt2(model, cfg: GPT2Config):
+    """A transformers ``GPT2LMHeadModel`` (float32, tied head, every parameter trainable) holding ``model``'s
+    weights: the Opacus side's model."""
+    import torch
+    import transformers
+
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**hf_config(cfg)))
+    tensors = {k: torch.from_numpy(np.array(v)) for k, v in hf_tensors(model).items()}
+    missing, unexpected = hf.load_state_dict(tensors, strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:
+        raise RuntimeError(f"torch model: missing {missing}, unexpected {unexpected}")
+    return hf.float()
+
+
+def torch_side(args, model, cfg, data, q: float, batches: list, clip: float):
+    """The Opacus (hooks, ghost where Opacus allows it) and non-private torch steps on ``batches``."""
+    import torch
+
+    torch.manual_seed(args.seed)
+    return _torch.Torch(lambda: torch_gpt2(model, cfg), data, q=q, batches=batches, clip=clip,
+                        noise_multiplier=NOISE_MULTIPLIER, learning_rate=LEARNING_RATE, b1=B1,
+                        loader_batch=max(1, round(q * data[0].shape[0])))
+
+
+def torch_names(side) -> dict[str, str]:
+    """``{variant name: the torch side's step kind}``."""
+    return {TORCH_LABELS[kind]: kind for kind in side.kinds()}
+
+
+TORCH_LABELS = {"dp": "torch_opacus", "ghost": "torch_opacus_ghost", "nonprivate": "torch_nonprivate"}
+
+
 def benchmark(args) -> dict:
     cfg = GPT2Config(
         vocab_size=args.vocab, n_positions=args.seq, n_embd=args.dim, n_layer=args.layers, n_head=args.heads,
@@ -275,15 +326,50 @@ def benchmark(args) -> dict:
             ours_sum = ours_sum * (1.0 + 1e-3)
         rel_err[name] = float(np.linalg.norm(ours_sum - loop_sum) / np.linalg.norm(loop_sum))
 
+    torch_info, parity, ts, torch_steps = None, {}, None, {}
+    if not args.skip_torch:  # main() checked that it imports
+        import torch
+
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        torch.set_num_threads(cores)
+        warnings.filterwarnings("ignore", message=".*[Ff]ull backward hook.*")
+        warnings.filterwarnings("ignore", module="opacus")
+        ts = torch_side(args, model, cfg, data, q, batches, clip)
+        check = ts.check(perturb=args.perturb_check == "torch")
+        rel_err["torch_opacus"] = check["rel_error"]
+        if ts.ghost_unsupported is None:
+            rel_err["torch_opacus_ghost"] = check["ghost_rel_error"]
+            rel_err["torch_opacus_ghost_norms"] = check["ghost_norms_rel_error"]
+        with full_float32_precision():
+            ours_losses = np.asarray(sequence_losses(model, tokens[batches[0]], mask[batches[0]]), np.float64)
+        # The two frameworks hold the same weights: the same per-record losses and gradient norms (float32 apart)
+        parity = {"loss_max_abs_diff": float(np.max(np.abs(ours_losses - check["losses"]))),
+                  "record_grad_norms_rel_error": float(np.linalg.norm(check["norms"] - norms) / np.linalg.norm(norms))}
+        compile_s["torch"] = ts.start()
+        torch_steps = torch_names(ts)
+        torch_info = {**_torch.versions(), "device": str(ts.device), "threads": torch.get_num_threads(),
+                      "opacus_setup": _torch.OPACUS_SETUP, "opacus_ghost_setup": _torch.OPACUS_GHOST_SETUP,
+                      "opacus_ghost_unsupported": ts.ghost_unsupported, "updates_ok": ts.moved_ok,
+                      "opacus_notes": ("transformers' GPT2LMHeadModel holding our weights (its Conv1D projections: "
+                                       "Opacus's functorch fallback computes their per-sample gradients); the tied "
+                                       "embedding / LM head weight accumulates both modules' grad samples")}
+
+    if not max(rel_err.values()) <= SUM_TOL or (torch_info is not None and not torch_info["updates_ok"]):
+        return {"check_rel_error": rel_err, "checks_failed": True,
+                "torch": {"skipped": True} if torch_info is None else {"skipped": False, **torch_info}}
+
     nonprivate.step(batches[0])  # compiles the update
     state = {name: ours_step(run, 0, run.params, run.opt_state, run.hyper)[:2] for name, run in runs.items()}
-    names = [*runs, "nonprivate"]
+    names = [*runs, "nonprivate", *torch_steps]
     wall, cpu, peak = ({name: [] for name in names} for _ in range(3))
     sizes = [int(b.size) for b in batches[1:]]
 
     def step(name, t):
         if name == "nonprivate":
             nonprivate.step(batches[t])
+            return
+        if name in torch_steps:
+            ts.step(torch_steps[name], t)
             return
         params, opt_state, metrics = ours_step(runs[name], t, *state[name], runs[name].hyper)
         state[name] = params, opt_state
@@ -309,9 +395,18 @@ def benchmark(args) -> dict:
             "step_seconds": [round(x, 4) for x in times],
         }
 
-    ratios = {name: round(statistics.median(a / b for a, b in zip(wall[name], wall["nonprivate"])), 3)
-              for name in runs}
-    sweep = {str(b): sweep_point(args, model, data, key, clip, variants, b) for b in args.sweep_batches}
+    def ratio(a, b):
+        return round(statistics.median(x / y for x, y in zip(wall[a], wall[b])), 3)
+
+    ratios = {name: ratio(name, "nonprivate") for name in runs}
+    ratios_torch = {}
+    if torch_steps:
+        ratios_torch = {f"{name}_over_opacus": ratio(name, "torch_opacus") for name in [*runs, "nonprivate"]}
+        ratios_torch["opacus_over_torch_nonprivate"] = ratio("torch_opacus", "torch_nonprivate")
+        if "torch_opacus_ghost" in torch_steps:
+            ratios_torch["opacus_ghost_over_torch_nonprivate"] = ratio("torch_opacus_ghost", "torch_nonprivate")
+        ratios_torch["nonprivate_over_torch_nonprivate"] = ratio("nonprivate", "torch_nonprivate")
+    sweep = {str(b): sweep_point(args, model, cfg, data, key, clip, variants, b) for b in args.sweep_batches}
 
     # Memory by the compiler: every DP path at each microbatch, the non-private step at that batch.
     memory = {"microbatches": list(args.memory_microbatches), "budget_mb": args.memory_budget_mb,
@@ -357,18 +452,21 @@ def benchmark(args) -> dict:
         "clipping": {name: run.spec.clipping for name, run in runs.items()},
         "clip_norm": clip, "clipped_fraction_step0": float(np.mean(norms > clip)),
         "noise_multiplier": NOISE_MULTIPLIER, "optimizer": "adamw", "repeats": args.repeats,
-        "variants": {name: rates(name) for name in names}, "ratios_over_nonprivate": ratios, "memory": memory,
-        "goals": goals, "check_rel_error": rel_err, "compile_seconds": compile_s,
+        "variants": {name: rates(name) for name in names}, "ratios_over_nonprivate": ratios,
+        "ratios_vs_torch": ratios_torch, "memory": memory, "goals": goals, "check_rel_error": rel_err,
+        "torch": {"skipped": True} if torch_info is None else {"skipped": False, **torch_info, "parity": parity},
+        "compile_seconds": compile_s,
         "jax_compiles_timed": compiles.count + sum(point["jax_compiles_timed"] for point in sweep.values()),
         "sweep": sweep,
     }
 
 
-def sweep_point(args, model, data, key, clip: float, variants: dict, batch: int) -> dict:
+def sweep_point(args, model, cfg, data, key, clip: float, variants: dict, batch: int) -> dict:
     """Every variant's step time at expected batch ``batch`` (``q = batch / records``), side by side.
 
     The DP steps take ``q`` as a traced argument (nothing recompiles); the non-private step compiles once for the
-    point's padded size before timing. ``--sweep-repeats`` timed steps, the order rotating.
+    point's padded size before timing; the torch steps (unless ``--skip-torch``) run on fresh modules, checked
+    and warmed up on the point's step 0. ``--sweep-repeats`` timed steps, the order rotating.
     """
     records = args.records
     q = batch / records
@@ -381,25 +479,47 @@ def sweep_point(args, model, data, key, clip: float, variants: dict, batch: int)
     for name, (path, micro) in variants.items():
         run = runs[name] = _prepare(model, data, dp_config(args, q, clip, path, micro, args.sweep_repeats + 1), key)
         state[name] = ours_step(run, 0, run.params, run.opt_state, run.hyper)[:2]
-    wall, compiled = rotate(runs, state, nonprivate, batches, args.sweep_repeats)
-    return {
+    torch_steps, checks = {}, {}
+    if not args.skip_torch:
+        ts = torch_side(args, model, cfg, data, q, batches, clip)
+        check = ts.check()
+        checks = {"torch_opacus": check["rel_error"]}
+        if ts.ghost_unsupported is None:
+            checks.update(torch_opacus_ghost=check["ghost_rel_error"],
+                          torch_opacus_ghost_norms=check["ghost_norms_rel_error"])
+        ts.start()
+        torch_steps = {name: functools.partial(ts.step, kind) for name, kind in torch_names(ts).items()}
+    wall, compiled = rotate(runs, state, nonprivate, batches, args.sweep_repeats, torch_steps)
+
+    def ratio(a, b):
+        return round(statistics.median(x / y for x, y in zip(wall[a], wall[b])), 3)
+
+    point = {
         "sampling_rate": q, "batch_sizes": [int(b.size) for b in batches[1:]], "padded_nonprivate_batch": pad_to,
         "median_step_seconds": {name: round(statistics.median(w), 4) for name, w in wall.items()},
-        "ratios_over_nonprivate": {name: round(statistics.median(a / b for a, b in zip(wall[name],
-                                                                                     wall["nonprivate"])), 3)
-                                   for name in runs},
+        "ratios_over_nonprivate": {name: ratio(name, "nonprivate") for name in runs},
         "jax_compiles_timed": compiled,
     }
+    if torch_steps:
+        point["ratios_vs_torch"] = {
+            **{f"{name}_over_opacus": ratio(name, "torch_opacus") for name in [*runs, "nonprivate"]},
+            **{f"{name.removeprefix('torch_')}_over_torch_nonprivate": ratio(name, "torch_nonprivate")
+               for name in torch_steps if name != "torch_nonprivate"}}
+        point["check_rel_error"] = checks
+    return point
 
 
-def rotate(runs: dict, state: dict, nonprivate: NonPrivate, batches: list, repeats: int) -> tuple[dict, int]:
-    """Times steps ``1 .. repeats`` of every DP run (continuing from ``state``, updated) and the non-private step,
-    on step ``t``'s batch, the order rotating from step to step (no variant always follows the same one).
+def rotate(runs: dict, state: dict, nonprivate: NonPrivate, batches: list, repeats: int,
+           others: dict | None = None) -> tuple[dict, int]:
+    """Times steps ``1 .. repeats`` of every DP run (continuing from ``state``, updated), the non-private step and
+    ``others`` (``{name: step(t)}``, the torch side's), on step ``t``'s batch, the order rotating from step to step
+    (no variant always follows the same one).
 
     Returns:
       ``({name: [wall seconds per step]}, XLA compilations during the timed steps)``.
     """
-    names = [*runs, "nonprivate"]
+    others = others or {}
+    names = [*runs, "nonprivate", *others]
     wall = {name: [] for name in names}
     with CompileCounter() as compiles:
         for t in range(1, repeats + 1):
@@ -408,6 +528,8 @@ def rotate(runs: dict, state: dict, nonprivate: NonPrivate, batches: list, repea
                 start = time.perf_counter()
                 if name == "nonprivate":
                     nonprivate.step(batches[t])
+                elif name in others:
+                    others[name](t)
                 else:
                     params, opt_state, metrics = ours_step(runs[name], t, *state[name], runs[name].hyper)
                     state[name] = params, opt_state
@@ -425,10 +547,16 @@ def readable(r: dict) -> str:
         f"{r['expected_batch']}, realised {min(r['batch_sizes'])}..{max(r['batch_sizes'])}), C={r['clip_norm']:.4g}, "
         f"sigma={r['noise_multiplier']:g}, AdamW"
     )
-    rows = [("", "microbatch", "records/s", "median step s", "CPU s/step", "peak RSS +MB", "vs non-private")]
+    rows = [("", "microbatch", "records/s", "median step s", "CPU s/step", "peak RSS +MB", "vs its non-private")]
+    vs_torch = r["ratios_vs_torch"]
     for name, x in r["variants"].items():
         micro = str(r["microbatch_size"].get(name, f"batch (padded to {r['padded_nonprivate_batch']})"))
-        ratio = "1" if name == "nonprivate" else f"{r['ratios_over_nonprivate'][name]:.2f}x"
+        if name.startswith("torch_"):
+            micro = "batch"
+            own = vs_torch.get(f"{name.removeprefix('torch_')}_over_torch_nonprivate")
+            ratio = "1" if own is None else f"{own:.2f}x"
+        else:
+            ratio = "1" if name == "nonprivate" else f"{r['ratios_over_nonprivate'][name]:.2f}x"
         rows.append((name, micro, f"{x['records_per_s']:.1f}", f"{x['median_step_seconds']:.4f}",
                      f"{x['cpu_seconds_per_step']:.3f}", str(x["peak_rss_delta_mb"]), ratio))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -447,11 +575,21 @@ def readable(r: dict) -> str:
         sweep_rows = [("time vs non-private at expected batch", *r["sweep"])]
         for name in next(iter(r["sweep"].values()))["ratios_over_nonprivate"]:
             sweep_rows.append((name, *(f"{p['ratios_over_nonprivate'][name]:.2f}x" for p in r["sweep"].values())))
+        for name in next(iter(r["sweep"].values())).get("ratios_vs_torch", {}):
+            sweep_rows.append((name, *(f"{p['ratios_vs_torch'][name]:.2f}x" for p in r["sweep"].values())))
         sweep_rows.append(("nonprivate step s", *(f"{p['median_step_seconds']['nonprivate']:.4f}"
                                                    for p in r["sweep"].values())))
         widths = [max(len(row[i]) for row in sweep_rows) for i in range(len(sweep_rows[0]))]
         mem_table += "\n" + "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in sweep_rows)
     errors = ", ".join(f"{name} {err:.1e}" for name, err in r["check_rel_error"].items())
+    if vs_torch:
+        t = r["torch"]
+        goals += ("\ntorch (Opacus " + t["opacus"] + f", {t['device']}): "
+                  + ", ".join(f"{k} {v:.2f}x" for k, v in vs_torch.items())
+                  + f"; parity: per-record losses within {t['parity']['loss_max_abs_diff']:.1e}, gradient norms "
+                  f"{t['parity']['record_grad_norms_rel_error']:.1e} relative"
+                  + (f"; Opacus ghost clipping: {t['opacus_ghost_unsupported']}" if t["opacus_ghost_unsupported"]
+                     else ""))
     tail = (
         f"goals: {goals}\nchecks (relative L2 against the per-record loop): {errors} (tolerance {SUM_TOL:g}); "
         f"compiles during timing {r['jax_compiles_timed']}; compile s {r['compile_seconds']}; {r['cpu_count']} CPUs, "
@@ -484,8 +622,10 @@ def main(argv=None) -> int:
                         help="also time every variant at these expected batches, comma-separated (each <= --records)")
     parser.add_argument("--sweep-repeats", type=int_at_least(1), default=3, help="timed steps per sweep point")
     parser.add_argument("--seed", type=int_at_least(0), default=0)
-    parser.add_argument("--perturb-check", choices=("per_record", "book_keeping", "ghost"),
-                        help="scale this variant's checked sum by 1 + 1e-3 (tests that the check can fail)")
+    parser.add_argument("--skip-torch", action="store_true", help="no PyTorch / Opacus baseline")
+    parser.add_argument("--perturb-check", choices=("per_record", "book_keeping", "ghost", "torch"),
+                        help="scale this variant's checked sum by 1 + 1e-3 (torch: Opacus's; tests that the check "
+                        "can fail)")
     args = parser.parse_args(argv)
     if args.dim % args.heads:
         parser.error(f"--dim must be a multiple of --heads, got {args.dim} and {args.heads}")
@@ -504,18 +644,30 @@ def main(argv=None) -> int:
     if args.sweep_batches and not 1 <= args.sweep_batches[0] <= args.sweep_batches[-1] <= args.records:
         parser.error(f"--sweep-batches must be integers from 1 to --records ({args.records}), got "
                      f"{','.join(map(str, args.sweep_batches))}")
+    if args.skip_torch and args.perturb_check == "torch":
+        parser.error("--perturb-check torch needs the torch baseline (drop --skip-torch)")
+    if not args.skip_torch:
+        missing = _torch.torch_available()
+        if missing:
+            parser.error(f"the torch baseline needs {missing}; or pass --skip-torch")
 
     start = time.perf_counter()
     result = machine_info()
     result.update(benchmark(args))
     result["wall_seconds_total"] = round(time.perf_counter() - start, 1)
-    print(json.dumps(result) if args.json else readable(result), flush=True)
-    if result["jax_compiles_timed"]:
-        print(f"warning: {result['jax_compiles_timed']} XLA compilation(s) during the timed steps", file=sys.stderr)
+    if "checks_failed" not in result:  # a failed check stops the run before timing: nothing to show but the checks
+        print(json.dumps(result) if args.json else readable(result), flush=True)
+        if result["jax_compiles_timed"]:
+            print(f"warning: {result['jax_compiles_timed']} XLA compilation(s) during the timed steps",
+                  file=sys.stderr)
     worst = max(result["check_rel_error"], key=result["check_rel_error"].get)
     if not result["check_rel_error"][worst] <= SUM_TOL:
-        print(f"error: correctness check failed: {worst}'s sum differs from the per-record loop's by "
+        against = "autograd's batched gradient" if worst.startswith("torch") else "the per-record loop's"
+        print(f"error: correctness check failed: {worst}'s sum differs from {against} by "
               f"{result['check_rel_error'][worst]:.2e} > {SUM_TOL} (relative L2)", file=sys.stderr)
+        return 1
+    if not result["torch"].get("updates_ok", True):
+        print("error: correctness check failed: an Opacus step left a trainable tensor unchanged", file=sys.stderr)
         return 1
     if args.out:
         write_json(args.out, result)

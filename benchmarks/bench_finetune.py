@@ -91,11 +91,7 @@ import sys
 import time
 import warnings
 
-# PyTorch's OpenMP threads spin at every barrier by default; with other processes on the cores a spinning thread
-# takes the core from the one doing the work (a tiny step ran 75x slower on a loaded 2-core machine). Set before
-# libgomp loads.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
+import _torch  # noqa: I001  (first: it sets OMP_WAIT_POLICY before anything loads libgomp)
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -282,18 +278,6 @@ class Ours:
 # ---------------------------------------------------------------------------
 
 
-def torch_available() -> str | None:
-    """``None`` if torch, transformers, peft and opacus import; else why not."""
-    try:
-        import opacus  # noqa: F401
-        import peft  # noqa: F401
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-    except ImportError as exc:
-        return f"{exc.name or exc}: not installed (pip install 'snapaudit-jax[bench]')"
-    return None
-
-
 def _torch_modules(method: str, model, cfg: LlamaConfig, args):
     """A ``LlamaForCausalLM`` (PEFT-wrapped for LoRA) holding ``model``'s weights (and adapters)."""
     import peft
@@ -318,196 +302,6 @@ def _torch_modules(method: str, model, cfg: LlamaConfig, args):
             module.lora_A["default"].weight.copy_(torch.from_numpy(np.array(a).T))
             module.lora_B["default"].weight.copy_(torch.from_numpy(np.array(b).T))
     return wrapped
-
-
-def _labels(tokens, mask):
-    """Next-token targets of each position, ``-100`` (ignored) where the target or its input is padding."""
-    import torch
-
-    valid = mask[:, 1:] & mask[:, :-1]
-    labels = torch.full_like(tokens, -100)  # transformers' causal-LM loss: shifted labels, no copy of the logits
-    labels[:, :-1] = torch.where(valid, tokens[:, 1:], -100)
-    return labels
-
-
-def _torch_losses(module, tokens, mask):
-    """``(n,)`` per-record mean next-token cross-entropy over real targets (as :func:`sequence_losses`)."""
-    import torch
-
-    logits = module(input_ids=tokens, attention_mask=mask.long(), use_cache=False).logits
-    labels = _labels(tokens, mask)
-    nll = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                                            reduction="none", ignore_index=-100)
-    return nll.reshape(tokens.shape).sum(1) / (labels != -100).sum(1).clamp(min=1).float()
-
-
-def torch_device():
-    """The device of the torch side: the first CUDA device where torch sees one, else the CPU."""
-    import torch
-
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-
-
-class Torch:
-    """The torch steps of one method: Opacus per-sample gradients (hooks), Opacus ghost clipping, non-private.
-
-    Everything (weights, adapters, batches, optimizer state) lives on :func:`torch_device`; each step waits for
-    the device before it returns, so that its time is the step's.
-    """
-
-    def __init__(self, method: str, model, cfg, args, data, *, q: float, batches, clip: float):
-        import torch
-        from opacus import PrivacyEngine
-
-        self.torch = torch
-        self.device = torch_device()
-        tokens_np, mask_np = data
-        self.tokens = torch.from_numpy(tokens_np.astype(np.int64)).to(self.device)
-        self.mask = torch.from_numpy(mask_np).to(self.device)
-        self.batches = batches
-        self.clip = clip
-        self.normaliser = q * tokens_np.shape[0]
-        defaults = DPSGDConfig(steps=1, learning_rate=LEARNING_RATE, non_private=True, batch_size=1)
-
-        def adamw(module):
-            params = [p for p in module.parameters() if p.requires_grad]
-            return torch.optim.AdamW(params, lr=LEARNING_RATE, betas=(B1, defaults.b2), eps=defaults.eps,
-                                     weight_decay=defaults.weight_decay)
-
-        def fresh():
-            return _torch_modules(method, model, cfg, args).to(self.device).train()
-
-        def private(module, mode: str, **kwargs):
-            loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(tokens_np.shape[0])),
-                                                 batch_size=args.batch)
-            made = PrivacyEngine(accountant="rdp").make_private(
-                module=module, optimizer=adamw(module), data_loader=loader, noise_multiplier=NOISE_MULTIPLIER,
-                max_grad_norm=clip, poisson_sampling=True, grad_sample_mode=mode, loss_reduction="mean", **kwargs)
-            # Opacus derives the expected batch from the loader (N / ceil(N / B)); ours divides by q N exactly.
-            made[1].expected_batch_size = self.normaliser
-            return made
-
-        self.plain = fresh()
-        self.plain_opt = adamw(self.plain)
-        dp_module = fresh()
-        self.frozen = {n: p.detach().clone() for n, p in dp_module.named_parameters() if not p.requires_grad}
-        self.trainable_before = {n: p.detach().clone() for n, p in dp_module.named_parameters() if p.requires_grad}
-        self.dp, self.dp_opt, _ = private(dp_module, "hooks")
-        # Ghost clipping (Li et al.): per-sample norms from the hooks' activations and backprops, then a second
-        # backward pass of the clip-weighted per-sample losses. Opacus's criterion wrapper reduces each
-        # sequence's token losses to their mean over non-ignored targets: the per-record loss of ours.
-        self.ghost, self.ghost_opt, self.ghost_criterion, _ = private(
-            fresh(), "ghost", criterion=torch.nn.CrossEntropyLoss(ignore_index=-100))
-        self.ghost_unsupported = None  # why Opacus's ghost clipping cannot run this model, once check() tried it
-        self.trainable_tensors = len(self.trainable_before)
-        self.trainable_parameters = sum(p.numel() for p in self.trainable_before.values())
-
-    def _rows(self, t: int):
-        idx = self.torch.from_numpy(self.batches[t].astype(np.int64)).to(self.device)
-        if idx.numel() == 0:
-            raise RuntimeError(f"step {t}: empty Poisson batch (torch cannot step on it); use another --seed")
-        return self.tokens[idx], self.mask[idx]
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            self.torch.cuda.synchronize(self.device)
-
-    def _ghost_loss(self, tokens, mask):
-        logits = self.ghost(input_ids=tokens, attention_mask=mask.long(), use_cache=False).logits
-        return self.ghost_criterion(logits.float().reshape(-1, logits.shape[-1]), _labels(tokens, mask).reshape(-1),
-                                    shape=logits.shape)
-
-    def check(self, perturb: bool = False) -> dict:
-        """Opacus's per-sample gradients (hooks) against autograd's batched gradient of the same backward pass,
-        and ghost clipping's per-sample norms and clipped sum against those per-sample gradients, on batch 0.
-
-        Ghost clipping is dropped (``ghost_unsupported`` says why) where Opacus refuses the model: it does not
-        support a parameter used by two modules (the tied embedding and LM head of full fine-tuning).
-        """
-        torch = self.torch
-        tokens, mask = self._rows(0)
-        n = tokens.shape[0]
-        self.dp_opt.zero_grad(set_to_none=True)
-        losses = _torch_losses(self.dp, tokens, mask)
-        losses.mean().backward()
-        err = ref = 0.0
-        sq_norms = torch.zeros(n, dtype=torch.float64, device=self.device)
-        samples = {}
-        for name, p in self.dp.named_parameters():
-            if not p.requires_grad:
-                continue
-            gs = samples[name.removeprefix("_module.")] = p.grad_sample.double()
-            total = gs.sum(0) * (1.0 + 1e-3 if perturb else 1.0)
-            err += float(((total - n * p.grad.double()) ** 2).sum())
-            ref += float(((n * p.grad.double()) ** 2).sum())
-            sq_norms += (gs.reshape(n, -1) ** 2).sum(1)
-        self.dp_opt.zero_grad(set_to_none=True)
-        norms = sq_norms.sqrt()
-        out = {"rel_error": math.sqrt(err / ref), "losses": losses.detach().double().cpu().numpy(),
-               "norm_mean": float(norms.mean())}
-        self.ghost_opt.zero_grad(set_to_none=True)
-        try:
-            self._ghost_loss(tokens, mask).backward()
-        except NotImplementedError as exc:  # Opacus: "Parameter tying is not supported with Ghost Clipping"
-            self.ghost_unsupported = f"Opacus: {exc}"
-            self.ghost = self.ghost_opt = self.ghost_criterion = None
-            return out
-        factors = torch.clamp(self.clip / (norms + 1e-6), max=1.0)  # Opacus's clipping factor
-        err = ref = 0.0
-        for name, p in self.ghost.named_parameters():
-            if p.requires_grad:
-                want = torch.einsum("i,i...->...", factors, samples[name.removeprefix("_module.")])
-                got = p.grad.double() * (1.0 + 1e-3 if perturb else 1.0)
-                err += float(((got - want) ** 2).sum())
-                ref += float((want ** 2).sum())
-        ghost_norms = self.ghost.per_sample_gradient_norms.double()
-        out["ghost_rel_error"] = math.sqrt(err / ref)
-        out["ghost_norms_rel_error"] = float(torch.linalg.norm(ghost_norms - norms) / torch.linalg.norm(norms))
-        self.ghost_opt.zero_grad(set_to_none=True)
-        return out
-
-    def kinds(self) -> tuple[str, ...]:
-        return ("dp", "nonprivate") if self.ghost is None else ("dp", "ghost", "nonprivate")
-
-    def start(self) -> dict:
-        """One warm-up step of each; checks that each DP step moved every trainable tensor and no frozen one."""
-        seconds = {}
-        for name in self.kinds():
-            start = time.perf_counter()
-            self.step(name, 0)
-            seconds[name + "_warmup"] = round(time.perf_counter() - start, 2)
-        self.moved_ok = True
-        for kind, module in (("dp", self.dp), ("ghost", self.ghost)):
-            if module is None:
-                continue
-            params = dict(module._module.named_parameters()) if hasattr(module, "_module") else dict(
-                module.named_parameters())
-            moved = sum(not torch_equal(params[n], v) for n, v in self.trainable_before.items())
-            frozen_moved = sum(not torch_equal(params[n], v) for n, v in self.frozen.items())
-            seconds[f"{kind}_trainable_tensors_moved"] = f"{moved}/{len(self.trainable_before)}"
-            seconds[f"{kind}_frozen_tensors_moved"] = frozen_moved
-            self.moved_ok &= moved == len(self.trainable_before) and frozen_moved == 0
-        return seconds
-
-    def step(self, name: str, t: int) -> None:
-        tokens, mask = self._rows(t)
-        if name == "dp":
-            self.dp_opt.zero_grad(set_to_none=True)
-            _torch_losses(self.dp, tokens, mask).mean().backward()  # Opacus: loss_reduction="mean"
-            self.dp_opt.step()
-        elif name == "ghost":
-            self.ghost_opt.zero_grad(set_to_none=True)
-            self._ghost_loss(tokens, mask).backward()  # both backward passes
-            self.ghost_opt.step()
-        else:
-            self.plain_opt.zero_grad(set_to_none=True)
-            (_torch_losses(self.plain, tokens, mask).sum() / self.normaliser).backward()
-            self.plain_opt.step()
-        self._sync()
-
-
-def torch_equal(a, b) -> bool:
-    return bool((a.detach() == b).all())
 
 
 # ---------------------------------------------------------------------------
@@ -562,7 +356,10 @@ def benchmark(args) -> dict:
         clip = out["clip_norm"][method] = norm_mean
         out["compile_seconds"][f"ours_{method}"] = {**compile_s, **side.start(clip, sizes)}
         if not args.skip_torch:
-            ts = torch_side[method] = Torch(method, model, cfg, args, data, q=q, batches=batches, clip=clip)
+            ts = torch_side[method] = _torch.Torch(
+                lambda method=method: _torch_modules(method, models[method], cfg, args), data, q=q, batches=batches,
+                clip=clip, noise_multiplier=NOISE_MULTIPLIER, learning_rate=LEARNING_RATE, b1=B1,
+                loader_batch=args.batch)
             if ts.trainable_parameters != trainable[method]:
                 raise RuntimeError(f"{method}: torch trains {ts.trainable_parameters} parameters, ours "
                                    f"{trainable[method]}")
@@ -699,11 +496,8 @@ def benchmark(args) -> dict:
             "peft": peft.__version__, "opacus": opacus.__version__,
             "device": str(torch_side[args.methods[0]].device),
             "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-            "opacus_setup": ("PrivacyEngine.make_private(grad_sample_mode='hooks', poisson_sampling=True, "
-                             "loss_reduction='mean'), our batches fed directly, expected_batch_size = q N"),
-            "opacus_ghost_setup": ("the same with grad_sample_mode='ghost' and the returned criterion wrapping "
-                                   "CrossEntropyLoss(ignore_index=-100), called with shape=(B, T, V): each "
-                                   "sequence's mean loss over its real targets, two backward passes per step"),
+            "opacus_setup": _torch.OPACUS_SETUP,
+            "opacus_ghost_setup": _torch.OPACUS_GHOST_SETUP,
             "opacus_ghost_unsupported": out.pop("torch_opacus_ghost_unsupported", {}),
             "opacus_notes": (
                 "LoRA: the base model is frozen (PEFT), so Opacus hooks only the LoRA nn.Linear modules; full: "
@@ -812,7 +606,7 @@ def parse(argv=None) -> argparse.Namespace:
     args.methods = METHODS if args.method == "both" else (args.method,)
     args.full_shape = all(getattr(args, k) == v for k, v in SMOLLM2.items())
     if not args.skip_torch:
-        missing = torch_available()
+        missing = _torch.torch_available()
         if missing:
             parser.error(f"the torch baseline needs {missing}; or pass --skip-torch")
 

@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     flags = list(SMOKE if args.cpu_smoke else [*ACCELERATOR, "--layers", str(args.layers)])
     if args.method is not None:
         flags[flags.index("--method") + 1] = args.method
-    if bench_finetune.torch_available() is not None:
+    if bench_finetune._torch.torch_available() is not None:
         flags.append("--skip-torch")  # recorded in the JSON (torch.skipped)
     start = time.perf_counter()
     if args.deadline is not None and args.deadline < MIN_DEADLINE:

@@ -5,6 +5,7 @@ The script runs in subprocesses (tests never import benchmarks) that share a com
 (:mod:`tests.helpers.bench`).
 """
 
+import importlib.util
 import json
 import os
 
@@ -12,6 +13,8 @@ import pytest
 
 from tests.helpers.bench import bench_env, run_script
 
+HAS_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers", "peft", "opacus"))
+TORCH_FLAGS = [] if HAS_TORCH else ["--skip-torch"]
 TINY = ["--layers", "1", "--dim", "32", "--heads", "2", "--seq", "16", "--vocab", "128", "--batch", "8",
         "--records", "32", "--repeats", "2", "--vmap-microbatch", "8", "--memory-microbatches", "4,8"]
 
@@ -28,13 +31,15 @@ def _run(args, env, timeout=300):
 @pytest.mark.slow
 def test_tiny_run_reports_every_path_against_the_nonprivate_step(tmp_path, env):
     out = tmp_path / "dpsgd.json"
-    proc = _run([*TINY, "--memory-budget-mb", "2", "--sweep-batches", "32,4", "--sweep-repeats", "1", "--json",
-                 "--out", str(out)], env)
+    proc = _run([*TINY, *TORCH_FLAGS, "--memory-budget-mb", "2", "--sweep-batches", "32,4", "--sweep-repeats", "1",
+                 "--json", "--out", str(out)], env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
     assert json.loads(proc.stdout) == r
     names = ["default", "per_record", "per_record_vmap8", "book_keeping", "ghost"]
-    assert list(r["variants"]) == [*names, "nonprivate"] and list(r["ratios_over_nonprivate"]) == names
+    torch_names = ["torch_opacus", "torch_nonprivate"] if HAS_TORCH else []
+    assert list(r["variants"]) == [*names, "nonprivate", *torch_names]
+    assert list(r["ratios_over_nonprivate"]) == names
     # the default: auto resolves to book-keeping (every GPT-2 parameter is covered) at the library's microbatch
     assert r["clipping"] == {"default": "book_keeping", "per_record": "per_record", "per_record_vmap8": "per_record",
                              "book_keeping": "book_keeping", "ghost": "ghost"}
@@ -43,8 +48,10 @@ def test_tiny_run_reports_every_path_against_the_nonprivate_step(tmp_path, env):
     for v in r["variants"].values():
         assert v["median_step_seconds"] > 0 and len(v["step_seconds"]) == 2
     assert all(x > 0 for x in r["ratios_over_nonprivate"].values()) and r["jax_compiles_timed"] == 0
-    # every DP path's clipped sum and the non-private gradient against the independent per-record loop
-    assert set(r["check_rel_error"]) == {*names, "nonprivate"} and max(r["check_rel_error"].values()) <= 1e-4
+    # every DP path's clipped sum and the non-private gradient against the independent per-record loop (Opacus's
+    # per-sample gradients against autograd)
+    assert set(r["check_rel_error"]) == {*names, "nonprivate", *torch_names[:1]}
+    assert max(r["check_rel_error"].values()) <= 1e-4
     mem = r["memory"]
     assert mem["microbatches"] == [4, 8] and set(mem["compiled_mb"]) == {"nonprivate", "per_record",
                                                                         "book_keeping", "ghost"}
@@ -62,18 +69,40 @@ def test_tiny_run_reports_every_path_against_the_nonprivate_step(tmp_path, env):
     assert list(r["sweep"]) == ["4", "32"]
     for b, point in r["sweep"].items():
         assert point["sampling_rate"] == int(b) / 32 and len(point["batch_sizes"]) == 1
-        assert list(point["median_step_seconds"]) == [*names, "nonprivate"]
+        assert list(point["median_step_seconds"]) == [*names, "nonprivate", *torch_names]
         assert list(point["ratios_over_nonprivate"]) == names and point["jax_compiles_timed"] == 0
+        if HAS_TORCH:
+            assert list(point["ratios_vs_torch"]) == [f"{n}_over_opacus" for n in [*names, "nonprivate"]] + [
+                "opacus_over_torch_nonprivate"]
+            assert point["check_rel_error"]["torch_opacus"] <= 1e-4
     assert r["sweep"]["32"]["batch_sizes"] == [32]  # q = 1 takes every record
+    if HAS_TORCH:
+        t = r["torch"]
+        assert not t["skipped"] and t["opacus"] == "1.6.0" and t["updates_ok"] is True
+        assert t["opacus_ghost_unsupported"] == "Opacus: Parameter tying is not supported with Ghost Clipping"
+        # transformers' GPT-2 holds our weights: the same per-record losses and gradient norms (an Opacus step
+        # with the position embedding's per-sample gradients of one shared row would have failed)
+        assert t["parity"]["loss_max_abs_diff"] < 1e-4 and t["parity"]["record_grad_norms_rel_error"] < 1e-4
+        assert set(r["ratios_vs_torch"]) == {f"{n}_over_opacus" for n in [*names, "nonprivate"]} | {
+            "opacus_over_torch_nonprivate", "nonprivate_over_torch_nonprivate"}
+        assert all(v > 0 for v in r["ratios_vs_torch"].values())
+    else:
+        assert r["torch"] == {"skipped": True} and r["ratios_vs_torch"] == {}
 
 
 @pytest.mark.slow
-def test_a_perturbed_sum_fails_the_check_exit_1_and_no_file(tmp_path, env):
+@pytest.mark.parametrize("side", ["book_keeping", "torch"])
+def test_a_perturbed_sum_fails_the_check_before_timing_exit_1_and_no_file(tmp_path, env, side):
+    if side == "torch" and not HAS_TORCH:
+        pytest.skip("opacus / peft / transformers / torch not installed")
     out = tmp_path / "dpsgd.json"
-    proc = _run([*TINY, "--memory-microbatches", "4", "--perturb-check", "book_keeping", "--out", str(out)], env)
+    flags = ["--skip-torch"] if side != "torch" else []
+    proc = _run([*TINY, *flags, "--memory-microbatches", "4", "--perturb-check", side, "--out", str(out)], env)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "correctness check failed: book_keeping's sum differs" in proc.stderr
-    assert not out.exists()
+    expected = ("torch_opacus's sum differs from autograd's batched gradient" if side == "torch"
+                else "book_keeping's sum differs from the per-record loop's")
+    assert f"correctness check failed: {expected}" in proc.stderr
+    assert proc.stdout == "" and not out.exists()  # stopped before timing: no table, no file
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -83,6 +112,8 @@ def test_a_perturbed_sum_fails_the_check_exit_1_and_no_file(tmp_path, env):
     pytest.param(["--sweep-batches", "8,256", "--records", "128"],
                  "--sweep-batches must be integers from 1 to --records (128), got 8,256", marks=pytest.mark.slow),
     pytest.param(["--sweep-batches", "0,8"], "--sweep-batches must be integers from 1 to --records (128), got 0,8",
+                 marks=pytest.mark.slow),
+    pytest.param(["--skip-torch", "--perturb-check", "torch"], "--perturb-check torch needs the torch baseline",
                  marks=pytest.mark.slow),
 ])
 def test_bad_flags_exit_2_naming_them(tmp_path, flags, message):
