@@ -68,6 +68,19 @@ def int_at_least(minimum: int, maximum: int | None = None):
     return parse
 
 
+def sweep_batches(parser: argparse.ArgumentParser, text: str, records: int) -> list[int]:
+    """The sorted distinct expected batches of ``--sweep-batches`` (``""``: none), each in ``[1, records]``; a bad
+    value exits through ``parser.error`` naming the flag."""
+    try:
+        batches = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        parser.error(f"--sweep-batches must be integers >= 1, comma-separated, got {text!r}")
+    if batches and not 1 <= batches[0] <= batches[-1] <= records:
+        parser.error(f"--sweep-batches must be integers from 1 to --records ({records}), got "
+                     f"{','.join(map(str, batches))}")
+    return batches
+
+
 def timed(fn, *args, **kwargs):
     """``(fn(*args, **kwargs), wall seconds)``, waiting for any JAX arrays in the result."""
     start = time.perf_counter()

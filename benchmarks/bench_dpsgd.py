@@ -95,7 +95,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from _common import CLIPPING_PATHS, CompileCounter, int_at_least, machine_info, measured
+from _common import CLIPPING_PATHS, CompileCounter, int_at_least, machine_info, measured, sweep_batches
 from snapaudit_jax.utils.io import write_json
 from snapaudit_jax.models.precision import full_float32_precision
 from snapaudit_jax.finetune.export import hf_config, hf_tensors
@@ -637,13 +637,7 @@ def main(argv=None) -> int:
         args.memory_microbatches = []
     if not args.memory_microbatches or args.memory_microbatches[0] < 1:
         parser.error("--memory-microbatches must be integers >= 1, comma-separated")
-    try:
-        args.sweep_batches = sorted({int(x) for x in args.sweep_batches.split(",") if x.strip()})
-    except ValueError:
-        parser.error(f"--sweep-batches must be integers >= 1, comma-separated, got {args.sweep_batches!r}")
-    if args.sweep_batches and not 1 <= args.sweep_batches[0] <= args.sweep_batches[-1] <= args.records:
-        parser.error(f"--sweep-batches must be integers from 1 to --records ({args.records}), got "
-                     f"{','.join(map(str, args.sweep_batches))}")
+    args.sweep_batches = sweep_batches(parser, args.sweep_batches, args.records)
     if args.skip_torch and args.perturb_check == "torch":
         parser.error("--perturb-check torch needs the torch baseline (drop --skip-torch)")
     if not args.skip_torch:

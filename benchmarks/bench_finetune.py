@@ -5,7 +5,7 @@ Usage::
     python benchmarks/bench_finetune.py [--json] [--out FILE.json] [--method full|lora|both] [--layers L] \
         [--dim 576] [--heads 9] [--kv-heads 3] [--intermediate 1536] [--vocab 49152] [--seq 64] [--batch 8] \
         [--records 64] [--repeats 5] [--rank 8] [--alpha 16] [--targets q_proj v_proj] [--microbatch M] \
-        [--skip-torch] [--seed 0]
+        [--sweep-batches 8,16,32,64 --sweep-repeats 3] [--skip-torch] [--seed 0]
 
 What is measured
 ----------------
@@ -59,6 +59,13 @@ other load; ``ratios_total_time`` gives summed step times (the inverse ratio of 
 the cores XLA's CPU client uses, with ``OMP_WAIT_POLICY=PASSIVE`` unless set (OpenMP threads spinning at
 barriers take the cores from the working thread when other processes run).
 
+Batch sweep (``--sweep-batches``): every variant again at each listed expected batch (``q = b / records``), fresh
+steps at that ``q`` with the main run's clip norms (ours' DP steps take ``q`` as an argument and do not recompile;
+the batched step compiles for the point's batch sizes, the torch modules are built, checked and warmed up again),
+``--sweep-repeats`` timed steps each, rotating: ``sweep[b]`` holds the median step times and the median per-step
+ratios (``dp_<m>_over_batched`` etc.: ours against the batched step, against Opacus, and Opacus against torch's
+non-private step).
+
 Goals (printed and saved; a missed goal does not fail the run): ``ours_dp_lora <= 1.25 x`` the non-private LoRA step
 and faster than ``torch_opacus_lora`` and ``torch_opacus_ghost_lora``; ``ours_dp_full <= 2 x`` the non-private full
 step. The non-private step is given both ways: ``ours_batched`` (the cost of DP against plain fine-tuning) and
@@ -83,6 +90,7 @@ step compiles apart from the timed one); the timed steps run at the backend's de
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -98,7 +106,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from _common import CompileCounter, int_at_least, machine_info, measured
+from _common import CompileCounter, int_at_least, machine_info, measured, sweep_batches
 from bench_dpsgd import flat64, make_data, ours_step, same_layout, step_batches
 from snapaudit_jax.dpsgd import DPSGDConfig, ghost, sequence_losses
 from snapaudit_jax.dpsgd.train import _prepare
@@ -459,6 +467,13 @@ def benchmark(args) -> dict:
             r = ratios.get("dp_over_opacus_ghost_lora")
             goals["lora_dp_faster_than_opacus_ghost_peft"] = {"ratio": r, "met": None if r is None else r < 1.0}
 
+    sweep = {str(b): sweep_point(args, cfg, models, data, key, out["clip_norm"], b) for b in args.sweep_batches}
+    sweep_failed = [f"sweep {b}: {k}" for b, point in sweep.items() for k, v in point["torch_checks"].items()
+                    if not v <= SUM_TOL]
+    if sweep_failed:
+        out["checks_failed"] = sweep_failed
+        return out
+
     shape = {
         "name": "SmolLM2-135M" if args.full_shape else "SmolLM2-135M shape, shrunk",
         "full_shape": args.full_shape,
@@ -480,7 +495,8 @@ def benchmark(args) -> dict:
                              for kind, run in ours[m].runs.items()},
         "threads": threads, "repeats": args.repeats, "variants": variants, "ratios": ratios,
         "ratios_total_time": total_time, "goals": goals,
-        "jax_compiles_timed": compiles.count,
+        "jax_compiles_timed": compiles.count + sum(point["jax_compiles_timed"] for point in sweep.values()),
+        "sweep": sweep,
         "peak_rss_method": "max over timed steps of VmHWM - VmRSS, VmHWM reset before each step (clear_refs 5)",
     })
     if args.skip_torch:
@@ -507,6 +523,66 @@ def benchmark(args) -> dict:
             "attn_implementation": getattr(torch_side[args.methods[0]].plain.config, "_attn_implementation", None),
         }
     return out
+
+
+def sweep_point(args, cfg, models: dict, data, key, clip: dict, batch: int) -> dict:
+    """Every variant's step time at expected batch ``batch`` (``q = batch / records``), side by side.
+
+    Fresh steps of every method at ``q`` (ours: the DP steps take ``q`` as an argument, so nothing recompiles; the
+    batched step compiles for each batch size before timing; torch: fresh modules, checked and warmed up on the
+    point's step 0), the clip norms of the main run, ``--sweep-repeats`` timed steps, the order rotating.
+    """
+    q = batch / args.records
+    batches = step_batches(key, args.records, q, args.sweep_repeats + 1)
+    sizes = [int(b.size) for b in batches[1:]]
+    steps, checks = {}, {}
+    for method in args.methods:
+        flt = nnx.LoRAParam if method == "lora" else nnx.Param
+        side = Ours(models[method], flt, data, q=q, microbatch=args.microbatch, key=key, batches=batches)
+        side.start(clip[method], sizes)
+        steps.update({f"ours_{kind}_{method}": functools.partial(side.step, kind) for kind in [*side.runs, "batched"]})
+        if not args.skip_torch:
+            ts = _torch.Torch(lambda method=method: _torch_modules(method, models[method], cfg, args), data, q=q,
+                              batches=batches, clip=clip[method], noise_multiplier=NOISE_MULTIPLIER,
+                              learning_rate=LEARNING_RATE, b1=B1, loader_batch=batch)
+            check = ts.check()
+            checks[f"torch_opacus_{method}"] = check["rel_error"]
+            if ts.ghost_unsupported is None:
+                checks[f"torch_opacus_ghost_{method}"] = check["ghost_rel_error"]
+            ts.start()
+            steps.update({f"torch_{_TORCH_KINDS[kind]}_{method}": functools.partial(ts.step, kind)
+                          for kind in ts.kinds()})
+    wall = {name: [] for name in steps}
+    with CompileCounter() as compiles:
+        for t in range(1, args.sweep_repeats + 1):
+            shift = (t - 1) % len(steps)
+            names = list(steps)
+            for name in names[shift:] + names[:shift]:
+                start = time.perf_counter()
+                steps[name](t)
+                wall[name].append(time.perf_counter() - start)
+
+    def ratio(a, b):
+        return None if a not in wall or b not in wall else round(
+            statistics.median(x / y for x, y in zip(wall[a], wall[b])), 3)
+
+    ratios = {}
+    for method in args.methods:
+        for name in wall:
+            if name.startswith("ours_dp") and name.endswith(f"_{method}"):
+                ratios[f"{name.removeprefix('ours_')}_over_batched"] = ratio(name, f"ours_batched_{method}")
+        if not args.skip_torch:
+            ratios[f"dp_{method}_over_opacus"] = ratio(f"ours_dp_{method}", f"torch_opacus_{method}")
+            ratios[f"dp_{method}_over_opacus_ghost"] = ratio(f"ours_dp_{method}", f"torch_opacus_ghost_{method}")
+            ratios[f"opacus_{method}_over_torch_nonprivate"] = ratio(f"torch_opacus_{method}",
+                                                                     f"torch_nonprivate_{method}")
+    return {"sampling_rate": q, "batch_sizes": sizes,
+            "median_step_seconds": {name: round(statistics.median(w), 4) for name, w in wall.items()},
+            "ratios": {k: v for k, v in ratios.items() if v is not None}, "torch_checks": checks,
+            "jax_compiles_timed": compiles.count}
+
+
+_TORCH_KINDS = {"dp": "opacus", "ghost": "opacus_ghost", "nonprivate": "nonprivate"}
 
 
 def readable(r: dict) -> str:
@@ -543,6 +619,13 @@ def readable(r: dict) -> str:
                        for k, v in r["checks"].items() if k != "tolerance")
     paths = ", ".join(f"{k} {v.replace('_', '-')} (microbatch {r['microbatch_sizes'][k]})"
                       for k, v in r["clipping"].items())
+    if r["sweep"]:
+        points = r["sweep"]
+        keys = list(dict.fromkeys(k for p in points.values() for k in p["ratios"]))
+        rows = [("step time ratio at expected batch", *points)]
+        rows += [(k, *(f"{p['ratios'][k]:.2f}x" if k in p["ratios"] else "-" for p in points.values())) for k in keys]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        table += "\n" + "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows)
     tail = (
         f"clipping paths: {paths}\n"
         f"ratios (median of per-step time ratios): {ratios}\n" + "\n".join(goal_lines) + "\n"
@@ -577,6 +660,9 @@ def parse(argv=None) -> argparse.Namespace:
                         help=f"LoRA targets, of {', '.join(TARGETS['llama'])}")
     parser.add_argument("--microbatch", type=int_at_least(1), default=None,
                         help="records per clipped-gradient call of ours (default: the library's, 1 on CPU)")
+    parser.add_argument("--sweep-batches", default="",
+                        help="also time every variant at these expected batches, comma-separated (each <= --records)")
+    parser.add_argument("--sweep-repeats", type=int_at_least(1), default=3, help="timed steps per sweep point")
     parser.add_argument("--skip-torch", action="store_true", help="no PyTorch / Opacus baseline")
     parser.add_argument("--seed", type=int_at_least(0), default=0)
     parser.add_argument("--perturb-check", choices=("ours", "torch"), default=None,
@@ -591,6 +677,7 @@ def parse(argv=None) -> argparse.Namespace:
         parser.error(f"--heads must be a multiple of --kv-heads, got {args.heads} and {args.kv_heads}")
     if args.batch > args.records:
         parser.error(f"--batch must be <= --records, got {args.batch} > {args.records}")
+    args.sweep_batches = sweep_batches(parser, args.sweep_batches, args.records)
     if not (math.isfinite(args.alpha) and args.alpha > 0):
         parser.error(f"--alpha must be a finite number > 0, got {args.alpha}")
     bad = [t for t in args.targets if t not in TARGETS["llama"]]

@@ -29,7 +29,8 @@ def _run(args, env, timeout=240):
 @pytest.mark.slow
 def test_tiny_run_reports_every_variant_ratio_goal_and_check(tmp_path, env):
     out = tmp_path / "finetune.json"
-    proc = _run([*TINY, *TORCH_FLAGS, "--method", "both", "--json", "--out", str(out)], env)
+    proc = _run([*TINY, *TORCH_FLAGS, "--method", "both", "--sweep-batches", "16", "--sweep-repeats", "1", "--json",
+                 "--out", str(out)], env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
     assert json.loads(proc.stdout) == r
@@ -49,6 +50,16 @@ def test_tiny_run_reports_every_variant_ratio_goal_and_check(tmp_path, env):
     for v in r["variants"].values():
         assert v["median_step_seconds"] > 0 and v["tokens_per_s"] > 0 and len(v["step_seconds"]) == 1
     assert r["jax_compiles_timed"] == 0
+    # the batch sweep: every variant again at q = 16 / 16 (every record), nothing compiled while timed
+    point = r["sweep"]["16"]
+    assert list(r["sweep"]) == ["16"] and point["sampling_rate"] == 1.0 and point["batch_sizes"] == [16]
+    assert sorted(point["median_step_seconds"]) == sorted(r["variants"]) and point["jax_compiles_timed"] == 0
+    assert {f"dp_{m}_over_batched" for m in ("full", "lora")} <= set(point["ratios"])
+    assert all(v > 0 for v in point["ratios"].values()) and all(v <= 1e-4 for v in point["torch_checks"].values())
+    if HAS_TORCH:
+        assert set(point["torch_checks"]) == {"torch_opacus_full", "torch_opacus_lora", "torch_opacus_ghost_lora"}
+        assert {"dp_lora_over_opacus", "dp_lora_over_opacus_ghost", "opacus_full_over_torch_nonprivate"} <= set(
+            point["ratios"])
     # the real tokens of the timed batches, and LoRA trains far fewer parameters than full fine-tuning
     assert r["real_tokens"][0] <= 16 * r["batch_sizes"][0] and r["real_tokens"][0] >= 8 * r["batch_sizes"][0]
     assert 0 < r["trainable_parameters"]["lora"] < r["trainable_parameters"]["full"] == r["shape"]["parameters"]["full"]
