@@ -271,9 +271,15 @@ def token_logprobs(model, tokens: jax.Array, mask: jax.Array) -> jax.Array:
 def _picked_logprobs(model, hidden: jax.Array, targets: jax.Array) -> jax.Array:
     """``log p(targets | hidden)``: ``(B, N)`` float32 for hidden states ``(B, N, D)`` and ids ``(B, N)``.
 
-    The one place where scores are read off the model: the LM head, a float32 log-softmax, the targets' entries.
+    The one place where scores are read off the model: the LM head, then the targets' entries of a float32
+    log-softmax, taken before the normaliser is subtracted (``(x_t - m) - log sum_v exp(x_v - m)``, ``m`` the
+    row's maximum, as :func:`jax.nn.log_softmax` computes it): the same numbers, but the gradient has no
+    vocabulary-sized log-softmax cotangent to form, which made training steps about a fifth faster on the CPU.
     """
-    return jnp.take_along_axis(_logprobs(model, hidden), targets[..., None], axis=-1)[..., 0]
+    logits = model.logits(hidden).astype(jnp.float32)
+    shifted = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    normaliser = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1))
+    return jnp.take_along_axis(shifted, targets[..., None], axis=-1)[..., 0] - normaliser
 
 
 def _logprobs(model, hidden: jax.Array) -> jax.Array:

@@ -270,6 +270,7 @@ def test_a_unit_with_a_non_finite_gradient_adds_exactly_nothing():
             np.testing.assert_allclose(flat_got[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
 
 
+@pytest.mark.slow  # 5.8 s from a cold compilation cache (three tracings of the patched forward): over the tier's limit
 def test_an_embedding_called_directly_is_a_lookup(monkeypatch):
     """A model calling ``nnx.Embed`` itself (not through the decoders' ``_embed``): its tables are covered as
     lookups and their norms equal the per-unit gradients'; tables read outside their taps are named."""
