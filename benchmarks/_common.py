@@ -81,6 +81,32 @@ def sweep_batches(parser: argparse.ArgumentParser, text: str, records: int) -> l
     return batches
 
 
+def rotate_steps(steps: dict, repeats: int) -> tuple[dict, int]:
+    """Times ``steps[name](t)`` for ``t = 1 .. repeats``, every name once per ``t``, the order rotating from step to
+    step (no variant always follows the same one).
+
+    Returns:
+      ``({name: [wall seconds per step]}, XLA compilations during the timed steps)``.
+    """
+    names = list(steps)
+    wall = {name: [] for name in names}
+    with CompileCounter() as compiles:
+        for t in range(1, repeats + 1):
+            shift = (t - 1) % len(names)
+            for name in names[shift:] + names[:shift]:
+                start = time.perf_counter()
+                steps[name](t)
+                wall[name].append(time.perf_counter() - start)
+    return wall, compiles.count
+
+
+def paired_ratio(wall: dict, a: str, b: str) -> float:
+    """The median over steps of ``a``'s step time over ``b``'s on the same step (3 decimals)."""
+    import statistics
+
+    return round(statistics.median(x / y for x, y in zip(wall[a], wall[b])), 3)
+
+
 def timed(fn, *args, **kwargs):
     """``(fn(*args, **kwargs), wall seconds)``, waiting for any JAX arrays in the result."""
     start = time.perf_counter()

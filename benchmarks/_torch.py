@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from typing import Callable
 
 import numpy as np
@@ -35,6 +36,27 @@ def torch_available() -> str | None:
     except ImportError as exc:
         return f"{exc.name or exc}: not installed (pip install 'snapaudit-jax[bench]')"
     return None
+
+
+def configure(threads: int) -> int:
+    """Sets torch's intra-op threads (the cores XLA's CPU client uses) and silences Opacus's warnings about full
+    backward hooks; returns torch's thread count."""
+    import torch
+
+    torch.set_num_threads(threads)
+    warnings.filterwarnings("ignore", message=".*[Ff]ull backward hook.*")
+    warnings.filterwarnings("ignore", module="opacus")
+    return torch.get_num_threads()
+
+
+def check_errors(check: dict, ghost_unsupported: str | None) -> dict[str, float]:
+    """The relative errors of :meth:`Torch.check` by name (``torch_opacus``, and the ghost ones where Opacus ran
+    ghost clipping)."""
+    errors = {"torch_opacus": check["rel_error"]}
+    if ghost_unsupported is None:
+        errors["torch_opacus_ghost"] = check["ghost_rel_error"]
+        errors["torch_opacus_ghost_norms"] = check["ghost_norms_rel_error"]
+    return errors
 
 
 def versions() -> dict[str, str]:

@@ -86,7 +86,6 @@ import os
 import statistics
 import sys
 import time
-import warnings
 
 import _torch  # noqa: I001  (first: it sets OMP_WAIT_POLICY before anything loads libgomp)
 import jax
@@ -95,7 +94,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from _common import CLIPPING_PATHS, CompileCounter, int_at_least, machine_info, measured, sweep_batches
+from _common import (
+    CLIPPING_PATHS, CompileCounter, int_at_least, machine_info, measured, paired_ratio, rotate_steps, sweep_batches,
+)
 from snapaudit_jax.utils.io import write_json
 from snapaudit_jax.models.precision import full_float32_precision
 from snapaudit_jax.finetune.export import hf_config, hf_tensors
@@ -328,18 +329,11 @@ def benchmark(args) -> dict:
 
     torch_info, parity, ts, torch_steps = None, {}, None, {}
     if not args.skip_torch:  # main() checked that it imports
-        import torch
-
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        torch.set_num_threads(cores)
-        warnings.filterwarnings("ignore", message=".*[Ff]ull backward hook.*")
-        warnings.filterwarnings("ignore", module="opacus")
+        threads = _torch.configure(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                   else os.cpu_count())
         ts = torch_side(args, model, cfg, data, q, batches, clip)
         check = ts.check(perturb=args.perturb_check == "torch")
-        rel_err["torch_opacus"] = check["rel_error"]
-        if ts.ghost_unsupported is None:
-            rel_err["torch_opacus_ghost"] = check["ghost_rel_error"]
-            rel_err["torch_opacus_ghost_norms"] = check["ghost_norms_rel_error"]
+        rel_err.update(_torch.check_errors(check, ts.ghost_unsupported))
         with full_float32_precision():
             ours_losses = np.asarray(sequence_losses(model, tokens[batches[0]], mask[batches[0]]), np.float64)
         # The two frameworks hold the same weights: the same per-record losses and gradient norms (float32 apart)
@@ -347,7 +341,7 @@ def benchmark(args) -> dict:
                   "record_grad_norms_rel_error": float(np.linalg.norm(check["norms"] - norms) / np.linalg.norm(norms))}
         compile_s["torch"] = ts.start()
         torch_steps = torch_names(ts)
-        torch_info = {**_torch.versions(), "device": str(ts.device), "threads": torch.get_num_threads(),
+        torch_info = {**_torch.versions(), "device": str(ts.device), "threads": threads,
                       "opacus_setup": _torch.OPACUS_SETUP, "opacus_ghost_setup": _torch.OPACUS_GHOST_SETUP,
                       "opacus_ghost_unsupported": ts.ghost_unsupported, "updates_ok": ts.moved_ok,
                       "opacus_notes": ("transformers' GPT2LMHeadModel holding our weights (its Conv1D projections: "
@@ -395,9 +389,7 @@ def benchmark(args) -> dict:
             "step_seconds": [round(x, 4) for x in times],
         }
 
-    def ratio(a, b):
-        return round(statistics.median(x / y for x, y in zip(wall[a], wall[b])), 3)
-
+    ratio = functools.partial(paired_ratio, wall)
     ratios = {name: ratio(name, "nonprivate") for name in runs}
     ratios_torch = {}
     if torch_steps:
@@ -482,17 +474,11 @@ def sweep_point(args, model, cfg, data, key, clip: float, variants: dict, batch:
     torch_steps, checks = {}, {}
     if not args.skip_torch:
         ts = torch_side(args, model, cfg, data, q, batches, clip)
-        check = ts.check()
-        checks = {"torch_opacus": check["rel_error"]}
-        if ts.ghost_unsupported is None:
-            checks.update(torch_opacus_ghost=check["ghost_rel_error"],
-                          torch_opacus_ghost_norms=check["ghost_norms_rel_error"])
+        checks = _torch.check_errors(ts.check(), ts.ghost_unsupported)
         ts.start()
         torch_steps = {name: functools.partial(ts.step, kind) for name, kind in torch_names(ts).items()}
     wall, compiled = rotate(runs, state, nonprivate, batches, args.sweep_repeats, torch_steps)
-
-    def ratio(a, b):
-        return round(statistics.median(x / y for x, y in zip(wall[a], wall[b])), 3)
+    ratio = functools.partial(paired_ratio, wall)
 
     point = {
         "sampling_rate": q, "batch_sizes": [int(b.size) for b in batches[1:]], "padded_nonprivate_batch": pad_to,
@@ -518,25 +504,15 @@ def rotate(runs: dict, state: dict, nonprivate: NonPrivate, batches: list, repea
     Returns:
       ``({name: [wall seconds per step]}, XLA compilations during the timed steps)``.
     """
-    others = others or {}
-    names = [*runs, "nonprivate", *others]
-    wall = {name: [] for name in names}
-    with CompileCounter() as compiles:
-        for t in range(1, repeats + 1):
-            shift = (t - 1) % len(names)
-            for name in names[shift:] + names[:shift]:
-                start = time.perf_counter()
-                if name == "nonprivate":
-                    nonprivate.step(batches[t])
-                elif name in others:
-                    others[name](t)
-                else:
-                    params, opt_state, metrics = ours_step(runs[name], t, *state[name], runs[name].hyper)
-                    state[name] = params, opt_state
-                    if int(metrics["batch_size"]) != batches[t].size:
-                        raise RuntimeError(f"{name}: step {t}'s batch differs from poisson_batch")
-                wall[name].append(time.perf_counter() - start)
-    return wall, compiles.count
+    def dp_step(name, t):
+        params, opt_state, metrics = ours_step(runs[name], t, *state[name], runs[name].hyper)
+        state[name] = params, opt_state
+        if int(metrics["batch_size"]) != batches[t].size:
+            raise RuntimeError(f"{name}: step {t}'s batch differs from poisson_batch")
+
+    steps = {name: functools.partial(dp_step, name) for name in runs}
+    steps["nonprivate"] = lambda t: nonprivate.step(batches[t])
+    return rotate_steps({**steps, **(others or {})}, repeats)
 
 
 def readable(r: dict) -> str:

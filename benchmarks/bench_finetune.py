@@ -98,7 +98,6 @@ import os
 import statistics
 import sys
 import time
-import warnings
 
 import _torch  # noqa: I001  (first: it sets OMP_WAIT_POLICY before anything loads libgomp)
 import jax
@@ -107,7 +106,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from _common import CompileCounter, int_at_least, machine_info, measured, sweep_batches
+from _common import CompileCounter, int_at_least, machine_info, measured, paired_ratio, rotate_steps, sweep_batches
 from bench_dpsgd import flat64, make_data, ours_step, same_layout, step_batches
 from snapaudit_jax.dpsgd import DPSGDConfig, ghost, sequence_losses
 from snapaudit_jax.dpsgd.train import _prepare
@@ -346,11 +345,8 @@ def benchmark(args) -> dict:
     if not args.skip_torch:  # main() checked that it imports
         import torch
 
-        torch.set_num_threads(cores)
         torch.manual_seed(args.seed)
-        threads["torch"] = torch.get_num_threads()
-        warnings.filterwarnings("ignore", message=".*[Ff]ull backward hook.*")
-        warnings.filterwarnings("ignore", module="opacus")
+        threads["torch"] = _torch.configure(cores)
     for method in args.methods:
         model = models[method]
         flt = nnx.LoRAParam if method == "lora" else nnx.Param
@@ -436,7 +432,7 @@ def benchmark(args) -> dict:
         if a not in variants or b not in variants:
             return None
         total_time[f"{a}/{b}"] = round(sum(wall[a]) / sum(wall[b]), 3)
-        return round(statistics.median(x / y for x, y in zip(wall[a], wall[b])), 3)
+        return paired_ratio(wall, a, b)
 
     ratios, goals = {}, {}
     for method in args.methods:
@@ -560,19 +556,10 @@ def sweep_point(args, cfg, models: dict, data, key, clip: dict, batch: int) -> d
             ts.start()
             steps.update({f"torch_{_TORCH_KINDS[kind]}_{method}": functools.partial(ts.step, kind)
                           for kind in ts.kinds()})
-    wall = {name: [] for name in steps}
-    with CompileCounter() as compiles:
-        for t in range(1, args.sweep_repeats + 1):
-            shift = (t - 1) % len(steps)
-            names = list(steps)
-            for name in names[shift:] + names[:shift]:
-                start = time.perf_counter()
-                steps[name](t)
-                wall[name].append(time.perf_counter() - start)
+    wall, compiled = rotate_steps(steps, args.sweep_repeats)
 
     def ratio(a, b):
-        return None if a not in wall or b not in wall else round(
-            statistics.median(x / y for x, y in zip(wall[a], wall[b])), 3)
+        return None if a not in wall or b not in wall else paired_ratio(wall, a, b)
 
     ratios = {}
     for method in args.methods:
@@ -587,7 +574,7 @@ def sweep_point(args, cfg, models: dict, data, key, clip: dict, batch: int) -> d
     return {"sampling_rate": q, "batch_sizes": sizes,
             "median_step_seconds": {name: round(statistics.median(w), 4) for name, w in wall.items()},
             "ratios": {k: v for k, v in ratios.items() if v is not None}, "torch_checks": checks,
-            "jax_compiles_timed": compiles.count}
+            "jax_compiles_timed": compiled}
 
 
 _TORCH_KINDS = {"dp": "opacus", "ghost": "opacus_ghost", "nonprivate": "nonprivate"}
