@@ -57,7 +57,9 @@ analysis of the compiled step (``temp + argument + output`` bytes; nothing runs)
 Batch sweep (``--sweep-batches``): every variant again at each listed expected batch (``q = b / records``; the
 DP steps take ``q`` as an argument, so nothing recompiles; the non-private step compiles once per point, before
 its timing), ``--sweep-repeats`` timed steps each, rotating: ``sweep[b]`` holds the median step times and the
-median per-step ratios against the non-private step on the same batch.
+median per-step ratios against the non-private step on the same batch. Each point's torch side is checked as the
+main run's is (below), on the point's step 0: a failure there stops the run the same way (status 1, nothing
+printed but the error, no ``--out`` file).
 
 Goals (printed and saved; a missed goal does not fail the run): ``book_keeping`` at most 1.25x the non-private
 step's time and 1.3x its compiled memory (at ``--vmap-microbatch``), and its largest batch within the budget at
@@ -398,7 +400,14 @@ def benchmark(args) -> dict:
         if "torch_opacus_ghost" in torch_steps:
             ratios_torch["opacus_ghost_over_torch_nonprivate"] = ratio("torch_opacus_ghost", "torch_nonprivate")
         ratios_torch["nonprivate_over_torch_nonprivate"] = ratio("nonprivate", "torch_nonprivate")
-    sweep = {str(b): sweep_point(args, model, cfg, data, key, clip, variants, b) for b in args.sweep_batches}
+    sweep = {}
+    for b in args.sweep_batches:
+        point = sweep[str(b)] = sweep_point(args, model, cfg, data, key, clip, variants, b)
+        point_errors = {f"sweep {b}: {name}": err for name, err in point.get("check_rel_error", {}).items()}
+        if not max(point_errors.values(), default=0.0) <= SUM_TOL or not point.get("updates_ok", True):
+            # a point whose Opacus step is wrong stops the run as the main run's check does: no table, no file
+            return {"check_rel_error": {**rel_err, **point_errors}, "checks_failed": True,
+                    "torch": {"skipped": False, **torch_info, "updates_ok": point["updates_ok"]}}
 
     # Memory by the compiler: every DP path at each microbatch, the non-private step at that batch.
     memory = {"microbatches": list(args.memory_microbatches), "budget_mb": args.memory_budget_mb,
@@ -474,7 +483,8 @@ def sweep_point(args, model, cfg, data, key, clip: float, variants: dict, batch:
     torch_steps, checks = {}, {}
     if not args.skip_torch:
         ts = torch_side(args, model, cfg, data, q, batches, clip)
-        checks = _torch.check_errors(ts.check(), ts.ghost_unsupported)
+        first = batch == args.sweep_batches[0]
+        checks = _torch.check_errors(ts.check(perturb=args.perturb_check == "sweep" and first), ts.ghost_unsupported)
         ts.start()
         torch_steps = {name: functools.partial(ts.step, kind) for name, kind in torch_names(ts).items()}
     wall, compiled = rotate(runs, state, nonprivate, batches, args.sweep_repeats, torch_steps)
@@ -492,6 +502,7 @@ def sweep_point(args, model, cfg, data, key, clip: float, variants: dict, batch:
             **{f"{name.removeprefix('torch_')}_over_torch_nonprivate": ratio(name, "torch_nonprivate")
                for name in torch_steps if name != "torch_nonprivate"}}
         point["check_rel_error"] = checks
+        point["updates_ok"] = ts.moved_ok
     return point
 
 
@@ -599,9 +610,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep-repeats", type=int_at_least(1), default=3, help="timed steps per sweep point")
     parser.add_argument("--seed", type=int_at_least(0), default=0)
     parser.add_argument("--skip-torch", action="store_true", help="no PyTorch / Opacus baseline")
-    parser.add_argument("--perturb-check", choices=("per_record", "book_keeping", "ghost", "torch"),
-                        help="scale this variant's checked sum by 1 + 1e-3 (torch: Opacus's; tests that the check "
-                        "can fail)")
+    parser.add_argument("--perturb-check", choices=("per_record", "book_keeping", "ghost", "torch", "sweep"),
+                        help="scale this variant's checked sum by 1 + 1e-3 (torch: Opacus's; sweep: Opacus's at the "
+                        "first sweep point; tests that the check can fail)")
     args = parser.parse_args(argv)
     if args.dim % args.heads:
         parser.error(f"--dim must be a multiple of --heads, got {args.dim} and {args.heads}")
@@ -614,8 +625,10 @@ def main(argv=None) -> int:
     if not args.memory_microbatches or args.memory_microbatches[0] < 1:
         parser.error("--memory-microbatches must be integers >= 1, comma-separated")
     args.sweep_batches = sweep_batches(parser, args.sweep_batches, args.records)
-    if args.skip_torch and args.perturb_check == "torch":
-        parser.error("--perturb-check torch needs the torch baseline (drop --skip-torch)")
+    if args.skip_torch and args.perturb_check in ("torch", "sweep"):
+        parser.error(f"--perturb-check {args.perturb_check} needs the torch baseline (drop --skip-torch)")
+    if args.perturb_check == "sweep" and not args.sweep_batches:
+        parser.error("--perturb-check sweep needs --sweep-batches")
     if not args.skip_torch:
         missing = _torch.torch_available()
         if missing:
@@ -632,7 +645,7 @@ def main(argv=None) -> int:
                   file=sys.stderr)
     worst = max(result["check_rel_error"], key=result["check_rel_error"].get)
     if not result["check_rel_error"][worst] <= SUM_TOL:
-        against = "autograd's batched gradient" if worst.startswith("torch") else "the per-record loop's"
+        against = "autograd's batched gradient" if "torch" in worst else "the per-record loop's"
         print(f"error: correctness check failed: {worst}'s sum differs from {against} by "
               f"{result['check_rel_error'][worst]:.2e} > {SUM_TOL} (relative L2)", file=sys.stderr)
         return 1

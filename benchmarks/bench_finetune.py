@@ -80,7 +80,8 @@ Checks (before timing; on failure the script exits 1 and writes no ``--out`` fil
 * torch: on batch 0, the sum of Opacus's per-sample gradients equals ``n`` times the batched gradient that
   autograd accumulates in the same backward pass, within ``1e-4``; ghost clipping's per-sample norms and clipped
   sum (``C``: ours' mean norm) equal those computed from the per-sample gradients, within ``1e-4``; after one DP
-  step every trainable tensor has moved and (LoRA) no base weight has.
+  step every trainable tensor has moved and (LoRA) no base weight has; the same torch checks again at each sweep
+  point, on the point's step 0 (``checks["sweep <b>: ..."]``; a failure there stops the run the same way).
 
 Each check runs with float32 products at full precision
 (:func:`snapaudit_jax.models.precision.full_float32_precision`: on accelerators, whose default is TF32, the checked
@@ -522,9 +523,8 @@ def benchmark(args) -> dict:
         point = out["sweep"][str(b)] = sweep_point(args, cfg, models, data, key, out["clip_norm"], b)
         gc.collect()
         out["jax_compiles_timed"] += point["jax_compiles_timed"]
-        failed = [f"sweep {b}: {k}" for k, v in point["torch_checks"].items() if not v <= SUM_TOL]
-        if failed:
-            out["checks_failed"] = failed
+        out["checks"].update({f"sweep {b}: {k}": v for k, v in point["torch_checks"].items()})
+        if _failed(out):
             return out
     return out
 
@@ -549,11 +549,11 @@ def sweep_point(args, cfg, models: dict, data, key, clip: dict, batch: int) -> d
             ts = _torch.Torch(lambda method=method: _torch_modules(method, models[method], cfg, args), data, q=q,
                               batches=batches, clip=clip[method], noise_multiplier=NOISE_MULTIPLIER,
                               learning_rate=LEARNING_RATE, b1=B1, loader_batch=batch)
-            check = ts.check()
-            checks[f"torch_opacus_{method}"] = check["rel_error"]
-            if ts.ghost_unsupported is None:
-                checks[f"torch_opacus_ghost_{method}"] = check["ghost_rel_error"]
+            check = ts.check(perturb=args.perturb_check == "sweep" and batch == args.sweep_batches[0])
+            checks.update({f"{name}_{method}": err for name, err in
+                           _torch.check_errors(check, ts.ghost_unsupported).items()})
             ts.start()
+            checks[f"torch_opacus_{method}_updates"] = ts.moved_ok
             steps.update({f"torch_{_TORCH_KINDS[kind]}_{method}": functools.partial(ts.step, kind)
                           for kind in ts.kinds()})
     wall, compiled = rotate_steps(steps, args.sweep_repeats)
@@ -660,9 +660,9 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--sweep-repeats", type=int_at_least(1), default=3, help="timed steps per sweep point")
     parser.add_argument("--skip-torch", action="store_true", help="no PyTorch / Opacus baseline")
     parser.add_argument("--seed", type=int_at_least(0), default=0)
-    parser.add_argument("--perturb-check", choices=("ours", "torch"), default=None,
-                        help="scale that side's checked sums by 1 + 1e-3 (torch: both Opacus modes; tests that the "
-                        "checks can fail)")
+    parser.add_argument("--perturb-check", choices=("ours", "torch", "sweep"), default=None,
+                        help="scale that side's checked sums by 1 + 1e-3 (torch: both Opacus modes; sweep: Opacus's "
+                        "at the first sweep point; tests that the checks can fail)")
     args = parser.parse_args(argv)
     if args.layers is None:
         args.layers = CPU_LAYERS if jax.default_backend() == "cpu" else SMOLLM2["layers"]
@@ -683,8 +683,10 @@ def parse(argv=None) -> argparse.Namespace:
         LoRAConfig(rank=args.rank, alpha=args.alpha, targets=tuple(args.targets)).resolved_targets(make_config(args))
     except InputError as exc:
         parser.error(f"--rank/--targets: {exc}")
-    if args.skip_torch and args.perturb_check == "torch":
-        parser.error("--perturb-check torch needs the torch baseline (drop --skip-torch)")
+    if args.skip_torch and args.perturb_check in ("torch", "sweep"):
+        parser.error(f"--perturb-check {args.perturb_check} needs the torch baseline (drop --skip-torch)")
+    if args.perturb_check == "sweep" and not args.sweep_batches:
+        parser.error("--perturb-check sweep needs --sweep-batches")
     args.methods = METHODS if args.method == "both" else (args.method,)
     args.full_shape = all(getattr(args, k) == v for k, v in SMOLLM2.items())
     if not args.skip_torch:

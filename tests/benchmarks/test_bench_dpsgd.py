@@ -74,7 +74,7 @@ def test_tiny_run_reports_every_path_against_the_nonprivate_step(tmp_path, env):
         if HAS_TORCH:
             assert list(point["ratios_vs_torch"]) == [f"{n}_over_opacus" for n in [*names, "nonprivate"]] + [
                 "opacus_over_torch_nonprivate"]
-            assert point["check_rel_error"]["torch_opacus"] <= 1e-4
+            assert point["check_rel_error"]["torch_opacus"] <= 1e-4 and point["updates_ok"] is True
     assert r["sweep"]["32"]["batch_sizes"] == [32]  # q = 1 takes every record
     if HAS_TORCH:
         t = r["torch"]
@@ -91,18 +91,21 @@ def test_tiny_run_reports_every_path_against_the_nonprivate_step(tmp_path, env):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("side", ["book_keeping", "torch"])
+@pytest.mark.parametrize("side", ["book_keeping", "torch", "sweep"])
 def test_a_perturbed_sum_fails_the_check_before_timing_exit_1_and_no_file(tmp_path, env, side):
-    if side == "torch" and not HAS_TORCH:
+    if side != "book_keeping" and not HAS_TORCH:
         pytest.skip("opacus / peft / transformers / torch not installed")
     out = tmp_path / "dpsgd.json"
-    flags = ["--skip-torch"] if side != "torch" else []
+    flags = {"book_keeping": ["--skip-torch"], "torch": [],
+             "sweep": ["--repeats", "1", "--sweep-batches", "4,16", "--sweep-repeats", "1"]}[side]
     proc = _run([*TINY, *flags, "--memory-microbatches", "4", "--perturb-check", side, "--out", str(out)], env)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    expected = ("torch_opacus's sum differs from autograd's batched gradient" if side == "torch"
-                else "book_keeping's sum differs from the per-record loop's")
+    expected = {"torch": "torch_opacus's sum differs from autograd's batched gradient",
+                "book_keeping": "book_keeping's sum differs from the per-record loop's",
+                # a sweep point's torch side is checked as the main run's is: the main run passed, the point did not
+                "sweep": "sweep 4: torch_opacus's sum differs from autograd's batched gradient"}[side]
     assert f"correctness check failed: {expected}" in proc.stderr
-    assert proc.stdout == "" and not out.exists()  # stopped before timing: no table, no file
+    assert proc.stdout == "" and not out.exists()  # no table, no file
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -115,6 +118,7 @@ def test_a_perturbed_sum_fails_the_check_before_timing_exit_1_and_no_file(tmp_pa
                  marks=pytest.mark.slow),
     pytest.param(["--skip-torch", "--perturb-check", "torch"], "--perturb-check torch needs the torch baseline",
                  marks=pytest.mark.slow),
+    pytest.param(["--perturb-check", "sweep"], "--perturb-check sweep needs --sweep-batches", marks=pytest.mark.slow),
 ])
 def test_bad_flags_exit_2_naming_them(tmp_path, flags, message):
     proc = _run([*flags, "--out", str(tmp_path / "o.json")], dict(os.environ), timeout=60)

@@ -55,9 +55,14 @@ def test_tiny_run_reports_every_variant_ratio_goal_and_check(tmp_path, env):
     assert list(r["sweep"]) == ["16"] and point["sampling_rate"] == 1.0 and point["batch_sizes"] == [16]
     assert sorted(point["median_step_seconds"]) == sorted(r["variants"]) and point["jax_compiles_timed"] == 0
     assert {f"dp_{m}_over_batched" for m in ("full", "lora")} <= set(point["ratios"])
-    assert all(v > 0 for v in point["ratios"].values()) and all(v <= 1e-4 for v in point["torch_checks"].values())
-    if HAS_TORCH:
-        assert set(point["torch_checks"]) == {"torch_opacus_full", "torch_opacus_lora", "torch_opacus_ghost_lora"}
+    assert all(v > 0 for v in point["ratios"].values())
+    if HAS_TORCH:  # the main run's torch checks again at the point, recorded under the point in r["checks"] too
+        assert point["torch_checks"] == {
+            "torch_opacus_full": pytest.approx(0.0, abs=1e-4), "torch_opacus_full_updates": True,
+            "torch_opacus_lora": pytest.approx(0.0, abs=1e-4), "torch_opacus_lora_updates": True,
+            "torch_opacus_ghost_lora": pytest.approx(0.0, abs=1e-4),
+            "torch_opacus_ghost_norms_lora": pytest.approx(0.0, abs=1e-4)}
+        assert {k: r["checks"][f"sweep 16: {k}"] for k in point["torch_checks"]} == point["torch_checks"]
         assert {"dp_lora_over_opacus", "dp_lora_over_opacus_ghost", "opacus_full_over_torch_nonprivate"} <= set(
             point["ratios"])
     # the real tokens of the timed batches, and LoRA trains far fewer parameters than full fine-tuning
@@ -98,19 +103,21 @@ def test_tiny_run_reports_every_variant_ratio_goal_and_check(tmp_path, env):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("side", ["ours", "torch"])
+@pytest.mark.parametrize("side", ["ours", "torch", "sweep"])
 def test_a_perturbed_sum_fails_the_check_exit_1_and_no_file(tmp_path, env, side):
-    if side == "torch" and not HAS_TORCH:
+    if side != "ours" and not HAS_TORCH:
         pytest.skip("opacus / peft / transformers / torch not installed")
     out = tmp_path / "finetune.json"
-    flags = ["--skip-torch"] if side == "ours" else []
+    flags = {"ours": ["--skip-torch"], "torch": [], "sweep": ["--sweep-batches", "8", "--sweep-repeats", "1"]}[side]
     proc = _run([*TINY, *flags, "--method", "lora", "--perturb-check", side, "--out", str(out)], env)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "correctness check failed" in proc.stderr
     if side == "ours":
         assert "ours_dp_lora" in proc.stderr
-    else:  # both Opacus checks have the power to fail
+    elif side == "torch":  # both Opacus checks have the power to fail
         assert "torch_opacus_lora, torch_opacus_ghost_lora" in proc.stderr
+    else:  # a sweep point's torch side is checked as the main run's is: the main run passed, the point did not
+        assert "failed: sweep 8: torch_opacus_lora, sweep 8: torch_opacus_ghost_lora (" in proc.stderr
     assert not out.exists()
 
 
