@@ -93,7 +93,7 @@ class ResolvedPrivacy(NamedTuple):
     microbatch_size: int
 
 
-def resolve_privacy(config: DPSGDConfig, num_records: int) -> ResolvedPrivacy:
+def resolve_privacy(config: DPSGDConfig, num_records: int, clipping: str = "per_record") -> ResolvedPrivacy:
     """The privacy parameters of ``config`` on a dataset of ``num_records`` records.
 
     With ``target_epsilon``, ``sigma`` is calibrated (:func:`~snapaudit_jax.dpsgd.calibrate_noise_multiplier`)
@@ -103,6 +103,8 @@ def resolve_privacy(config: DPSGDConfig, num_records: int) -> ResolvedPrivacy:
     Args:
       config: the run.
       num_records: ``N``.
+      clipping: the resolved clipping path (:func:`resolve_clipping`), for the microbatch size ``m``
+        (:meth:`DPSGDConfig.microbatch_for`).
 
     Returns:
       :class:`ResolvedPrivacy` ``(q, sigma, C, q N, m)``.
@@ -126,7 +128,7 @@ def resolve_privacy(config: DPSGDConfig, num_records: int) -> ResolvedPrivacy:
             pld_discretization=config.pld_discretization,
         )
         clip = config.clip_norm
-    return ResolvedPrivacy(q, sigma, clip, q * num_records, config.microbatch_for(num_records))
+    return ResolvedPrivacy(q, sigma, clip, q * num_records, config.microbatch_for(num_records, clipping=clipping))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,7 +318,7 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
     layers, layers_reason = resolve_layers(config.layers, model, trainable)
     if layers == "scan":
         graphdef, params, rest = nnx.split(stack_layers(model), trainable, ...)
-    privacy = resolve_privacy(config, n)
+    privacy = resolve_privacy(config, n, clipping)
     spec = _StepSpec(
         num_records=n,
         microbatch_size=privacy.microbatch_size,

@@ -334,7 +334,7 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
     layers, layers_reason = resolve_layers(cfg.finetune.layers, model, _trainable(prep))
     if layers == "scan":  # the step measured in the layout the run trains in
         graphdef, params, rest = nnx.split(stack_layers(model), _trainable(prep), ...)
-    size = prep.dpsgd_config(False).microbatch_for(prep.data.num_units)
+    size = prep.dpsgd_config(False).microbatch_for(prep.data.num_units, clipping=path)
     longest = int(np.argmax((mask.reshape(mask.shape[0], -1) > 0).sum(axis=1)))
     t = jax.numpy.asarray(np.repeat(tokens[longest:longest + 1], size, axis=0))
     m = jax.numpy.asarray(np.repeat(mask[longest:longest + 1], size, axis=0))

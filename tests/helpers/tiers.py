@@ -93,6 +93,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_DESELECTED_KEY] = []
 
 
+def deselected(config: pytest.Config) -> list[pytest.Item]:
+    """The tests this session deselected (``-m``, ``-k``, ``--deselect`` and other plugins)."""
+    return config.stash[_DESELECTED_KEY]
+
+
 def pytest_deselected(items: list[pytest.Item]) -> None:
     if items:
         items[0].config.stash[_DESELECTED_KEY].extend(items)

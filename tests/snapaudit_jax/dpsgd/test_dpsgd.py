@@ -47,6 +47,7 @@ from snapaudit_jax.dpsgd import (
 from snapaudit_jax.dpsgd.train import _dp_step
 from snapaudit_jax.models.config import GPT2Config, LlamaConfig
 from snapaudit_jax.models.decoders import GPT2, Llama
+from snapaudit_jax.utils.errors import InputError
 
 VOCAB, N, L = 37, 29, 11
 GPT2_CFG = GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=8, n_layer=1, n_head=2, n_inner=16)
@@ -605,22 +606,36 @@ def test_steps_and_later_runs_do_not_recompile():
 
 @pytest.mark.slow
 def test_llama_trains_with_dp_sgd_and_the_default_microbatch():
-    """Llama through the default microbatch (1 record per clipped-gradient call on CPU: no padding rows)."""
+    """Llama through the default microbatch of the path ``"auto"`` takes (q N = 8.7: 2 units a clipped-gradient call
+    of book-keeping on CPU, 9 on accelerators)."""
     config = DPSGDConfig(
         steps=3, learning_rate=0.05, clip_norm=1.0, noise_multiplier=0.8, sampling_rate=0.3, delta=1e-5,
         optimizer="adam",
     )
     model = make_model("llama")
     trained, history, report = train(model, DATA, config, key=jax.random.key(0))
-    assert report.microbatch_size == config.microbatch_for(N) == (1 if jax.default_backend() == "cpu" else 9)
+    assert report.clipping == "book_keeping"
+    assert report.microbatch_size == config.microbatch_for(N, clipping=report.clipping) == (
+        2 if jax.default_backend() == "cpu" else 9)
     assert np.all(np.isfinite(history["loss"])) and report.dp and math.isfinite(report.epsilon_pld)
     assert np.abs(flat(params_of(trained)) - flat(params_of(model))).max() > 0
 
 
-def test_default_microbatch_by_backend():
+def test_default_microbatch_by_backend_and_clipping_path():
     config = DPSGDConfig(steps=1, learning_rate=0.1, noise_multiplier=1.0, delta=1e-5, batch_size=40)
-    assert config.microbatch_for(1000, backend="cpu") == 1
-    assert config.microbatch_for(1000, backend="gpu") == 32
-    assert config.microbatch_for(50, backend="tpu") == 32
-    assert DPSGDConfig(**{**config.__dict__, "batch_size": 7}).microbatch_for(1000, backend="gpu") == 7
-    assert DPSGDConfig(**{**config.__dict__, "microbatch_size": 5}).microbatch_for(1000, backend="cpu") == 5
+    for path in ("per_record", "book_keeping", "ghost"):  # accelerators: min(32, ceil(q N)) on every path
+        assert config.microbatch_for(1000, backend="gpu", clipping=path) == 32
+        assert config.microbatch_for(50, backend="tpu", clipping=path) == 32
+        assert DPSGDConfig(**{**config.__dict__, "batch_size": 7}).microbatch_for(1000, "gpu", path) == 7
+        assert DPSGDConfig(**{**config.__dict__, "microbatch_size": 5}).microbatch_for(1000, "cpu", path) == 5
+    # CPU: per-unit gradients one at a time; the fast paths the largest power of two <= min(4, q N / 4)
+    for expected_batch, m in {1: 1, 7: 1, 8: 2, 15: 2, 16: 4, 40: 4, 1000: 4}.items():
+        sized = DPSGDConfig(**{**config.__dict__, "batch_size": expected_batch})
+        assert sized.microbatch_for(1000, "cpu", "per_record") == 1
+        assert sized.microbatch_for(1000, "cpu", "book_keeping") == sized.microbatch_for(1000, "cpu", "ghost") == m
+        assert m == 1 or m <= expected_batch / 4  # the expected padding stays under an eighth of the batch
+    rate = DPSGDConfig(steps=1, learning_rate=0.1, noise_multiplier=1.0, delta=1e-5, sampling_rate=0.0159)
+    assert rate.microbatch_for(1000, "cpu", "book_keeping") == 2  # q N = 15.9
+    with pytest.raises(InputError, match=r"clipping must be a resolved path \(per_record, book_keeping, ghost\), "
+                                         r"got 'auto'"):
+        config.microbatch_for(1000, "cpu", "auto")
