@@ -350,7 +350,7 @@ def benchmark(args) -> dict:
                                        "Opacus's functorch fallback computes their per-sample gradients); the tied "
                                        "embedding / LM head weight accumulates both modules' grad samples")}
 
-    if not max(rel_err.values()) <= SUM_TOL or (torch_info is not None and not torch_info["updates_ok"]):
+    if _failed(rel_err, torch_info is None or torch_info["updates_ok"]):
         return {"check_rel_error": rel_err, "checks_failed": True,
                 "torch": {"skipped": True} if torch_info is None else {"skipped": False, **torch_info}}
 
@@ -404,7 +404,7 @@ def benchmark(args) -> dict:
     for b in args.sweep_batches:
         point = sweep[str(b)] = sweep_point(args, model, cfg, data, key, clip, variants, b)
         point_errors = {f"sweep {b}: {name}": err for name, err in point.get("check_rel_error", {}).items()}
-        if not max(point_errors.values(), default=0.0) <= SUM_TOL or not point.get("updates_ok", True):
+        if _failed(point_errors, point.get("updates_ok", True)):
             # a point whose Opacus step is wrong stops the run as the main run's check does: no table, no file
             return {"check_rel_error": {**rel_err, **point_errors}, "checks_failed": True,
                     "torch": {"skipped": False, **torch_info, "updates_ok": point["updates_ok"]}}
@@ -460,6 +460,12 @@ def benchmark(args) -> dict:
         "jax_compiles_timed": compiles.count + sum(point["jax_compiles_timed"] for point in sweep.values()),
         "sweep": sweep,
     }
+
+
+def _failed(errors: dict[str, float], updates_ok: bool) -> bool:
+    """Whether a check failed: a relative error over :data:`SUM_TOL`, or an Opacus step that left a trainable tensor
+    unchanged."""
+    return not max(errors.values(), default=0.0) <= SUM_TOL or not updates_ok
 
 
 def sweep_point(args, model, cfg, data, key, clip: float, variants: dict, batch: int) -> dict:

@@ -370,12 +370,9 @@ def benchmark(args) -> dict:
                 raise RuntimeError(f"{method}: torch trains {ts.trainable_parameters} parameters, ours "
                                    f"{trainable[method]}")
             check = ts.check(perturb=args.perturb_check == "torch")
-            out["checks"][f"torch_opacus_{method}"] = check["rel_error"]
+            out["checks"].update(_torch_checks(check, ts, method))
             if ts.ghost_unsupported:
                 out.setdefault("torch_opacus_ghost_unsupported", {})[method] = ts.ghost_unsupported
-            else:
-                out["checks"][f"torch_opacus_ghost_{method}"] = check["ghost_rel_error"]
-                out["checks"][f"torch_opacus_ghost_norms_{method}"] = check["ghost_norms_rel_error"]
             with full_float32_precision():
                 ours_losses = np.asarray(sequence_losses(model, jnp.asarray(tokens_np[batches[0]]),
                                                          jnp.asarray(mask_np[batches[0]])), np.float64)
@@ -529,6 +526,11 @@ def benchmark(args) -> dict:
     return out
 
 
+def _torch_checks(check: dict, ts: _torch.Torch, method: str) -> dict[str, float]:
+    """The relative errors of one Opacus check, named by method (``torch_opacus_<method>`` etc.)."""
+    return {f"{name}_{method}": err for name, err in _torch.check_errors(check, ts.ghost_unsupported).items()}
+
+
 def sweep_point(args, cfg, models: dict, data, key, clip: dict, batch: int) -> dict:
     """Every variant's step time at expected batch ``batch`` (``q = batch / records``), side by side.
 
@@ -550,8 +552,7 @@ def sweep_point(args, cfg, models: dict, data, key, clip: dict, batch: int) -> d
                               batches=batches, clip=clip[method], noise_multiplier=NOISE_MULTIPLIER,
                               learning_rate=LEARNING_RATE, b1=B1, loader_batch=batch)
             check = ts.check(perturb=args.perturb_check == "sweep" and batch == args.sweep_batches[0])
-            checks.update({f"{name}_{method}": err for name, err in
-                           _torch.check_errors(check, ts.ghost_unsupported).items()})
+            checks.update(_torch_checks(check, ts, method))
             ts.start()
             checks[f"torch_opacus_{method}_updates"] = ts.moved_ok
             steps.update({f"torch_{_TORCH_KINDS[kind]}_{method}": functools.partial(ts.step, kind)
