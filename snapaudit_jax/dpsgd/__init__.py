@@ -6,6 +6,7 @@ Stages, one module each:
 * :mod:`~snapaudit_jax.dpsgd.sampling` -- Poisson sampling with fixed shapes (no truncation);
 * :mod:`~snapaudit_jax.dpsgd.gradients` -- per-record loss and clipped gradient sums (jax_privacy),
   evaluation (:func:`loss_summary`: mean per-record loss and perplexity);
+* :mod:`~snapaudit_jax.dpsgd.noise` -- the Gaussian noise, exact in its tails, and what its sampler adds to delta;
 * :mod:`~snapaudit_jax.dpsgd.accounting` -- epsilon (RDP and PLD), noise calibration, :class:`DPReport`;
 * :mod:`~snapaudit_jax.dpsgd.checkpoint` -- atomic safetensors + JSON checkpoints;
 * :mod:`~snapaudit_jax.dpsgd.train` -- :func:`train`, the jitted DP-SGD step and the loop.
@@ -55,6 +56,7 @@ from snapaudit_jax.dpsgd.gradients import (
     record_losses,
     sequence_losses,
 )
+from snapaudit_jax.dpsgd.noise import gaussian_privatizer, sampler_delta
 from snapaudit_jax.dpsgd.sampling import inclusion_threshold, poisson_batch, sampling_probability
 from snapaudit_jax.dpsgd.train import (
     HISTORY_KEYS,
@@ -114,6 +116,7 @@ __all__ = [
     "dpsgd_event",
     "draw_candidates",
     "draw_repetitions",
+    "gaussian_privatizer",
     "group_digits",
     "inclusion_threshold",
     "insert_canaries",
@@ -129,6 +132,7 @@ __all__ = [
     "resolve_layers",
     "SCAN_MIN_LAYERS",
     "resolve_privacy",
+    "sampler_delta",
     "sampling_probability",
     "save_checkpoint",
     "sequence_losses",

@@ -25,6 +25,7 @@ from dp_accounting.rdp import RdpAccountant
 from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS as _ORDERS
 
 from snapaudit_jax.dpsgd.config import ACCOUNTANTS
+from snapaudit_jax.dpsgd.noise import SAMPLER, sampler_delta
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.io import dumps, to_json
@@ -643,13 +644,18 @@ class DPReport:
         several sequences of one person beyond group privacy).
       randomness: where the batches and the noise came from (:data:`~snapaudit_jax.dpsgd.keys.RANDOMNESS`): a
         secret key, a user's seed (the guarantee holds only while it stays secret), or the caller's key.
+      noise: the Gaussian sampler (:data:`~snapaudit_jax.dpsgd.noise.SAMPLER`).
+      noise_coordinates: noise coordinates a step (the trainable parameters; ``0`` if not given).
+      sampler_delta: what the sampler's finite tails add to ``delta``
+        (:func:`~snapaudit_jax.dpsgd.noise.sampler_delta` at :attr:`epsilon`, ``steps`` and ``noise_coordinates``).
 
     Guarantees:
       ``epsilon_rdp`` and ``epsilon_pld`` are both upper bounds on the privacy loss of the mechanism
       described (``steps`` Poisson-sampled Gaussian steps at ``sampling_rate`` and ``noise_multiplier``,
-      sensitivity ``clip_norm`` under ``adjacency``); :attr:`epsilon`, the smaller, is one too. They hold
-      only under the assumptions of :func:`~snapaudit_jax.dpsgd.train` and not for anything listed in
-      ``not_covered``.
+      sensitivity ``clip_norm`` under ``adjacency``) at ``delta``; :attr:`epsilon`, the smaller, is one too.
+      The run's noise, drawn by ``noise``, makes it ``(epsilon, delta + sampler_delta)``-DP
+      (:attr:`delta_total`). They hold only under the assumptions of :func:`~snapaudit_jax.dpsgd.train` and not
+      for anything listed in ``not_covered``.
     """
 
     dp: bool
@@ -681,6 +687,14 @@ class DPReport:
     layers_reason: str = ""
     randomness: str = "batches and noise from the caller's key: the guarantee holds only if that key is secret " \
                       "and uniformly random"
+    noise: str = SAMPLER
+    noise_coordinates: int = 0
+    sampler_delta: float = 0.0
+
+    @property
+    def delta_total(self) -> float | None:
+        """``delta + sampler_delta``: the delta of the run's guarantee (``None`` without a ``delta``)."""
+        return None if self.delta is None else self.delta + self.sampler_delta
 
     @property
     def epsilon(self) -> float:
@@ -696,6 +710,7 @@ class DPReport:
         """
         out = dataclasses.asdict(self)
         out["epsilon"] = self.epsilon
+        out["delta_total"] = self.delta_total
         return to_json(out)
 
     def to_json(self, **kwargs) -> str:
@@ -722,7 +737,7 @@ class DPReport:
                 f"N={self.dataset_size}"
             )
         return (
-            f"(epsilon={self.epsilon_pld:.4g} [PLD], {self.epsilon_rdp:.4g} [RDP], delta={self.delta:.3g})-DP "
+            f"(epsilon={self.epsilon_pld:.4g} [PLD], {self.epsilon_rdp:.4g} [RDP], delta={self.delta_total:.3g})-DP "
             f"for {self.protected_unit} under {self.adjacency}; Poisson sampling q={self.sampling_rate:.6g} "
             f"(expected batch {self.expected_batch_size:.4g}) of N={self.dataset_size}, {self.steps} steps, "
             f"C={self.clip_norm:g}, sigma={self.noise_multiplier:.6g}"
@@ -754,6 +769,7 @@ def make_report(
     adjacency: str = ADJACENCY,
     not_covered: tuple[str, ...] = NOT_COVERED,
     randomness: str | None = None,
+    noise_coordinates: int = 0,
 ) -> DPReport:
     """Runs both accountants and assembles a :class:`DPReport`.
 
@@ -785,6 +801,7 @@ def make_report(
       adjacency: the neighbouring relation (default: add/remove one record).
       not_covered: the releases the guarantee does not cover.
       randomness: where the batches and noise came from (default: the caller's key).
+      noise_coordinates: noise coordinates a step (the trainable parameters), for ``sampler_delta``.
 
     Returns:
       The :class:`DPReport`.
@@ -842,4 +859,6 @@ def make_report(
         layers_reason=layers_reason,
         not_covered=tuple(not_covered),
         **({} if randomness is None else {"randomness": randomness}),
+        noise_coordinates=noise_coordinates,
+        sampler_delta=sampler_delta(min(eps_rdp, eps_pld), steps, noise_coordinates) if dp else 0.0,
     )

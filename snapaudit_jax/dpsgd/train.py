@@ -12,8 +12,9 @@ One step (Abadi et al. 2016, Alg. 1, with Poisson sampling as accounted):
    norms from the activations and cotangents of one backward pass of the summed loss, no per-unit gradient),
    which ``"auto"`` takes wherever they cover every trainable parameter (on every backend; see
    :func:`resolve_clipping`). The sum is the same to float32 rounding either way;
-3. Gaussian noise of std ``sigma C`` added to the *sum* (jax_privacy ``gaussian_privatizer``, an
-   optax transformation whose key, seeded by ``fold_in(key, 1)``, lives in the optimizer state);
+3. Gaussian noise of std ``sigma C`` added to the *sum* (:func:`~snapaudit_jax.dpsgd.noise.gaussian_privatizer`,
+   float32 normals exact in the tails to ``2^-95``, an optax transformation like jax_privacy's whose key, seeded
+   by ``fold_in(key, 1)``, lives in the optimizer state);
 4. division by the expected batch size ``q N`` (data-independent; ``optax.scale``), then the
    optimizer (optax SGD / Adam / AdamW).
 
@@ -49,9 +50,8 @@ import numpy as np
 import optax
 from flax import nnx
 from jax.experimental import multihost_utils
-from jax_privacy import noise_addition
 
-from snapaudit_jax.dpsgd import ghost, parallel
+from snapaudit_jax.dpsgd import ghost, noise, parallel
 from snapaudit_jax.dpsgd.accounting import (
     PROTECTED_UNIT,
     UNIT_GROUP,
@@ -158,7 +158,7 @@ class _Hyper(NamedTuple):
 
 
 def _make_tx(spec: _StepSpec, hyper: _Hyper, noise_key: jax.Array) -> optax.GradientTransformation:
-    """``noise (jax_privacy) -> scale 1 / (q N) -> optimizer``; ``noise_key`` only seeds ``init``."""
+    """``noise -> scale 1 / (q N) -> optimizer``; ``noise_key`` only seeds ``init``."""
     lr = hyper.learning_rate
     if spec.optimizer == "sgd":
         base = optax.sgd(lr, momentum=spec.momentum or None)
@@ -168,7 +168,7 @@ def _make_tx(spec: _StepSpec, hyper: _Hyper, noise_key: jax.Array) -> optax.Grad
         base = optax.adamw(lr, b1=spec.b1, b2=spec.b2, eps=spec.eps, weight_decay=spec.weight_decay)
     parts = [optax.scale(hyper.inv_normaliser), base]
     if spec.private:
-        parts.insert(0, noise_addition.gaussian_privatizer(stddev=hyper.noise_std, prng_key=noise_key))
+        parts.insert(0, noise.gaussian_privatizer(hyper.noise_std, noise_key))
     return optax.chain(*parts)
 
 
@@ -358,6 +358,8 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
         # is in the checkpoint folder's run_key.json.
         "key_sha256": key_digest(key),
         "key_impl": str(jax.random.key_impl(key)),
+        # The noise sampler (checkpoints written with jax.random.normal's, truncated at 5.2 sigma, do not resume).
+        "noise": noise.SAMPLER,
         # The device count sets the float32 summation order of the clipped sums: a checkpoint resumes bit for
         # bit only on as many devices (None: the single-device step, as in checkpoints written before meshes).
         "data_parallel_devices": None if mesh is None else int(mesh.devices.size),
@@ -736,6 +738,7 @@ def train(
         layers_reason=run.layers_reason,
         protected_unit=protected_unit or (PROTECTED_UNIT if run.tokens.ndim == 2 else UNIT_GROUP),
         randomness=RANDOMNESS[randomness],
+        noise_coordinates=sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(params)),
     )
     rest = run.rest
     if multi:  # replicated over every process: this process's copy, usable without the other processes

@@ -87,22 +87,26 @@ def random_words(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
 
 
 def sign_and_half_uniform(words: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """A fair sign and a uniform on ``(0, 1/2)`` from two planes of 32-bit words.
+    """A fair sign and a uniform on ``(0, 1/2)`` from two or more planes of 32-bit words.
 
-    The first word gives the sign (top bit) and 31 high bits of ``u``; the second refines ``u`` below ``2^-32``, so
-    tiny ``u`` keep float32 relative precision down to ``2^-65``.
+    The first word gives the sign (top bit) and 31 high bits of ``u``; each further plane refines ``u`` by 32 bits,
+    so ``P planes`` resolve ``u`` to cells of width ``2^(-32 P)`` (the middle of the cell is returned): tiny ``u``
+    keep float32 relative precision down to ``2^(-32 P - 1)`` (``2^-65`` for two planes, ``2^-97`` for three).
+    Each cell, the outermost included, has probability ``2^(1 - 32 P)`` given the sign.
 
     Args:
-      words: ``(2, ...)`` uint32 words.
+      words: ``(P, ...)`` uint32 words, ``P >= 2``.
 
     Returns:
       ``(sign, u)``: ``(...)`` bool and ``(...)`` float32 with ``u`` uniform on ``(0, 1/2)``.
     """
-    hi, lo = words[0], words[1]  # two planes: contiguous, unlike a trailing axis of 2
+    hi = words[0]  # planes, not a trailing axis: contiguous
     sign = (hi >> 31) == 1
-    u = ((hi & 0x7FFFFFFF).astype(jnp.float32) + (lo.astype(jnp.float32) + 0.5) * jnp.float32(_2P32)) * jnp.float32(
-        _2P32
-    )
+    scale = jnp.float32(_2P32)
+    frac = jnp.float32(0.5)
+    for plane in range(words.shape[0] - 1, 0, -1):  # innermost first: (w + frac) 2^-32 keeps the low bits
+        frac = (words[plane].astype(jnp.float32) + frac) * scale
+    u = ((hi & 0x7FFFFFFF).astype(jnp.float32) + frac) * scale
     return sign, u
 
 
@@ -110,7 +114,7 @@ def normal_from_bits(words: jax.Array) -> jax.Array:
     """Standard normal variates from random words (inverse-CDF transform, exact in the tails).
 
     Args:
-      words: ``(2, ...)`` uint32 words.
+      words: ``(P, ...)`` uint32 words, ``P >= 2`` (see :func:`sign_and_half_uniform`).
 
     Returns:
       ``(...)`` float32 standard normals.
