@@ -214,7 +214,7 @@ def train_variant(name: str, texts: list[str], dp: bool, config: PIIConfig, data
     loss = np.asarray(history["loss"], np.float64)
     tail = loss[-max(1, len(loss) // 10):]
     log(f"trained {name} in {time.perf_counter() - start:.0f}s; final loss {np.nanmean(tail):.3f}"
-        + (f"; epsilon {report.epsilon:.3g} at delta {report.delta:.2g}" if report.dp else ""))
+        + (f"; epsilon {report.epsilon:.3g} at delta {report.delta_total:.2g}" if report.dp else ""))
     return model, report
 
 
@@ -275,7 +275,7 @@ def _attack(name: str, model, report, config: PIIConfig, data: PreparedData, bas
     out["mia_reference"] = mia_attack(model, data.tokenizer, members, test_texts, jax.random.fold_in(key, 4),
                                       reference_model=baseline, fprs=config.mia_fprs, batch_size=bs,
                                       cache=losses, reference_cache=baseline_losses)
-    audit_delta = report.delta if report.dp else config.audit.delta
+    audit_delta = report.delta_total if report.dp else config.audit.delta  # the claim's, sampler term included
     audit_cfg = dataclasses.replace(config.audit, delta=audit_delta)
     out["canary_audit"] = canary_audit(model, data.tokenizer, data.canaries, audit_cfg, jax.random.fold_in(key, 5))
     if config.exposure.enabled:  # the same measure, by the same function, as snapaudit finetune's card

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from snapaudit_jax.dpsgd.noise import sampler_delta
 from snapaudit_jax.utils.io import to_json, write_json, write_text
 
 __all__ = ["build_report", "write_report", "format_report", "compare_models", "GOALS", "RELEASE_STATUS"]
@@ -121,12 +122,15 @@ def build_report(prep, trainings: dict[str, tuple[dict, dict]], evaluations: dic
         claim_extra = {"epsilon": acc["epsilon"], "epsilon_pld": acc["epsilon_pld"], "epsilon_rdp": acc["epsilon_rdp"],
                        "accounted_epsilon": acc["epsilon"], "accounting_rule": f"hyperparameter sweep: {rule}",
                        "selected_run_epsilon_alone": dp["epsilon"]}
+    sampler = _sampler_delta(dp, sweep, prep)
     card = {
         "command": "finetune",
         "claim": {
             "dp": dp["dp"],
             "epsilon": dp["epsilon"], "epsilon_pld": dp["epsilon_pld"], "epsilon_rdp": dp["epsilon_rdp"],
-            "delta": dp["delta"], "delta_rule": "given" if cfg.privacy.delta else "1 / (10 N)",
+            "delta": None if dp["delta"] is None else dp["delta"] + sampler,
+            "accountant_delta": dp["delta"], "sampler_delta": sampler, "noise": dp["noise"],
+            "delta_rule": "given" if cfg.privacy.delta else "1 / (10 N)",
             "protected_unit": dp["protected_unit"], "unit": unit,
             "adjacency": f"add/remove one {unit}" + (" with all of their records" if unit == "user" else ""),
             "accounted_epsilon": dp["epsilon"],
@@ -245,7 +249,8 @@ def format_report(card: dict[str, Any]) -> str:
         f"| noise multiplier sigma | {d['noise_multiplier']:.6g}"
         + (f" (calibrated to epsilon {cal['target_epsilon']:g} with {cal['accountant']}, "
            f"{100 * cal['margin']:.2f}% below it)" if cal else " (given)") + " |",
-        f"| delta | {c['delta']:.3g} ({c['delta_rule']}) |",
+        f"| delta | {c['delta']:.3g}: the accountants' {c['accountant_delta']:.3g} ({c['delta_rule']}) + "
+        f"{c['sampler_delta']:.2g} for the noise sampler's finite tails |",
         f"| clipping (the same clipped sum either way, to float32 rounding) | {d['clipping'].replace('_', '-')}, "
         f"{d['microbatch_size']} units a microbatch ({d['clipping_reason']}) |",
         f"| layers (the same function either way, to float32 rounding) | {d.get('layers', 'unrolled')}"
@@ -339,3 +344,21 @@ def write_report(out_dir: str, card: dict[str, Any]) -> None:
     """
     write_json(os.path.join(out_dir, "report.json"), card)
     write_text(os.path.join(out_dir, "report.md"), format_report(card))
+
+
+def _sampler_delta(dp: dict, sweep: dict | None, prep) -> float:
+    """What the noise sampler's finite tails add to the released model's delta (:mod:`snapaudit_jax.dpsgd.noise`).
+
+    One run: its report's ``sampler_delta``. A sweep: :func:`~snapaudit_jax.dpsgd.noise.sampler_delta` at the
+    sweep's epsilon over every noisy step of the sweep: the candidates' steps summed (compose), or the expected
+    number of runs times the longest candidate (random stopping: the coupling fails at each step with
+    probability at most ``d 2^-95``, so over a random number of steps with at most that expectation).
+    """
+    if not dp["dp"]:
+        return 0.0
+    if sweep is None:
+        return dp["sampler_delta"]
+    acc = sweep["accounting"]
+    steps = [c["steps"] for c in prep.sweep["candidates"]]
+    noisy_steps = sum(steps) if sweep["rule"] == "compose" else acc["runs"] * max(steps)
+    return sampler_delta(acc["epsilon"], noisy_steps, dp["noise_coordinates"])

@@ -467,6 +467,10 @@ def test_run_report_card_resume_and_export(tiny, tmp_path, capsys):
     private, twin = _checkpoint_arrays(out, "private"), _checkpoint_arrays(out, "baseline")
     lora = [k for k in private if "lora" in k]
     assert lora and all(not np.array_equal(private[k], twin[k]) for k in lora)
+    # delta includes the noise sampler's tails: (1 + e^eps) 2^-95 for every adapter coordinate of every step
+    coordinates = sum(private[k].size for k in lora)
+    assert claim["sampler_delta"] == pytest.approx((1 + math.exp(claim["epsilon"])) * 3 * coordinates / 2.0**95)
+    assert claim["delta"] == claim["accountant_delta"] + claim["sampler_delta"] and claim["sampler_delta"] > 0
     # the noise's key is secret: private state in the run folder only, named in the card, in no released file
     assert "secret key" in claim["randomness"] and "warning" not in claim
     assert stat.S_IMODE(os.stat(out / "checkpoints" / KEY_FILE).st_mode) == 0o600
@@ -487,6 +491,7 @@ def test_run_report_card_resume_and_export(tiny, tmp_path, capsys):
     assert comparison["private_over_base_perplexity"]["ratio"] == pytest.approx(ppl["private"] / ppl["base"])
     md = (out / "report.md").read_text()
     assert md.startswith("# DP fine-tuning report")
+    assert f"{claim['sampler_delta']:.2g} for the noise sampler's finite tails |" in md
     # the command's page: the card cell for cell, its releases' statuses among the notes
     checked = check_report(str(out / "report.html"), str(out / "report.json"))
     page = (out / "report.html").read_text()

@@ -8,6 +8,7 @@ data split's counts (the validation split disjoint from training and from the he
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import dp_accounting
@@ -23,7 +24,11 @@ from snapaudit_jax.finetune.config import load_finetune_config
 from snapaudit_jax.finetune.run import _PLAN_STREAM, plan_dict, prepare
 from snapaudit_jax.utils.config import ConfigFileError
 from snapaudit_jax.utils.errors import InputError
-from tests.snapaudit_jax.finetune.test_finetune import _toml, tiny  # noqa: F401  (the module's fixture)
+from tests.snapaudit_jax.finetune.test_finetune import (  # noqa: F401  (tiny: the module's fixture)
+    _checkpoint_arrays,
+    _toml,
+    tiny,
+)
 
 ADD_REMOVE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 
@@ -142,9 +147,11 @@ def test_compose_sweep_releases_the_best_run_at_the_sweeps_epsilon(tiny, tmp_pat
     claim = card["claim"]
     assert claim["accounted_epsilon"] == record["accounting"]["epsilon"]
     assert record["accounting"]["epsilon"] == account_sweep(
-        [(1.0, card["dpsgd"]["sampling_rate"], 2)] * 2, claim["delta"]).epsilon
+        [(1.0, card["dpsgd"]["sampling_rate"], 2)] * 2, claim["accountant_delta"]).epsilon
     assert claim["selected_run_epsilon_alone"] < claim["accounted_epsilon"]
     assert claim["accounting_rule"].startswith("hyperparameter sweep: composition")
+    # the noise sampler's term at the sweep's epsilon, over both candidates' 2 steps
+    assert claim["sampler_delta"] == pytest.approx((1 + math.exp(claim["epsilon"])) * 4 * _adapters(out) / 2.0**95)
     assert card["sweep"]["runs"] == record["runs"]
     assert card["dpsgd"]["learning_rate"] == record["selected"]["learning_rate"]
     statuses = {r["release"]: r["status"] for r in card["releases"]}
@@ -217,6 +224,9 @@ def test_random_stopping_releases_and_logs_nothing_that_depends_on_k(tiny, tmp_p
         assert card["claim"]["epsilon_pld"] is None and card["seconds"] is None and card["seconds_withheld"]
         assert card["claim"]["accounting_rule"].startswith("hyperparameter sweep: random stopping")
         assert isinstance(card["sweep"]["runs"], str)
+        # the sampler's term over the expected noisy steps (mean_runs 2 times 2 steps), whatever K was
+        eps = card["claim"]["epsilon"]
+        assert card["claim"]["sampler_delta"] == pytest.approx((1 + math.exp(eps)) * 4 * _adapters(out) / 2.0**95)
         assert any("voids the random-stopping bound" in r["status"] for r in card["releases"])
         cards.append(card)
     assert {len(json.loads((tmp_path / f"run{s}" / "sweep.json").read_text())["runs"]) for s in seeds.values()} != {1}
@@ -228,6 +238,11 @@ def test_random_stopping_releases_and_logs_nothing_that_depends_on_k(tiny, tmp_p
     assert shapes[0] == shapes[1]
     assert not any(re.match(r"\[\s*[0-9.]+s\]", line) for log in logs for line in log.splitlines())
     assert not any("sweep run" in log for log in logs) and all("stay private" in log for log in logs)
+
+
+def _adapters(out) -> int:
+    """The adapter coordinates of the first sweep run's checkpoint."""
+    return sum(v.size for k, v in _checkpoint_arrays(out, "sweep_0").items() if "lora" in k)
 
 
 @pytest.mark.parametrize("name", ["finetune_small.toml", "finetune_gpu.toml"])
