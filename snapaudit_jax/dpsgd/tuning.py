@@ -73,6 +73,7 @@ __all__ = [
     "repeat_and_select_rdp",
     "draw_repetitions",
     "draw_candidates",
+    "expected_noisy_steps",
 ]
 
 RULES = ("compose", "random_stopping")
@@ -580,6 +581,21 @@ def account_sweep(
             "the best run is chosen by its score with a fixed tie-break (a total order)",
         ),
     )
+
+
+def expected_noisy_steps(rule: str, runs: float, steps: Sequence[int]) -> float:
+    """The expected number of noisy DP-SGD steps a sweep takes (what the noise sampler's term counts).
+
+    Args:
+      rule: ``"compose"`` (every candidate trains once) or ``"random_stopping"``.
+      runs: the expected number of runs (:attr:`SweepAccounting.runs`); used by random stopping.
+      steps: the candidates' steps.
+
+    Returns:
+      ``sum(steps)`` for compose; ``runs * max(steps)`` for random stopping (each run trains one candidate, at
+      most the longest).
+    """
+    return float(sum(steps)) if rule == "compose" else runs * max(steps)
 
 
 def calibrate_sweep(

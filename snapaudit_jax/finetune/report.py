@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from snapaudit_jax.dpsgd.noise import sampler_delta
+from snapaudit_jax.dpsgd.tuning import expected_noisy_steps
 from snapaudit_jax.utils.io import to_json, write_json, write_text
 
 __all__ = ["build_report", "write_report", "format_report", "compare_models", "GOALS", "RELEASE_STATUS"]
@@ -359,6 +360,5 @@ def _sampler_delta(dp: dict, sweep: dict | None, prep) -> float:
     if sweep is None:
         return dp["sampler_delta"]
     acc = sweep["accounting"]
-    steps = [c["steps"] for c in prep.sweep["candidates"]]
-    noisy_steps = sum(steps) if sweep["rule"] == "compose" else acc["runs"] * max(steps)
-    return sampler_delta(acc["epsilon"], noisy_steps, dp["noise_coordinates"])
+    steps = expected_noisy_steps(sweep["rule"], acc["runs"], [c["steps"] for c in prep.sweep["candidates"]])
+    return sampler_delta(acc["epsilon"], steps, dp["noise_coordinates"])

@@ -42,7 +42,9 @@ from flax import nnx
 from snapaudit_jax.dpsgd import DPSGDConfig, loss_summary, train
 from snapaudit_jax.dpsgd.accounting import compute_epsilon
 from snapaudit_jax.dpsgd.keys import RANDOMNESS, resolve_run_key
+from snapaudit_jax.dpsgd.noise import sampler_delta
 from snapaudit_jax.dpsgd.sampling import inclusion_threshold
+from snapaudit_jax.dpsgd.tuning import expected_noisy_steps
 from snapaudit_jax.finetune.base import base_header, check_lora, check_training_fits, fresh_copy, load_base
 from snapaudit_jax.finetune.config import FinetuneConfig
 from snapaudit_jax.finetune.data import FinetuneData, pack_records, pack_units, prepare_data
@@ -419,7 +421,9 @@ def plan_dict(prep: Prepared, *, timing: bool = True) -> dict[str, Any]:
 
     Returns:
       ``{"units", "unit", "sampling_rate", "expected_batch", "steps", "noise_multiplier", "delta",
-      "epsilon_pld", "epsilon_rdp", "calibration", "parameters", "memory", "timing"}``.
+      "epsilon_pld", "epsilon_rdp", "calibration", "parameters", "memory", "timing", "sampler_delta"}`` (the
+      last three with ``timing``; ``sampler_delta``: what the noise sampler's tails add to ``delta`` at the
+      released model's epsilon, :func:`~snapaudit_jax.dpsgd.noise.sampler_delta`).
     """
     cfg = prep.config
     q, steps, sigma = prep.sampling_rate, cfg.finetune.steps, prep.noise_multiplier
@@ -451,6 +455,13 @@ def plan_dict(prep: Prepared, *, timing: bool = True) -> dict[str, Any]:
         moments = 2 if cfg.finetune.optimizer != "sgd" else 0
         out["memory"] = {"parameters_bytes": 4 * total, "trainable_state_bytes": 4 * trainable * (2 + moments),
                          "peak_rss_bytes_measured": t["peak_rss_bytes"]}
+        if prep.sweep is None:
+            eps_claim, noisy = min(eps.values()), float(steps)
+        else:
+            acc = prep.sweep["accounting"]
+            eps_claim = acc.epsilon
+            noisy = expected_noisy_steps(prep.sweep["rule"], acc.runs, [c["steps"] for c in prep.sweep["candidates"]])
+        out["sampler_delta"] = sampler_delta(eps_claim, noisy, trainable)
     return to_json(out)
 
 
@@ -508,6 +519,8 @@ def format_plan(info: dict[str, Any]) -> str:
         t, mem = info["timing"], info["memory"]
         lines += [
             f"{info['method']} fine-tuning: {t['trainable_parameters']:,} of {info['parameters']:,} parameters train",
+            f"noise: exact in its tails to 2^-95 a coordinate; its sampler adds {info['sampler_delta']:.2g} to "
+            "delta (snapaudit_jax.dpsgd.noise)",
             f"clipping: {t['clipping'].replace('_', '-')} ({t['clipping_reason']}), {t['microbatch_size']} units a "
             f"microbatch, {t['microbatches_per_step']:.3g} microbatches a step on average",
             f"layers: {t.get('layers', 'unrolled')} ({t.get('layers_reason', '')})",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import os
 import signal
 import stat
@@ -248,7 +249,7 @@ def test_a_full_disk_is_a_clean_error_and_the_rerun_resumes(tiny, tmp_path, limi
 
 
 @pytest.mark.slow
-def test_plan_matches_dp_accounting_and_trains_nothing(tiny, tmp_path):
+def test_plan_matches_dp_accounting_and_trains_nothing(tiny, tmp_path, capsys):
     root, model, data, rows = tiny
     config = load_finetune_config(_toml(root, model, data))
     prep = prepare(config)
@@ -269,8 +270,15 @@ def test_plan_matches_dp_accounting_and_trains_nothing(tiny, tmp_path):
             accountant=name))
     assert info["epsilon_pld"] <= 4.0
     out = tmp_path / "never"
+    capsys.readouterr()
     assert main(["finetune", _toml(root, model, data), "--plan", "--out", str(out)]) == 0
     assert not out.exists()
+    # the noise sampler's term: (1 + e^eps) 2^-95 for each trainable coordinate of each of the 3 steps
+    printed = capsys.readouterr().out
+    trainable = int(re.search(r"lora fine-tuning: ([0-9,]+) of", printed).group(1).replace(",", ""))
+    added = float(re.search(r"its sampler adds ([0-9.e+-]+) to delta", printed).group(1))
+    eps = min(info["epsilon_pld"], info["epsilon_rdp"])
+    assert added == pytest.approx((1 + math.exp(eps)) * 3 * trainable / 2.0**95, rel=0.05)  # printed to 2 digits
 
 
 @pytest.mark.parametrize("sections, key", [
