@@ -859,6 +859,7 @@ def make_report(
         layers_reason=layers_reason,
         not_covered=tuple(not_covered),
         **({} if randomness is None else {"randomness": randomness}),
+        noise=SAMPLER if private and noise_multiplier > 0.0 else "none (no noise added)",
         noise_coordinates=noise_coordinates,
         sampler_delta=sampler_delta(min(eps_rdp, eps_pld), steps, noise_coordinates) if dp else 0.0,
     )

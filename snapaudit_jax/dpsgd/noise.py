@@ -35,7 +35,8 @@ import optax
 
 from snapaudit_jax.mechanisms.variates import normal_from_bits, random_words
 
-__all__ = ["NOISE_WORDS", "CELL_PROBABILITY", "SAMPLER", "standard_normal", "sampler_delta", "gaussian_privatizer"]
+__all__ = ["NOISE_WORDS", "CELL_PROBABILITY", "SAMPLER", "PER_KEY", "standard_normal", "sampler_delta",
+           "gaussian_privatizer"]
 
 NOISE_WORDS = 3
 """32-bit words per noise coordinate: a sign and a uniform on ``(0, 1/2)`` resolved to ``2^(1 - 32 * 3) / 2``."""
@@ -49,21 +50,34 @@ SAMPLER = (
 )
 
 
+PER_KEY = (1 << 32) // NOISE_WORDS
+"""Coordinates one key draws (its ``2^32`` counters); a larger array draws chunk ``c`` under ``fold_in(key, c)``."""
+
+
 def standard_normal(key: jax.Array, shape) -> jax.Array:
     """Standard normal float32 noise with tails exact to ``2^-95`` (pure, key first).
 
+    Coordinate ``i`` of the flattened output is :func:`~snapaudit_jax.mechanisms.variates.normal_from_bits` of
+    words ``i``, ``n + i`` and ``2 n + i`` of Threefry-2x32 in counter mode under ``key`` (``n`` coordinates); an
+    array of more than :data:`PER_KEY` coordinates is drawn in chunks of ``PER_KEY``, chunk ``c`` so under
+    ``fold_in(key, c)``.
+
     Args:
       key: PRNG key (``threefry2x32``).
-      shape: output shape; at most ``2^32 / 3`` coordinates per key.
+      shape: output shape.
 
     Returns:
       float32 array of ``shape``.
-
-    Raises:
-      InputError: more coordinates than one key can draw.
     """
     shape = tuple(int(d) for d in shape)
-    return normal_from_bits(random_words(key, (NOISE_WORDS, math.prod(shape)))).reshape(shape)
+    n = math.prod(shape)
+    if n <= PER_KEY:
+        return normal_from_bits(random_words(key, (NOISE_WORDS, n))).reshape(shape)
+    chunks = [
+        normal_from_bits(random_words(jax.random.fold_in(key, c), (NOISE_WORDS, min(PER_KEY, n - start))))
+        for c, start in enumerate(range(0, n, PER_KEY))
+    ]
+    return jnp.concatenate(chunks).reshape(shape)
 
 
 def sampler_delta(epsilon: float, steps: int, coordinates: int) -> float:

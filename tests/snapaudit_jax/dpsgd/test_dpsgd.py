@@ -437,6 +437,7 @@ def test_non_private_report_says_so_and_stays_strict_json():
     data = json.loads(report.to_json())
     assert data["epsilon_rdp"] is None and data["dp"] is False
     assert "NOT differentially private" in report.summary()
+    assert data["noise"] == "none (no noise added)" and data["sampler_delta"] == 0.0 and data["delta_total"] is None
 
 
 @pytest.mark.parametrize(

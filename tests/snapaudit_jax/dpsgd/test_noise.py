@@ -131,3 +131,16 @@ def test_sampler_delta_is_the_total_variation_bound():
     assert 2.7e-17 < noise.sampler_delta(8.0, 200, 1_843_200) < 2.8e-17
     assert noise.sampler_delta(8.0, 0, 10) == noise.sampler_delta(8.0, 10, 0) == 0.0
     assert noise.sampler_delta(math.inf, 1, 1) == noise.sampler_delta(800.0, 1, 1) == math.inf
+
+
+def test_an_array_larger_than_one_keys_counters_is_drawn_in_chunks_under_folded_keys(monkeypatch):
+    """Past ``PER_KEY`` coordinates chunk ``c`` comes from ``fold_in(key, c)`` (here with ``PER_KEY = 1000``),
+    so no counter repeats; below it, one key draws the whole array."""
+    key = jax.random.key(4)
+    whole = noise.standard_normal(key, (2, 900))
+    monkeypatch.setattr(noise, "PER_KEY", 1000)
+    chunked = np.asarray(noise.standard_normal(key, (2, 900))).ravel()
+    first = np.asarray(noise.standard_normal(jax.random.fold_in(key, 0), (1000,)))
+    second = np.asarray(noise.standard_normal(jax.random.fold_in(key, 1), (800,)))
+    np.testing.assert_array_equal(chunked, np.concatenate([first, second]))
+    assert not np.array_equal(chunked, np.asarray(whole).ravel())
