@@ -21,7 +21,7 @@ Where the key comes from (:func:`resolve_run_key`, the ``randomness`` of a :clas
   it is to draw it secretly and uniformly.
 
 Not defended against: floating-point attacks on the Gaussian sampler (the noise is float32, an inverse-CDF
-transform of uniform bits, :mod:`~snapaudit_jax.dpsgd.noise`, whose tails are exact to ``2^-95``; the low-order bits
+transform of uniform bits, :mod:`~snapaudit_jax.dpsgd.noise`, exact in its tails to ``|z| = 9.67``; the low-order bits
 of a float sum of a value and such noise can reveal the value, Mironov 2012, Jin et al. 2022), timing side channels,
 and a reader of the run's private state.
 Brute force over the 64-bit key space costs ``2**64`` training runs.

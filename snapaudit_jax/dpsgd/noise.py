@@ -10,17 +10,19 @@ possible with the unit and impossible without it, so seeing one proves membershi
 gradient on one coordinate makes such an output appear with probability about ``1 - (1 - q P(Z > 5.22 - 1 /
 sigma))^200 ~ 7e-4``, 170 times the run's ``delta = 4.4e-6``: the stated ``(epsilon, delta)`` did not hold.
 
-Here each noise coordinate is the inverse-CDF transform of a fair sign and a uniform on ``(0, 1/2)`` resolved to
-cells of ``2^-96`` (:func:`~snapaudit_jax.mechanisms.variates.sign_and_half_uniform` of three 32-bit words of
-Threefry-2x32 in counter mode under the step's key; Salmon et al. 2011), drawn in float32 whatever the gradients'
-dtype. Its largest output is ``-ndtri(2^-97) = 11.30``. Treating the rounding inside each cell as float
-rounding (floating-point attacks on the sampler are out of scope, :mod:`~snapaudit_jax.dpsgd.keys`), the sampler
-differs from ``N(0, 1)`` only in its two outermost cells, of total probability :data:`CELL_PROBABILITY` ``=
-2^-95`` per coordinate. A run of ``T`` steps adding noise to ``d`` coordinates is then within total variation
-``eta = T d 2^-95`` of the exact Gaussian mechanism (a coupling step by step, adaptively), so an ``(epsilon,
-delta)`` guarantee of the exact mechanism holds for the sampler with ``delta + (1 + e^epsilon) eta``
-(:func:`sampler_delta`): ``2.8e-17`` for the ``d = 1.8 M`` adapters of that example at ``epsilon = 8``, ``2.0e-15``
-for its 135 M parameters trained in full. :class:`~snapaudit_jax.dpsgd.DPReport` states that term beside ``delta``.
+Here each noise coordinate is the inverse-CDF transform of a fair sign and a uniform ``U`` on ``(0, 1/2)``
+resolved to a grid of ``2^-96`` (:func:`~snapaudit_jax.mechanisms.variates.sign_and_half_uniform` of three 32-bit
+words of Threefry-2x32 in counter mode under the step's key; Salmon et al. 2011), drawn in float32 whatever the
+gradients' dtype. Its largest output is ``-ndtri(2^-97) = 11.30``. Where ``U >= 2^-72`` the grid is at least as
+fine as float32's own spacing of ``U``, so the output is an exact normal up to float32 rounding (floating-point
+attacks on the sampler are out of scope, :mod:`~snapaudit_jax.dpsgd.keys`); below, the grid is coarser than
+float32, and all of that mass, :data:`TAIL_PROBABILITY` ``= P(U < 2^-72) = 2^-71`` per coordinate (``|Z| > 9.67``),
+is counted as the sampler's deviation. A run of ``T`` steps adding noise to ``d`` coordinates is then within total
+variation ``eta = T d 2^-71`` of the exact Gaussian mechanism (a coupling step by step, adaptively; a union
+bound), so an ``(epsilon, delta)`` guarantee of the exact mechanism holds for the sampler with ``delta + (1 +
+e^epsilon) eta`` (:func:`sampler_delta`): ``4.7e-10`` for the ``d = 1.8 M`` adapters of that example at ``epsilon =
+8``, ``3.4e-8`` for its 135 M parameters trained in full (0.8% of its delta). :class:`~snapaudit_jax.dpsgd.DPReport`
+states that term beside ``delta`` and the claims print their sum.
 
 The privatizer is an optax transformation like jax_privacy's: its state is the key, split at every update.
 """
@@ -35,18 +37,20 @@ import optax
 
 from snapaudit_jax.mechanisms.variates import normal_from_bits, random_words
 
-__all__ = ["NOISE_WORDS", "CELL_PROBABILITY", "SAMPLER", "PER_KEY", "standard_normal", "sampler_delta",
+__all__ = ["NOISE_WORDS", "TAIL_PROBABILITY", "SAMPLER", "PER_KEY", "standard_normal", "sampler_delta",
            "gaussian_privatizer"]
 
 NOISE_WORDS = 3
-"""32-bit words per noise coordinate: a sign and a uniform on ``(0, 1/2)`` resolved to ``2^(1 - 32 * 3) / 2``."""
+"""32-bit words per noise coordinate: a sign and a uniform on ``(0, 1/2)`` on a grid of ``2^-96``."""
 
-CELL_PROBABILITY = 2.0 ** (1 - 32 * NOISE_WORDS)
-"""Probability of the sampler's two outermost cells together (``|Z| >= -ndtri(2^-96)``), per coordinate."""
+TAIL_PROBABILITY = 2.0**-71
+"""Per coordinate, ``P(U < 2^-72)`` for ``U`` uniform on ``(0, 1/2)``: where the ``2^-96`` grid is coarser than float32
+(whose spacing at ``2^-72`` is ``2^-95``), the mass counted as the sampler's deviation from ``N(0, 1)``."""
 
 SAMPLER = (
-    "float32 inverse-CDF normals of a fair sign and a uniform resolved to 2^-96 (three Threefry-2x32 words a "
-    "coordinate); largest output 11.3 noise units"
+    "float32 inverse-CDF normals of a fair sign and a uniform on a 2^-96 grid (three Threefry-2x32 words a "
+    "coordinate): exact to float32 rounding except with probability 2^-71 a coordinate; largest output 11.3 noise "
+    "units"
 )
 
 
@@ -55,7 +59,7 @@ PER_KEY = (1 << 32) // NOISE_WORDS
 
 
 def standard_normal(key: jax.Array, shape) -> jax.Array:
-    """Standard normal float32 noise with tails exact to ``2^-95`` (pure, key first).
+    """Standard normal float32 noise, exact to float32 rounding but with probability ``2^-71`` (pure, key first).
 
     Coordinate ``i`` of the flattened output is :func:`~snapaudit_jax.mechanisms.variates.normal_from_bits` of
     words ``i``, ``n + i`` and ``2 n + i`` of Threefry-2x32 in counter mode under ``key`` (``n`` coordinates); an
@@ -81,11 +85,11 @@ def standard_normal(key: jax.Array, shape) -> jax.Array:
 
 
 def sampler_delta(epsilon: float, steps: int, coordinates: int) -> float:
-    """What the sampler's finite tails add to ``delta``: ``(1 + e^epsilon) * steps * coordinates * 2^-95``.
+    """What the sampler's finite tails add to ``delta``: ``(1 + e^epsilon) * steps * coordinates * 2^-71``.
 
     If the exact Gaussian mechanism is ``(epsilon, delta)``-DP and the run's output is within total variation
     ``eta`` of it on every dataset, the run is ``(epsilon, delta + (1 + e^epsilon) eta)``-DP; ``eta <= steps *
-    coordinates * CELL_PROBABILITY`` (module docstring).
+    coordinates * TAIL_PROBABILITY`` (module docstring).
 
     Args:
       epsilon: the exact mechanism's epsilon (``inf``: not DP, the result is ``inf``).
@@ -99,7 +103,7 @@ def sampler_delta(epsilon: float, steps: int, coordinates: int) -> float:
         return 0.0
     if not math.isfinite(epsilon) or epsilon > 700.0:
         return math.inf
-    return (1.0 + math.exp(epsilon)) * steps * coordinates * CELL_PROBABILITY
+    return (1.0 + math.exp(epsilon)) * steps * coordinates * TAIL_PROBABILITY
 
 
 def gaussian_privatizer(stddev: jax.Array | float, prng_key: jax.Array) -> optax.GradientTransformation:

@@ -13,8 +13,8 @@ One step (Abadi et al. 2016, Alg. 1, with Poisson sampling as accounted):
    which ``"auto"`` takes wherever they cover every trainable parameter (on every backend; see
    :func:`resolve_clipping`). The sum is the same to float32 rounding either way;
 3. Gaussian noise of std ``sigma C`` added to the *sum* (:func:`~snapaudit_jax.dpsgd.noise.gaussian_privatizer`,
-   float32 normals exact in the tails to ``2^-95``, an optax transformation like jax_privacy's whose key, seeded
-   by ``fold_in(key, 1)``, lives in the optimizer state);
+   float32 normals exact to float32 rounding but with probability ``2^-71`` a coordinate, an optax transformation
+   whose key, seeded by ``fold_in(key, 1)``, lives in the optimizer state);
 4. division by the expected batch size ``q N`` (data-independent; ``optax.scale``), then the
    optimizer (optax SGD / Adam / AdamW).
 

@@ -353,7 +353,7 @@ def _sampler_delta(dp: dict, sweep: dict | None, prep) -> float:
     One run: its report's ``sampler_delta``. A sweep: :func:`~snapaudit_jax.dpsgd.noise.sampler_delta` at the
     sweep's epsilon over every noisy step of the sweep: the candidates' steps summed (compose), or the expected
     number of runs times the longest candidate (random stopping: the coupling fails at each step with
-    probability at most ``d 2^-95``, so over a random number of steps with at most that expectation).
+    probability at most ``d 2^-71``, so over a random number of steps with at most that expectation).
     """
     if not dp["dp"]:
         return 0.0

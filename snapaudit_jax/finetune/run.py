@@ -519,8 +519,8 @@ def format_plan(info: dict[str, Any]) -> str:
         t, mem = info["timing"], info["memory"]
         lines += [
             f"{info['method']} fine-tuning: {t['trainable_parameters']:,} of {info['parameters']:,} parameters train",
-            f"noise: exact in its tails to 2^-95 a coordinate; its sampler adds {info['sampler_delta']:.2g} to "
-            "delta (snapaudit_jax.dpsgd.noise)",
+            f"noise: exact to float32 rounding but with probability 2^-71 a coordinate; its sampler adds "
+            f"{info['sampler_delta']:.2g} to delta (snapaudit_jax.dpsgd.noise)",
             f"clipping: {t['clipping'].replace('_', '-')} ({t['clipping_reason']}), {t['microbatch_size']} units a "
             f"microbatch, {t['microbatches_per_step']:.3g} microbatches a step on average",
             f"layers: {t.get('layers', 'unrolled')} ({t.get('layers_reason', '')})",

@@ -419,10 +419,10 @@ def test_report_holds_the_claim_and_matches_dp_accounting():
     assert data["epsilon"] == report.epsilon and data["sampling"] == "poisson"
     assert "caller" in data["randomness"]  # the key was passed in
     assert "epsilon" in report.summary() and "Poisson" in report.summary()
-    # the sampler's term: every trainable coordinate of every step, (1 + e^eps) 2^-95 each
+    # the sampler's term: every trainable coordinate of every step, (1 + e^eps) 2^-71 each
     coordinates = sum(int(np.size(v)) for v in jax.tree.leaves(nnx.state(make_model(), nnx.Param)))
     assert report.noise_coordinates == coordinates
-    assert report.sampler_delta == pytest.approx((1 + math.exp(report.epsilon)) * 4 * coordinates / 2.0**95, rel=1e-12)
+    assert report.sampler_delta == pytest.approx((1 + math.exp(report.epsilon)) * 4 * coordinates / 2.0**71, rel=1e-12)
     assert data["delta_total"] == 1e-5 + report.sampler_delta and "2^-96" in data["noise"]
 
 

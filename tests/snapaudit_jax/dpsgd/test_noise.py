@@ -125,10 +125,10 @@ def test_the_privatizer_adds_sigma_c_times_the_sampler_to_every_leaf_in_float32(
 
 
 def test_sampler_delta_is_the_total_variation_bound():
-    """``(1 + e^eps) T d 2^-95``, exactly; zero without steps or coordinates; infinite without a finite epsilon."""
-    assert noise.CELL_PROBABILITY == 2.0**-95
-    assert noise.sampler_delta(8.0, 200, 1_843_200) == (1 + math.exp(8.0)) * 200 * 1_843_200 * 2.0**-95
-    assert 2.7e-17 < noise.sampler_delta(8.0, 200, 1_843_200) < 2.8e-17
+    """``(1 + e^eps) T d 2^-71``, exactly; zero without steps or coordinates; infinite without a finite epsilon."""
+    assert noise.TAIL_PROBABILITY == 2.0**-71
+    assert noise.sampler_delta(8.0, 200, 1_843_200) == (1 + math.exp(8.0)) * 200 * 1_843_200 * 2.0**-71
+    assert 4.6e-10 < noise.sampler_delta(8.0, 200, 1_843_200) < 4.7e-10
     assert noise.sampler_delta(8.0, 0, 10) == noise.sampler_delta(8.0, 10, 0) == 0.0
     assert noise.sampler_delta(math.inf, 1, 1) == noise.sampler_delta(800.0, 1, 1) == math.inf
 

@@ -273,12 +273,12 @@ def test_plan_matches_dp_accounting_and_trains_nothing(tiny, tmp_path, capsys):
     capsys.readouterr()
     assert main(["finetune", _toml(root, model, data), "--plan", "--out", str(out)]) == 0
     assert not out.exists()
-    # the noise sampler's term: (1 + e^eps) 2^-95 for each trainable coordinate of each of the 3 steps
+    # the noise sampler's term: (1 + e^eps) 2^-71 for each trainable coordinate of each of the 3 steps
     printed = capsys.readouterr().out
     trainable = int(re.search(r"lora fine-tuning: ([0-9,]+) of", printed).group(1).replace(",", ""))
     added = float(re.search(r"its sampler adds ([0-9.e+-]+) to delta", printed).group(1))
     eps = min(info["epsilon_pld"], info["epsilon_rdp"])
-    assert added == pytest.approx((1 + math.exp(eps)) * 3 * trainable / 2.0**95, rel=0.05)  # printed to 2 digits
+    assert added == pytest.approx((1 + math.exp(eps)) * 3 * trainable / 2.0**71, rel=0.05)  # printed to 2 digits
 
 
 @pytest.mark.parametrize("sections, key", [
@@ -475,9 +475,9 @@ def test_run_report_card_resume_and_export(tiny, tmp_path, capsys):
     private, twin = _checkpoint_arrays(out, "private"), _checkpoint_arrays(out, "baseline")
     lora = [k for k in private if "lora" in k]
     assert lora and all(not np.array_equal(private[k], twin[k]) for k in lora)
-    # delta includes the noise sampler's tails: (1 + e^eps) 2^-95 for every adapter coordinate of every step
+    # delta includes the noise sampler's tails: (1 + e^eps) 2^-71 for every adapter coordinate of every step
     coordinates = sum(private[k].size for k in lora)
-    assert claim["sampler_delta"] == pytest.approx((1 + math.exp(claim["epsilon"])) * 3 * coordinates / 2.0**95)
+    assert claim["sampler_delta"] == pytest.approx((1 + math.exp(claim["epsilon"])) * 3 * coordinates / 2.0**71)
     assert claim["delta"] == claim["accountant_delta"] + claim["sampler_delta"] and claim["sampler_delta"] > 0
     # the noise's key is secret: private state in the run folder only, named in the card, in no released file
     assert "secret key" in claim["randomness"] and "warning" not in claim

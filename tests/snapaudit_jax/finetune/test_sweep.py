@@ -151,7 +151,7 @@ def test_compose_sweep_releases_the_best_run_at_the_sweeps_epsilon(tiny, tmp_pat
     assert claim["selected_run_epsilon_alone"] < claim["accounted_epsilon"]
     assert claim["accounting_rule"].startswith("hyperparameter sweep: composition")
     # the noise sampler's term at the sweep's epsilon, over both candidates' 2 steps
-    assert claim["sampler_delta"] == pytest.approx((1 + math.exp(claim["epsilon"])) * 4 * _adapters(out) / 2.0**95)
+    assert claim["sampler_delta"] == pytest.approx((1 + math.exp(claim["epsilon"])) * 4 * _adapters(out) / 2.0**71)
     assert card["sweep"]["runs"] == record["runs"]
     assert card["dpsgd"]["learning_rate"] == record["selected"]["learning_rate"]
     statuses = {r["release"]: r["status"] for r in card["releases"]}
@@ -226,7 +226,7 @@ def test_random_stopping_releases_and_logs_nothing_that_depends_on_k(tiny, tmp_p
         assert isinstance(card["sweep"]["runs"], str)
         # the sampler's term over the expected noisy steps (mean_runs 2 times 2 steps), whatever K was
         eps = card["claim"]["epsilon"]
-        assert card["claim"]["sampler_delta"] == pytest.approx((1 + math.exp(eps)) * 4 * _adapters(out) / 2.0**95)
+        assert card["claim"]["sampler_delta"] == pytest.approx((1 + math.exp(eps)) * 4 * _adapters(out) / 2.0**71)
         assert any("voids the random-stopping bound" in r["status"] for r in card["releases"])
         cards.append(card)
     assert {len(json.loads((tmp_path / f"run{s}" / "sweep.json").read_text())["runs"]) for s in seeds.values()} != {1}
