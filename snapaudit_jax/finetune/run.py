@@ -44,6 +44,7 @@ from snapaudit_jax.dpsgd.accounting import compute_epsilon
 from snapaudit_jax.dpsgd.keys import RANDOMNESS, resolve_run_key
 from snapaudit_jax.dpsgd.noise import sampler_delta
 from snapaudit_jax.dpsgd.sampling import inclusion_threshold
+from snapaudit_jax.dpsgd.train import SAMPLER_DELTA_SHARE
 from snapaudit_jax.dpsgd.tuning import expected_noisy_steps
 from snapaudit_jax.finetune.base import base_header, check_lora, check_training_fits, fresh_copy, load_base
 from snapaudit_jax.finetune.config import FinetuneConfig
@@ -85,6 +86,8 @@ class Prepared:
       sweep: with a ``[sweep]``, ``{"candidates", "rule", "distribution", "accounting"}``: the grid, the rule, the
         distribution of ``K`` (random stopping) and the :class:`~snapaudit_jax.dpsgd.tuning.SweepAccounting` of
         the whole search at ``noise_multiplier``.
+      trainable_parameters: the coordinates the noise is added to.
+      sampler_delta: what the noise sampler's tails add to ``delta`` (:func:`_planned_sampler_delta`).
     """
 
     config: FinetuneConfig
@@ -98,6 +101,8 @@ class Prepared:
     lora: LoRAConfig | None
     validation: tuple[np.ndarray, np.ndarray] | None = None
     sweep: dict[str, Any] | None = None
+    trainable_parameters: int = 0
+    sampler_delta: float = 0.0
 
     @property
     def sampling_rate(self) -> float:
@@ -251,7 +256,36 @@ def prepare(config: FinetuneConfig, log=None) -> Prepared:
     held_out = pack_records(data.held_out)
     validation = pack_records(data.validation) if data.validation else None
     lm = load_base(config.model.base, allow_pickle=config.model.allow_pickle)
-    return Prepared(config, lm, data, dataset, held_out, delta, sigma, calibration, lora, validation, sweep)
+    prep = Prepared(config, lm, data, dataset, held_out, delta, sigma, calibration, lora, validation, sweep)
+    trainable = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(_build_model(prep), _trainable(prep))))
+    added = _planned_sampler_delta(prep, trainable)
+    if added > SAMPLER_DELTA_SHARE * delta:
+        raise ConfigFileError(
+            f"privacy.delta: the noise sampler's tails would add {added:.3g} to delta = {delta:.3g}, more than "
+            f"{SAMPLER_DELTA_SHARE:g} of it ((1 + e^epsilon) T d 2^-71 over the run's noisy steps T and its "
+            f"{trainable} trainable parameters d; snapaudit_jax.dpsgd.noise): train fewer parameters "
+            "(method = \"lora\"), take fewer steps or a smaller epsilon, or state a larger delta")
+    return dataclasses.replace(prep, trainable_parameters=trainable, sampler_delta=added)
+
+
+def _planned_sampler_delta(prep: Prepared, trainable: int) -> float:
+    """The noise sampler's term at the released model's epsilon over the run's (or the sweep's expected) noisy steps.
+
+    The epsilon is the sweep's, else the target's (the calibrated one is at most that) or, for a given sigma, the
+    smaller of the two accountants' for every step.
+    """
+    config = prep.config
+    if prep.sweep is not None:
+        acc = prep.sweep["accounting"]
+        steps = expected_noisy_steps(prep.sweep["rule"], acc.runs, [c["steps"] for c in prep.sweep["candidates"]])
+        return sampler_delta(acc.epsilon, steps, trainable)
+    if config.privacy.target_epsilon > 0:
+        eps = config.privacy.target_epsilon
+    else:
+        eps = min(compute_epsilon(noise_multiplier=prep.noise_multiplier, sampling_rate=prep.sampling_rate,
+                                  steps=config.finetune.steps, delta=prep.delta, accountant=name)
+                  for name in ("pld", "rdp"))
+    return sampler_delta(eps, config.finetune.steps, trainable)
 
 
 def _build_model(prep: Prepared):
@@ -421,9 +455,9 @@ def plan_dict(prep: Prepared, *, timing: bool = True) -> dict[str, Any]:
 
     Returns:
       ``{"units", "unit", "sampling_rate", "expected_batch", "steps", "noise_multiplier", "delta",
-      "epsilon_pld", "epsilon_rdp", "calibration", "parameters", "memory", "timing", "sampler_delta"}`` (the
-      last three with ``timing``; ``sampler_delta``: what the noise sampler's tails add to ``delta`` at the
-      released model's epsilon, :func:`~snapaudit_jax.dpsgd.noise.sampler_delta`).
+      "epsilon_pld", "epsilon_rdp", "calibration", "parameters", "trainable_parameters", "sampler_delta",
+      "memory", "timing"}`` (the last two with ``timing``; ``sampler_delta``: what the noise sampler's tails add
+      to ``delta``, :attr:`Prepared.sampler_delta`).
     """
     cfg = prep.config
     q, steps, sigma = prep.sampling_rate, cfg.finetune.steps, prep.noise_multiplier
@@ -439,7 +473,8 @@ def plan_dict(prep: Prepared, *, timing: bool = True) -> dict[str, Any]:
         "expected_batch": q * prep.data.num_units, "steps": steps, "clip_norm": cfg.privacy.clip_norm,
         "noise_multiplier": sigma, "delta": prep.delta, "epsilon_pld": eps["pld"], "epsilon_rdp": eps["rdp"],
         "calibration": prep.calibration, "data": prep.data.stats, "method": cfg.finetune.method,
-        "parameters": total,
+        "parameters": total, "trainable_parameters": prep.trainable_parameters,
+        "sampler_delta": prep.sampler_delta,
     }
     if prep.sweep is not None:
         acc = prep.sweep["accounting"]
@@ -455,13 +490,6 @@ def plan_dict(prep: Prepared, *, timing: bool = True) -> dict[str, Any]:
         moments = 2 if cfg.finetune.optimizer != "sgd" else 0
         out["memory"] = {"parameters_bytes": 4 * total, "trainable_state_bytes": 4 * trainable * (2 + moments),
                          "peak_rss_bytes_measured": t["peak_rss_bytes"]}
-        if prep.sweep is None:
-            eps_claim, noisy = min(eps.values()), float(steps)
-        else:
-            acc = prep.sweep["accounting"]
-            eps_claim = acc.epsilon
-            noisy = expected_noisy_steps(prep.sweep["rule"], acc.runs, [c["steps"] for c in prep.sweep["candidates"]])
-        out["sampler_delta"] = sampler_delta(eps_claim, noisy, trainable)
     return to_json(out)
 
 
@@ -515,12 +543,13 @@ def format_plan(info: dict[str, Any]) -> str:
     else:
         lines.append(f"epsilon at delta = {info['delta']:.3g}: {info['epsilon_pld']:.4f} (PLD), "
                      f"{info['epsilon_rdp']:.4f} (RDP)")
+    lines.append(f"noise: exact to float32 rounding but with probability 2^-71 a coordinate; its sampler adds "
+                 f"{info['sampler_delta']:.2g} to delta over {info['trainable_parameters']:,} trainable parameters "
+                 "(snapaudit_jax.dpsgd.noise)")
     if "timing" in info:
         t, mem = info["timing"], info["memory"]
         lines += [
             f"{info['method']} fine-tuning: {t['trainable_parameters']:,} of {info['parameters']:,} parameters train",
-            f"noise: exact to float32 rounding but with probability 2^-71 a coordinate; its sampler adds "
-            f"{info['sampler_delta']:.2g} to delta (snapaudit_jax.dpsgd.noise)",
             f"clipping: {t['clipping'].replace('_', '-')} ({t['clipping_reason']}), {t['microbatch_size']} units a "
             f"microbatch, {t['microbatches_per_step']:.3g} microbatches a step on average",
             f"layers: {t.get('layers', 'unrolled')} ({t.get('layers_reason', '')})",

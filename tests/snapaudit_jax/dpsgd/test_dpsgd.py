@@ -645,3 +645,22 @@ def test_default_microbatch_by_backend_and_clipping_path():
     with pytest.raises(InputError, match=r"clipping must be a resolved path \(per_record, book_keeping, ghost\), "
                                          r"got 'auto'"):
         config.microbatch_for(1000, "cpu", "auto")
+
+
+def test_a_run_whose_noise_sampler_would_add_over_a_tenth_of_delta_is_refused(monkeypatch):
+    """The sampler's term ``(1 + e^eps) T d p`` against a tenth of delta, with ``eps`` RDP's for a given sigma and
+    ``d`` the trainable coordinates: with the tail probability ``p`` set 1% above the limit the run is refused
+    before training, naming delta and the terms; 1% below, the check passes."""
+    from snapaudit_jax.dpsgd import noise
+    from snapaudit_jax.dpsgd.train import _check_sampler_delta, resolve_privacy
+
+    config = DPSGDConfig(steps=2, learning_rate=0.1, clip_norm=1.0, noise_multiplier=1.0, sampling_rate=0.5, **BASE)
+    coordinates = sum(int(np.size(v)) for v in jax.tree.leaves(nnx.state(make_model(), nnx.Param)))
+    eps = compute_epsilon(noise_multiplier=1.0, sampling_rate=0.5, steps=2, delta=1e-5, accountant="rdp")
+    limit = 0.1 * 1e-5 / ((1 + math.exp(eps)) * 2 * coordinates)
+    monkeypatch.setattr(noise, "TAIL_PROBABILITY", limit * 1.01)
+    with pytest.raises(InputError, match=rf"delta: the noise sampler's tails would add 1\.01e-06 to delta = 1e-05, "
+                                         rf"more than 0\.1 of it .*T = 2 steps, d = {coordinates} trainable"):
+        train(make_model(), DATA, config, key=jax.random.key(0))
+    monkeypatch.setattr(noise, "TAIL_PROBABILITY", limit * 0.99)
+    _check_sampler_delta(config, resolve_privacy(config, N), coordinates)

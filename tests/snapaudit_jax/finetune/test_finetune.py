@@ -273,12 +273,32 @@ def test_plan_matches_dp_accounting_and_trains_nothing(tiny, tmp_path, capsys):
     capsys.readouterr()
     assert main(["finetune", _toml(root, model, data), "--plan", "--out", str(out)]) == 0
     assert not out.exists()
-    # the noise sampler's term: (1 + e^eps) 2^-71 for each trainable coordinate of each of the 3 steps
+    # the noise sampler's term: (1 + e^eps) 2^-71 for each trainable coordinate of each of the 3 steps, at the target
     printed = capsys.readouterr().out
     trainable = int(re.search(r"lora fine-tuning: ([0-9,]+) of", printed).group(1).replace(",", ""))
     added = float(re.search(r"its sampler adds ([0-9.e+-]+) to delta", printed).group(1))
-    eps = min(info["epsilon_pld"], info["epsilon_rdp"])
+    eps = config.privacy.target_epsilon  # the calibrated epsilon is at most the target: the term's upper bound
     assert added == pytest.approx((1 + math.exp(eps)) * 3 * trainable / 2.0**71, rel=0.05)  # printed to 2 digits
+    assert f"to delta over {trainable:,} trainable parameters" in printed  # the measured step's count, the same
+
+
+def test_a_run_whose_noise_sampler_would_add_over_a_tenth_of_delta_is_refused_before_writing(tiny, tmp_path,
+                                                                                              monkeypatch, capsys):
+    """With the sampler's tail probability set so that its term passes a tenth of delta, the run is refused in
+    ``prepare``, naming privacy.delta and the trainable parameters, and writes nothing; the plan of the same run
+    with the real probability states the term."""
+    from snapaudit_jax.dpsgd import noise
+
+    root, model, data, _ = tiny
+    cfg, out = _toml(root, model, data), tmp_path / "never"
+    prep = prepare(load_finetune_config(cfg))
+    assert 0 < prep.sampler_delta < 1e-12 * prep.delta
+    monkeypatch.setattr(noise, "TAIL_PROBABILITY", 0.1 * prep.delta / prep.sampler_delta * 2.0**-71 * 1.01)
+    capsys.readouterr()
+    assert main(["finetune", cfg, "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "privacy.delta: the noise sampler's tails would add" in err
+    assert f"{prep.trainable_parameters} trainable parameters" in err and not out.exists()
 
 
 @pytest.mark.parametrize("sections, key", [
