@@ -470,8 +470,28 @@ def run_pii(config: PIIConfig, out_dir: str, *, progress: bool = True) -> dict:
         from snapaudit_jax.finetune.base import load_base
 
         base = load_base(config.model.base, allow_pickle=config.model.allow_pickle).module
+    _check_noise_sampler(config, data, base)
     with folder.claim():  # the folder is made, locked and stamped only now
         return _pii(config, out_dir, data, base, log, t0)
+
+
+def _check_noise_sampler(config: PIIConfig, data: PreparedData, base) -> None:
+    """Refuses, before the folder is made, DP variants whose noise sampler would add over a tenth of delta
+    (:func:`snapaudit_jax.dpsgd.noise.check_sampler_delta` at the target epsilon, naming ``training.delta``)."""
+    if not any(name.startswith("dp") for name in config.variants):
+        return
+    from flax import nnx
+
+    from snapaudit_jax.dpsgd.noise import check_sampler_delta
+
+    model, trainable = initial_model(config, data, base)
+    coordinates = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, trainable)))
+    delta = _dpsgd_config(config, True, len(data.train) + int(data.canaries.inserted.sum())).delta
+    try:
+        check_sampler_delta(config.training.epsilon, config.training.steps, coordinates, delta,
+                            field="training.delta")
+    except InputError as err:
+        raise ConfigFileError(str(err)) from None
 
 
 def _pii(config: PIIConfig, out_dir: str, data: PreparedData, base, log: RunLog, t0: float) -> dict:

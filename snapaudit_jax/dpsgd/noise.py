@@ -36,9 +36,10 @@ import jax.numpy as jnp
 import optax
 
 from snapaudit_jax.mechanisms.variates import normal_from_bits, random_words
+from snapaudit_jax.utils.errors import InputError
 
-__all__ = ["NOISE_WORDS", "TAIL_PROBABILITY", "SAMPLER", "PER_KEY", "standard_normal", "sampler_delta",
-           "gaussian_privatizer"]
+__all__ = ["NOISE_WORDS", "TAIL_PROBABILITY", "SAMPLER", "PER_KEY", "DELTA_SHARE", "standard_normal",
+           "sampler_delta", "check_sampler_delta", "gaussian_privatizer"]
 
 NOISE_WORDS = 3
 """32-bit words per noise coordinate: a sign and a uniform on ``(0, 1/2)`` on a grid of ``2^-96``."""
@@ -104,6 +105,39 @@ def sampler_delta(epsilon: float, steps: int, coordinates: int) -> float:
     if not math.isfinite(epsilon) or epsilon > 700.0:
         return math.inf
     return (1.0 + math.exp(epsilon)) * steps * coordinates * TAIL_PROBABILITY
+
+
+DELTA_SHARE = 0.1
+"""The largest share of ``delta`` the sampler's term may add before a run is refused (:func:`check_sampler_delta`)."""
+
+
+def check_sampler_delta(epsilon: float, steps: float, coordinates: int, delta: float, *, field: str = "delta") -> float:
+    """The sampler's term of a planned run, refused above :data:`DELTA_SHARE` of ``delta``.
+
+    The claims state ``delta`` plus this term either way; the refusal keeps it close to the ``delta`` asked for.
+
+    Args:
+      epsilon: an upper bound on the run's epsilon (the target, or an accountant's for every planned step).
+      steps: the noisy steps (expected, for a sweep under random stopping).
+      coordinates: the trainable parameters.
+      delta: the ``delta`` asked for.
+      field: the setting the error names.
+
+    Returns:
+      :func:`sampler_delta` of the run.
+
+    Raises:
+      InputError: the term passes ``DELTA_SHARE * delta``, naming ``field`` and every factor.
+    """
+    added = sampler_delta(epsilon, steps, coordinates)
+    if added > DELTA_SHARE * delta:
+        raise InputError(
+            f"{field}: the noise sampler's tails would add {added:.3g} to delta = {delta:.3g}, more than "
+            f"{DELTA_SHARE:g} of it ((1 + e^epsilon) T d 2^-71 at epsilon {epsilon:.4g}, T = {steps:g} noisy "
+            f"steps, d = {coordinates} trainable parameters; snapaudit_jax.dpsgd.noise): train fewer parameters "
+            "(LoRA), take fewer steps or a smaller epsilon, or state a larger delta"
+        )
+    return added
 
 
 def gaussian_privatizer(stddev: jax.Array | float, prng_key: jax.Array) -> optax.GradientTransformation:

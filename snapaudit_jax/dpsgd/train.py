@@ -302,16 +302,11 @@ class _Prepared(NamedTuple):
     layers_reason: str
 
 
-SAMPLER_DELTA_SHARE = 0.1
-"""The largest share of ``delta`` the noise sampler's term may add before a run is refused."""
-
-
 def _check_sampler_delta(config: DPSGDConfig, privacy: ResolvedPrivacy, coordinates: int) -> None:
-    """Refuses a run whose noise sampler would add more than :data:`SAMPLER_DELTA_SHARE` of ``delta``.
+    """:func:`~snapaudit_jax.dpsgd.noise.check_sampler_delta` of a private run, before it trains.
 
-    The claim states ``delta + sampler_delta`` either way (:class:`DPReport`); this keeps it close to the
-    ``delta`` asked for. The epsilon is the target's or, with a given ``sigma``, RDP's for every planned step (an
-    upper bound on the reported one, the smaller of two accountants).
+    The epsilon is the target's or, with a given ``sigma``, RDP's for every planned step (an upper bound on the
+    reported one, the smaller of two accountants).
     """
     if not config.private or config.delta is None or privacy.noise_multiplier <= 0.0:
         return
@@ -320,14 +315,7 @@ def _check_sampler_delta(config: DPSGDConfig, privacy: ResolvedPrivacy, coordina
     else:
         eps = compute_epsilon(noise_multiplier=privacy.noise_multiplier, sampling_rate=privacy.sampling_rate,
                               steps=config.steps, delta=config.delta, accountant="rdp")
-    added = noise.sampler_delta(eps, config.steps, coordinates)
-    if added > SAMPLER_DELTA_SHARE * config.delta:
-        raise InputError(
-            f"delta: the noise sampler's tails would add {added:.3g} to delta = {config.delta:g}, more than "
-            f"{SAMPLER_DELTA_SHARE:g} of it ((1 + e^epsilon) T d 2^-71 at epsilon {eps:.4g}, T = {config.steps} "
-            f"steps, d = {coordinates} trainable parameters; snapaudit_jax.dpsgd.noise): train fewer parameters "
-            "(LoRA), take fewer steps or a smaller epsilon, or state a larger delta"
-        )
+    noise.check_sampler_delta(eps, config.steps, coordinates, config.delta)
 
 
 def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh=None) -> _Prepared:

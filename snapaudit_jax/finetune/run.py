@@ -42,9 +42,8 @@ from flax import nnx
 from snapaudit_jax.dpsgd import DPSGDConfig, loss_summary, train
 from snapaudit_jax.dpsgd.accounting import compute_epsilon
 from snapaudit_jax.dpsgd.keys import RANDOMNESS, resolve_run_key
-from snapaudit_jax.dpsgd.noise import sampler_delta
+from snapaudit_jax.dpsgd.noise import check_sampler_delta
 from snapaudit_jax.dpsgd.sampling import inclusion_threshold
-from snapaudit_jax.dpsgd.train import SAMPLER_DELTA_SHARE
 from snapaudit_jax.dpsgd.tuning import expected_noisy_steps
 from snapaudit_jax.finetune.base import base_header, check_lora, check_training_fits, fresh_copy, load_base
 from snapaudit_jax.finetune.config import FinetuneConfig
@@ -258,34 +257,29 @@ def prepare(config: FinetuneConfig, log=None) -> Prepared:
     lm = load_base(config.model.base, allow_pickle=config.model.allow_pickle)
     prep = Prepared(config, lm, data, dataset, held_out, delta, sigma, calibration, lora, validation, sweep)
     trainable = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(_build_model(prep), _trainable(prep))))
-    added = _planned_sampler_delta(prep, trainable)
-    if added > SAMPLER_DELTA_SHARE * delta:
-        raise ConfigFileError(
-            f"privacy.delta: the noise sampler's tails would add {added:.3g} to delta = {delta:.3g}, more than "
-            f"{SAMPLER_DELTA_SHARE:g} of it ((1 + e^epsilon) T d 2^-71 over the run's noisy steps T and its "
-            f"{trainable} trainable parameters d; snapaudit_jax.dpsgd.noise): train fewer parameters "
-            "(method = \"lora\"), take fewer steps or a smaller epsilon, or state a larger delta")
+    try:
+        added = check_sampler_delta(*_noisy_run(prep), trainable, delta, field="privacy.delta")
+    except InputError as err:
+        raise ConfigFileError(str(err)) from None
     return dataclasses.replace(prep, trainable_parameters=trainable, sampler_delta=added)
 
 
-def _planned_sampler_delta(prep: Prepared, trainable: int) -> float:
-    """The noise sampler's term at the released model's epsilon over the run's (or the sweep's expected) noisy steps.
+def _noisy_run(prep: Prepared) -> tuple[float, float]:
+    """``(epsilon, noisy steps)`` of the released model, for the noise sampler's term.
 
-    The epsilon is the sweep's, else the target's (the calibrated one is at most that) or, for a given sigma, the
-    smaller of the two accountants' for every step.
+    The sweep's epsilon over its (expected) steps; else the target's (the calibrated one is at most that) or, for
+    a given sigma, the smaller of the two accountants' for every step.
     """
     config = prep.config
     if prep.sweep is not None:
         acc = prep.sweep["accounting"]
-        steps = expected_noisy_steps(prep.sweep["rule"], acc.runs, [c["steps"] for c in prep.sweep["candidates"]])
-        return sampler_delta(acc.epsilon, steps, trainable)
+        return acc.epsilon, expected_noisy_steps(prep.sweep["rule"], acc.runs,
+                                                 [c["steps"] for c in prep.sweep["candidates"]])
     if config.privacy.target_epsilon > 0:
-        eps = config.privacy.target_epsilon
-    else:
-        eps = min(compute_epsilon(noise_multiplier=prep.noise_multiplier, sampling_rate=prep.sampling_rate,
-                                  steps=config.finetune.steps, delta=prep.delta, accountant=name)
-                  for name in ("pld", "rdp"))
-    return sampler_delta(eps, config.finetune.steps, trainable)
+        return config.privacy.target_epsilon, float(config.finetune.steps)
+    return min(compute_epsilon(noise_multiplier=prep.noise_multiplier, sampling_rate=prep.sampling_rate,
+                               steps=config.finetune.steps, delta=prep.delta, accountant=name)
+               for name in ("pld", "rdp")), float(config.finetune.steps)
 
 
 def _build_model(prep: Prepared):

@@ -230,3 +230,28 @@ def test_the_base_header_is_read_once_per_run_and_again_when_its_files_change(ti
     (folder / "config.json").write_text(json.dumps(raw) + " ")  # another size, whatever the clock's resolution
     tokenizer2, arch2 = base_header(str(folder))
     assert len(reads) == 2 and arch2.max_position_embeddings == 96 != arch.max_position_embeddings
+
+
+def test_dp_variants_whose_noise_sampler_would_add_over_a_tenth_of_delta_are_refused_before_the_folder_is_made(
+        tiny_base, tmp_path, monkeypatch):
+    """The DP variants' adapters at the target epsilon and steps, with the sampler's tail probability set to pass a
+    tenth of delta: refused naming training.delta and the adapters' count, nothing written; at the real
+    probability the check passes (the other tests run such configurations)."""
+    from flax import nnx
+
+    from attacks.run import _check_noise_sampler, initial_model, run_pii
+    from snapaudit_jax.dpsgd import noise
+
+    cfg, data, base = _prepared(tiny_base, tmp_path)
+    model, trainable = initial_model(cfg, data, base)
+    coordinates = sum(int(np.size(x)) for x in jax.tree.leaves(nnx.state(model, trainable)))
+    n = len(data.train) + int(data.canaries.inserted.sum())
+    delta = cfg.training.delta if cfg.training.delta is not None else 1 / (10 * n)
+    _check_noise_sampler(cfg, data, base)
+    added = noise.sampler_delta(cfg.training.epsilon, cfg.training.steps, coordinates)
+    monkeypatch.setattr(noise, "TAIL_PROBABILITY", 2.0**-71 * 0.1 * delta / added * 1.01)
+    out = tmp_path / "out"
+    with pytest.raises(ConfigFileError, match=rf"training.delta: the noise sampler's tails would add .* "
+                                              rf"d = {coordinates} trainable parameters"):
+        run_pii(cfg, str(out), progress=False)
+    assert not out.exists()

@@ -660,7 +660,7 @@ def test_a_run_whose_noise_sampler_would_add_over_a_tenth_of_delta_is_refused(mo
     limit = 0.1 * 1e-5 / ((1 + math.exp(eps)) * 2 * coordinates)
     monkeypatch.setattr(noise, "TAIL_PROBABILITY", limit * 1.01)
     with pytest.raises(InputError, match=rf"delta: the noise sampler's tails would add 1\.01e-06 to delta = 1e-05, "
-                                         rf"more than 0\.1 of it .*T = 2 steps, d = {coordinates} trainable"):
+                                         rf"more than 0\.1 of it .*T = 2 noisy steps, d = {coordinates} trainable"):
         train(make_model(), DATA, config, key=jax.random.key(0))
     monkeypatch.setattr(noise, "TAIL_PROBABILITY", limit * 0.99)
     _check_sampler_delta(config, resolve_privacy(config, N), coordinates)
