@@ -144,3 +144,19 @@ def test_an_array_larger_than_one_keys_counters_is_drawn_in_chunks_under_folded_
     second = np.asarray(noise.standard_normal(jax.random.fold_in(key, 1), (800,)))
     np.testing.assert_array_equal(chunked, np.concatenate([first, second]))
     assert not np.array_equal(chunked, np.asarray(whole).ravel())
+
+
+@pytest.mark.slow
+def test_a_checkpoint_drawn_by_another_sampler_is_refused_on_resume(tmp_path, monkeypatch):
+    """The sampler is part of a run's identity: a checkpoint written with other noise (here: a run whose sampler
+    is named otherwise, as the checkpoints written with ``jax.random.normal`` have none) does not resume."""
+    from snapaudit_jax.dpsgd import DPSGDConfig, train
+    from snapaudit_jax.utils.errors import InputError
+    from tests.snapaudit_jax.dpsgd.test_dpsgd import BASE, DATA, make_model
+
+    config = DPSGDConfig(steps=2, learning_rate=0.1, clip_norm=1.0, noise_multiplier=1.0, sampling_rate=0.5, **BASE)
+    train(make_model(), DATA, config, key=jax.random.key(0), checkpoint_dir=str(tmp_path), stop_after=1)
+    monkeypatch.setattr(noise, "SAMPLER", "jax.random.normal (float32)")
+    with pytest.raises(InputError, match=r"noise differs from this run \(checkpoint 'float32 inverse-CDF normals .*', "
+                                         r"run 'jax.random.normal \(float32\)'\)"):
+        train(make_model(), DATA, config, key=jax.random.key(0), checkpoint_dir=str(tmp_path))
