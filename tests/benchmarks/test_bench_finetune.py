@@ -70,6 +70,11 @@ def test_tiny_run_reports_every_variant_ratio_goal_and_check(tmp_path, env):
     # the real tokens of the timed batches, and LoRA trains far fewer parameters than full fine-tuning
     assert r["real_tokens"][0] <= 16 * r["batch_sizes"][0] and r["real_tokens"][0] >= 8 * r["batch_sizes"][0]
     assert 0 < r["trainable_parameters"]["lora"] < r["trainable_parameters"]["full"] == r["shape"]["parameters"]["full"]
+    # the noise of one step timed apart, ours and jax_privacy's, over exactly the trainable coordinates
+    for m in ("full", "lora"):
+        draw = r["noise_draw"][m]
+        assert draw["coordinates"] == r["trainable_parameters"][m] and draw["ours_seconds"] > 0
+        assert draw["ratio"] == pytest.approx(draw["ours_seconds"] / draw["jax_privacy_seconds"], abs=1e-3)
     # correctness checks ran before timing and passed: ours' clipped sums (C = inf, no noise) = the batched sum
     checks = r["checks"]
     for m in ("full", "lora"):
