@@ -108,7 +108,7 @@ import optax
 from flax import nnx
 
 from _common import CompileCounter, int_at_least, machine_info, measured, paired_ratio, rotate_steps, sweep_batches
-from bench_dpsgd import flat64, make_data, ours_step, same_layout, step_batches
+from bench_dpsgd import flat64, make_data, noise_draw, ours_step, same_layout, step_batches
 from snapaudit_jax.dpsgd import DPSGDConfig, ghost, sequence_losses
 from snapaudit_jax.dpsgd.train import _prepare
 from snapaudit_jax.finetune.export import hf_config, hf_tensors
@@ -525,35 +525,6 @@ def benchmark(args) -> dict:
         out["checks"].update({f"sweep {b}: {k}": v for k, v in point["torch_checks"].items()})
         if _failed(out):
             return out
-    return out
-
-
-def noise_draw(params, seed: int, repeats: int) -> dict:
-    """One step's noise on the trainable tree, timed apart: ours (exact in its tails) beside jax_privacy's.
-
-    Both are jitted ``update`` calls of the optax privatizer on a tree of zeros shaped like ``params``, each
-    compiled before timing; the median of ``repeats`` calls after one warm-up.
-    """
-    from jax_privacy import noise_addition
-
-    from snapaudit_jax.dpsgd import gaussian_privatizer
-
-    tree = jax.tree.map(jnp.zeros_like, params)
-    out = {"coordinates": int(sum(x.size for x in jax.tree.leaves(tree)))}
-    for name, tx in (("ours_seconds", gaussian_privatizer(1.0, jax.random.key(seed))),
-                     ("jax_privacy_seconds", noise_addition.gaussian_privatizer(stddev=1.0,
-                                                                                prng_key=jax.random.key(seed)))):
-        update, state = jax.jit(tx.update), tx.init(tree)
-        noisy, state = update(tree, state)
-        jax.block_until_ready(noisy)
-        times = []
-        for _ in range(max(1, repeats)):
-            began = time.perf_counter()
-            noisy, state = update(tree, state)
-            jax.block_until_ready(noisy)
-            times.append(time.perf_counter() - began)
-        out[name] = round(statistics.median(times), 4)
-    out["ratio"] = round(out["ours_seconds"] / out["jax_privacy_seconds"], 3)
     return out
 
 

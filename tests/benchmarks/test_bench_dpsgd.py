@@ -50,6 +50,10 @@ def test_tiny_run_reports_every_path_against_the_nonprivate_step(tmp_path, env):
     for v in r["variants"].values():
         assert v["median_step_seconds"] > 0 and len(v["step_seconds"]) == 2
     assert all(x > 0 for x in r["ratios_over_nonprivate"].values()) and r["jax_compiles_timed"] == 0
+    # one step's noise over every parameter, timed apart, ours beside jax_privacy's
+    draw = r["noise_draw"]
+    assert draw["coordinates"] == r["model"]["parameters"] and draw["ours_seconds"] > 0
+    assert draw["ratio"] == pytest.approx(draw["ours_seconds"] / draw["jax_privacy_seconds"], abs=1e-3)
     # every DP path's clipped sum and the non-private gradient against the independent per-record loop (Opacus's
     # per-sample gradients against autograd)
     assert set(r["check_rel_error"]) == {*names, "nonprivate", *torch_names[:1]}
