@@ -86,7 +86,8 @@ class Prepared:
         distribution of ``K`` (random stopping) and the :class:`~snapaudit_jax.dpsgd.tuning.SweepAccounting` of
         the whole search at ``noise_multiplier``.
       trainable_parameters: the coordinates the noise is added to.
-      sampler_delta: what the noise sampler's tails add to ``delta`` (:func:`_planned_sampler_delta`).
+      sampler_delta: what the noise sampler's tails add to ``delta`` at the released model's epsilon over its noisy
+        steps (:func:`~snapaudit_jax.dpsgd.noise.check_sampler_delta`, refused above a tenth of ``delta``).
     """
 
     config: FinetuneConfig
@@ -222,8 +223,9 @@ def prepare(config: FinetuneConfig, log=None) -> Prepared:
       ConfigFileError: a model that cannot be read (``model.base``), a LoRA rank or target the model does not have
         (``finetune.rank`` / ``finetune.targets``), a model too large for this machine's memory
         (``finetune.method``), data errors (``data.*``), an expected batch above ``N`` (``finetune.batch_size``), a
-        ``delta`` at or above ``1 / N`` (``privacy.delta``), or an unreachable target epsilon
-        (``privacy.target_epsilon``).
+        ``delta`` at or above ``1 / N`` (``privacy.delta``), an unreachable target epsilon
+        (``privacy.target_epsilon``), or a noise sampler that would add over a tenth of ``delta``
+        (``privacy.delta``).
     """
     log = log or (lambda message: None)
     if config.finetune.devices > len(jax.local_devices()):
