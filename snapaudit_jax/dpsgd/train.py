@@ -300,6 +300,7 @@ class _Prepared(NamedTuple):
     clipping_reason: str
     layers: str
     layers_reason: str
+    coordinates: int  # the trainable parameters: the noise's coordinates
 
 
 def _check_sampler_delta(config: DPSGDConfig, privacy: ResolvedPrivacy, coordinates: int) -> None:
@@ -335,7 +336,8 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
     if layers == "scan":
         graphdef, params, rest = nnx.split(stack_layers(model), trainable, ...)
     privacy = resolve_privacy(config, n, clipping)
-    _check_sampler_delta(config, privacy, sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(params)))
+    coordinates = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(params))
+    _check_sampler_delta(config, privacy, coordinates)
     spec = _StepSpec(
         num_records=n,
         microbatch_size=privacy.microbatch_size,
@@ -395,7 +397,7 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
         tokens, mask = parallel._shard_units(mesh, tokens_np, mask_np)
         key, hyper, params, opt_state, rest = parallel._replicate(mesh, (key, hyper, params, opt_state, rest))
     return _Prepared(key, privacy, spec, hyper, graphdef, params, opt_state, rest, tokens, mask, identity, mesh,
-                     clipping_reason, layers, layers_reason)
+                     clipping_reason, layers, layers_reason, coordinates)
 
 
 _FAST_COVER = "the fast paths cover every trainable parameter (ghost.not_covered is empty)"
@@ -755,7 +757,7 @@ def train(
         layers_reason=run.layers_reason,
         protected_unit=protected_unit or (PROTECTED_UNIT if run.tokens.ndim == 2 else UNIT_GROUP),
         randomness=RANDOMNESS[randomness],
-        noise_coordinates=sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(params)),
+        noise_coordinates=run.coordinates,
     )
     rest = run.rest
     if multi:  # replicated over every process: this process's copy, usable without the other processes

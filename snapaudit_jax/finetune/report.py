@@ -14,8 +14,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from snapaudit_jax.dpsgd.noise import sampler_delta
-from snapaudit_jax.dpsgd.tuning import expected_noisy_steps
 from snapaudit_jax.utils.io import to_json, write_json, write_text
 
 __all__ = ["build_report", "write_report", "format_report", "compare_models", "GOALS", "RELEASE_STATUS"]
@@ -350,15 +348,10 @@ def write_report(out_dir: str, card: dict[str, Any]) -> None:
 def _sampler_delta(dp: dict, sweep: dict | None, prep) -> float:
     """What the noise sampler's finite tails add to the released model's delta (:mod:`snapaudit_jax.dpsgd.noise`).
 
-    One run: its report's ``sampler_delta``. A sweep: :func:`~snapaudit_jax.dpsgd.noise.sampler_delta` at the
-    sweep's epsilon over every noisy step of the sweep: the candidates' steps summed (compose), or the expected
-    number of runs times the longest candidate (random stopping: the coupling fails at each step with
-    probability at most ``d 2^-71``, so over a random number of steps with at most that expectation).
+    One run: its report's ``sampler_delta`` (at its achieved epsilon). A sweep: the prepared run's
+    (:attr:`~snapaudit_jax.finetune.run.Prepared.sampler_delta`: at the sweep's epsilon over every candidate's
+    steps, or under random stopping the expected number of runs times the longest candidate).
     """
     if not dp["dp"]:
         return 0.0
-    if sweep is None:
-        return dp["sampler_delta"]
-    acc = sweep["accounting"]
-    steps = expected_noisy_steps(sweep["rule"], acc["runs"], [c["steps"] for c in prep.sweep["candidates"]])
-    return sampler_delta(acc["epsilon"], steps, dp["noise_coordinates"])
+    return dp["sampler_delta"] if sweep is None else prep.sampler_delta

@@ -270,7 +270,8 @@ def _noisy_run(prep: Prepared) -> tuple[float, float]:
     """``(epsilon, noisy steps)`` of the released model, for the noise sampler's term.
 
     The sweep's epsilon over its (expected) steps; else the target's (the calibrated one is at most that) or, for
-    a given sigma, the smaller of the two accountants' for every step.
+    a given sigma, RDP's for every step (at least the reported one, the smaller of two accountants; as
+    :func:`snapaudit_jax.dpsgd.train` checks it).
     """
     config = prep.config
     if prep.sweep is not None:
@@ -279,9 +280,9 @@ def _noisy_run(prep: Prepared) -> tuple[float, float]:
                                                  [c["steps"] for c in prep.sweep["candidates"]])
     if config.privacy.target_epsilon > 0:
         return config.privacy.target_epsilon, float(config.finetune.steps)
-    return min(compute_epsilon(noise_multiplier=prep.noise_multiplier, sampling_rate=prep.sampling_rate,
-                               steps=config.finetune.steps, delta=prep.delta, accountant=name)
-               for name in ("pld", "rdp")), float(config.finetune.steps)
+    steps = config.finetune.steps
+    return compute_epsilon(noise_multiplier=prep.noise_multiplier, sampling_rate=prep.sampling_rate, steps=steps,
+                           delta=prep.delta, accountant="rdp"), float(steps)
 
 
 def _build_model(prep: Prepared):
@@ -379,7 +380,7 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
         fast = ghost.book_keeping_clipped_sum_traced if path == "book_keeping" else ghost.ghost_clipped_sum_traced
         fn = jax.jit(lambda p, r, t, m, pad: fast(graphdef, p, r, t, m, pad, 1.0).grad_sum)
     compile_train, per_microbatch = _timed(lambda: fn(params, rest, t, m, padding))
-    trainable = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+    trainable = prep.trainable_parameters
     batch = prep.sampling_rate * prep.data.num_units
     microbatches = _expected_microbatches(prep.data.num_units, prep.sampling_rate, size)
     per_step = per_microbatch * microbatches
