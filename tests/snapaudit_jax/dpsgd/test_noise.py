@@ -16,7 +16,7 @@ import pytest
 from scipy import special, stats
 
 from snapaudit_jax.dpsgd import noise
-from snapaudit_jax.mechanisms.variates import normal_from_bits
+from snapaudit_jax.mechanisms.variates import normal_from_bits, random_words
 
 ALPHA = 1e-6  # false-alarm probability of each Monte Carlo test below
 
@@ -31,19 +31,51 @@ def _words_for(k: int) -> tuple[int, int, int]:
 
 
 def _uniform(hi: int, w1: int, w2: int) -> float:
-    return float((hi + (w1 + (Fraction(w2) + Fraction(1, 2)) / 2**32) / 2**32) / 2**32)
+    """The sampler's uniform, exactly: the middle of a ``2^-64`` cell, or of a ``2^-96`` cell where ``hi`` is 0."""
+    if hi:
+        return float((hi + Fraction(2 * w1 + 1, 2**33)) / 2**32)
+    return float((w1 + (Fraction(w2) + Fraction(1, 2)) / 2**32) / 2**64)
 
 
-def test_every_tail_probability_down_to_2_to_the_minus_97_maps_to_its_normal_quantile():
+def _sampler(words: np.ndarray, *, lazy: bool) -> np.ndarray:
+    """``refined_normal`` of ``(3, n)`` words: the first two planes, the third on demand."""
+    words = jnp.asarray(words, jnp.uint32)
+    return np.asarray(jax.jit(lambda w: noise.refined_normal(w[:2], lambda: w[2:], lazy=lazy))(words))
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+def test_every_tail_probability_down_to_2_to_the_minus_97_maps_to_its_normal_quantile(lazy):
     """The transform at ``u = 2^-2 ... 2^-96`` (and the outermost cell's middle, ``2^-97``) equals scipy's float64
-    quantile ``ndtri(u)`` to float32 precision; the largest output is 11.3 noise units."""
-    words = [_words_for(k) for k in range(2, 97)] + [(0, 0, 0)]
+    quantile ``ndtri(u)`` to float32 precision, drawn with the third word on demand or always; the largest output
+    is 11.3 noise units."""
+    words = [_words_for(k) for k in range(2, 97)] + [(0, 0, 0), (1, 0, 0), (0x7FFFFFFF, 0xFFFFFFFF, 7)]
     u = np.array([_uniform(*w) for w in words])
-    z = np.asarray(normal_from_bits(jnp.asarray(np.array(words, np.uint32).T)), np.float64)
+    z = _sampler(np.array(words, np.uint32).T, lazy=lazy).astype(np.float64)
     np.testing.assert_allclose(z, special.ndtri(u), rtol=1e-6)
-    assert u[-1] == 2.0**-97 and z[-1] == pytest.approx(-11.3034, abs=1e-4)
-    negative = np.asarray(normal_from_bits(jnp.asarray(np.array([(1 << 31, 0, 0)], np.uint32).T)))
+    assert u[95] == 2.0**-97 and z[95] == pytest.approx(-11.3034, abs=1e-4)
+    assert u[96] == 2.0**-32 + 2.0**-65 and u[-1] == 0.5 - 2.0**-65
+    negative = _sampler(np.array([(1 << 31, 0, 0)], np.uint32).T, lazy=lazy)
     assert negative[0] == pytest.approx(11.3034, abs=1e-4)  # the sign bit mirrors it
+
+
+def test_the_third_word_refines_exactly_the_coordinates_below_2_to_the_minus_32():
+    """Changing the third plane changes the output where the first word's 31 uniform bits are zero (and the
+    second's value is small enough for float32 to see the third's bits) and nowhere else; the on-demand and the
+    always-drawn evaluations agree to float32 rounding, with and without such coordinates."""
+    rng = np.random.default_rng(0)
+    words = rng.integers(0, 2**32, size=(3, 4096), dtype=np.uint64).astype(np.uint32)
+    rare = np.zeros(4096, bool)
+    rare[[3, 100, 4000]] = True
+    words[0, rare] &= np.uint32(1 << 31)
+    words[1, rare] = [0, 5, 1000]  # small enough that float32 keeps the third word's bits of u
+    other = words.copy()
+    other[2] = rng.integers(0, 2**32, size=4096, dtype=np.uint64).astype(np.uint32)
+    a, b = _sampler(words, lazy=True), _sampler(other, lazy=True)
+    assert np.all(a[rare] != b[rare]) and np.array_equal(a[~rare], b[~rare])
+    np.testing.assert_allclose(a, _sampler(words, lazy=False), rtol=1e-6)  # fused apart: float32 rounding may differ
+    common = words[:, ~rare]
+    np.testing.assert_allclose(_sampler(common, lazy=True), _sampler(common, lazy=False), rtol=1e-6)
+    np.testing.assert_allclose(_sampler(common, lazy=True), normal_from_bits(jnp.asarray(common[:2])), rtol=1e-6)
 
 
 def _jax_normal_extremes() -> tuple[float, float]:
@@ -72,7 +104,7 @@ def test_jax_random_normal_stops_near_5_sigma_so_a_neighbour_is_told_apart_far_m
     def told_apart(z_max: float) -> float:
         return -math.expm1(steps * math.log1p(-q * stats.norm.sf(z_max - 1 / sigma)))
 
-    ours = float(-normal_from_bits(jnp.zeros((3, 1), jnp.uint32))[0])
+    ours = float(-_sampler(np.zeros((3, 1), np.uint32), lazy=True)[0])
     assert told_apart(high) > 100 * delta
     assert told_apart(ours) < 1e-20
 
@@ -86,13 +118,13 @@ def test_the_noise_is_standard_normal_in_the_bulk():
 
 
 def test_the_noise_is_exact_beyond_6_sigma():
-    """Draws whose first word's 31 uniform bits are zero are the normal conditioned on ``|Z| > -ndtri(2^-32) =
-    6.23``: their distribution matches scipy's conditional tail (KS, false alarm ALPHA), as far as the 2^-97 cell;
-    power: the same test finds a 0.2% scale error out there."""
+    """Draws whose first word's 31 uniform bits are zero, where the third word refines ``u``, are the normal
+    conditioned on ``|Z| > -ndtri(2^-32) = 6.23``: their distribution matches scipy's conditional tail (KS, false
+    alarm ALPHA), as far as the 2^-97 cell; power: the same test finds a 0.2% scale error out there."""
     n = 1 << 18
-    words = jax.random.bits(jax.random.key(2), (3, n), jnp.uint32)
-    words = words.at[0].set(words[0] & jnp.uint32(1 << 31))  # keep the sign, zero the top 31 bits of u
-    z = np.abs(np.asarray(normal_from_bits(words), np.float64))
+    words = np.array(jax.random.bits(jax.random.key(2), (3, n), jnp.uint32))
+    words[0] &= np.uint32(1 << 31)  # keep the sign, zero the top 31 bits of u
+    z = np.abs(_sampler(words, lazy=True).astype(np.float64))
     z0 = -special.ndtri(2.0**-32)
     assert z.min() >= z0 * (1 - 1e-6)
 
@@ -144,6 +176,18 @@ def test_an_array_larger_than_one_keys_counters_is_drawn_in_chunks_under_folded_
     second = np.asarray(noise.standard_normal(jax.random.fold_in(key, 1), (800,)))
     np.testing.assert_array_equal(chunked, np.concatenate([first, second]))
     assert not np.array_equal(chunked, np.asarray(whole).ravel())
+
+
+def test_standard_normal_is_the_refined_transform_of_its_keys_words():
+    """Two planes under the key, the third under ``fold_in(key, THIRD_PLANE)``; on the CPU the third is drawn on
+    demand (both evaluations agree, the test above)."""
+    key = jax.random.key(5)
+    first = random_words(key, (2, 3000))
+    third = random_words(jax.random.fold_in(key, noise.THIRD_PLANE), (1, 3000))
+    expected = noise.refined_normal(first, lambda: third, lazy=False).reshape(3, 1000)
+    np.testing.assert_allclose(noise.standard_normal(key, (3, 1000)), expected, rtol=1e-6)
+    assert noise.lazy_third_plane() == (jax.default_backend() == "cpu")
+    assert noise.NOISE_WORDS * noise.PER_KEY == 2**32
 
 
 @pytest.mark.slow
