@@ -26,14 +26,17 @@ with ``delta + (1 + e^epsilon) eta`` (:func:`sampler_delta`): ``4.7e-10`` for th
 example at ``epsilon = 8``, ``3.4e-8`` for its 135 M parameters trained in full (0.8% of its delta).
 :class:`~snapaudit_jax.dpsgd.DPReport` states that term beside ``delta`` and the claims print their sum.
 
-The third word is hashed only where it is needed. On the CPU an array's third plane is drawn (under its own key)
-only when one of its coordinates needs it (probability ``n 2^-31`` for ``n`` coordinates), so a draw costs about
-what ``jax.random.normal``'s does (36.3 M coordinates on 2 cores: 0.37 s against 0.31 s; 0.52 s with three words
-for every coordinate). On accelerators, where hashing is cheap and a conditional can wait on the device, it is drawn
-for every coordinate and selected. Both evaluate the same sampler (their values may differ by float32 rounding
-where XLA fuses them differently).
+The third words are hashed only where they are needed. On the CPU an array's third plane is drawn (under its own
+key, as the first plane of a second two-plane draw, so that a lowered step holds one Threefry function per leaf
+size) only when one of its coordinates needs it (probability ``n 2^-31`` for ``n`` coordinates), so a draw costs
+about what ``jax.random.normal``'s does (36.3 M coordinates on 2 cores: 0.37 s against 0.31 s; 0.52 s with three
+words for every coordinate). On accelerators, where hashing is cheap and a conditional can wait on the device, it is
+drawn for every coordinate and selected. Both evaluate the same sampler (their values may differ by float32
+rounding where XLA fuses them differently).
 
-The privatizer is an optax transformation like jax_privacy's: its state is the key, split at every update.
+The privatizer is an optax transformation like jax_privacy's: its state is the key, split at every update. Leaves
+of fewer than a million coordinates share one draw (:func:`leaf_noise`), so that a step compiles one noise draw
+for them, not one per leaf (an unrolled 30-block model has hundreds).
 """
 
 from __future__ import annotations
@@ -44,11 +47,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from snapaudit_jax.mechanisms.variates import normal_from_bits, random_words
+from snapaudit_jax.mechanisms.variates import random_words, sign_and_half_uniform
 from snapaudit_jax.utils.errors import InputError
 
-__all__ = ["NOISE_WORDS", "THIRD_PLANE", "TAIL_PROBABILITY", "SAMPLER", "PER_KEY", "DELTA_SHARE", "standard_normal",
-           "refined_normal", "lazy_third_plane", "sampler_delta", "check_sampler_delta", "gaussian_privatizer"]
+__all__ = ["NOISE_WORDS", "THIRD_PLANE", "TAIL_PROBABILITY", "SAMPLER", "PER_KEY", "DELTA_SHARE", "GROUP_BELOW",
+           "GROUPED", "standard_normal", "refined_normal", "lazy_third_plane", "leaf_noise", "sampler_delta",
+           "check_sampler_delta", "gaussian_privatizer"]
 
 NOISE_WORDS = 2
 """32-bit words drawn for every noise coordinate: a sign and a uniform on ``(0, 1/2)`` on a grid of ``2^-64``
@@ -87,25 +91,29 @@ def refined_normal(words: jax.Array, third, *, lazy: bool) -> jax.Array:
     Args:
       words: ``(2, n)`` uint32 words.
       third: a function returning the ``(1, n)`` third plane.
-      lazy: call ``third`` under a ``jax.lax.cond`` only when some coordinate needs it; else always, and select.
+      lazy: call ``third`` under a ``jax.lax.cond`` only when some coordinate needs it (zeros stand in
+        otherwise, read by no coordinate); else always.
 
     Returns:
       ``(n,)`` float32 standard normals.
     """
     rare = (words[0] & jnp.uint32(0x7FFFFFFF)) == 0
-
-    def refine():
-        return jnp.where(rare, normal_from_bits(jnp.concatenate([words, third()])), normal_from_bits(words))
-
-    if not lazy:
-        return refine()
-    return jax.lax.cond(jnp.any(rare), refine, lambda: normal_from_bits(words))
+    if lazy:
+        plane = jax.lax.cond(jnp.any(rare), third, lambda: jnp.zeros((1, words.shape[1]), jnp.uint32))
+    else:
+        plane = third()
+    sign, common = sign_and_half_uniform(words)
+    _, refined = sign_and_half_uniform(jnp.concatenate([words, plane]))
+    z = -jax.scipy.special.ndtri(jnp.where(rare, refined, common))  # one transform a leaf: ndtri's tables are
+    return jnp.where(sign, z, -z)  # constants of the lowered step, and an unrolled model has hundreds of leaves
 
 
 def _chunk(key: jax.Array, n: int) -> jax.Array:
     return refined_normal(
         random_words(key, (NOISE_WORDS, n)),
-        lambda: random_words(jax.random.fold_in(key, THIRD_PLANE), (1, n)),
+        # the first plane of a second two-plane draw: the same hash shape as the first draw, so a lowered step holds
+        # one Threefry function per leaf size whatever the sizes of the other leaves
+        lambda: random_words(jax.random.fold_in(key, THIRD_PLANE), (NOISE_WORDS, n))[:1],
         lazy=lazy_third_plane(),
     )
 
@@ -114,9 +122,9 @@ def standard_normal(key: jax.Array, shape) -> jax.Array:
     """Standard normal float32 noise, exact to float32 rounding but with probability ``2^-71`` (pure, key first).
 
     Coordinate ``i`` of the flattened output is :func:`refined_normal` of words ``i`` and ``n + i`` of Threefry-2x32
-    in counter mode under ``key`` (``n`` coordinates) and, where it needs one, word ``i`` under ``fold_in(key,
-    THIRD_PLANE)``. An array of more than :data:`PER_KEY` coordinates is drawn in chunks of ``PER_KEY``, chunk ``c``
-    so under ``fold_in(key, c)``.
+    in counter mode under ``key`` (``n`` coordinates) and, where it needs one, word ``i`` of ``2 n``
+    under ``fold_in(key, THIRD_PLANE)``. An array of more than :data:`PER_KEY` coordinates is drawn in chunks of
+    ``PER_KEY``, chunk ``c`` so under ``fold_in(key, c)``.
 
     Args:
       key: PRNG key (``threefry2x32``).
@@ -190,11 +198,48 @@ def check_sampler_delta(epsilon: float, steps: float, coordinates: int, delta: f
     return added
 
 
+GROUP_BELOW = 1 << 20
+"""Leaves of fewer coordinates draw their noise together (:func:`leaf_noise`)."""
+
+GROUPED = 0xFFFFFFFF
+"""``fold_in`` data of the key of the small leaves' joint draw: never a leaf's index."""
+
+
+def leaf_noise(key: jax.Array, leaves) -> list[jax.Array]:
+    """One step's standard normal noise for each of ``leaves`` (float32, each leaf's shape).
+
+    Leaf ``i`` of at least :data:`GROUP_BELOW` coordinates draws :func:`standard_normal` under ``fold_in(key, i)``;
+    the smaller leaves share one draw under ``fold_in(key, GROUPED)``, each taking the next of its coordinates in
+    leaf order. Every coordinate so has a noise word of its own, and a step compiles one draw for all the small
+    leaves (biases, norms, LoRA adapters: hundreds in an unrolled model, each otherwise a Threefry hash and an
+    inverse-CDF transform of its own to compile) rather than one each.
+
+    Args:
+      key: the step's noise key.
+      leaves: arrays (their shapes are read).
+
+    Returns:
+      float32 arrays of the leaves' shapes.
+    """
+    out: list = [None] * len(leaves)
+    small = [i for i, leaf in enumerate(leaves) if leaf.size < GROUP_BELOW]
+    if small:
+        joint = standard_normal(jax.random.fold_in(key, GROUPED), (sum(leaves[i].size for i in small),))
+        start = 0
+        for i in small:
+            out[i] = joint[start:start + leaves[i].size].reshape(leaves[i].shape)
+            start += leaves[i].size
+    for i, leaf in enumerate(leaves):
+        if out[i] is None:
+            out[i] = standard_normal(jax.random.fold_in(key, i), leaf.shape)
+    return out
+
+
 def gaussian_privatizer(stddev: jax.Array | float, prng_key: jax.Array) -> optax.GradientTransformation:
     """Adds ``N(0, stddev^2)`` noise to every coordinate of the clipped sum (an optax transformation).
 
-    The state is the key; each update splits it, draws every leaf's noise under ``fold_in(subkey, leaf index)``
-    with :func:`standard_normal`, adds it in float32 and casts the sum back to the leaf's dtype.
+    The state is the key; each update splits it, draws the leaves' noise under the new subkey with
+    :func:`leaf_noise`, adds it in float32 and casts the sum back to the leaf's dtype.
 
     Args:
       stddev: the noise's standard deviation ``sigma C`` (may be traced).
@@ -213,9 +258,8 @@ def gaussian_privatizer(stddev: jax.Array | float, prng_key: jax.Array) -> optax
         state, sub = jax.random.split(state)
         leaves, treedef = jax.tree.flatten(updates)
         noisy = [
-            (leaf.astype(jnp.float32) + stddev * standard_normal(jax.random.fold_in(sub, i), leaf.shape))
-            .astype(leaf.dtype)
-            for i, leaf in enumerate(leaves)
+            (leaf.astype(jnp.float32) + stddev * z).astype(leaf.dtype)
+            for leaf, z in zip(leaves, leaf_noise(sub, leaves), strict=True)
         ]
         return jax.tree.unflatten(treedef, noisy), state
 

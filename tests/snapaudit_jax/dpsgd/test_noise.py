@@ -136,17 +136,23 @@ def test_the_noise_is_exact_beyond_6_sigma():
 
 
 def test_the_privatizer_adds_sigma_c_times_the_sampler_to_every_leaf_in_float32():
-    """The update is ``leaf + stddev * standard_normal(fold_in(split(key)[1], i))`` computed in float32 and cast
-    back; the next update uses the split key's other half; a bfloat16 leaf gets the float32 draw rounded once
-    (over 128 distinct values and tails past 4.5, where bfloat16 ``jax.random.normal`` has 128 values below 2.9)."""
+    """The update is ``leaf + stddev * z`` computed in float32 and cast back, ``z`` drawn under ``split(key)[1]``:
+    a leaf of at least ``GROUP_BELOW`` coordinates under ``fold_in(sub, leaf index)``, the smaller ones sharing one
+    draw under ``fold_in(sub, GROUPED)`` in leaf order; the next update uses the split key's other half; a bfloat16
+    leaf gets the float32 draw rounded once (over 128 distinct values and tails past 4.5, where bfloat16
+    ``jax.random.normal`` has 128 values below 2.9)."""
     key = jax.random.key(3)
-    grads = {"a": jnp.ones((1000,), jnp.float32), "b": jnp.zeros((2, 500_000), jnp.bfloat16)}
+    large = (2, noise.GROUP_BELOW // 2)
+    grads = {"a": jnp.ones((1000,), jnp.float32), "b": jnp.zeros(large, jnp.bfloat16),
+             "c": jnp.full((3, 7), 2.0, jnp.float32)}
     tx = noise.gaussian_privatizer(0.5, key)
     state = tx.init(grads)
     out, state = tx.update(grads, state)
     rest, sub = jax.random.split(key)
-    np.testing.assert_array_equal(out["a"], 1.0 + 0.5 * noise.standard_normal(jax.random.fold_in(sub, 0), (1000,)))
-    expected_b = (0.5 * noise.standard_normal(jax.random.fold_in(sub, 1), (2, 500_000))).astype(jnp.bfloat16)
+    joint = noise.standard_normal(jax.random.fold_in(sub, noise.GROUPED), (1021,))  # a, then c
+    np.testing.assert_array_equal(out["a"], 1.0 + 0.5 * joint[:1000])
+    np.testing.assert_array_equal(out["c"], 2.0 + 0.5 * joint[1000:].reshape(3, 7))
+    expected_b = (0.5 * noise.standard_normal(jax.random.fold_in(sub, 1), large)).astype(jnp.bfloat16)
     np.testing.assert_array_equal(out["b"], expected_b)
     assert out["b"].dtype == jnp.bfloat16
     b = np.asarray(out["b"], np.float32)
@@ -154,6 +160,25 @@ def test_the_privatizer_adds_sigma_c_times_the_sampler_to_every_leaf_in_float32(
     assert jax.random.key_data(state).tolist() == jax.random.key_data(rest).tolist()
     again, _ = tx.update(grads, state)
     assert not np.array_equal(again["a"], out["a"])
+
+
+def test_the_small_leaves_joint_draw_is_one_compiled_draw_and_independent_across_leaves():
+    """Many small leaves lower to one Threefry hash of the joint draw beside ``fold_in``'s (one each when drawn leaf
+    by leaf), and their noise is the joint draw's consecutive slices: no two leaves share a coordinate's noise (a
+    leaf's slice correlates with no other)."""
+    leaves = [jnp.zeros((64 + i, 32)) for i in range(12)]
+
+    def hashes(fn) -> int:
+        return jax.jit(fn).lower(jax.random.key(0)).as_text().count("func.func private @threefry2x32")
+
+    assert hashes(lambda k: noise.leaf_noise(k, leaves)) == 2
+    assert hashes(lambda k: [noise.standard_normal(jax.random.fold_in(k, i), x.shape)
+                             for i, x in enumerate(leaves)]) == 13
+    z = noise.leaf_noise(jax.random.key(6), leaves)
+    assert [x.shape for x in z] == [x.shape for x in leaves]
+    flat = [np.asarray(x).ravel()[:2048] for x in z]
+    corr = np.corrcoef(np.stack(flat))
+    assert np.abs(corr - np.eye(12)).max() < 0.15  # 2048 pairs: |r| < 0.15 fails w.p. < 1e-11 a pair
 
 
 def test_sampler_delta_is_the_total_variation_bound():
@@ -179,11 +204,11 @@ def test_an_array_larger_than_one_keys_counters_is_drawn_in_chunks_under_folded_
 
 
 def test_standard_normal_is_the_refined_transform_of_its_keys_words():
-    """Two planes under the key, the third under ``fold_in(key, THIRD_PLANE)``; on the CPU the third is drawn on
-    demand (both evaluations agree, the test above)."""
+    """Two planes under the key, the third the first of two under ``fold_in(key, THIRD_PLANE)``; on the CPU the
+    third is drawn on demand (both evaluations agree, the test above)."""
     key = jax.random.key(5)
     first = random_words(key, (2, 3000))
-    third = random_words(jax.random.fold_in(key, noise.THIRD_PLANE), (1, 3000))
+    third = random_words(jax.random.fold_in(key, noise.THIRD_PLANE), (2, 3000))[:1]
     expected = noise.refined_normal(first, lambda: third, lazy=False).reshape(3, 1000)
     np.testing.assert_allclose(noise.standard_normal(key, (3, 1000)), expected, rtol=1e-6)
     assert noise.lazy_third_plane() == (jax.default_backend() == "cpu")
