@@ -463,8 +463,8 @@ def _block_patterns(model, trainable) -> dict[str, set[int]]:
 
 
 _CPU_LAYERS_REASON = ("on the CPU unrolled, the measured default (benchmarks/bench_compile.py, GPT-2 12 x 256: the "
-                      "scanned step compiles in 0.39-0.42x the time but runs 1.24-1.40x as long, a loss after about "
-                      "40 steps; layers = \"scan\" forces the scan)")
+                      "scanned step compiles in 0.38-0.45x the time but runs 1.04-1.31x as long, a loss after 40 to "
+                      "400 steps; layers = \"scan\" forces the scan)")
 
 
 def resolve_layers(requested: str, model, trainable, backend: str | None = None) -> tuple[str, str]:
