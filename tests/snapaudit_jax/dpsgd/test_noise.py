@@ -11,6 +11,7 @@ from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
+from jax.extend import core as jcore
 import numpy as np
 import pytest
 from scipy import special, stats
@@ -162,18 +163,31 @@ def test_the_privatizer_adds_sigma_c_times_the_sampler_to_every_leaf_in_float32(
     assert not np.array_equal(again["a"], out["a"])
 
 
+def _hashes(jaxpr) -> int:
+    """Threefry hashes in a traced program, its sub-programs (``cond`` branches, nested jits) included."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += eqn.primitive.name == "threefry2x32"
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(sub, jcore.ClosedJaxpr):
+                    count += _hashes(sub.jaxpr)
+                elif isinstance(sub, jcore.Jaxpr):
+                    count += _hashes(sub)
+    return count
+
+
 def test_the_small_leaves_joint_draw_is_one_compiled_draw_and_independent_across_leaves():
-    """Many small leaves lower to one Threefry hash of the joint draw beside ``fold_in``'s (one each when drawn leaf
-    by leaf), and their noise is the joint draw's consecutive slices: no two leaves share a coordinate's noise (a
-    leaf's slice correlates with no other)."""
+    """Many small leaves trace to the two Threefry hashes of one draw (its two planes and its third), against two
+    per leaf when drawn leaf by leaf (what XLA would compile: every call site is inlined), and their noise is the
+    joint draw's consecutive slices: no two leaves share a coordinate's noise (a leaf's slice correlates with no
+    other)."""
     leaves = [jnp.zeros((64 + i, 32)) for i in range(12)]
-
-    def hashes(fn) -> int:
-        return jax.jit(fn).lower(jax.random.key(0)).as_text().count("func.func private @threefry2x32")
-
-    assert hashes(lambda k: noise.leaf_noise(k, leaves)) == 2
-    assert hashes(lambda k: [noise.standard_normal(jax.random.fold_in(k, i), x.shape)
-                             for i, x in enumerate(leaves)]) == 13
+    key = jax.random.key(0)
+    assert _hashes(jax.make_jaxpr(lambda k: noise.leaf_noise(k, leaves))(key).jaxpr) == 2
+    one_each = jax.make_jaxpr(lambda k: [noise.standard_normal(jax.random.fold_in(k, i), x.shape)
+                                         for i, x in enumerate(leaves)])(key)
+    assert _hashes(one_each.jaxpr) == 24
     z = noise.leaf_noise(jax.random.key(6), leaves)
     assert [x.shape for x in z] == [x.shape for x in leaves]
     flat = [np.asarray(x).ravel()[:2048] for x in z]
