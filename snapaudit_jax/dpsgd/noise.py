@@ -104,8 +104,9 @@ def refined_normal(words: jax.Array, third, *, lazy: bool) -> jax.Array:
         plane = third()
     sign, common = sign_and_half_uniform(words)
     _, refined = sign_and_half_uniform(jnp.concatenate([words, plane]))
-    z = -jax.scipy.special.ndtri(jnp.where(rare, refined, common))  # one transform a leaf: ndtri's tables are
-    return jnp.where(sign, z, -z)  # constants of the lowered step, and an unrolled model has hundreds of leaves
+    # one transform a draw, not one a plane count: ndtri's coefficient tables are constants of the lowered step
+    z = -jax.scipy.special.ndtri(jnp.where(rare, refined, common))
+    return jnp.where(sign, z, -z)
 
 
 def _chunk(key: jax.Array, n: int) -> jax.Array:
