@@ -482,13 +482,13 @@ def _check_noise_sampler(config: PIIConfig, data: PreparedData, base) -> None:
         return
     from flax import nnx
 
-    from snapaudit_jax.dpsgd.noise import check_sampler_delta
+    from snapaudit_jax.dpsgd.noise import check_sampler_delta, coordinates
 
     model, trainable = initial_model(config, data, base)
-    coordinates = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, trainable)))
     delta = _dpsgd_config(config, True, len(data.train) + int(data.canaries.inserted.sum())).delta
     try:
-        check_sampler_delta(config.training.epsilon, config.training.steps, coordinates, delta,
+        check_sampler_delta(config.training.epsilon, config.training.steps,
+                            coordinates(nnx.state(model, trainable)), delta,
                             field="training.delta")
     except InputError as err:
         raise ConfigFileError(str(err)) from None

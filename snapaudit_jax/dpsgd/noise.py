@@ -51,7 +51,7 @@ from snapaudit_jax.mechanisms.variates import random_words, sign_and_half_unifor
 from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["NOISE_WORDS", "THIRD_PLANE", "TAIL_PROBABILITY", "SAMPLER", "PER_KEY", "DELTA_SHARE", "GROUP_BELOW",
-           "GROUPED", "standard_normal", "refined_normal", "lazy_third_plane", "leaf_noise", "sampler_delta",
+           "GROUPED", "coordinates", "standard_normal", "refined_normal", "lazy_third_plane", "leaf_noise", "sampler_delta",
            "check_sampler_delta", "gaussian_privatizer"]
 
 NOISE_WORDS = 2
@@ -142,6 +142,19 @@ def standard_normal(key: jax.Array, shape) -> jax.Array:
         _chunk(jax.random.fold_in(key, c), min(PER_KEY, n - start)) for c, start in enumerate(range(0, n, PER_KEY))
     ]
     return jnp.concatenate(chunks).reshape(shape)
+
+
+def coordinates(tree) -> int:
+    """The noise coordinates of a step: the number of entries of every array leaf of ``tree`` (a trainable
+    state, or its abstract shapes).
+
+    Args:
+      tree: a pytree of arrays or ``jax.ShapeDtypeStruct`` s (an ``nnx.State`` included).
+
+    Returns:
+      The total number of entries.
+    """
+    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(tree))
 
 
 def sampler_delta(epsilon: float, steps: int, coordinates: int) -> float:

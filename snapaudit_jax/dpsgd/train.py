@@ -336,7 +336,7 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
     if layers == "scan":
         graphdef, params, rest = nnx.split(stack_layers(model), trainable, ...)
     privacy = resolve_privacy(config, n, clipping)
-    coordinates = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(params))
+    coordinates = noise.coordinates(params)
     _check_sampler_delta(config, privacy, coordinates)
     spec = _StepSpec(
         num_records=n,

@@ -42,7 +42,7 @@ from flax import nnx
 from snapaudit_jax.dpsgd import DPSGDConfig, loss_summary, train
 from snapaudit_jax.dpsgd.accounting import compute_epsilon
 from snapaudit_jax.dpsgd.keys import RANDOMNESS, resolve_run_key
-from snapaudit_jax.dpsgd.noise import check_sampler_delta
+from snapaudit_jax.dpsgd.noise import check_sampler_delta, coordinates
 from snapaudit_jax.dpsgd.sampling import inclusion_threshold
 from snapaudit_jax.dpsgd.tuning import expected_noisy_steps
 from snapaudit_jax.finetune.base import base_header, check_lora, check_training_fits, fresh_copy, load_base
@@ -258,7 +258,7 @@ def prepare(config: FinetuneConfig, log=None) -> Prepared:
     validation = pack_records(data.validation) if data.validation else None
     lm = load_base(config.model.base, allow_pickle=config.model.allow_pickle)
     prep = Prepared(config, lm, data, dataset, held_out, delta, sigma, calibration, lora, validation, sweep)
-    trainable = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(_build_model(prep), _trainable(prep))))
+    trainable = coordinates(nnx.state(_build_model(prep), _trainable(prep)))
     try:
         added = check_sampler_delta(*_noisy_run(prep), trainable, delta, field="privacy.delta")
     except InputError as err:
@@ -464,7 +464,7 @@ def plan_dict(prep: Prepared, *, timing: bool = True) -> dict[str, Any]:
     else:
         eps = {name: compute_epsilon(noise_multiplier=sigma, sampling_rate=q, steps=steps, delta=prep.delta,
                                      accountant=name) for name in ("pld", "rdp")}
-    total = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(prep.lm.module, nnx.Param)))
+    total = coordinates(nnx.state(prep.lm.module, nnx.Param))
     out = {
         "units": prep.data.num_units, "unit": cfg.privacy.unit, "sampling": "poisson", "sampling_rate": q,
         "expected_batch": q * prep.data.num_units, "steps": steps, "clip_norm": cfg.privacy.clip_norm,

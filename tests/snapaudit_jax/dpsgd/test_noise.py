@@ -243,3 +243,15 @@ def test_a_checkpoint_drawn_by_another_sampler_is_refused_on_resume(tmp_path, mo
     with pytest.raises(InputError, match=r"noise differs from this run \(checkpoint 'float32 inverse-CDF normals .*', "
                                          r"run 'jax.random.normal \(float32\)'\)"):
         train(make_model(), DATA, config, key=jax.random.key(0), checkpoint_dir=str(tmp_path))
+
+
+def test_coordinates_counts_every_entry_of_a_trainable_state_concrete_or_abstract():
+    """An ``nnx.Linear(3, 4)`` has 12 kernel and 4 bias entries; a LoRA filter counts the adapters only."""
+    from flax import nnx
+
+    layer = nnx.Linear(3, 4, rngs=nnx.Rngs(0))
+    assert noise.coordinates(nnx.state(layer, nnx.Param)) == 16
+    assert noise.coordinates(jax.eval_shape(lambda: nnx.state(layer, nnx.Param))) == 16
+    lora = nnx.LoRA(3, 2, 4, rngs=nnx.Rngs(0))
+    assert noise.coordinates(nnx.state(lora, nnx.LoRAParam)) == 3 * 2 + 2 * 4
+    assert noise.coordinates({}) == 0
