@@ -46,20 +46,21 @@ class ClippedGrads(NamedTuple):
     norms: jax.Array
 
 
-def sequence_losses(model, tokens: jax.Array, mask: jax.Array) -> jax.Array:
+def sequence_losses(model, tokens: jax.Array, mask: jax.Array, *, vocab_chunk: int | None = None) -> jax.Array:
     """``(B,)`` next-token cross-entropy of each row, averaged over its real targets.
 
     Args:
       model: a decoder (:class:`~snapaudit_jax.models.decoders.GPT2` or ``Llama``).
       tokens: ``(B, L)`` int token ids.
       mask: ``(B, L)`` bool, real tokens.
+      vocab_chunk: ``None``, or the head's vocabulary rows a slice (:func:`snapaudit_jax.models.token_logprobs`).
 
     Returns:
       ``(B,)`` float32: ``-mean_t log p(tokens[t+1] | tokens[<=t])`` over targets ``t + 1`` with
       ``mask[t] & mask[t+1]``; ``0`` for a row without targets
       (:func:`snapaudit_jax.models.sequence_nll` over the count).
     """
-    nll, count = sequence_nll(model, tokens, mask)
+    nll, count = sequence_nll(model, tokens, mask, vocab_chunk=vocab_chunk)
     return nll / jnp.maximum(count, 1)
 
 

@@ -392,6 +392,10 @@ class GPT2(nnx.Module):
             return _project_vocab(hidden, self.wte.embedding[...], "...e,ve->...v")
         return self.wte.attend(hidden)
 
+    def vocab_head(self) -> nnx.Embed:
+        """The module of :meth:`logits`: the tied embedding (its table is the head's ``(V, E)`` rows)."""
+        return self.wte
+
 
 class _LlamaBlock(nnx.Module):
     def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
@@ -508,6 +512,10 @@ class Llama(nnx.Module):
                 return _project_vocab(hidden, self.embed.embedding[...], "...e,ve->...v")
             return _project_vocab(hidden, self.lm_head.kernel[...], "...e,ev->...v")
         return self.embed.attend(hidden) if self.lm_head is None else self.lm_head(hidden)
+
+    def vocab_head(self) -> nnx.Embed | nnx.Linear:
+        """The module of :meth:`logits`: ``lm_head``, or the tied embedding."""
+        return self.embed if self.lm_head is None else self.lm_head
 
 
 def empty_cache(model, batch: int, slots: int) -> tuple[LayerCache, ...] | LayerCache:
