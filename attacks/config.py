@@ -147,6 +147,9 @@ class TrainingConfig:
         (:class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s ``layers``: ``"auto"``, one scan over the stacked blocks on
         accelerators for 4 blocks or more and unrolled on the CPU; ``"scan"``; ``"unrolled"``; compile and step
         time only, the same function to float32 rounding); the layout and why are in each variant's report.
+      vocab_chunk: every variant's LM head a slice of this many vocabulary rows at a time in training (memory
+        only, the same function to float32 rounding: :class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s
+        ``vocab_chunk``); ``0`` (default): whole logits.
     """
 
     steps: int = 400
@@ -159,6 +162,7 @@ class TrainingConfig:
     accountant: str = "pld"
     clipping: str = "auto"
     layers: str = "auto"
+    vocab_chunk: int = 0
 
     def validate(self) -> "TrainingConfig":
         """Checks every field.
@@ -183,6 +187,7 @@ class TrainingConfig:
 
         validate.choice("clipping", self.clipping, CLIPPINGS)
         validate.choice("layers", self.layers, LAYERS)
+        validate.positive_int("vocab_chunk", self.vocab_chunk, minimum=0)
         return self
 
 

@@ -5,7 +5,7 @@ Usage::
     python benchmarks/bench_dpsgd.py [--json] [--out FILE.json] [--layers 2] [--dim 128] [--heads 4] \
         [--seq 64] [--vocab 1024] [--batch 32] [--records 128] [--microbatch M] [--vmap-microbatch 32] \
         [--memory-microbatches 8,16,32,64,128,256] [--memory-budget-mb 1024] [--repeats 10] [--seed 0] \
-        [--sweep-batches 8,16,32,64,128,256 --sweep-repeats 3] [--skip-torch]
+        [--sweep-batches 8,16,32,64,128,256 --sweep-repeats 3] [--skip-torch] [--vocab-chunk ROWS]
 
 What is measured
 ----------------
@@ -53,6 +53,12 @@ Memory by the compiler (``memory``): for each microbatch ``m`` of ``--memory-mic
 analysis of the compiled step (``temp + argument + output`` bytes; nothing runs) of every DP path at microbatch
 ``m`` and of the non-private step at batch ``m``; ``largest_within_budget`` is the largest listed ``m`` within
 ``--memory-budget-mb`` per variant: how many records a step can take at once.
+
+Vocabulary slices (``--vocab-chunk ROWS``): every JAX step (the non-private one and each DP path) runs the LM
+head a slice of ``ROWS`` vocabulary rows at a time (``DPSGDConfig.vocab_chunk``,
+:mod:`snapaudit_jax.models.vocab_head`: no ``(records, seq, vocab)`` logits; book-keeping and ghost clipping take
+the head's terms from its hidden states and targets). The times, checks and goals are then those of the sliced
+steps, and ``memory["whole_logits"]`` holds the same analysis with the logits formed whole, side by side.
 
 Batch sweep (``--sweep-batches``): every variant again at each listed expected batch (``q = b / records``; the
 DP steps take ``q`` as an argument, so nothing recompiles; the non-private step compiles once per point, before
@@ -177,7 +183,7 @@ class Loop:
 class NonPrivate:
     """The non-private step of the same model, batch and optimizer: one batched gradient, no clipping, no noise."""
 
-    def __init__(self, model, tokens, mask, *, normaliser: float, pad_to: int):
+    def __init__(self, model, tokens, mask, *, normaliser: float, pad_to: int, vocab_chunk: int | None = None):
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
         self.params = jax.tree.map(jnp.array, params)
         tx = optax.adamw(LEARNING_RATE, b1=B1)
@@ -187,7 +193,8 @@ class NonPrivate:
 
         def grad(params, idx, weight):
             def loss(p):
-                losses = sequence_losses(nnx.merge(graphdef, p, rest), tokens[idx], mask[idx])
+                losses = sequence_losses(nnx.merge(graphdef, p, rest), tokens[idx], mask[idx],
+                                         vocab_chunk=vocab_chunk)
                 return jnp.sum(weight * losses)
 
             return jax.grad(loss)(params)
@@ -269,12 +276,12 @@ def noise_draw(params, seed: int, repeats: int) -> dict:
 
 
 def dp_config(args, q: float, clip: float, path: str, micro: int | None, steps: int,
-              layers: str = "auto") -> DPSGDConfig:
+              layers: str = "auto", vocab_chunk: int | None | str = "args") -> DPSGDConfig:
     """The timed DP step's configuration: ``clip``, ``sigma = NOISE_MULTIPLIER``, AdamW, ``path`` at ``micro``,
-    the blocks laid out as ``layers``."""
+    the blocks laid out as ``layers``, the head sliced as ``--vocab-chunk`` (or ``vocab_chunk``)."""
     return DPSGDConfig(steps=steps, learning_rate=LEARNING_RATE, clip_norm=clip, noise_multiplier=NOISE_MULTIPLIER,
                        delta=1e-5, sampling_rate=q, optimizer="adamw", b1=B1, microbatch_size=micro, clipping=path,
-                       layers=layers)
+                       layers=layers, vocab_chunk=args.vocab_chunk if vocab_chunk == "args" else vocab_chunk)
 
 
 def torch_gpt2(model, cfg: GPT2Config):
@@ -333,7 +340,8 @@ def benchmark(args) -> dict:
         clip = loop.clip = float(np.median(norms))
         loop_sum = np.concatenate([np.ravel(x.astype(np.float64)) for x in loop.clipped_sum(initial, batches[0])[0]])
 
-    nonprivate = NonPrivate(same_layout(model), tokens, mask, normaliser=args.records * q, pad_to=pad_to)
+    nonprivate = NonPrivate(same_layout(model), tokens, mask, normaliser=args.records * q, pad_to=pad_to,
+                            vocab_chunk=args.vocab_chunk)
     start = time.perf_counter()
     with full_float32_precision():
         batched = flat64(nonprivate.grad(nonprivate.params, *nonprivate.padded(batches[0])))
@@ -438,17 +446,14 @@ def benchmark(args) -> dict:
             return {"check_rel_error": {**rel_err, **point_errors}, "checks_failed": True,
                     "torch": {"skipped": False, **torch_info, "updates_ok": point["updates_ok"]}}
 
-    # Memory by the compiler: every DP path at each microbatch, the non-private step at that batch.
+    # Memory by the compiler: every DP path at each microbatch, the non-private step at that batch (and, with
+    # sliced heads, the same with the logits formed whole).
     memory = {"microbatches": list(args.memory_microbatches), "budget_mb": args.memory_budget_mb,
-              "compiled_mb": {"nonprivate": [], **{path: [] for path in PATHS}}}
-    for m in args.memory_microbatches:
-        memory["compiled_mb"]["nonprivate"].append(round(nonprivate.compiled_bytes(m) / 2**20, 2))
-        for path in PATHS:
-            run = _prepare(model, data, dp_config(args, q, clip, path, m, 1), key)
-            memory["compiled_mb"][path].append(round(dp_compiled_bytes(run) / 2**20, 2))
-    memory["largest_within_budget"] = {
-        name: max((m for m, mb in zip(args.memory_microbatches, mbs) if mb <= args.memory_budget_mb), default=None)
-        for name, mbs in memory["compiled_mb"].items()}
+              "vocab_chunk": args.vocab_chunk,
+              **compiled_memory(args, model, data, key, q, clip, nonprivate, args.vocab_chunk)}
+    if args.vocab_chunk is not None:
+        whole = NonPrivate(same_layout(model), tokens, mask, normaliser=args.records * q, pad_to=pad_to)
+        memory["whole_logits"] = compiled_memory(args, model, data, key, q, clip, whole, None)
     at = args.vmap_microbatch
     at_mb = {name: round(dp_compiled_bytes(run) / 2**20, 2) for name, run in runs.items()
              if run.spec.microbatch_size == at}
@@ -475,7 +480,8 @@ def benchmark(args) -> dict:
     }
     return {
         "model": {"kind": "GPT2", "layers": args.layers, "dim": args.dim, "heads": args.heads, "seq": args.seq,
-                  "vocab": args.vocab, "parameters": num_params, "trained": "every parameter (full fine-tuning)"},
+                  "vocab": args.vocab, "vocab_chunk": args.vocab_chunk, "parameters": num_params,
+                  "trained": "every parameter (full fine-tuning)"},
         "records": args.records, "expected_batch": args.batch, "sampling_rate": q, "batch_sizes": sizes,
         "padded_nonprivate_batch": pad_to,
         "microbatch_size": {name: run.spec.microbatch_size for name, run in runs.items()},
@@ -490,6 +496,22 @@ def benchmark(args) -> dict:
         "sweep": sweep,
         "noise_draw": noise_draw(initial, args.seed, args.repeats),
     }
+
+
+def compiled_memory(args, model, data, key, q: float, clip: float, nonprivate: NonPrivate,
+                    vocab_chunk: int | None) -> dict:
+    """``{"compiled_mb": {variant: [MB at each --memory-microbatches]}, "largest_within_budget": {variant: m}}``:
+    XLA's memory analysis of every DP path at microbatch ``m`` (its head sliced as ``vocab_chunk``) and of
+    ``nonprivate``'s step at batch ``m``."""
+    compiled = {"nonprivate": [], **{path: [] for path in PATHS}}
+    for m in args.memory_microbatches:
+        compiled["nonprivate"].append(round(nonprivate.compiled_bytes(m) / 2**20, 2))
+        for path in PATHS:
+            run = _prepare(model, data, dp_config(args, q, clip, path, m, 1, vocab_chunk=vocab_chunk), key)
+            compiled[path].append(round(dp_compiled_bytes(run) / 2**20, 2))
+    largest = {name: max((m for m, mb in zip(args.memory_microbatches, mbs) if mb <= args.memory_budget_mb),
+                         default=None) for name, mbs in compiled.items()}
+    return {"compiled_mb": compiled, "largest_within_budget": largest}
 
 
 def _failed(errors: dict[str, float], updates_ok: bool) -> bool:
@@ -510,7 +532,7 @@ def sweep_point(args, model, cfg, data, key, clip: float, variants: dict, batch:
     batches = step_batches(key, records, q, args.sweep_repeats + 1)
     pad_to = padded_size(batches)
     nonprivate = NonPrivate(same_layout(model), jnp.asarray(data[0]), jnp.asarray(data[1]), normaliser=records * q,
-                            pad_to=pad_to)
+                            pad_to=pad_to, vocab_chunk=args.vocab_chunk)
     nonprivate.step(batches[0])
     runs, state = {}, {}
     for name, (path, micro) in variants.items():
@@ -585,9 +607,14 @@ def readable(r: dict) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     table = "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows)
     mem = r["memory"]
-    mem_rows = [("compiled MB at microbatch", *map(str, mem["microbatches"]), f"largest <= {mem['budget_mb']} MB")]
+    head = "" if mem.get("vocab_chunk") is None else f" (head in slices of {mem['vocab_chunk']} rows)"
+    mem_rows = [(f"compiled MB at microbatch{head}", *map(str, mem["microbatches"]),
+                 f"largest <= {mem['budget_mb']} MB")]
     for name, mbs in mem["compiled_mb"].items():
         mem_rows.append((name, *map(str, mbs), str(mem["largest_within_budget"][name])))
+    for name, mbs in mem.get("whole_logits", {}).get("compiled_mb", {}).items():
+        largest = mem["whole_logits"]["largest_within_budget"][name]
+        mem_rows.append((f"{name} (whole logits)", *map(str, mbs), str(largest)))
     widths = [max(len(row[i]) for row in mem_rows) for i in range(len(mem_rows[0]))]
     mem_table = "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in mem_rows)
     goals = "; ".join(f"{name} {g['ratio']} (limit {g['limit']:g}, {'met' if g['met'] else 'missed'}"
@@ -649,6 +676,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep-repeats", type=int_at_least(1), default=3, help="timed steps per sweep point")
     parser.add_argument("--seed", type=int_at_least(0), default=0)
     parser.add_argument("--skip-torch", action="store_true", help="no PyTorch / Opacus baseline")
+    parser.add_argument("--vocab-chunk", type=int_at_least(1), default=None,
+                        help="run every JAX step's LM head a slice of this many vocabulary rows at a time")
     parser.add_argument("--perturb-check", choices=("per_record", "book_keeping", "ghost", "torch", "sweep"),
                         help="scale this variant's checked sum by 1 + 1e-3 (torch: Opacus's; sweep: Opacus's at the "
                         "first sweep point; tests that the check can fail)")

@@ -77,6 +77,12 @@ class DPSGDConfig:
         structure (every clipping path), else unrolled; on the CPU unrolled (the scanned step runs 1.2-1.4x as
         long there: ``benchmarks/bench_compile.py``). The model is given back unrolled either way. The report
         says which and why.
+      vocab_chunk: ``None`` (default): the LM head's logits are formed whole; an integer: the head runs a slice
+        of this many vocabulary rows at a time on every path, the non-private step's included
+        (:mod:`snapaudit_jax.models.vocab_head`; the book-keeping and ghost paths take the head's per-unit terms
+        from its hidden states and targets): no ``(units, L, V)`` array, at the cost of one more product with the
+        head. Memory only: the same function to float32 rounding, so never the guarantee
+        (``benchmarks/bench_dpsgd.py --vocab-chunk``).
       accountant: ``"rdp"`` or ``"pld"``: the accountant used to calibrate ``sigma`` to ``target_epsilon``
         (the report always gives both).
       calibration_tol: absolute tolerance on the calibrated ``sigma``.
@@ -116,6 +122,7 @@ class DPSGDConfig:
     seed: int | None = None
     clipping: str = "auto"
     layers: str = "auto"
+    vocab_chunk: int | None = None
 
     def __post_init__(self):
         fix = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -175,6 +182,8 @@ class DPSGDConfig:
             fix("seed", validate.seed("seed", self.seed))
         fix("clipping", validate.choice("clipping", self.clipping, CLIPPINGS))
         fix("layers", validate.choice("layers", self.layers, LAYERS))
+        if self.vocab_chunk is not None:
+            fix("vocab_chunk", validate.positive_int("vocab_chunk", self.vocab_chunk))
 
     @property
     def private(self) -> bool:

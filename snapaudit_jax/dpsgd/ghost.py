@@ -48,13 +48,14 @@ between the calls) is refused.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from snapaudit_jax.dpsgd.gradients import sequence_losses
+from snapaudit_jax.models.vocab_head import head_weights, slice_probabilities, target_logprobs, vocab_slices
 from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["METHODS", "DenseNorms", "book_keeping_clipped_sum", "book_keeping_clipped_sum_traced", "choose_method",
@@ -199,6 +200,15 @@ class _Tap:
         module = self._tap[0]
         return self._probe("attend", hidden, module.attend(hidden))
 
+    def target_logprobs(self, hidden, targets, chunk: int):
+        """The head a vocabulary slice at a time (:func:`~snapaudit_jax.models.vocab_head.head_target_logprobs`):
+        records the hidden states, targets and log-sum-exp; the probe sits on the target log-probabilities."""
+        module, path, record, _ = self._tap
+        weight, bias = head_weights(module)
+        picked, lse = target_logprobs(hidden, weight, bias, targets, chunk)
+        record["heads"][path] = chunk
+        return self._probe("head", (hidden, targets, jax.lax.stop_gradient(lse)), picked)
+
     def __getattr__(self, attr):
         module, path, record, _ = self._tap
         value = getattr(module, attr)
@@ -228,7 +238,7 @@ class _ScanTap:
 
         def layer(h, layer_state, layer_probes):
             block = nnx.merge(graphdef, layer_state)
-            inner = dict(calls=[], inputs=[], outputs=[], probes=layer_probes, lora={}, bypassed=set(),
+            inner = dict(calls=[], inputs=[], outputs=[], probes=layer_probes, lora={}, heads={}, bypassed=set(),
                          modules={tuple(p): m for p, m in nnx.iter_modules(block)})
             _tap_modules(block, inner)
             h, _ = block(h, *args, None, 0)
@@ -307,18 +317,44 @@ def _tap_modules(model, record: dict) -> None:
             object.__setattr__(parent, path[-1], tap)
 
 
-def _forward(graphdef, params, rest, tokens, mask, probes, record: dict):
+def _forward(graphdef, params, rest, tokens, mask, probes, record: dict, vocab_chunk: int | None = None):
     """Summed loss of every unit, with ``(per-unit losses, tapped inputs, tapped outputs)``; ``record`` receives
     the tapped calls ``(path, kind)`` in call order, the LoRA adapters' ``(scale, spans)`` by path and the
     parameters read outside their taps."""
-    record.update(calls=[], inputs=[], outputs=[], probes=probes, lora={}, bypassed=set(), modules={}, stacked=set())
+    record.update(calls=[], inputs=[], outputs=[], probes=probes, lora={}, heads={}, bypassed=set(), modules={},
+                  stacked=set())
     model = nnx.merge(graphdef, params, rest)
     record["modules"] = {tuple(path): m for path, m in nnx.iter_modules(model)}
     _tap_modules(model, record)
     length = tokens.shape[-1]
-    rows = sequence_losses(model, tokens.reshape(-1, length), mask.reshape(-1, length))
+    rows = sequence_losses(model, tokens.reshape(-1, length), mask.reshape(-1, length), vocab_chunk=vocab_chunk)
     per_unit = rows.reshape(tokens.shape[0], -1).sum(axis=1)
     return jnp.sum(per_unit), (per_unit, record["inputs"], record["outputs"])
+
+
+class _Head(NamedTuple):
+    """A vocabulary-sliced head's call (:mod:`snapaudit_jax.models.vocab_head`), a unit's positions end to end:
+    ``hidden`` ``(B, S, D)``, ``targets`` and ``lse`` ``(B, S)``, the head's float32 ``weight`` ``(V, D)`` and
+    ``bias`` (or ``None``), its slices' ``chunk``; ``transpose``: the parameter is ``weight.T`` (an
+    ``nnx.Linear`` kernel)."""
+
+    hidden: jax.Array
+    targets: jax.Array
+    lse: jax.Array
+    weight: jax.Array
+    bias: jax.Array | None
+    chunk: int
+    transpose: bool
+
+    def slices(self):
+        return vocab_slices(self.weight, self.bias, self.chunk)
+
+    def at(self, ids: jax.Array) -> jax.Array:
+        """``p_t[ids_s]`` for every pair: ``(B, T, S)``, ``t`` the head's positions, ``s`` those of ``ids``."""
+        logits = _hi("btd,bsd->bts", self.hidden, jnp.take(self.weight, ids, axis=0))
+        if self.bias is not None:
+            logits = logits + jnp.take(self.bias, ids)[:, None, :]
+        return jnp.exp(logits - self.lse[:, :, None])
 
 
 class _Term(NamedTuple):
@@ -327,14 +363,18 @@ class _Term(NamedTuple):
     ``"outer"``: ``a_i^T g_i`` (``a`` ``(B, S, p)``, ``g`` ``(B, S, q)``; a dense kernel, a bias with ``a = 1``,
     a tied head with ``a`` the logits' cotangents and ``g`` the hidden states). ``"diag"``: ``sum_s a_s * g_s``
     (a norm's scale: ``a`` the normalised input). ``"lookup"``: row ``v`` is ``sum_s [a_s = v] g_s`` (an
-    embedding: ``a`` ``(B, S)`` the ids looked up). A stacked block's parameter (``layers``) has one such term per
-    layer, stacked: ``a`` and ``g`` with a leading layer axis ``n``.
+    embedding: ``a`` ``(B, S)`` the ids looked up). ``"softmax"``: a vocabulary-sliced head's rows (``head``),
+    ``sum_s a_s (e_{y_s} - p_s) g_s^T`` with ``a`` ``(B, S)`` the target log-probabilities' cotangents, ``y`` the
+    targets, ``p_s`` the softmax at position ``s`` and ``g`` ``(B, S, q)`` the hidden states (ones: its bias);
+    ``(V, q)``, transposed for a kernel. A stacked block's parameter (``layers``) has one such term per layer,
+    stacked: ``a`` and ``g`` with a leading layer axis ``n``.
     """
 
     kind: str
     a: jax.Array
     g: jax.Array
     layers: bool = False  # a stacked parameter's term: ``a`` and ``g`` carry a leading layer axis
+    head: Any = None  # a "softmax" term's _Head
 
 
 def _normalised(module, x, kind: str) -> jax.Array:
@@ -355,17 +395,17 @@ def _hi(equation: str, *operands):
     return jnp.einsum(equation, *operands, precision=jax.lax.Precision.HIGHEST)
 
 
-def _factors(graphdef, params, rest, tokens, mask):
+def _factors(graphdef, params, rest, tokens, mask, vocab_chunk=None):
     """One forward and one backward of the summed loss: ``(per-unit losses, {name: [terms]}, missing)``, unit
     ``i``'s gradient of ``name`` being the sum of its :class:`_Term` s (float32, ``S`` a unit's positions, its
     rows end to end), and ``missing`` the trainable parameters without terms (or read outside their taps)."""
     covered = {_name(tuple(path)) for path, _ in nnx.to_flat_state(params)}
     values = {_name(tuple(path)): v for path, v in nnx.to_flat_state(params)}
-    shapes = jax.eval_shape(lambda p: _forward(graphdef, p, rest, tokens, mask, None, {})[1][2], params)
+    shapes = jax.eval_shape(lambda p: _forward(graphdef, p, rest, tokens, mask, None, {}, vocab_chunk)[1][2], params)
     probes = [jnp.zeros(s.shape, s.dtype) for s in shapes]
     record: dict = {}
     _, pullback, (losses, inputs, _) = jax.vjp(
-        lambda pr: _forward(graphdef, params, rest, tokens, mask, pr, record), probes, has_aux=True)
+        lambda pr: _forward(graphdef, params, rest, tokens, mask, pr, record, vocab_chunk), probes, has_aux=True)
     cotangents = pullback(jnp.ones((), jnp.float32))[0]
     units = tokens.shape[0]
     factors: dict[str, list[_Term]] = {}
@@ -373,10 +413,24 @@ def _factors(graphdef, params, rest, tokens, mask):
     for index, ((path, call), a, g) in enumerate(zip(record["calls"], inputs, cotangents)):
         lead = g.shape[:1] if index in record["stacked"] else ()  # a stacked block's calls: (n, ...) over layers
 
-        def add(name, kind, a, g, layers=bool(lead)):
+        def add(name, kind, a, g, layers=bool(lead), head=None):
             if name in covered:
-                factors.setdefault(name, []).append(_Term(kind, a, g, layers))
+                factors.setdefault(name, []).append(_Term(kind, a, g, layers, head))
 
+        if call == "head":  # a vocabulary-sliced head: its rows (and bias) from h, y, lse and u alone
+            hidden, targets, lse = a
+            module = record["modules"][path]
+            weight, bias = head_weights(module)
+            h = hidden.reshape(units, -1, hidden.shape[-1]).astype(jnp.float32)
+            head = _Head(h, targets.reshape(units, -1), lse.reshape(units, -1), weight.astype(jnp.float32),
+                         None if bias is None else bias.astype(jnp.float32), record["heads"][path],
+                         isinstance(module, nnx.Linear))
+            u = g.reshape(units, -1).astype(jnp.float32)
+            add(_name(path + ("embedding" if isinstance(module, nnx.Embed) else "kernel",)), "softmax", u, h, head=head)
+            if bias is not None:
+                add(_name(path + ("bias",)), "softmax", u, jnp.ones(h.shape[:-1] + (1,), jnp.float32),
+                    head=head._replace(transpose=False))
+            continue
         g = g.reshape(lead + (units, -1, g.shape[-1])).astype(jnp.float32)  # a unit's rows end to end: S = k * L
         if call == "lookup":
             add(_name(path + ("embedding",)), "lookup", a.reshape(lead + (units, -1)), g)
@@ -423,11 +477,46 @@ def _inner(x: _Term, y: _Term) -> jax.Array:
     if x.kind == "lookup" and y.kind == "lookup":
         same = x.a[:, :, None] == y.a[:, None, :]
         return jnp.sum(jnp.where(same, _hi("bsq,btq->bst", x.g, y.g), 0.0), axis=(1, 2))
+    if x.kind == "softmax" or y.kind == "softmax":
+        return _softmax_inner(x, y)
     lookup, outer = (x, y) if x.kind == "lookup" else (y, x)
     # sum_v (sum_s [ids_s = v] e_s) . (sum_t a_t[v] g_t) = sum_{s,t} a_t[ids_s] (e_s . g_t)
     picked = jnp.take_along_axis(outer.a, jnp.broadcast_to(lookup.a[:, None, :], outer.a.shape[:2]
                                                            + lookup.a.shape[1:]), axis=2)  # (B, T, S)
     return jnp.sum(picked * _hi("bsq,btq->bts", lookup.g, outer.g), axis=(1, 2))
+
+
+def _softmax_inner(x: _Term, y: _Term) -> jax.Array:
+    """``<G_x, G_y>`` per unit where one term is a vocabulary-sliced head's (:class:`_Term` ``"softmax"``).
+
+    With ``d_s = a_s (e_{y_s} - p_s)`` the logits' cotangent at position ``s``: two terms of the same head give
+    ``sum_{s,t} (g_s . g'_t) a_s a'_t K_st``, ``K_st = [y_s = y_t] - p_t[y_s] - p_s[y_t] + p_s . p_t``, the last
+    product accumulated over the vocabulary's slices (a ``(B, S, S)`` sum, never a ``(B, S, V)`` array); with an
+    embedding lookup of the same table (a tied head), ``sum_{s,t} d_t[ids_s] (e_s . g_t)``."""
+    if x.kind == "softmax" and y.kind == "softmax":
+        head = x.head
+        if y.head is not head:
+            raise InputError("a parameter's gradient has terms of two vocabulary heads")  # no model does this
+        rows, biases, valid = head.slices()
+
+        def body(total, xs):
+            p = slice_probabilities(head.hidden, *xs, head.lse)
+            return total + _hi("bsv,btv->bst", p, p), None
+
+        products, _ = jax.lax.scan(body, jnp.zeros(head.lse.shape + head.lse.shape[-1:], jnp.float32),
+                                   (rows, biases, valid))
+        at_targets = head.at(head.targets)  # [t, s] = p_t[y_s]
+        same = (head.targets[:, :, None] == head.targets[:, None, :]).astype(jnp.float32)
+        kernel = same - at_targets - jnp.swapaxes(at_targets, 1, 2) + products
+        weights = x.a[:, :, None] * y.a[:, None, :]
+        return jnp.sum(_hi("bsq,btq->bst", x.g, y.g) * weights * kernel, axis=(1, 2))
+    lookup, soft = (x, y) if x.kind == "lookup" else (y, x)
+    if lookup.kind != "lookup":
+        raise InputError(f"a vocabulary head's rows share no {lookup.kind} term")  # no model combines these
+    head = soft.head
+    hit = (head.targets[:, :, None] == lookup.a[:, None, :]).astype(jnp.float32)
+    cotangent = soft.a[:, :, None] * (hit - head.at(lookup.a))  # [t, s] = d_t[ids_s]
+    return jnp.sum(cotangent * _hi("bsq,btq->bts", lookup.g, soft.g), axis=(1, 2))
 
 
 def _term_sq_norm(term: _Term, method: str) -> jax.Array:
@@ -463,6 +552,9 @@ def _weighted_sum(terms: list[_Term], weights: jax.Array, shape: tuple) -> jax.A
     keep = weights > 0
     total = jnp.zeros(shape, jnp.float32)
     for term in terms:
+        if term.kind == "softmax":
+            total = total + _softmax_weighted_sum(term, weights, keep, shape)
+            continue
         g = jnp.where(keep.reshape((-1,) + (1,) * (term.g.ndim - 1)), term.g * weights.reshape(
             (-1,) + (1,) * (term.g.ndim - 1)), 0.0)
         if term.kind == "lookup":
@@ -475,12 +567,32 @@ def _weighted_sum(terms: list[_Term], weights: jax.Array, shape: tuple) -> jax.A
     return total
 
 
+def _softmax_weighted_sum(term: _Term, weights: jax.Array, keep: jax.Array, shape: tuple) -> jax.Array:
+    """``sum_i w_i G_i`` of a vocabulary-sliced head's term: ``sum_{i,s} w_i a_is (e_{y_is} - p_is) g_is^T``, the
+    targets' rows scattered and the probabilities' part a slice at a time (dropped units masked out first)."""
+    head = term.head
+    coef = jnp.where(keep[:, None], term.a * weights[:, None], 0.0)
+    weighted = coef[:, :, None] * jnp.where(keep[:, None, None], term.g, 0.0)  # (B, S, q)
+    hidden = jnp.where(keep[:, None, None], head.hidden, 0.0)
+    lse = jnp.where(keep[:, None], head.lse, 0.0)
+    rows, biases, valid = head.slices()
+
+    def body(_, xs):
+        return None, -_hi("bsv,bsq->vq", slice_probabilities(hidden, *xs, lse), weighted)
+
+    _, parts = jax.lax.scan(body, None, (rows, biases, valid))
+    vocab, width = head.weight.shape[0], weighted.shape[-1]
+    grad = parts.reshape(-1, width)[:vocab].at[head.targets.reshape(-1)].add(weighted.reshape(-1, width))
+    return (grad.T if head.transpose else grad).reshape(shape)
+
+
 def _sq_norm(a, g, method: str):
     chosen = choose_method(a.shape[1], a.shape[2], g.shape[2]) if method == "auto" else method
     return (ghost_sq_norm if chosen == "ghost" else direct_sq_norm)(a, g)
 
 
-def dense_sq_norms_traced(graphdef, params, rest, tokens, mask, *, method: str = "auto") -> DenseNorms:
+def dense_sq_norms_traced(graphdef, params, rest, tokens, mask, *, method: str = "auto",
+                          vocab_chunk: int | None = None) -> DenseNorms:
     """:func:`dense_sq_norms` on a split model, traceable (call it inside ``jax.jit``).
 
     Args:
@@ -488,18 +600,20 @@ def dense_sq_norms_traced(graphdef, params, rest, tokens, mask, *, method: str =
       tokens: ``(B, L)`` or ``(B, k, L)`` int token ids.
       mask: ``tokens``' shape, bool.
       method: as :func:`dense_sq_norms`.
+      vocab_chunk: ``None``, or the head's vocabulary rows a slice (:mod:`snapaudit_jax.models.vocab_head`; the
+        head's terms then come from its hidden states and targets, never a ``(B, S, V)`` array).
 
     Returns:
       :class:`DenseNorms`.
     """
-    losses, factors, _ = _factors(graphdef, params, rest, tokens, mask)
+    losses, factors, _ = _factors(graphdef, params, rest, tokens, mask, vocab_chunk)
     per_param = {name: _param_sq_norm(terms, method) for name, terms in factors.items()}
     total = sum(per_param.values(), jnp.zeros(tokens.shape[0], jnp.float32))
     return DenseNorms(total, per_param, losses)
 
 
 def book_keeping_clipped_sum_traced(graphdef, params, rest, tokens, mask, padding, clip_norm, *,
-                                    method: str = "auto"):
+                                    method: str = "auto", vocab_chunk: int | None = None):
     """The clipped gradient sum by book-keeping: one forward, one backward, no per-unit gradient.
 
     Unit ``i``'s norm comes from the ghost norms of its factors; with ``c_i = min(1, C / ||g_i||)`` (``0`` for a
@@ -513,6 +627,8 @@ def book_keeping_clipped_sum_traced(graphdef, params, rest, tokens, mask, paddin
       padding: ``(B,)`` bool, units that contribute nothing.
       clip_norm: ``C > 0``.
       method: the norms' method, as :func:`dense_sq_norms`.
+      vocab_chunk: ``None``, or the head's vocabulary rows a slice (:mod:`snapaudit_jax.models.vocab_head`; the
+        head's terms then come from its hidden states and targets, never a ``(B, S, V)`` array).
 
     Returns:
       ``(grad_sum, losses, norms)`` as :class:`~snapaudit_jax.dpsgd.gradients.ClippedGrads`.
@@ -522,7 +638,8 @@ def book_keeping_clipped_sum_traced(graphdef, params, rest, tokens, mask, paddin
     """
     from snapaudit_jax.dpsgd.gradients import ClippedGrads
 
-    losses, factors, norms, scale = _clip_factors(graphdef, params, rest, tokens, mask, padding, clip_norm, method)
+    losses, factors, norms, scale = _clip_factors(graphdef, params, rest, tokens, mask, padding, clip_norm, method,
+                                                  vocab_chunk)
     leaves = []
     for path, variable in nnx.to_flat_state(params):
         grad = _weighted_sum(factors[_name(tuple(path))], scale, variable.shape)
@@ -530,10 +647,10 @@ def book_keeping_clipped_sum_traced(graphdef, params, rest, tokens, mask, paddin
     return ClippedGrads(nnx.from_flat_state(leaves), losses, norms)
 
 
-def _clip_factors(graphdef, params, rest, tokens, mask, padding, clip_norm, method):
+def _clip_factors(graphdef, params, rest, tokens, mask, padding, clip_norm, method, vocab_chunk=None):
     """``(losses, factors, norms, scale)``: the factors of every trainable parameter (refusing any not covered),
     the units' norms and their clip factors ``c_i`` (``0`` for padding and non-finite norms)."""
-    losses, factors, missing = _factors(graphdef, params, rest, tokens, mask)
+    losses, factors, missing = _factors(graphdef, params, rest, tokens, mask, vocab_chunk)
     if missing:
         raise InputError(f"book-keeping and ghost clipping cover dense layers, LoRA adapters, embeddings, the tied "
                          f"head and LayerNorm/RMSNorm computed by their modules; not covered: "
@@ -547,7 +664,8 @@ def _clip_factors(graphdef, params, rest, tokens, mask, padding, clip_norm, meth
     return losses, factors, norms, scale
 
 
-def ghost_clipped_sum_traced(graphdef, params, rest, tokens, mask, padding, clip_norm, *, method: str = "auto"):
+def ghost_clipped_sum_traced(graphdef, params, rest, tokens, mask, padding, clip_norm, *, method: str = "auto",
+                             vocab_chunk: int | None = None):
     """The clipped gradient sum by ghost clipping: the norms from one backward pass, then a second backward pass
     of the weighted loss ``sum_i c_i L_i`` (Li et al. 2021), whose gradient is ``sum_i c_i g_i``.
 
@@ -563,6 +681,8 @@ def ghost_clipped_sum_traced(graphdef, params, rest, tokens, mask, padding, clip
       padding: ``(B,)`` bool, units that contribute nothing.
       clip_norm: ``C > 0``.
       method: the norms' method, as :func:`dense_sq_norms`.
+      vocab_chunk: ``None``, or the head's vocabulary rows a slice (:mod:`snapaudit_jax.models.vocab_head`; the
+        head's terms then come from its hidden states and targets, never a ``(B, S, V)`` array).
 
     Returns:
       ``(grad_sum, losses, norms)`` as :class:`~snapaudit_jax.dpsgd.gradients.ClippedGrads`.
@@ -572,7 +692,8 @@ def ghost_clipped_sum_traced(graphdef, params, rest, tokens, mask, padding, clip
     """
     from snapaudit_jax.dpsgd.gradients import ClippedGrads
 
-    losses, _, norms, scale = _clip_factors(graphdef, params, rest, tokens, mask, padding, clip_norm, method)
+    losses, _, norms, scale = _clip_factors(graphdef, params, rest, tokens, mask, padding, clip_norm, method,
+                                            vocab_chunk)
     scale = jax.lax.stop_gradient(scale)
     # A dropped unit (c_i = 0) is replaced by a kept one at weight 0: its own data may make the forward pass NaN,
     # and a zero cotangent through a NaN activation is NaN. With no unit kept, the sum is zero.
@@ -584,7 +705,8 @@ def ghost_clipped_sum_traced(graphdef, params, rest, tokens, mask, padding, clip
     length = tokens.shape[-1]
 
     def weighted(p):
-        rows = sequence_losses(nnx.merge(graphdef, p, rest), tokens.reshape(-1, length), mask.reshape(-1, length))
+        rows = sequence_losses(nnx.merge(graphdef, p, rest), tokens.reshape(-1, length), mask.reshape(-1, length),
+                               vocab_chunk=vocab_chunk)
         return jnp.sum(scale * rows.reshape(tokens.shape[0], -1).sum(axis=1))
 
     grads = jax.grad(weighted)(params)
@@ -592,7 +714,7 @@ def ghost_clipped_sum_traced(graphdef, params, rest, tokens, mask, padding, clip
     return ClippedGrads(grads, losses, norms)
 
 
-def not_covered(graphdef, params, rest, tokens, mask) -> tuple[str, ...]:
+def not_covered(graphdef, params, rest, tokens, mask, *, vocab_chunk: int | None = None) -> tuple[str, ...]:
     """The trainable parameters the book-keeping and ghost paths do not cover, by path (``()``: all covered).
 
     Traces one forward and backward abstractly (:func:`jax.eval_shape`; nothing is computed).
@@ -600,6 +722,7 @@ def not_covered(graphdef, params, rest, tokens, mask) -> tuple[str, ...]:
     Args:
       graphdef, params, rest: ``nnx.split(model, trainable, ...)``.
       tokens, mask: a few units of the data (shapes and dtypes matter, not values).
+      vocab_chunk: the head's vocabulary rows a slice, or ``None`` (whole logits).
 
     Returns:
       The uncovered parameters' paths, sorted.
@@ -613,17 +736,17 @@ def not_covered(graphdef, params, rest, tokens, mask) -> tuple[str, ...]:
 
     # Cached on the shapes alone (what the coverage depends on), so a later run of the same model and data shapes
     # traces nothing new (tested: later runs neither trace nor compile).
-    return _not_covered(graphdef, struct(params), struct(rest), struct(tokens), struct(mask))
+    return _not_covered(graphdef, struct(params), struct(rest), struct(tokens), struct(mask), vocab_chunk)
 
 
 @functools.lru_cache(maxsize=64)
-def _not_covered(graphdef, params, rest, tokens, mask) -> tuple[str, ...]:
+def _not_covered(graphdef, params, rest, tokens, mask, vocab_chunk) -> tuple[str, ...]:
     found: list = []
     params, rest, tokens, mask = (jax.tree.unflatten(treedef, leaves) for treedef, leaves in (params, rest, tokens,
                                                                                               mask))
 
     def probe(p, r, t, m):
-        losses, _, missing = _factors(graphdef, p, r, t, m)
+        losses, _, missing = _factors(graphdef, p, r, t, m, vocab_chunk)
         found.append(missing)
         return losses
 
@@ -631,12 +754,12 @@ def _not_covered(graphdef, params, rest, tokens, mask) -> tuple[str, ...]:
     return tuple(sorted(found[0]))
 
 
-_bk_jit = jax.jit(book_keeping_clipped_sum_traced, static_argnames=("graphdef", "method"))
-_ghost_jit = jax.jit(ghost_clipped_sum_traced, static_argnames=("graphdef", "method"))
+_bk_jit = jax.jit(book_keeping_clipped_sum_traced, static_argnames=("graphdef", "method", "vocab_chunk"))
+_ghost_jit = jax.jit(ghost_clipped_sum_traced, static_argnames=("graphdef", "method", "vocab_chunk"))
 
 
 def book_keeping_clipped_sum(model, tokens, mask, *, clip_norm: float, padding=None, trainable=nnx.LoRAParam,
-                             method: str = "auto"):
+                             method: str = "auto", vocab_chunk: int | None = None):
     """:func:`snapaudit_jax.dpsgd.gradients.clipped_grad_sum` by book-keeping, for models whose every trainable
     parameter is covered (module docstring): DP-LoRA (``trainable=nnx.LoRAParam``) and full fine-tuning of our
     float32 decoders (``trainable=nnx.Param``).
@@ -649,6 +772,7 @@ def book_keeping_clipped_sum(model, tokens, mask, *, clip_norm: float, padding=N
       padding: optional ``(B,)`` bool; padding units contribute exactly zero.
       trainable: the state filter of the differentiated parameters.
       method: the norms' method (``"auto"``, ``"ghost"``, ``"direct"``).
+      vocab_chunk: ``None``, or the head's vocabulary rows a slice (:mod:`snapaudit_jax.models.vocab_head`).
 
     Returns:
       :class:`~snapaudit_jax.dpsgd.gradients.ClippedGrads` ``(grad_sum, losses, norms)``.
@@ -667,7 +791,14 @@ def book_keeping_clipped_sum(model, tokens, mask, *, clip_norm: float, padding=N
     clip_norm = validate.positive_float("clip_norm", clip_norm)
     padding = jnp.zeros(tokens.shape[0], bool) if padding is None else jnp.asarray(padding, bool)
     graphdef, params, rest = nnx.split(model, trainable, ...)
-    return _bk_jit(graphdef, params, rest, tokens, mask, padding, jnp.float32(clip_norm), method=method)
+    return _bk_jit(graphdef, params, rest, tokens, mask, padding, jnp.float32(clip_norm), method=method,
+                   vocab_chunk=_chunk_or_none(vocab_chunk))
+
+
+def _chunk_or_none(vocab_chunk):
+    from snapaudit_jax.utils import validate
+
+    return None if vocab_chunk is None else validate.positive_int("vocab_chunk", vocab_chunk)
 
 
 def _checked(method: str, tokens, mask):
@@ -680,10 +811,11 @@ def _checked(method: str, tokens, mask):
     return tokens, mask
 
 
-_dense_jit = jax.jit(dense_sq_norms_traced, static_argnames=("graphdef", "method"))
+_dense_jit = jax.jit(dense_sq_norms_traced, static_argnames=("graphdef", "method", "vocab_chunk"))
 
 
-def dense_sq_norms(model, tokens, mask, *, method: str = "auto", trainable=nnx.Param) -> DenseNorms:
+def dense_sq_norms(model, tokens, mask, *, method: str = "auto", trainable=nnx.Param,
+                   vocab_chunk: int | None = None) -> DenseNorms:
     """Per-unit squared gradient norms of every covered trainable parameter, from one backward pass.
 
     Covered (see the module docstring): dense kernels and biases, LoRA adapters, embeddings (GPT-2's positions
@@ -698,6 +830,7 @@ def dense_sq_norms(model, tokens, mask, *, method: str = "auto", trainable=nnx.P
       mask: ``tokens``' shape, bool, real tokens.
       method: ``"auto"`` (per layer, :func:`choose_method`), ``"ghost"`` or ``"direct"``.
       trainable: the ``nnx`` filter of the differentiated state; parameters outside it are left out.
+      vocab_chunk: ``None``, or the head's vocabulary rows a slice (:mod:`snapaudit_jax.models.vocab_head`).
 
     Returns:
       :class:`DenseNorms`; ``total`` sums ``per_param``.
@@ -713,4 +846,4 @@ def dense_sq_norms(model, tokens, mask, *, method: str = "auto", trainable=nnx.P
     """
     tokens, mask = _checked(method, tokens, mask)
     graphdef, params, rest = nnx.split(model, trainable, ...)
-    return _dense_jit(graphdef, params, rest, tokens, mask, method=method)
+    return _dense_jit(graphdef, params, rest, tokens, mask, method=method, vocab_chunk=_chunk_or_none(vocab_chunk))

@@ -64,21 +64,22 @@ def sequence_losses(model, tokens: jax.Array, mask: jax.Array, *, vocab_chunk: i
     return nll / jnp.maximum(count, 1)
 
 
-def _loss_fn(graphdef, rest):
+def _loss_fn(graphdef, rest, vocab_chunk=None):
     # One example is one unit: a record (1, L) or a user's records (1, k, L); its loss is the sum over its rows,
     # so a user's records are summed before the unit's gradient is clipped.
     def loss(params, tokens, mask):
         length = tokens.shape[-1]
-        rows = sequence_losses(nnx.merge(graphdef, params, rest), tokens.reshape(-1, length), mask.reshape(-1, length))
+        rows = sequence_losses(nnx.merge(graphdef, params, rest), tokens.reshape(-1, length),
+                               mask.reshape(-1, length), vocab_chunk=vocab_chunk)
         return jnp.sum(rows)
 
     return loss
 
 
-def _clipped_sum(graphdef, rest, params, tokens, mask, padding, clip_norm) -> ClippedGrads:
+def _clipped_sum(graphdef, rest, params, tokens, mask, padding, clip_norm, vocab_chunk=None) -> ClippedGrads:
     """Traceable core: jax_privacy clipped gradient sum of one ``(m, L)`` microbatch."""
     fn = clipping.clipped_grad(
-        _loss_fn(graphdef, rest),
+        _loss_fn(graphdef, rest, vocab_chunk),
         argnums=0,
         l2_clip_norm=clip_norm,
         batch_argnums=(1, 2),
@@ -90,13 +91,13 @@ def _clipped_sum(graphdef, rest, params, tokens, mask, padding, clip_norm) -> Cl
     return ClippedGrads(grad_sum, aux.values, aux.grad_norms)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",))
-def _clipped_sum_jit(graphdef, rest, params, tokens, mask, padding, clip_norm):
-    return _clipped_sum(graphdef, rest, params, tokens, mask, padding, clip_norm)
+@functools.partial(jax.jit, static_argnames=("graphdef", "vocab_chunk"))
+def _clipped_sum_jit(graphdef, rest, params, tokens, mask, padding, clip_norm, vocab_chunk=None):
+    return _clipped_sum(graphdef, rest, params, tokens, mask, padding, clip_norm, vocab_chunk)
 
 
 def clipped_grad_sum(model, tokens, mask, *, clip_norm: float, padding=None, trainable=nnx.Param,
-                     method: str = "per_record") -> ClippedGrads:
+                     method: str = "per_record", vocab_chunk: int | None = None) -> ClippedGrads:
     """Sum of per-record gradients of :func:`sequence_losses`, each clipped to L2 norm ``clip_norm``.
 
     No noise is added here: the sum is the input of the Gaussian mechanism in
@@ -126,6 +127,8 @@ def clipped_grad_sum(model, tokens, mask, *, clip_norm: float, padding=None, tra
         (:func:`~snapaudit_jax.dpsgd.resolve_clipping`: book-keeping where it covers every trainable
         parameter, else per-record). The
         same sum to float32 rounding (tested to ``1e-5``).
+      vocab_chunk: ``None`` (the whole logits), or the LM head's vocabulary rows a slice on every path
+        (:mod:`snapaudit_jax.models.vocab_head`: no ``(B, L, V)`` array; the same sum to float32 rounding).
 
     Returns:
       :class:`ClippedGrads` ``(grad_sum, losses, norms)``.
@@ -152,16 +155,18 @@ def clipped_grad_sum(model, tokens, mask, *, clip_norm: float, padding=None, tra
     from snapaudit_jax.dpsgd.config import CLIPPINGS
 
     validate.choice("method", method, CLIPPINGS)
+    if vocab_chunk is not None:
+        vocab_chunk = validate.positive_int("vocab_chunk", vocab_chunk)
     graphdef, params, rest = nnx.split(model, trainable, ...)
     if method != "per_record":
         from snapaudit_jax.dpsgd import ghost
         from snapaudit_jax.dpsgd.train import resolve_clipping
 
-        method, _ = resolve_clipping(method, graphdef, params, rest, tokens[:1], mask[:1])
+        method, _ = resolve_clipping(method, graphdef, params, rest, tokens[:1], mask[:1], vocab_chunk=vocab_chunk)
         if method != "per_record":
             fn = ghost._bk_jit if method == "book_keeping" else ghost._ghost_jit
-            return fn(graphdef, params, rest, tokens, mask, padding, np.float32(clip_norm))
-    return _clipped_sum_jit(graphdef, rest, params, tokens, mask, padding, np.float32(clip_norm))
+            return fn(graphdef, params, rest, tokens, mask, padding, np.float32(clip_norm), vocab_chunk=vocab_chunk)
+    return _clipped_sum_jit(graphdef, rest, params, tokens, mask, padding, np.float32(clip_norm), vocab_chunk)
 
 
 def _model_limits(model) -> tuple[int | None, int | None]:

@@ -51,8 +51,8 @@ from snapaudit_jax.mechanisms.variates import random_words, sign_and_half_unifor
 from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["NOISE_WORDS", "THIRD_PLANE", "TAIL_PROBABILITY", "SAMPLER", "PER_KEY", "DELTA_SHARE", "GROUP_BELOW",
-           "GROUPED", "coordinates", "standard_normal", "refined_normal", "lazy_third_plane", "leaf_noise", "sampler_delta",
-           "check_sampler_delta", "gaussian_privatizer"]
+           "GROUPED", "coordinates", "standard_normal", "refined_normal", "lazy_third_plane", "leaf_noise",
+           "sampler_delta", "check_sampler_delta", "gaussian_privatizer"]
 
 NOISE_WORDS = 2
 """32-bit words drawn for every noise coordinate: a sign and a uniform on ``(0, 1/2)`` on a grid of ``2^-64``

@@ -145,6 +145,7 @@ class _StepSpec:
     weight_decay: float
     private: bool
     clipping: str = "per_record"  # resolved: "per_record", "book_keeping" or "ghost"
+    vocab_chunk: int | None = None  # the LM head's vocabulary rows a slice (None: whole logits)
 
 
 class _Hyper(NamedTuple):
@@ -173,14 +174,14 @@ def _make_tx(spec: _StepSpec, hyper: _Hyper, noise_key: jax.Array) -> optax.Grad
 
 
 def _local_sums(params, rest, hyper: _Hyper, tokens, mask, selected, *, graphdef, microbatch_size: int,
-                clipping: str = "per_record"):
+                clipping: str = "per_record", vocab_chunk: int | None = None):
     """Clipped gradient sum over the selected units of ``tokens`` (one device's): ``(grad_sum, sums, maxima)``."""
     m = microbatch_size
     if clipping == "per_record":
-        clipped_sum = functools.partial(_clipped_sum, graphdef, rest, params)
+        clipped_sum = functools.partial(_clipped_sum, graphdef, rest, params, vocab_chunk=vocab_chunk)
     else:
         fast = ghost.book_keeping_clipped_sum_traced if clipping == "book_keeping" else ghost.ghost_clipped_sum_traced
-        clipped_sum = functools.partial(fast, graphdef, params, rest)
+        clipped_sum = functools.partial(fast, graphdef, params, rest, vocab_chunk=vocab_chunk)
     indices, count = compact_indices(selected, m)
     rows = jnp.arange(m, dtype=jnp.int32)
 
@@ -218,7 +219,7 @@ def _dp_step_kernel(
     """
     selected = _poisson_mask(jax.random.fold_in(key, _SAMPLE_STREAM), step, spec.num_records, hyper.threshold)
     local = functools.partial(_local_sums, graphdef=graphdef, microbatch_size=spec.microbatch_size,
-                              clipping=spec.clipping)
+                              clipping=spec.clipping, vocab_chunk=spec.vocab_chunk)
     if mesh is None:
         grad_sum, sums, maxima = local(params, rest, hyper, tokens, mask, selected)
         metrics = {**sums, **maxima}
@@ -331,7 +332,8 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
     graphdef, params, rest = nnx.split(model, trainable, ...)
     if not jax.tree.leaves(params):
         raise InputError(f"trainable must select at least one parameter of the model, got {trainable!r}")
-    clipping, clipping_reason = resolve_clipping(config.clipping, graphdef, params, rest, tokens_np[:1], mask_np[:1])
+    clipping, clipping_reason = resolve_clipping(config.clipping, graphdef, params, rest, tokens_np[:1], mask_np[:1],
+                                                 vocab_chunk=config.vocab_chunk)
     layers, layers_reason = resolve_layers(config.layers, model, trainable)
     if layers == "scan":
         graphdef, params, rest = nnx.split(stack_layers(model), trainable, ...)
@@ -349,6 +351,7 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
         weight_decay=config.weight_decay,
         private=config.private,
         clipping=clipping,
+        vocab_chunk=config.vocab_chunk,
     )
     hyper = _Hyper(
         threshold=jnp.asarray(inclusion_threshold(privacy.sampling_rate)),
@@ -361,12 +364,14 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
     opt_state = _make_tx(spec, hyper, jax.random.fold_in(key, _NOISE_STREAM)).init(params)
     identity = {
         # The requested clipping is in "clipping" as resolved: the path sets the float32 summation order.
-        "config": {k: v for k, v in config.to_dict().items() if k not in ("clipping", "layers")},
+        "config": {k: v for k, v in config.to_dict().items() if k not in ("clipping", "layers", "vocab_chunk")},
         # None: the per-record path, as in checkpoints written before the fast paths.
         "clipping": None if clipping == "per_record" else clipping,
         # The parameters' tree (stacked or one per block) and the float32 rounding of the step; None: unrolled, as
         # in checkpoints written before the scan.
         "layers": None if layers == "unrolled" else layers,
+        # The head's slices (float32 rounding of the loss); None: whole logits, as in checkpoints before them.
+        "vocab_chunk": config.vocab_chunk,
         "sampling_rate": privacy.sampling_rate,
         "noise_multiplier": privacy.noise_multiplier,
         "dataset_sha256": _fingerprint(tokens_np, mask_np),
@@ -408,13 +413,15 @@ _MEASURED = ("book-keeping, the measured default on every backend (2 CPU cores, 
              "8-256, 3-14% slower on that small shape)")
 
 
-def resolve_clipping(requested: str, graphdef, params, rest, tokens, mask) -> tuple[str, str]:
+def resolve_clipping(requested: str, graphdef, params, rest, tokens, mask, *,
+                     vocab_chunk: int | None = None) -> tuple[str, str]:
     """The clipping path of a run and why: ``(path, reason)``.
 
     Args:
       requested: ``DPSGDConfig.clipping``.
       graphdef, params, rest: ``nnx.split(model, trainable, ...)``.
       tokens, mask: one or a few units of the data (traced abstractly, see :func:`ghost.not_covered`).
+      vocab_chunk: ``DPSGDConfig.vocab_chunk`` (a vocabulary-sliced head is covered through its own terms).
 
     Returns:
       ``("per_record" | "book_keeping" | "ghost", reason)``: ``"auto"`` is book-keeping when the fast paths
@@ -429,7 +436,8 @@ def resolve_clipping(requested: str, graphdef, params, rest, tokens, mask) -> tu
     if requested == "per_record":
         return "per_record", "requested (clipping = \"per_record\")"
     try:
-        missing = ghost.not_covered(graphdef, params, rest, jnp.asarray(tokens), jnp.asarray(mask))
+        missing = ghost.not_covered(graphdef, params, rest, jnp.asarray(tokens), jnp.asarray(mask),
+                                    vocab_chunk=vocab_chunk)
         why = ""
     except InputError as err:
         missing, why = None, str(err)

@@ -187,6 +187,9 @@ class TrainConfig:
         float32 rounding: :class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s ``layers``): ``"auto"`` (one scan over
         the stacked blocks on accelerators for 4 blocks or more, unrolled on the CPU), ``"scan"`` or
         ``"unrolled"``.
+      vocab_chunk: the LM head a slice of this many vocabulary rows at a time in every training step (memory only,
+        the same function to float32 rounding: :class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s ``vocab_chunk``; no
+        ``(units, length, vocabulary)`` logits, one more product with the head); ``0`` (default): whole logits.
       checkpoint_every: steps between checkpoints (resume after a kill).
       devices: data parallelism over this many local devices (``0``: one device; see
         :func:`snapaudit_jax.dpsgd.train`'s ``mesh``); a run resumes only on as many.
@@ -204,6 +207,7 @@ class TrainConfig:
     microbatch_size: int = 0
     clipping: str = "auto"
     layers: str = "auto"
+    vocab_chunk: int = 0
     checkpoint_every: int = 10
     devices: int = 0
 
@@ -233,6 +237,7 @@ class TrainConfig:
         validate.positive_int("microbatch_size", self.microbatch_size, minimum=0)
         validate.choice("clipping", self.clipping, CLIPPINGS)
         validate.choice("layers", self.layers, LAYERS)
+        validate.positive_int("vocab_chunk", self.vocab_chunk, minimum=0)
         validate.positive_int("checkpoint_every", self.checkpoint_every)
         if validate.positive_int("devices", self.devices, minimum=0) > 4096:
             raise InputError(f"devices must be <= 4096, got {self.devices}")

@@ -132,7 +132,7 @@ class Prepared:
         common = dict(
             steps=steps or ft.steps, learning_rate=learning_rate or ft.learning_rate, sampling_rate=self.sampling_rate,
             optimizer=ft.optimizer, weight_decay=ft.weight_decay, microbatch_size=ft.microbatch_size or None,
-            clipping=ft.clipping, layers=ft.layers,
+            clipping=ft.clipping, layers=ft.layers, vocab_chunk=ft.vocab_chunk or None,
             seed=self.config.noise_seed, accountant=privacy.accountant,
         )
         if not private:
@@ -363,7 +363,9 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
     model = _build_model(prep)
     graphdef, params, rest = nnx.split(model, _trainable(prep), ...)
     tokens, mask = prep.dataset
-    path, reason = resolve_clipping(cfg.finetune.clipping, graphdef, params, rest, tokens[:1], mask[:1])
+    chunk = cfg.finetune.vocab_chunk or None
+    path, reason = resolve_clipping(cfg.finetune.clipping, graphdef, params, rest, tokens[:1], mask[:1],
+                                    vocab_chunk=chunk)
     layers, layers_reason = resolve_layers(cfg.finetune.layers, model, _trainable(prep))
     if layers == "scan":  # the step measured in the layout the run trains in
         graphdef, params, rest = nnx.split(stack_layers(model), _trainable(prep), ...)
@@ -375,10 +377,10 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
     # The frozen weights are an argument, not a closure: captured, XLA would constant-fold them (seconds of
     # compilation and its "constant folding is taking > 1s ... file a bug" alarm), and the run's step does not.
     if path == "per_record":
-        fn = jax.jit(lambda p, r, t, m, pad: _clipped_sum(graphdef, r, p, t, m, pad, 1.0).grad_sum)
+        fn = jax.jit(lambda p, r, t, m, pad: _clipped_sum(graphdef, r, p, t, m, pad, 1.0, chunk).grad_sum)
     else:
         fast = ghost.book_keeping_clipped_sum_traced if path == "book_keeping" else ghost.ghost_clipped_sum_traced
-        fn = jax.jit(lambda p, r, t, m, pad: fast(graphdef, p, r, t, m, pad, 1.0).grad_sum)
+        fn = jax.jit(lambda p, r, t, m, pad: fast(graphdef, p, r, t, m, pad, 1.0, vocab_chunk=chunk).grad_sum)
     compile_train, per_microbatch = _timed(lambda: fn(params, rest, t, m, padding))
     trainable = prep.trainable_parameters
     batch = prep.sampling_rate * prep.data.num_units

@@ -154,6 +154,20 @@ def test_every_variant_trains_in_the_configured_layout(tmp_path):
         load_pii_config(write_toml(tmp_path, text))
 
 
+def test_vocab_chunk_reaches_every_variant_and_a_negative_one_is_refused(tmp_path):
+    """``[training] vocab_chunk`` (memory only) reaches every variant's DPSGDConfig; ``0`` (default) is whole
+    logits; a negative value is refused naming the key."""
+    from attacks.run import _dpsgd_config
+
+    for line, want in (("", None), ("vocab_chunk = 4096\n", 4096)):
+        text = TINY.format(variants="").replace("steps = 6", "steps = 6\n" + line)
+        cfg = load_pii_config(write_toml(tmp_path, text))
+        assert _dpsgd_config(cfg, True, 100).vocab_chunk == want == _dpsgd_config(cfg, False, 100).vocab_chunk
+    text = TINY.format(variants="").replace("steps = 6", "steps = 6\nvocab_chunk = -1")
+    with pytest.raises(ConfigFileError, match=r"vocab_chunk must be an integer >= 0, got -1 \(training\.vocab_chunk\)"):
+        load_pii_config(write_toml(tmp_path, text))
+
+
 def test_an_exposure_sample_larger_than_the_secret_space_is_refused(tmp_path):
     text = tiny_pii_toml().replace("n_canaries = 16", "n_canaries = 16\ndigits = 4") + "\n[exposure]\nsamples = 9990\n"
     with pytest.raises(ConfigFileError, match=r"exposure.samples: must be <= 10\*\*canaries.digits - "

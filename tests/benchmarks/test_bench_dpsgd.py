@@ -97,6 +97,26 @@ def test_tiny_run_reports_every_path_against_the_nonprivate_step(tmp_path, env):
 
 
 @pytest.mark.slow
+def test_a_sliced_head_is_checked_timed_and_measured_beside_the_whole_logits(tmp_path, env):
+    """``--vocab-chunk 40`` (a 128-token vocabulary: four slices, the last padded): every sliced step passes the
+    check against the independent per-record loop (which forms the logits whole), and the memory analysis holds
+    the sliced and the whole-logits steps side by side."""
+    out = tmp_path / "dpsgd.json"
+    proc = _run([*TINY, "--skip-torch", "--vocab-chunk", "40", "--memory-budget-mb", "2", "--out", str(out)], env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "head in slices of 40 rows" in proc.stdout and "book_keeping (whole logits)" in proc.stdout
+    r = json.loads(out.read_text())
+    assert r["model"]["vocab_chunk"] == 40 and r["memory"]["vocab_chunk"] == 40
+    assert max(r["check_rel_error"].values()) <= 1e-4 and len(r["check_rel_error"]) == 6
+    mem, whole = r["memory"], r["memory"]["whole_logits"]
+    assert set(whole) == {"compiled_mb", "largest_within_budget"}
+    assert set(whole["compiled_mb"]) == set(mem["compiled_mb"]) == {"nonprivate", "per_record", "book_keeping",
+                                                                     "ghost"}
+    for name, mbs in whole["compiled_mb"].items():
+        assert len(mbs) == 2 and all(mb > 0 for mb in mbs) and mbs != mem["compiled_mb"][name], name
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("side", ["book_keeping", "torch", "sweep"])
 def test_a_perturbed_sum_fails_the_check_before_timing_exit_1_and_no_file(tmp_path, env, side):
     if side != "book_keeping" and not HAS_TORCH:

@@ -292,3 +292,83 @@ def test_an_embedding_called_directly_is_a_lookup(monkeypatch):
     monkeypatch.setattr(decoders, "_embed", lambda embed, ids: jnp.take(embed.embedding[...], ids, axis=0))
     assert not_covered(*nnx.split(model, nnx.Param, ...), jnp.asarray(tokens[:, :6]), jnp.asarray(mask[:, :6])) == (
         "wpe.embedding", "wte.embedding")
+
+
+def _biased_head_llama():
+    """A Llama whose untied head has a bias (transformers' heads have none; the head's bias term is still
+    covered, so it is tested on a model that has one)."""
+    model = CONFIGS["llama"]()
+    head = nnx.Linear(8, VOCAB, use_bias=True, rngs=nnx.Rngs(4))
+    head.bias[...] = jnp.asarray(np.random.default_rng(8).standard_normal(VOCAB) * 0.5, jnp.float32)
+    model.lm_head = head
+    return model
+
+
+SLICED = {"gpt2": lambda: CONFIGS["gpt2"](), "llama_biased_head": _biased_head_llama,
+          "llama_tied_biased": lambda: CONFIGS["llama_tied_biased"]()}
+
+
+@pytest.mark.parametrize("kind, shape", [
+    ("gpt2", (5, 9)),
+    *[pytest.param(kind, shape, marks=pytest.mark.slow) for kind, shape in [
+        ("gpt2", (3, 2, 6)), ("llama_biased_head", (5, 9)), ("llama_biased_head", (3, 2, 6)),
+        ("llama_tied_biased", (5, 9)), ("llama_tied_biased", (3, 2, 6))]]])
+def test_a_vocabulary_sliced_head_gives_the_same_norms_and_clipped_sums(kind, shape):
+    """With ``vocab_chunk`` (a slice that does not divide the vocabulary: a padded last slice) the head's terms
+    come from its hidden states, targets and log-sum-exp alone: every parameter's per-unit norm equals the
+    per-unit gradients' (whole logits), and the book-keeping and ghost clipped sums equal jax_privacy's
+    per-unit clipped sum to 1e-5 (the tied table's cross term with the lookup included; the head's bias on a
+    model that has one). Power: the whole-logits norms of the head's rows differ from the other parameters'."""
+    from snapaudit_jax.dpsgd.ghost import book_keeping_clipped_sum
+    from snapaudit_jax.dpsgd.gradients import clipped_grad_sum
+
+    model = SLICED[kind]()
+    tokens, mask = _data(shape, seed=11)
+    oracle = _oracle(model, tokens, mask, every=True)
+    got = dense_sq_norms(model, tokens, mask, vocab_chunk=8)
+    assert set(got.per_param) == set(oracle)
+    for name, want in oracle.items():
+        np.testing.assert_allclose(np.asarray(got.per_param[name]), want, rtol=1e-5, atol=1e-12, err_msg=name)
+    padding = np.zeros(shape[0], bool)
+    padding[1] = True
+    free = clipped_grad_sum(model, tokens, mask, clip_norm=np.inf)
+    clip = float(np.median(np.asarray(free.norms)))
+    want = clipped_grad_sum(model, tokens, mask, clip_norm=clip, padding=padding)
+    flat_want = {str(p): np.asarray(v[...]) for p, v in nnx.to_flat_state(want.grad_sum)}
+    scale = max(float(np.abs(v).max()) for v in flat_want.values())
+    for path in ("book_keeping", "ghost", "per_record"):
+        out = clipped_grad_sum(model, tokens, mask, clip_norm=clip, padding=padding, method=path, vocab_chunk=8)
+        np.testing.assert_allclose(np.asarray(out.norms), np.asarray(want.norms), rtol=1e-5, err_msg=path)
+        flat = {str(p): np.asarray(v[...]) for p, v in nnx.to_flat_state(out.grad_sum)}
+        assert set(flat) == set(flat_want)
+        for name, value in flat_want.items():
+            np.testing.assert_allclose(flat[name], value, rtol=1e-5, atol=1e-6 * scale, err_msg=f"{path} {name}")
+    direct = book_keeping_clipped_sum(model, tokens, mask, clip_norm=clip, padding=padding, trainable=nnx.Param,
+                                      vocab_chunk=VOCAB)  # one slice
+    np.testing.assert_allclose(np.asarray(direct.norms), np.asarray(want.norms), rtol=1e-5)
+    assert (np.asarray(want.norms) > clip).any()
+
+
+def test_the_sliced_heads_norm_needs_its_softmax_products_and_the_tied_cross_term(monkeypatch):
+    """Power: the head's ``K_st`` without its ``p_s . p_t`` part, or the tied table without the lookup-head
+    cross term, misses the per-unit oracle by far more than the tolerance."""
+    from snapaudit_jax.dpsgd import ghost
+
+    model = CONFIGS["gpt2"]()
+    tokens, mask = _data((3, 9), seed=12)
+    want = _oracle(model, tokens, mask, every=True)["wte.embedding"]
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def norm():  # traced afresh on each call, so a patched helper takes effect
+        out = jax.jit(lambda p, t, m: ghost.dense_sq_norms_traced(graphdef, p, rest, t, m, vocab_chunk=8))(
+            params, jnp.asarray(tokens), jnp.asarray(mask))
+        return np.asarray(out.per_param["wte.embedding"])
+
+    np.testing.assert_allclose(norm(), want, rtol=1e-5)
+    real_probabilities, real_inner = ghost.slice_probabilities, ghost._softmax_inner
+    monkeypatch.setattr(ghost, "slice_probabilities", lambda *a: 0.0 * real_probabilities(*a))
+    assert not np.allclose(norm(), want, rtol=1e-2)
+    monkeypatch.setattr(ghost, "slice_probabilities", real_probabilities)
+    monkeypatch.setattr(ghost, "_softmax_inner",
+                        lambda x, y: real_inner(x, y) if x.kind == y.kind else jnp.zeros(x.a.shape[0]))
+    assert not np.allclose(norm(), want, rtol=1e-2)

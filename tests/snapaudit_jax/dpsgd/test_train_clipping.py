@@ -120,6 +120,34 @@ def test_full_fine_tuning_trains_the_per_record_model_on_every_path():
     assert any(not np.allclose(free[k], want[k], rtol=1e-3, atol=1e-4 * scale) for k in want)
 
 
+def test_a_vocabulary_sliced_head_trains_the_whole_logits_model_on_every_path():
+    """``vocab_chunk`` (10 rows a slice of a 53-token vocabulary, the last slice padded) changes memory only:
+    full fine-tuning by book-keeping and by the per-record path, and the non-private twin, train the
+    whole-logits per-record model to 1e-5 (same key: same batches and noise), some units clipped. A checkpoint
+    names the slices (float32 rounding), and a bad value is refused naming the field."""
+    data = _data()
+    flat = lambda m: {str(p): np.asarray(v[...]) for p, v in nnx.to_flat_state(nnx.state(m, nnx.Param))}  # noqa
+    config = dict(steps=2, clip_norm=5.0)
+    model, hist_want, _ = train(_model(lora=False), data, _config(clipping="per_record", **config))
+    want = flat(model)
+    clipped = np.asarray(hist_want["clipped_fraction"])
+    assert np.nanmax(clipped) > 0 and np.nanmin(clipped) < 1
+    scale = max(float(np.abs(v).max()) for v in want.values())
+    for clipping in ("book_keeping", "per_record"):
+        model, hist_got, report = train(_model(lora=False), data, _config(clipping=clipping, vocab_chunk=10,
+                                                                           **config))
+        assert report.clipping == clipping
+        np.testing.assert_allclose(hist_got["grad_norm_max"], hist_want["grad_norm_max"], rtol=1e-5)
+        _close(flat(model), want, scale)
+    # SGD for the twin: without noise, Adam turns the exactly-zero gradient of the attention's key bias (its
+    # rounding, 1e-8 either way) into steps of the learning rate's size
+    twin = dict(steps=2, learning_rate=0.05, batch_size=8, seed=5, non_private=True, optimizer="sgd")
+    whole = flat(train(_model(lora=False), data, DPSGDConfig(**twin))[0])
+    _close(flat(train(_model(lora=False), data, DPSGDConfig(**twin, vocab_chunk=10))[0]), whole, scale)
+    with pytest.raises(InputError, match="vocab_chunk must be an integer >= 1, got 0"):
+        _config(vocab_chunk=0)
+
+
 def test_a_forced_fast_path_is_refused_where_a_parameter_is_read_outside_its_layer():
     """A bfloat16 GPT-2 computes its logits from the raw embedding table (float32 accumulation), outside the
     tied head's tap: full fine-tuning's ``wte.embedding`` is then not covered, so a forced fast path is refused

@@ -315,6 +315,7 @@ def test_a_run_whose_noise_sampler_would_add_over_a_tenth_of_delta_is_refused_be
     ({"data": "generate = \"clinical_notes\"\n"}, "data.generate_units"),
     ({"data": "generate = \"clinical_notes\"\ngenerate_units = 1000001\n"}, "generate_units must be <= 1000000"),
     ({"data": "path = \"{data}\"\ngenerate_units = 10\n"}, "generate_units must be 0 without generate"),
+    ({"finetune": "vocab_chunk = -1\n"}, "vocab_chunk must be an integer >= 0, got -1"),
 ])
 def test_bad_settings_are_refused_before_training_naming_the_key(tiny, tmp_path, sections, key, capsys):
     root, model, data, _ = tiny
@@ -457,6 +458,14 @@ def test_held_out_data_must_be_disjoint_from_the_training_data(tiny, tmp_path):
                                           extra="allow_held_out_overlap = true\n"))
     assert allowed.stats["held_out_records"] == 4
     assert allowed.stats["held_out_records_left_out_as_overlapping"] == 3
+
+
+def test_vocab_chunk_reaches_the_private_model_and_its_twin(tiny):
+    """``[finetune] vocab_chunk`` (memory only) reaches both trainings' DPSGDConfig; ``0`` means whole logits."""
+    root, model, data, _ = tiny
+    for line, want in (("", None), ("vocab_chunk = 16\n", 16)):
+        prep = prepare(load_finetune_config(_toml(root, model, data, finetune=line, canaries="n_canaries = 0\n")))
+        assert prep.dpsgd_config(True).vocab_chunk == want == prep.dpsgd_config(False).vocab_chunk
 
 
 @pytest.mark.slow
