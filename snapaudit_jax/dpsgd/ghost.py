@@ -55,7 +55,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from snapaudit_jax.dpsgd.gradients import sequence_losses
-from snapaudit_jax.models.vocab_head import head_weights, slice_probabilities, target_logprobs, vocab_slices
+from snapaudit_jax.models.vocab_head import head_weights, slice_probabilities, target_logprobs_values, vocab_slices
 from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["METHODS", "DenseNorms", "book_keeping_clipped_sum", "book_keeping_clipped_sum_traced", "choose_method",
@@ -202,12 +202,27 @@ class _Tap:
 
     def target_logprobs(self, hidden, targets, chunk: int):
         """The head a vocabulary slice at a time (:func:`~snapaudit_jax.models.vocab_head.head_target_logprobs`):
-        records the hidden states, targets and log-sum-exp; the probe sits on the target log-probabilities."""
+        records the hidden states, targets and log-sum-exp; its probe is a pair, one added to the target
+        log-probabilities (their cotangents) and one through which the backward pass returns each unit's Gram of
+        the slices' probabilities (:func:`_head_with_gram`)."""
         module, path, record, _ = self._tap
+        if (path, "head") in record["calls"]:
+            raise InputError(f"layer {_name(path)} is called more than once per forward pass (shared weights): its "
+                             "per-unit gradient has cross terms the ghost norm omits")
+        record["calls"].append((path, "head"))
+        units = record["units"]
+        positions = hidden.shape[0] // units * hidden.shape[1]
+        probes = record["probes"]
+        added, gram_probe = (None, jnp.zeros((units, positions, positions), jnp.float32)) if probes is None \
+            else probes[len(record["calls"]) - 1]
         weight, bias = head_weights(module)
-        picked, lse = target_logprobs(hidden, weight, bias, targets, chunk)
+        picked, lse = _head_with_gram(hidden, gram_probe, weight, bias, targets, chunk)
         record["heads"][path] = chunk
-        return self._probe("head", (hidden, targets, jax.lax.stop_gradient(lse)), picked)
+        record["inputs"].append((hidden, targets, jax.lax.stop_gradient(lse)))
+        if probes is None:
+            record["outputs"].append((picked, gram_probe))
+            return picked
+        return picked + added
 
     def __getattr__(self, attr):
         module, path, record, _ = self._tap
@@ -215,6 +230,45 @@ class _Tap:
         if isinstance(value, nnx.Variable):
             return _Guard(value, _name(path + (attr,)), record)
         return value
+
+
+def _head_with_gram(hidden, gram_probe, weight, bias, targets, chunk: int):
+    """``(picked, lse)`` of :func:`~snapaudit_jax.models.vocab_head.target_logprobs`, differentiable in ``hidden``
+    only, whose backward pass also returns, as the "cotangent" of ``gram_probe`` (zeros ``(units, S, S)``, on
+    which the outputs do not depend), each unit's ``sum_v p_s[v] p_t[v]`` over its ``S`` positions: the slices'
+    probabilities are formed there anyway, so the head's norm costs no extra pass over the vocabulary. The head's
+    weights are closed over: differentiating with respect to them raises (JAX refuses a custom VJP's closed-over
+    differentiated value), never a silently wrong gradient."""
+    rows, biases, valid = vocab_slices(weight, bias, chunk)
+    units = gram_probe.shape[0]
+
+    @jax.custom_vjp
+    def head(h, probe):
+        return target_logprobs_values(h, weight, bias, targets, chunk)
+
+    def forward(h, probe):
+        picked, lse = target_logprobs_values(h, weight, bias, targets, chunk)
+        return (picked, lse), (h, lse)
+
+    def backward(residuals, cotangents):
+        h, lse = residuals
+        u, w = (c.astype(jnp.float32) for c in cotangents)
+        h32 = h.astype(jnp.float32)
+        coef = (w - u)[..., None]
+
+        def body(carry, xs):
+            dh, gram = carry
+            p = slice_probabilities(h32, *xs, lse)
+            per_unit = p.reshape(units, -1, p.shape[-1])
+            return (dh + (coef * p) @ xs[0], gram + _hi("bsv,btv->bst", per_unit, per_unit)), None
+
+        (dh, gram), _ = jax.lax.scan(body, (jnp.zeros_like(h32), jnp.zeros(gram_probe.shape, jnp.float32)),
+                                     (rows, biases, valid))
+        dh = dh + u[..., None] * jnp.take(weight, targets, axis=0).astype(jnp.float32)
+        return dh.astype(h.dtype), gram
+
+    head.defvjp(forward, backward)
+    return head(hidden, gram_probe)
 
 
 class _ScanTap:
@@ -322,7 +376,7 @@ def _forward(graphdef, params, rest, tokens, mask, probes, record: dict, vocab_c
     the tapped calls ``(path, kind)`` in call order, the LoRA adapters' ``(scale, spans)`` by path and the
     parameters read outside their taps."""
     record.update(calls=[], inputs=[], outputs=[], probes=probes, lora={}, heads={}, bypassed=set(), modules={},
-                  stacked=set())
+                  stacked=set(), units=tokens.shape[0])
     model = nnx.merge(graphdef, params, rest)
     record["modules"] = {tuple(path): m for path, m in nnx.iter_modules(model)}
     _tap_modules(model, record)
@@ -336,7 +390,8 @@ class _Head(NamedTuple):
     """A vocabulary-sliced head's call (:mod:`snapaudit_jax.models.vocab_head`), a unit's positions end to end:
     ``hidden`` ``(B, S, D)``, ``targets`` and ``lse`` ``(B, S)``, the head's float32 ``weight`` ``(V, D)`` and
     ``bias`` (or ``None``), its slices' ``chunk``; ``transpose``: the parameter is ``weight.T`` (an
-    ``nnx.Linear`` kernel)."""
+    ``nnx.Linear`` kernel); ``gram`` ``(B, S, S)``: ``p_s . p_t`` of every pair of a unit's positions (from the
+    backward pass, :func:`_head_with_gram`)."""
 
     hidden: jax.Array
     targets: jax.Array
@@ -345,6 +400,7 @@ class _Head(NamedTuple):
     bias: jax.Array | None
     chunk: int
     transpose: bool
+    gram: jax.Array
 
     def slices(self):
         return vocab_slices(self.weight, self.bias, self.chunk)
@@ -402,7 +458,7 @@ def _factors(graphdef, params, rest, tokens, mask, vocab_chunk=None):
     covered = {_name(tuple(path)) for path, _ in nnx.to_flat_state(params)}
     values = {_name(tuple(path)): v for path, v in nnx.to_flat_state(params)}
     shapes = jax.eval_shape(lambda p: _forward(graphdef, p, rest, tokens, mask, None, {}, vocab_chunk)[1][2], params)
-    probes = [jnp.zeros(s.shape, s.dtype) for s in shapes]
+    probes = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     record: dict = {}
     _, pullback, (losses, inputs, _) = jax.vjp(
         lambda pr: _forward(graphdef, params, rest, tokens, mask, pr, record, vocab_chunk), probes, has_aux=True)
@@ -417,14 +473,15 @@ def _factors(graphdef, params, rest, tokens, mask, vocab_chunk=None):
             if name in covered:
                 factors.setdefault(name, []).append(_Term(kind, a, g, layers, head))
 
-        if call == "head":  # a vocabulary-sliced head: its rows (and bias) from h, y, lse and u alone
+        if call == "head":  # a vocabulary-sliced head: its rows (and bias) from h, y, lse, u and the Gram alone
             hidden, targets, lse = a
+            g, gram = g
             module = record["modules"][path]
             weight, bias = head_weights(module)
             h = hidden.reshape(units, -1, hidden.shape[-1]).astype(jnp.float32)
             head = _Head(h, targets.reshape(units, -1), lse.reshape(units, -1), weight.astype(jnp.float32),
                          None if bias is None else bias.astype(jnp.float32), record["heads"][path],
-                         isinstance(module, nnx.Linear))
+                         isinstance(module, nnx.Linear), gram)
             u = g.reshape(units, -1).astype(jnp.float32)
             add(_name(path + ("embedding" if isinstance(module, nnx.Embed) else "kernel",)), "softmax", u, h, head=head)
             if bias is not None:
@@ -491,23 +548,16 @@ def _softmax_inner(x: _Term, y: _Term) -> jax.Array:
 
     With ``d_s = a_s (e_{y_s} - p_s)`` the logits' cotangent at position ``s``: two terms of the same head give
     ``sum_{s,t} (g_s . g'_t) a_s a'_t K_st``, ``K_st = [y_s = y_t] - p_t[y_s] - p_s[y_t] + p_s . p_t``, the last
-    product accumulated over the vocabulary's slices (a ``(B, S, S)`` sum, never a ``(B, S, V)`` array); with an
+    product accumulated over the vocabulary's slices in the backward pass (``_Head.gram``: a ``(B, S, S)`` sum,
+    never a ``(B, S, V)`` array); with an
     embedding lookup of the same table (a tied head), ``sum_{s,t} d_t[ids_s] (e_s . g_t)``."""
     if x.kind == "softmax" and y.kind == "softmax":
         head = x.head
         if y.head is not head:
             raise InputError("a parameter's gradient has terms of two vocabulary heads")  # no model does this
-        rows, biases, valid = head.slices()
-
-        def body(total, xs):
-            p = slice_probabilities(head.hidden, *xs, head.lse)
-            return total + _hi("bsv,btv->bst", p, p), None
-
-        products, _ = jax.lax.scan(body, jnp.zeros(head.lse.shape + head.lse.shape[-1:], jnp.float32),
-                                   (rows, biases, valid))
         at_targets = head.at(head.targets)  # [t, s] = p_t[y_s]
         same = (head.targets[:, :, None] == head.targets[:, None, :]).astype(jnp.float32)
-        kernel = same - at_targets - jnp.swapaxes(at_targets, 1, 2) + products
+        kernel = same - at_targets - jnp.swapaxes(at_targets, 1, 2) + head.gram
         weights = x.a[:, :, None] * y.a[:, None, :]
         return jnp.sum(_hi("bsq,btq->bst", x.g, y.g) * weights * kernel, axis=(1, 2))
     lookup, soft = (x, y) if x.kind == "lookup" else (y, x)

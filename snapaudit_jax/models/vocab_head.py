@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-__all__ = ["target_logprobs", "head_target_logprobs", "head_weights", "vocab_slices", "slice_probabilities"]
+__all__ = ["target_logprobs", "target_logprobs_values", "head_target_logprobs", "head_weights", "vocab_slices",
+           "slice_probabilities"]
 
 
 def vocab_slices(weight: jax.Array, bias: jax.Array | None, chunk: int):
@@ -78,6 +79,18 @@ def _logsumexp(hidden, rows, biases, valid):
     start = (jnp.full(hidden.shape[:-1], -jnp.inf, jnp.float32), jnp.zeros(hidden.shape[:-1], jnp.float32))
     (top, total), _ = jax.lax.scan(body, start, (rows, biases, valid))
     return top + jnp.log(total)
+
+
+def target_logprobs_values(hidden, weight, bias, targets, chunk: int) -> tuple[jax.Array, jax.Array]:
+    """:func:`target_logprobs`'s values without its VJP (the forward both it and the gradient taps run).
+
+    Args:
+      hidden, weight, bias, targets, chunk: as :func:`target_logprobs`.
+
+    Returns:
+      ``(picked, lse)``.
+    """
+    return _forward(hidden, weight, bias, targets, chunk)[0]
 
 
 def _forward(hidden, weight, bias, targets, chunk):

@@ -372,3 +372,25 @@ def test_the_sliced_heads_norm_needs_its_softmax_products_and_the_tied_cross_ter
     monkeypatch.setattr(ghost, "_softmax_inner",
                         lambda x, y: real_inner(x, y) if x.kind == y.kind else jnp.zeros(x.a.shape[0]))
     assert not np.allclose(norm(), want, rtol=1e-2)
+
+
+def test_the_taps_head_returns_each_units_probability_gram_through_its_probe_and_refuses_weight_gradients():
+    """``_head_with_gram``: the gradient of the hidden states is the sliced head's; the probe's "cotangent" is each
+    unit's ``p_s . p_t`` (here two units of two rows, against the whole softmax); differentiating with respect
+    to the head's weights raises instead of returning a gradient that lacks their term."""
+    from snapaudit_jax.dpsgd.ghost import _head_with_gram
+    from snapaudit_jax.models.vocab_head import target_logprobs
+
+    rng = np.random.default_rng(13)
+    hidden = jnp.asarray(rng.normal(size=(4, 5, 6)), jnp.float32)
+    weight = jnp.asarray(rng.normal(size=(VOCAB, 6)), jnp.float32)
+    targets = jnp.asarray(rng.integers(0, VOCAB, (4, 5)), jnp.int32)
+    probe = jnp.zeros((2, 10, 10), jnp.float32)
+    got = jax.grad(lambda h: jnp.sum(_head_with_gram(h, probe, weight, None, targets, 8)[0]))(hidden)
+    want = jax.grad(lambda h: jnp.sum(target_logprobs(h, weight, None, targets, 8)[0]))(hidden)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    gram = jax.grad(lambda p: jnp.sum(_head_with_gram(hidden, p, weight, None, targets, 8)[0]))(probe)
+    p = np.asarray(jax.nn.softmax(hidden @ weight.T, axis=-1)).reshape(2, 10, VOCAB)
+    np.testing.assert_allclose(gram, np.einsum("bsv,btv->bst", p, p), rtol=1e-5, atol=1e-7)
+    with pytest.raises(jax.errors.UnexpectedTracerError):
+        jax.grad(lambda w: jnp.sum(_head_with_gram(hidden, probe, w, None, targets, 8)[0]))(weight)
