@@ -281,7 +281,8 @@ def dp_config(args, q: float, clip: float, path: str, micro: int | None, steps: 
     the blocks laid out as ``layers``, the head sliced as ``--vocab-chunk`` (or ``vocab_chunk``)."""
     return DPSGDConfig(steps=steps, learning_rate=LEARNING_RATE, clip_norm=clip, noise_multiplier=NOISE_MULTIPLIER,
                        delta=1e-5, sampling_rate=q, optimizer="adamw", b1=B1, microbatch_size=micro, clipping=path,
-                       layers=layers, vocab_chunk=args.vocab_chunk if vocab_chunk == "args" else vocab_chunk)
+                       layers=layers,
+                       vocab_chunk=getattr(args, "vocab_chunk", None) if vocab_chunk == "args" else vocab_chunk)
 
 
 def torch_gpt2(model, cfg: GPT2Config):

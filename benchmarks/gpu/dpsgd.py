@@ -4,7 +4,7 @@ Usage::
 
     python benchmarks/gpu/dpsgd.py --out dpsgd.json [--records 1024] [--batch 64] [--seq 128] \
         [--microbatch 16] [--repeats 5] [--paths per_record,book_keeping,ghost] [--deadline SECONDS] [--json] \
-        [--seed S]
+        [--seed S] [--vocab-chunk ROWS]
     python benchmarks/gpu/dpsgd.py --cpu-smoke --out /tmp/dpsgd_smoke.json
 
 What is measured
@@ -25,6 +25,10 @@ synthetic records of ``--seq`` tokens (``benchmarks/bench_dpsgd.make_data``), Po
 * ``nonprivate`` (the limit): one jitted ``value_and_grad`` of the summed per-record losses of the
   *same* batch (padded to a fixed size with zero-weight copies, so it compiles once), scaled by
   ``1 / (q N)``, the same AdamW -- what the step costs without per-record gradients.
+
+``--vocab-chunk ROWS``: every step above, the non-private one included, runs the LM head a slice of ``ROWS``
+vocabulary rows at a time (``DPSGDConfig.vocab_chunk``: no ``(batch, seq, vocab)`` logits); ``model.vocab_chunk``
+in the JSON says which.
 
 ``records_per_s`` is records of the realised batches over the summed step times, timed steps
 rotating over the variants after one compiling step each; ``ratio_over_nonprivate`` (``ratio_dp_over_nonprivate``
@@ -86,10 +90,11 @@ def benchmark(args, shape: str) -> dict:
     key = jax.random.key(args.seed)
     batches = step_batches(key, args.records, q, args.repeats + 1)
     pad_to = padded_size(batches)
-    nonprivate = NonPrivate(same_layout(model), tokens, mask, normaliser=args.records * q, pad_to=pad_to)
+    nonprivate = NonPrivate(same_layout(model), tokens, mask, normaliser=args.records * q, pad_to=pad_to,
+                            vocab_chunk=args.vocab_chunk)
     num_params = int(sum(x.size for x in jax.tree.leaves(nonprivate.params)))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    auto = resolve_clipping("auto", graphdef, params, rest, tokens[:1], mask[:1])
+    auto = resolve_clipping("auto", graphdef, params, rest, tokens[:1], mask[:1], vocab_chunk=args.vocab_chunk)
     layers = resolve_layers("auto", model, nnx.Param)  # every step below (and the baseline) runs this layout
 
     start = time.perf_counter()
@@ -134,7 +139,8 @@ def benchmark(args, shape: str) -> dict:
     default = auto[0] if auto[0] in paths else args.paths[0]
     out = {
         "model": {"kind": "GPT2", "shape": shape, "layers": cfg.n_layer, "dim": cfg.n_embd, "heads": cfg.n_head,
-                  "vocab": cfg.vocab_size, "seq": args.seq, "parameters": num_params},
+                  "vocab": cfg.vocab_size, "vocab_chunk": args.vocab_chunk, "seq": args.seq,
+                  "parameters": num_params},
         "records": args.records, "expected_batch": args.batch, "sampling_rate": q, "batch_sizes": sizes,
         "padded_nonprivate_batch": pad_to, "microbatch_size": runs[default].spec.microbatch_size, "clip_norm": clip,
         "noise_multiplier": NOISE_MULTIPLIER, "optimizer": "adamw",
@@ -163,6 +169,8 @@ def main(argv=None) -> int:
     parser.add_argument("--paths", default=",".join(PATHS),
                         help=f"clipping paths timed, comma-separated (default: {','.join(PATHS)})")
     parser.add_argument("--seed", type=int_at_least(0), default=0)
+    parser.add_argument("--vocab-chunk", type=int_at_least(1), default=None,
+                        help="run every step's LM head a slice of this many vocabulary rows at a time")
     args = parser.parse_args(argv)
     args.paths = [p for p in args.paths.split(",") if p]
     if not args.paths or any(p not in PATHS for p in args.paths) or len(set(args.paths)) < len(args.paths):
