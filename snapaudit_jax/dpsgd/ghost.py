@@ -211,9 +211,11 @@ class _Tap:
                              "per-unit gradient has cross terms the ghost norm omits")
         record["calls"].append((path, "head"))
         units = record["units"]
-        positions = hidden.shape[0] // units * hidden.shape[1]
+        # the Gram only where the head's parameters train (not for LoRA: an empty probe, nothing computed)
+        trains = any(_name(path + (attr,)) in record["trainable"] for attr in ("embedding", "kernel", "bias"))
+        side = hidden.shape[0] // units * hidden.shape[1] if trains else 0
         probes = record["probes"]
-        added, gram_probe = (None, jnp.zeros((units, positions, positions), jnp.float32)) if probes is None \
+        added, gram_probe = (None, jnp.zeros((units, side, side), jnp.float32)) if probes is None \
             else probes[len(record["calls"]) - 1]
         weight, bias = head_weights(module)
         picked, lse = _head_with_gram(hidden, gram_probe, weight, bias, targets, chunk)
@@ -236,11 +238,12 @@ def _head_with_gram(hidden, gram_probe, weight, bias, targets, chunk: int):
     """``(picked, lse)`` of :func:`~snapaudit_jax.models.vocab_head.target_logprobs`, differentiable in ``hidden``
     only, whose backward pass also returns, as the "cotangent" of ``gram_probe`` (zeros ``(units, S, S)``, on
     which the outputs do not depend), each unit's ``sum_v p_s[v] p_t[v]`` over its ``S`` positions: the slices'
-    probabilities are formed there anyway, so the head's norm costs no extra pass over the vocabulary. The head's
-    weights are closed over: differentiating with respect to them raises (JAX refuses a custom VJP's closed-over
-    differentiated value), never a silently wrong gradient."""
+    probabilities are formed there anyway, so the head's norm costs no extra pass over the vocabulary (an empty
+    ``(units, 0, 0)`` probe: no Gram, for a head that does not train). The head's weights are closed over:
+    differentiating with respect to them raises (JAX refuses a custom VJP's closed-over differentiated value),
+    never a silently wrong gradient."""
     rows, biases, valid = vocab_slices(weight, bias, chunk)
-    units = gram_probe.shape[0]
+    units, with_gram = gram_probe.shape[0], gram_probe.shape[-1] > 0
 
     @jax.custom_vjp
     def head(h, probe):
@@ -259,8 +262,10 @@ def _head_with_gram(hidden, gram_probe, weight, bias, targets, chunk: int):
         def body(carry, xs):
             dh, gram = carry
             p = slice_probabilities(h32, *xs, lse)
-            per_unit = p.reshape(units, -1, p.shape[-1])
-            return (dh + (coef * p) @ xs[0], gram + _hi("bsv,btv->bst", per_unit, per_unit)), None
+            if with_gram:
+                per_unit = p.reshape(units, -1, p.shape[-1])
+                gram = gram + _hi("bsv,btv->bst", per_unit, per_unit)
+            return (dh + (coef * p) @ xs[0], gram), None
 
         (dh, gram), _ = jax.lax.scan(body, (jnp.zeros_like(h32), jnp.zeros(gram_probe.shape, jnp.float32)),
                                      (rows, biases, valid))
@@ -376,7 +381,8 @@ def _forward(graphdef, params, rest, tokens, mask, probes, record: dict, vocab_c
     the tapped calls ``(path, kind)`` in call order, the LoRA adapters' ``(scale, spans)`` by path and the
     parameters read outside their taps."""
     record.update(calls=[], inputs=[], outputs=[], probes=probes, lora={}, heads={}, bypassed=set(), modules={},
-                  stacked=set(), units=tokens.shape[0])
+                  stacked=set(), units=tokens.shape[0],
+                  trainable={_name(tuple(path)) for path, _ in nnx.to_flat_state(params)})
     model = nnx.merge(graphdef, params, rest)
     record["modules"] = {tuple(path): m for path, m in nnx.iter_modules(model)}
     _tap_modules(model, record)

@@ -349,6 +349,30 @@ def test_a_vocabulary_sliced_head_gives_the_same_norms_and_clipped_sums(kind, sh
     assert (np.asarray(want.norms) > clip).any()
 
 
+@pytest.mark.parametrize("kind, targets", [("gpt2", ()), pytest.param("llama", ("q_proj", "v_proj"),
+                                                                      marks=pytest.mark.slow)])
+def test_dp_lora_with_a_sliced_head_equals_the_per_unit_path(kind, targets):
+    """DP-LoRA (the head does not train, so its tap forms no Gram): book-keeping with ``vocab_chunk`` equals the
+    whole-logits per-unit clipped sum of the adapters to 1e-5, some units clipped."""
+    from snapaudit_jax.dpsgd.gradients import clipped_grad_sum
+
+    model = _lora_model(kind, targets)
+    tokens, mask = _data((5, 9), seed=14)
+    free = clipped_grad_sum(model, tokens, mask, clip_norm=np.inf, trainable=nnx.LoRAParam)
+    clip = float(np.median(np.asarray(free.norms)))
+    want = clipped_grad_sum(model, tokens, mask, clip_norm=clip, trainable=nnx.LoRAParam)
+    got = clipped_grad_sum(model, tokens, mask, clip_norm=clip, trainable=nnx.LoRAParam, method="book_keeping",
+                           vocab_chunk=8)
+    np.testing.assert_allclose(np.asarray(got.norms), np.asarray(want.norms), rtol=1e-5)
+    flat_want = {str(p): np.asarray(v[...]) for p, v in nnx.to_flat_state(want.grad_sum)}
+    flat_got = {str(p): np.asarray(v[...]) for p, v in nnx.to_flat_state(got.grad_sum)}
+    assert set(flat_got) == set(flat_want) and all("lora" in k for k in flat_want)
+    scale = max(float(np.abs(v).max()) for v in flat_want.values())
+    for name, value in flat_want.items():
+        np.testing.assert_allclose(flat_got[name], value, rtol=1e-5, atol=1e-6 * scale, err_msg=name)
+    assert (np.asarray(want.norms) > clip).any() and (np.asarray(want.norms) < clip).any()
+
+
 def test_the_sliced_heads_norm_needs_its_softmax_products_and_the_tied_cross_term(monkeypatch):
     """Power: the head's ``K_st`` without its ``p_s . p_t`` part, or the tied table without the lookup-head
     cross term, misses the per-unit oracle by far more than the tolerance."""
