@@ -162,18 +162,24 @@ class _Tap:
     def __init__(self, module, path: tuple, record: dict, kind: str):
         object.__setattr__(self, "_tap", (module, path, record, kind))
 
-    def _probe(self, call: str, recorded, y):
-        module, path, record, _ = self._tap
+    def _register(self, call: str) -> int:
+        """Records one tapped call (refusing a second call of the same layer); returns its probe's index."""
+        _, path, record, _ = self._tap
         if (path, call) in record["calls"]:
             raise InputError(f"layer {_name(path)} is called more than once per forward pass (shared weights): its "
                              "per-unit gradient has cross terms the ghost norm omits")
         record["calls"].append((path, call))
+        return len(record["calls"]) - 1
+
+    def _probe(self, call: str, recorded, y):
+        record = self._tap[2]
+        index = self._register(call)
         record["inputs"].append(recorded)
         probes = record["probes"]
         if probes is None:
             record["outputs"].append(y)
             return y
-        return y + probes[len(record["calls"]) - 1].astype(y.dtype)
+        return y + probes[index].astype(y.dtype)
 
     def __call__(self, x, *args, **kwargs):
         module, _, _, kind = self._tap
@@ -206,17 +212,14 @@ class _Tap:
         log-probabilities (their cotangents) and one through which the backward pass returns each unit's Gram of
         the slices' probabilities (:func:`_head_with_gram`)."""
         module, path, record, _ = self._tap
-        if (path, "head") in record["calls"]:
-            raise InputError(f"layer {_name(path)} is called more than once per forward pass (shared weights): its "
-                             "per-unit gradient has cross terms the ghost norm omits")
-        record["calls"].append((path, "head"))
+        index = self._register("head")
         units = record["units"]
         # the Gram only where the head's parameters train (not for LoRA: an empty probe, nothing computed)
         trains = any(_name(path + (attr,)) in record["trainable"] for attr in ("embedding", "kernel", "bias"))
         side = hidden.shape[0] // units * hidden.shape[1] if trains else 0
         probes = record["probes"]
         added, gram_probe = (None, jnp.zeros((units, side, side), jnp.float32)) if probes is None \
-            else probes[len(record["calls"]) - 1]
+            else probes[index]
         weight, bias = head_weights(module)
         picked, lse = _head_with_gram(hidden, gram_probe, weight, bias, targets, chunk)
         record["heads"][path] = chunk
