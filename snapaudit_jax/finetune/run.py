@@ -381,7 +381,12 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
     else:
         fast = ghost.book_keeping_clipped_sum_traced if path == "book_keeping" else ghost.ghost_clipped_sum_traced
         fn = jax.jit(lambda p, r, t, m, pad: fast(graphdef, p, r, t, m, pad, 1.0, vocab_chunk=chunk).grad_sum)
-    compile_train, per_microbatch = _timed(lambda: fn(params, rest, t, m, padding))
+    began = time.perf_counter()
+    compiled = fn.lower(params, rest, t, m, padding).compile()
+    lowering = time.perf_counter() - began
+    compile_train, per_microbatch = _timed(lambda: compiled(params, rest, t, m, padding))
+    compile_train += lowering
+    analysis = compiled.memory_analysis()  # XLA's plan of the microbatch (None where a backend has none)
     trainable = prep.trainable_parameters
     batch = prep.sampling_rate * prep.data.num_units
     microbatches = _expected_microbatches(prep.data.num_units, prep.sampling_rate, size)
@@ -407,7 +412,13 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
     measured = {"clipping": path, "clipping_reason": reason, "layers": layers, "layers_reason": layers_reason,
                 "microbatch_size": size,
                 "microbatches_per_step": microbatches, "seconds_per_microbatch": per_microbatch,
-                "seconds_per_unit": per_microbatch / size, "seconds_per_eval_batch": per_batch}
+                "seconds_per_unit": per_microbatch / size, "seconds_per_eval_batch": per_batch,
+                "vocab_chunk": chunk,
+                # the whole logits of a microbatch and their cotangent (float32): what vocab_chunk leaves out
+                "logits_bytes": 2 * 4 * size * t.shape[-1] * (t.shape[1] if t.ndim == 3 else 1) * _vocab(prep)}
+    if analysis is not None:
+        measured["microbatch_compiled_bytes"] = int(analysis.temp_size_in_bytes + analysis.argument_size_in_bytes
+                                                    + analysis.output_size_in_bytes)
     if prep.data.canaries is not None:
         count, passes, _ = _canary_work(prep)
         began = time.perf_counter()
@@ -435,6 +446,11 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
     return {**measured, "expected_batch": batch, "seconds_per_step": per_step, "phases": phases,
             "seconds_total": sum(phases.values()), "trainable_parameters": trainable,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def _vocab(prep: Prepared) -> int:
+    """The base's vocabulary size (the LM head's rows)."""
+    return int(prep.lm.module.cfg.vocab_size)
 
 
 def _expected_microbatches(units: int, rate: float, size: int) -> float:
@@ -489,6 +505,8 @@ def plan_dict(prep: Prepared, *, timing: bool = True) -> dict[str, Any]:
         moments = 2 if cfg.finetune.optimizer != "sgd" else 0
         out["memory"] = {"parameters_bytes": 4 * total, "trainable_state_bytes": 4 * trainable * (2 + moments),
                          "peak_rss_bytes_measured": t["peak_rss_bytes"]}
+        if "microbatch_compiled_bytes" in t:
+            out["memory"]["microbatch_compiled_bytes"] = t["microbatch_compiled_bytes"]
     return to_json(out)
 
 
@@ -560,6 +578,14 @@ def format_plan(info: dict[str, Any]) -> str:
             f"{format_bytes(mem['trainable_state_bytes'])}, peak resident "
             f"{format_bytes(mem['peak_rss_bytes_measured'])} measured",
         ]
+        if "microbatch_compiled_bytes" in mem:
+            lines.append(
+                f"memory of one microbatch's clipped gradient sum (XLA's analysis: temporaries, arguments, outputs): "
+                f"{format_bytes(mem['microbatch_compiled_bytes'])}; "
+                + (f"the LM head in slices of {t['vocab_chunk']} vocabulary rows (finetune.vocab_chunk)"
+                   if t.get("vocab_chunk") else
+                   f"its whole logits and their cotangent take {format_bytes(t['logits_bytes'])} "
+                   "(finetune.vocab_chunk slices them)"))
     return "\n".join(lines)
 
 

@@ -697,8 +697,18 @@ def test_the_plan_lists_the_phases_that_run_and_the_records_the_cap_drops(tiny):
         text = run_mod_format(info)
         assert ("baseline training" in text) is baseline and "(baseline included)" not in text
         assert "export" in text
-    lean = _toml(root, model, data, export="hf = false\n")
-    assert "export" not in plan_dict(prepare(load_finetune_config(lean)))["timing"]["phases"]
+    # the microbatch's compiled memory (XLA's analysis) and its whole logits (2 float32 arrays: logits, cotangent)
+    prep = prepare(load_finetune_config(cfg))
+    rows_per_unit = prep.dataset[0].shape[1] if prep.dataset[0].ndim == 3 else 1
+    assert t["logits_bytes"] == (8 * t["microbatch_size"] * rows_per_unit * prep.dataset[0].shape[-1]
+                                 * prep.lm.module.cfg.vocab_size)
+    assert info["memory"]["microbatch_compiled_bytes"] > 0
+    assert "memory of one microbatch's clipped gradient sum (XLA's analysis" in text
+    assert "finetune.vocab_chunk slices them" in text
+    lean = _toml(root, model, data, export="hf = false\n", finetune="vocab_chunk = 16\n")
+    sliced = plan_dict(prepare(load_finetune_config(lean)))
+    assert "export" not in sliced["timing"]["phases"] and sliced["timing"]["vocab_chunk"] == 16
+    assert "the LM head in slices of 16 vocabulary rows" in run_mod_format(sliced)
     s = info["data"]
     assert s["records_dropped_by_cap"] > 0
     assert (f"{s['users_capped']} capped at 1 records, which drops {s['records_dropped_by_cap']} of the "
