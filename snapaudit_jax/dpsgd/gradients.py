@@ -242,12 +242,12 @@ def _check_dataset(dataset, model, *, units: bool = False) -> tuple[np.ndarray, 
     return tokens, mask
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",))
-def _losses_jit(graphdef, state, tokens, mask):
-    return sequence_losses(nnx.merge(graphdef, state), tokens, mask)
+@functools.partial(jax.jit, static_argnames=("graphdef", "vocab_chunk"))
+def _losses_jit(graphdef, state, tokens, mask, vocab_chunk=None):
+    return sequence_losses(nnx.merge(graphdef, state), tokens, mask, vocab_chunk=vocab_chunk)
 
 
-def record_losses(model, dataset, *, batch_size: int = 64) -> np.ndarray:
+def record_losses(model, dataset, *, batch_size: int = 64, vocab_chunk: int | None = None) -> np.ndarray:
     """:func:`sequence_losses` of every record of ``dataset``, in jitted batches (evaluation; not private).
 
     Args:
@@ -256,23 +256,29 @@ def record_losses(model, dataset, *, batch_size: int = 64) -> np.ndarray:
         :func:`~snapaudit_jax.dpsgd.train`; every row needs two consecutive real tokens).
       batch_size: rows per forward pass; the last batch is padded, so one ``(min(batch_size, N), L)`` shape
         is compiled per ``L``.
+      vocab_chunk: ``None`` (whole logits), or the LM head's vocabulary rows a slice
+        (:mod:`snapaudit_jax.models.vocab_head`: no ``(batch_size, L, V)`` array; the same losses to float32
+        rounding).
 
     Returns:
       ``(N,)`` float64: each record's mean next-token cross-entropy (nats).
 
     Raises:
       InputError: invalid dataset (shape, dtype, mask, token range, a row without a
-        target, more real tokens than GPT-2's positions) or ``batch_size``.
+        target, more real tokens than GPT-2's positions), ``batch_size`` or ``vocab_chunk``.
     """
     tokens, mask = _check_dataset(dataset, model)
     batch_size = validate.positive_int("batch_size", batch_size)
+    if vocab_chunk is not None:
+        vocab_chunk = validate.positive_int("vocab_chunk", vocab_chunk)
     n = tokens.shape[0]
     b = min(batch_size, n)
     padded = -(-n // b) * b
     rows = np.resize(np.arange(n), padded)  # padding rows repeat real records and are dropped
     graphdef, state = nnx.split(model)
     out = [
-        _losses_jit(graphdef, state, jnp.asarray(tokens[rows[i : i + b]]), jnp.asarray(mask[rows[i : i + b]]))
+        _losses_jit(graphdef, state, jnp.asarray(tokens[rows[i : i + b]]), jnp.asarray(mask[rows[i : i + b]]),
+                    vocab_chunk)
         for i in range(0, padded, b)
     ]
     return np.concatenate([np.asarray(x, np.float64) for x in jax.device_get(out)])[:n]
@@ -313,13 +319,14 @@ class LossSummary(NamedTuple):
         }
 
 
-def loss_summary(model, dataset, *, batch_size: int = 64) -> LossSummary:
+def loss_summary(model, dataset, *, batch_size: int = 64, vocab_chunk: int | None = None) -> LossSummary:
     """Mean per-record loss and perplexity of ``model`` on ``dataset`` (evaluation; not private).
 
     Args:
       model: a decoder (:class:`~snapaudit_jax.models.decoders.GPT2` or ``Llama``).
       dataset: ``(tokens, mask)`` as for :func:`record_losses`.
       batch_size: rows per forward pass (see :func:`record_losses`).
+      vocab_chunk: as :func:`record_losses`.
 
     Returns:
       The :class:`LossSummary` (per-record losses, target counts, record- and token-weighted losses and
@@ -328,7 +335,7 @@ def loss_summary(model, dataset, *, batch_size: int = 64) -> LossSummary:
     Raises:
       InputError: invalid dataset or ``batch_size``.
     """
-    losses = record_losses(model, dataset, batch_size=batch_size)
+    losses = record_losses(model, dataset, batch_size=batch_size, vocab_chunk=vocab_chunk)
     mask = np.asarray(dataset[1])
     real, scored = (mask, mask) if mask.dtype == np.bool_ else (mask > 0, mask == TARGET)
     targets = np.sum(scored[:, 1:] & real[:, :-1], axis=1).astype(np.int64)

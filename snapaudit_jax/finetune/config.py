@@ -187,7 +187,8 @@ class TrainConfig:
         float32 rounding: :class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s ``layers``): ``"auto"`` (one scan over
         the stacked blocks on accelerators for 4 blocks or more, unrolled on the CPU), ``"scan"`` or
         ``"unrolled"``.
-      vocab_chunk: the LM head a slice of this many vocabulary rows at a time in every training step (memory only,
+      vocab_chunk: the LM head a slice of this many vocabulary rows at a time in every training step and held-out
+        evaluation (memory only,
         the same function to float32 rounding: :class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s ``vocab_chunk``; no
         ``(units, length, vocabulary)`` logits, one more product with the head); ``0`` (default): whole logits.
       checkpoint_every: steps between checkpoints (resume after a kill).

@@ -400,7 +400,8 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
     bs = cfg.eval_batch_size
     held_tokens, held_mask = prep.held_out
     rows = (held_tokens[:bs], held_mask[:bs])
-    compile_eval, per_batch = _timed(lambda: record_losses(prep.lm.module, rows, batch_size=bs), repeats=1)
+    compile_eval, per_batch = _timed(lambda: record_losses(prep.lm.module, rows, batch_size=bs, vocab_chunk=chunk),
+                                     repeats=1)
     models = 2 + bool(cfg.baseline)  # base, private, baseline: each evaluated (and its canaries scored)
     phases = {"private_training": per_step * private_steps}
     if cfg.baseline:
@@ -704,7 +705,8 @@ def _run_sweep(prep: Prepared, out_dir: str, log) -> tuple[tuple[Any, dict, dict
             with open(path) as fh:
                 score = json.load(fh)
         else:
-            summary = loss_summary(trained[0], prep.validation, batch_size=cfg.eval_batch_size)
+            summary = loss_summary(trained[0], prep.validation, batch_size=cfg.eval_batch_size,
+                                   vocab_chunk=cfg.finetune.vocab_chunk or None)
             score = to_json({"run": j, "candidate": c, "validation": summary.to_dict()})
             write_json(path, score)
         loss = score["validation"]["token_loss"]
@@ -726,7 +728,8 @@ def _evaluate(name: str, model, prep: Prepared, out_dir: str, log) -> dict[str, 
         with open(path) as fh:
             log(f"{name}: evaluation resumed from {path}")
             return json.load(fh)
-    summary = loss_summary(model, prep.held_out, batch_size=prep.config.eval_batch_size)
+    summary = loss_summary(model, prep.held_out, batch_size=prep.config.eval_batch_size,
+                           vocab_chunk=prep.config.finetune.vocab_chunk or None)
     out: dict[str, Any] = {"held_out": summary.to_dict()}
     log(f"{name}: held-out perplexity {summary.token_perplexity:.3f}")
     if prep.data.canaries is not None:

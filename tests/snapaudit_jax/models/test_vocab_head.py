@@ -130,6 +130,24 @@ def test_sequence_losses_and_their_gradients_match_the_whole_head(make):
         np.testing.assert_allclose(flat_got[path][...], value[...], rtol=2e-4, atol=2e-6, err_msg=str(path))
 
 
+def test_evaluation_in_slices_gives_the_whole_logits_losses():
+    """``loss_summary(..., vocab_chunk=)`` (the fine-tuning run's held-out evaluation) equals the whole-logits one
+    to float32 rounding; a bad value is refused naming the field."""
+    from snapaudit_jax.dpsgd import loss_summary
+    from snapaudit_jax.utils.errors import InputError
+
+    rng = np.random.default_rng(7)
+    tokens = rng.integers(0, VOCAB, (5, 9)).astype(np.int32)
+    mask = np.arange(9)[None, :] < np.array([9, 4, 2, 7, 6])[:, None]
+    model = _llama()
+    whole = loss_summary(model, (tokens, mask), batch_size=2)
+    sliced = loss_summary(model, (tokens, mask), batch_size=2, vocab_chunk=10)
+    np.testing.assert_allclose(sliced.losses, whole.losses, rtol=1e-5)
+    assert sliced.perplexity == pytest.approx(whole.perplexity, rel=1e-5)
+    with pytest.raises(InputError, match="vocab_chunk must be an integer >= 1, got 0"):
+        loss_summary(model, (tokens, mask), vocab_chunk=0)
+
+
 def test_head_weights_of_a_linear_head_are_its_kernel_transposed_and_other_modules_are_refused():
     head = nnx.Linear(4, VOCAB, rngs=nnx.Rngs(0))
     weight, bias = vocab_head.head_weights(head)
