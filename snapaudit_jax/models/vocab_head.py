@@ -36,12 +36,13 @@ def vocab_slices(weight: jax.Array, bias: jax.Array | None, chunk: int):
     Args:
       weight: ``(V, D)`` the head's rows.
       bias: ``(V,)`` or ``None``.
-      chunk: rows a slice, ``>= 1``.
+      chunk: rows a slice, ``>= 1``; above ``V``, one slice of ``V`` rows (never padded beyond the head).
 
     Returns:
       The stacked slices.
     """
     vocab, width = weight.shape
+    chunk = min(chunk, vocab)
     count = -(-vocab // chunk)
     pad = count * chunk - vocab
     rows = jnp.pad(weight.astype(jnp.float32), ((0, pad), (0, 0))).reshape(count, chunk, width)

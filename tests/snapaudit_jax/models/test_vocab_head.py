@@ -148,6 +148,15 @@ def test_evaluation_in_slices_gives_the_whole_logits_losses():
         loss_summary(model, (tokens, mask), vocab_chunk=0)
 
 
+def test_a_slice_wider_than_the_vocabulary_is_one_slice_of_the_vocabulary():
+    """``chunk`` above ``V`` gives one unpadded slice (no array of ``chunk`` rows is formed)."""
+    _, weight, bias, _ = _head()
+    rows, biases, valid = vocab_head.vocab_slices(weight, bias, 10**6)
+    assert rows.shape == (1, VOCAB, 6) and biases.shape == (1, VOCAB) and bool(valid.all())
+    rows, _, valid = vocab_head.vocab_slices(weight, bias, 8)
+    assert rows.shape == (5, 8, 6) and int(valid.sum()) == VOCAB
+
+
 def test_head_weights_of_a_linear_head_are_its_kernel_transposed_and_other_modules_are_refused():
     head = nnx.Linear(4, VOCAB, rngs=nnx.Rngs(0))
     weight, bias = vocab_head.head_weights(head)
