@@ -22,6 +22,13 @@ a unit's positions (its tokens, a user's rows laid end to end):
 * **The tied head** (``nnx.Embed.attend``, ``logits = h E^T``): ``dE`` gains ``dl^T h`` (``dl`` the logits'
   cotangents), a dense term of its own, and the cross term with the lookup,
   ``2 sum_{s,t} dl_t[x_s] (e_s . h_t)``.
+* **A vocabulary-sliced head** (``vocab_chunk``: :mod:`snapaudit_jax.models.vocab_head`, tied or an
+  ``nnx.Linear``, its bias too): the logits' cotangent at position ``s`` is ``d_s = u_s (e_{y_s} - p_s)`` (``u``
+  the target log-probability's cotangent, ``y`` the target, ``p_s`` the softmax), so the rows' norm is
+  ``sum_{s,t} (h_s . h_t) u_s u_t ([y_s = y_t] - p_t[y_s] - p_s[y_t] + p_s . p_t)``: the last term a Gram of the
+  slices' probabilities formed in the backward pass the head runs anyway, the others from the targets' rows; the
+  cross term with a tied lookup from the looked-up ids' rows; the clipped sum a slice at a time. No
+  ``(B, S, V)`` array is formed.
 * **LayerNorm and RMSNorm** (``y = n(x) * scale (+ bias)``): ``dscale = sum_s n(x_s) * g_s``, computed per unit
   directly (``E`` numbers a unit), ``n`` recomputed from the recorded input as flax computes it (float32
   statistics); the bias as a dense bias.
@@ -558,8 +565,8 @@ def _softmax_inner(x: _Term, y: _Term) -> jax.Array:
     With ``d_s = a_s (e_{y_s} - p_s)`` the logits' cotangent at position ``s``: two terms of the same head give
     ``sum_{s,t} (g_s . g'_t) a_s a'_t K_st``, ``K_st = [y_s = y_t] - p_t[y_s] - p_s[y_t] + p_s . p_t``, the last
     product accumulated over the vocabulary's slices in the backward pass (``_Head.gram``: a ``(B, S, S)`` sum,
-    never a ``(B, S, V)`` array); with an
-    embedding lookup of the same table (a tied head), ``sum_{s,t} d_t[ids_s] (e_s . g_t)``."""
+    never a ``(B, S, V)`` array); with an embedding lookup of the same table (a tied head),
+    ``sum_{s,t} d_t[ids_s] (e_s . g_t)``."""
     if x.kind == "softmax" and y.kind == "softmax":
         head = x.head
         if y.head is not head:
