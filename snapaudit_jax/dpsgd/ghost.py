@@ -62,7 +62,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from snapaudit_jax.dpsgd.gradients import sequence_losses
-from snapaudit_jax.models.vocab_head import head_weights, slice_probabilities, target_logprobs_values, vocab_slices
+from snapaudit_jax.models.vocab_head import (
+    head_weights, off_target, slice_ids, slice_probabilities, target_logprobs_values, vocab_slices,
+)
 from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["METHODS", "DenseNorms", "book_keeping_clipped_sum", "book_keeping_clipped_sum_traced", "choose_method",
@@ -225,7 +227,7 @@ class _Tap:
         trains = any(_name(path + (attr,)) in record["trainable"] for attr in ("embedding", "kernel", "bias"))
         side = hidden.shape[0] // units * hidden.shape[1] if trains else 0
         probes = record["probes"]
-        added, gram_probe = (None, jnp.zeros((units, side, side), jnp.float32)) if probes is None \
+        added, gram_probe = (None, jnp.zeros((units, side, side + bool(side)), jnp.float32)) if probes is None \
             else probes[index]
         weight, bias = head_weights(module)
         picked, lse = _head_with_gram(hidden, gram_probe, weight, bias, targets, chunk)
@@ -246,12 +248,13 @@ class _Tap:
 
 def _head_with_gram(hidden, gram_probe, weight, bias, targets, chunk: int):
     """``(picked, lse)`` of :func:`~snapaudit_jax.models.vocab_head.target_logprobs`, differentiable in ``hidden``
-    only, whose backward pass also returns, as the "cotangent" of ``gram_probe`` (zeros ``(units, S, S)``, on
-    which the outputs do not depend), each unit's ``sum_v p_s[v] p_t[v]`` over its ``S`` positions: the slices'
-    probabilities are formed there anyway, so the head's norm costs no extra pass over the vocabulary (an empty
-    ``(units, 0, 0)`` probe: no Gram, for a head that does not train). The head's weights are closed over:
-    differentiating with respect to them raises (JAX refuses a custom VJP's closed-over differentiated value),
-    never a silently wrong gradient."""
+    only, whose backward pass also returns, as the "cotangent" of ``gram_probe`` (zeros ``(units, S, S + 1)``, on
+    which the outputs do not depend), each unit's off-target probability products and masses: ``[..., :S]`` holds
+    ``sum_{v != y_s, y_t} p_s[v] p_t[v]`` and ``[..., S]`` holds ``m_s = sum_{v != y_s} p_s[v]`` (``1 - p_s[y_s]``
+    without the cancellation: accurate however confident the model). The slices' probabilities are formed there
+    anyway, so the head's norm costs no extra pass over the vocabulary (an empty ``(units, 0, 0)`` probe: nothing,
+    for a head that does not train). The head's weights are closed over: differentiating with respect to them
+    raises (JAX refuses a custom VJP's closed-over differentiated value), never a silently wrong gradient."""
     rows, biases, valid = vocab_slices(weight, bias, chunk)
     units, with_gram = gram_probe.shape[0], gram_probe.shape[-1] > 0
 
@@ -267,20 +270,25 @@ def _head_with_gram(hidden, gram_probe, weight, bias, targets, chunk: int):
         h, lse = residuals
         u, w = (c.astype(jnp.float32) for c in cotangents)
         h32 = h.astype(jnp.float32)
-        coef = (w - u)[..., None]
 
-        def body(carry, xs):
-            dh, gram = carry
-            p = slice_probabilities(h32, *xs, lse)
+        def body(carry, xs):  # as vocab_head's backward: u (e_y - p) + w p = u m e_y + (w p - u q)
+            dh, gram, mass = carry
+            ids, r, b, ok = xs
+            p = slice_probabilities(h32, r, b, ok, lse)
+            q = off_target(p, ids, targets)
             if with_gram:
-                per_unit = p.reshape(units, -1, p.shape[-1])
+                per_unit = q.reshape(units, -1, q.shape[-1])
                 gram = gram + _hi("bsv,btv->bst", per_unit, per_unit)
-            return (dh + (coef * p) @ xs[0], gram), None
+            return (dh + (w[..., None] * p - u[..., None] * q) @ r, gram, mass + jnp.sum(q, axis=-1)), None
 
-        (dh, gram), _ = jax.lax.scan(body, (jnp.zeros_like(h32), jnp.zeros(gram_probe.shape, jnp.float32)),
-                                     (rows, biases, valid))
-        dh = dh + u[..., None] * jnp.take(weight, targets, axis=0).astype(jnp.float32)
-        return dh.astype(h.dtype), gram
+        side = gram_probe.shape[1]
+        start = (jnp.zeros_like(h32), jnp.zeros((units, side, side), jnp.float32), jnp.zeros(h.shape[:-1],
+                                                                                             jnp.float32))
+        (dh, gram, mass), _ = jax.lax.scan(body, start, (slice_ids(rows), rows, biases, valid))
+        dh = dh + (u * mass)[..., None] * jnp.take(weight, targets, axis=0).astype(jnp.float32)
+        packed = (jnp.concatenate([gram, mass.reshape(units, side, 1)], axis=-1) if with_gram
+                  else jnp.zeros(gram_probe.shape))
+        return dh.astype(h.dtype), packed
 
     head.defvjp(forward, backward)
     return head(hidden, gram_probe)
@@ -406,7 +414,8 @@ class _Head(NamedTuple):
     """A vocabulary-sliced head's call (:mod:`snapaudit_jax.models.vocab_head`), a unit's positions end to end:
     ``hidden`` ``(B, S, D)``, ``targets`` and ``lse`` ``(B, S)``, the head's float32 ``weight`` ``(V, D)`` and
     ``bias`` (or ``None``), its slices' ``chunk``; ``transpose``: the parameter is ``weight.T`` (an
-    ``nnx.Linear`` kernel); ``gram`` ``(B, S, S)``: ``p_s . p_t`` of every pair of a unit's positions (from the
+    ``nnx.Linear`` kernel); ``gram`` ``(B, S, S + 1)``: the off-target products ``sum_{v != y_s, y_t} p_s[v]
+    p_t[v]`` of every pair of a unit's positions and, last, each position's off-target mass ``m_s`` (from the
     backward pass, :func:`_head_with_gram`)."""
 
     hidden: jax.Array
@@ -420,6 +429,10 @@ class _Head(NamedTuple):
 
     def slices(self):
         return vocab_slices(self.weight, self.bias, self.chunk)
+
+    def products(self) -> tuple[jax.Array, jax.Array]:
+        """``(off-target products (B, S, S), off-target masses (B, S))``."""
+        return self.gram[..., :-1], self.gram[..., -1]
 
     def at(self, ids: jax.Array) -> jax.Array:
         """``p_t[ids_s]`` for every pair: ``(B, T, S)``, ``t`` the head's positions, ``s`` those of ``ids``."""
@@ -562,26 +575,33 @@ def _inner(x: _Term, y: _Term) -> jax.Array:
 def _softmax_inner(x: _Term, y: _Term) -> jax.Array:
     """``<G_x, G_y>`` per unit where one term is a vocabulary-sliced head's (:class:`_Term` ``"softmax"``).
 
-    With ``d_s = a_s (e_{y_s} - p_s)`` the logits' cotangent at position ``s``: two terms of the same head give
-    ``sum_{s,t} (g_s . g'_t) a_s a'_t K_st``, ``K_st = [y_s = y_t] - p_t[y_s] - p_s[y_t] + p_s . p_t``, the last
-    product accumulated over the vocabulary's slices in the backward pass (``_Head.gram``: a ``(B, S, S)`` sum,
-    never a ``(B, S, V)`` array); with an embedding lookup of the same table (a tied head),
-    ``sum_{s,t} d_t[ids_s] (e_s . g_t)``."""
+    With ``d_s = a_s (e_{y_s} - p_s)`` the logits' cotangent at position ``s``, write ``e_{y_s} - p_s = m_s e_{y_s}
+    - q_s``: ``m_s = 1 - p_s[y_s]`` the off-target mass and ``q_s`` the off-target probabilities (``p_s`` with its
+    target's entry zeroed). Two terms of the same head give ``sum_{s,t} (g_s . g'_t) a_s a'_t K_st`` with
+    ``K_st = q_s . q_t - m_t q_s[y_t] - m_s q_t[y_s] + [y_s = y_t] m_s m_t``: every part a product of small
+    numbers where the model is confident, none a difference of numbers near 1 (``[y_s = y_t] - p_t[y_s] - ...``
+    loses the norm to float32 rounding once ``1 - p`` nears ``1e-4``); ``q_s . q_t`` and ``m`` come from the
+    backward pass's slices (``_Head.gram``, never a ``(B, S, V)`` array). With an embedding lookup of the same
+    table (a tied head), ``sum_{s,t} d_t[ids_s] (e_s . g_t)``, ``d_t[v] = a_t m_t`` at ``v = y_t`` and
+    ``-a_t p_t[v]`` elsewhere."""
     if x.kind == "softmax" and y.kind == "softmax":
         head = x.head
         if y.head is not head:
             raise InputError("a parameter's gradient has terms of two vocabulary heads")  # no model does this
-        at_targets = head.at(head.targets)  # [t, s] = p_t[y_s]
-        same = (head.targets[:, :, None] == head.targets[:, None, :]).astype(jnp.float32)
-        kernel = same - at_targets - jnp.swapaxes(at_targets, 1, 2) + head.gram
+        products, mass = head.products()
+        same = head.targets[:, :, None] == head.targets[:, None, :]
+        off = jnp.where(same, 0.0, head.at(head.targets))  # [s, t] = q_s[y_t]
+        kernel = (products - mass[:, None, :] * off - mass[:, :, None] * jnp.swapaxes(off, 1, 2)
+                  + jnp.where(same, mass[:, :, None] * mass[:, None, :], 0.0))
         weights = x.a[:, :, None] * y.a[:, None, :]
         return jnp.sum(_hi("bsq,btq->bst", x.g, y.g) * weights * kernel, axis=(1, 2))
     lookup, soft = (x, y) if x.kind == "lookup" else (y, x)
     if lookup.kind != "lookup":
         raise InputError(f"a vocabulary head's rows share no {lookup.kind} term")  # no model combines these
     head = soft.head
-    hit = (head.targets[:, :, None] == lookup.a[:, None, :]).astype(jnp.float32)
-    cotangent = soft.a[:, :, None] * (hit - head.at(lookup.a))  # [t, s] = d_t[ids_s]
+    _, mass = head.products()
+    hit = head.targets[:, :, None] == lookup.a[:, None, :]
+    cotangent = soft.a[:, :, None] * jnp.where(hit, mass[:, :, None], -head.at(lookup.a))  # [t, s] = d_t[ids_s]
     return jnp.sum(cotangent * _hi("bsq,btq->bts", lookup.g, soft.g), axis=(1, 2))
 
 
@@ -634,9 +654,11 @@ def _weighted_sum(terms: list[_Term], weights: jax.Array, shape: tuple) -> jax.A
 
 
 def _softmax_weighted_sum(term: _Term, weights: jax.Array, keep: jax.Array, shape: tuple) -> jax.Array:
-    """``sum_i w_i G_i`` of a vocabulary-sliced head's term: ``sum_{i,s} w_i a_is (e_{y_is} - p_is) g_is^T``, the
-    targets' rows scattered and the probabilities' part a slice at a time (dropped units masked out first)."""
+    """``sum_i w_i G_i`` of a vocabulary-sliced head's term: ``sum_{i,s} w_i a_is (m_is e_{y_is} - q_is) g_is^T``
+    (:func:`_softmax_inner`'s split, so the sum is as precise as the norms that clip it), the targets' rows
+    scattered and the off-target part a slice at a time (dropped units masked out first)."""
     head = term.head
+    _, mass = head.products()
     coef = jnp.where(keep[:, None], term.a * weights[:, None], 0.0)
     weighted = coef[:, :, None] * jnp.where(keep[:, None, None], term.g, 0.0)  # (B, S, q)
     hidden = jnp.where(keep[:, None, None], head.hidden, 0.0)
@@ -644,11 +666,14 @@ def _softmax_weighted_sum(term: _Term, weights: jax.Array, keep: jax.Array, shap
     rows, biases, valid = head.slices()
 
     def body(_, xs):
-        return None, -_hi("bsv,bsq->vq", slice_probabilities(hidden, *xs, lse), weighted)
+        ids, *head_slice = xs
+        q = off_target(slice_probabilities(hidden, *head_slice, lse), ids, head.targets)
+        return None, -_hi("bsv,bsq->vq", q, weighted)
 
-    _, parts = jax.lax.scan(body, None, (rows, biases, valid))
+    _, parts = jax.lax.scan(body, None, (slice_ids(rows), rows, biases, valid))
     vocab, width = head.weight.shape[0], weighted.shape[-1]
-    grad = parts.reshape(-1, width)[:vocab].at[head.targets.reshape(-1)].add(weighted.reshape(-1, width))
+    at_target = jnp.where(keep[:, None, None], mass[:, :, None] * weighted, 0.0)
+    grad = parts.reshape(-1, width)[:vocab].at[head.targets.reshape(-1)].add(at_target.reshape(-1, width))
     return (grad.T if head.transpose else grad).reshape(shape)
 
 

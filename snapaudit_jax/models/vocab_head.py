@@ -9,8 +9,11 @@ VJP recomputes each slice's probabilities ``p = exp(h W_c^T + b_c - lse)`` on th
 * ``dh = u W_y + (w - u) p W`` and ``dW = u e_y h^T + (w - u) p^T h`` (``db`` alike), with ``u`` and ``w`` the
   cotangents of the target log-probability and of ``lse``;
 
-so the largest array is one ``(tokens, chunk)`` slice. The price is one more product with the head (the forward
-slice recomputed backwards): 4 against 3, which is why it is an option (``vocab_chunk``), not the default.
+so the largest array is one ``(tokens, chunk)`` slice. The target's entry is taken apart (:func:`off_target`:
+``e_y - p = m e_y - q`` with ``m = 1 - p_y`` summed from the other entries), so a confident model's gradient keeps
+its relative precision where ``1 - p_y`` formed in float32 would not. The price is one more product with the
+head (the forward slice recomputed backwards): 4 against 3, which is why it is an option (``vocab_chunk``), not
+the default.
 Everything runs in float32 whatever the model's dtype (the weights are cast a slice at a time).
 
 The book-keeping and ghost clipping paths (:mod:`snapaudit_jax.dpsgd.ghost`) tap this call as one layer and take
@@ -26,7 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 __all__ = ["target_logprobs", "target_logprobs_values", "head_target_logprobs", "head_weights", "vocab_slices",
-           "slice_probabilities"]
+           "slice_ids", "slice_probabilities", "off_target"]
 
 
 def vocab_slices(weight: jax.Array, bias: jax.Array | None, chunk: int):
@@ -50,6 +53,36 @@ def vocab_slices(weight: jax.Array, bias: jax.Array | None, chunk: int):
     biases = jnp.pad(bias, (0, pad)).reshape(count, chunk)
     valid = (jnp.arange(count * chunk) < vocab).reshape(count, chunk)
     return rows, biases, valid
+
+
+def slice_ids(rows: jax.Array) -> jax.Array:
+    """The vocabulary id of each row of :func:`vocab_slices`' rows.
+
+    Args:
+      rows: ``(n, chunk, D)`` the stacked slices.
+
+    Returns:
+      ``(n, chunk)`` int32 ids (``>= V`` on the padding rows).
+    """
+    return jnp.arange(rows.shape[0] * rows.shape[1], dtype=jnp.int32).reshape(rows.shape[:2])
+
+
+def off_target(p: jax.Array, ids: jax.Array, targets: jax.Array) -> jax.Array:
+    """``q = p`` with each position's target entry zeroed, on one slice.
+
+    With ``m = sum_v q[v] = 1 - p[y]`` (no cancellation), ``e_y - p = m e_y - q``: the logits' cotangent as
+    products of small numbers however confident the model, where ``1 - p[y]`` formed in float32 keeps only
+    ``2^-24`` absolute.
+
+    Args:
+      p: ``(..., chunk)`` the slice's probabilities.
+      ids: ``(chunk,)`` the slice's vocabulary ids (:func:`slice_ids`).
+      targets: ``(...)`` each position's target id.
+
+    Returns:
+      ``(..., chunk)`` the off-target probabilities.
+    """
+    return jnp.where(ids != targets[..., None], p, 0.0)
 
 
 def slice_probabilities(hidden: jax.Array, rows: jax.Array, biases: jax.Array, valid: jax.Array,
@@ -114,22 +147,28 @@ def _backward(chunk, residuals, cotangents):
     u, w = (c.astype(jnp.float32) for c in cotangents)
     h = hidden.astype(jnp.float32)
     rows, biases, valid = vocab_slices(weight, bias, chunk)
-    coef = (w - u)[..., None]
     lead = tuple(range(h.ndim - 1))
 
-    def body(dh, xs):
-        r, b, ok = xs
-        weighted = coef * slice_probabilities(h, r, b, ok, lse)
-        return dh + weighted @ r, (jnp.tensordot(weighted, h, axes=(lead, lead)), jnp.sum(weighted, axis=lead))
+    # d(u picked + w lse) / d logits = u (e_y - p) + w p = u m e_y + (w p - u q)
+    def body(carry, xs):
+        dh, mass = carry
+        ids, r, b, ok = xs
+        p = slice_probabilities(h, r, b, ok, lse)
+        q = off_target(p, ids, targets)
+        weighted = w[..., None] * p - u[..., None] * q
+        return (dh + weighted @ r, mass + jnp.sum(q, axis=-1)), (jnp.tensordot(weighted, h, axes=(lead, lead)),
+                                                                 jnp.sum(weighted, axis=lead))
 
-    dh, (dw, db) = jax.lax.scan(body, jnp.zeros_like(h), (rows, biases, valid))
+    start = (jnp.zeros_like(h), jnp.zeros(h.shape[:-1], jnp.float32))
+    (dh, mass), (dw, db) = jax.lax.scan(body, start, (slice_ids(rows), rows, biases, valid))
     vocab, width = weight.shape
     flat = targets.reshape(-1)
-    dh = dh + u[..., None] * jnp.take(weight, targets, axis=0).astype(jnp.float32)
-    dw = dw.reshape(-1, width)[:vocab].at[flat].add((u[..., None] * h).reshape(-1, width))
+    at_target = u * mass
+    dh = dh + at_target[..., None] * jnp.take(weight, targets, axis=0).astype(jnp.float32)
+    dw = dw.reshape(-1, width)[:vocab].at[flat].add((at_target[..., None] * h).reshape(-1, width))
     dbias = None
     if bias is not None:
-        dbias = db.reshape(-1)[:vocab].at[flat].add(u.reshape(-1)).astype(bias.dtype)
+        dbias = db.reshape(-1)[:vocab].at[flat].add(at_target.reshape(-1)).astype(bias.dtype)
     return dh.astype(hidden.dtype), dw.astype(weight.dtype), dbias, None
 
 

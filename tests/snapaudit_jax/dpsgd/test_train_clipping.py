@@ -120,6 +120,7 @@ def test_full_fine_tuning_trains_the_per_record_model_on_every_path():
     assert any(not np.allclose(free[k], want[k], rtol=1e-3, atol=1e-4 * scale) for k in want)
 
 
+@pytest.mark.slow
 def test_a_vocabulary_sliced_head_trains_the_whole_logits_model_on_every_path():
     """``vocab_chunk`` (10 rows a slice of a 53-token vocabulary, the last slice padded) changes memory only:
     full fine-tuning by book-keeping and by the per-record path, and the non-private twin, train the
