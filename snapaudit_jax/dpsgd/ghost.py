@@ -63,7 +63,7 @@ from flax import nnx
 
 from snapaudit_jax.dpsgd.gradients import sequence_losses
 from snapaudit_jax.models.vocab_head import (
-    head_weights, off_target, slice_ids, slice_probabilities, target_logprobs_values, vocab_slices,
+    head_weights, off_target, slice_cotangents, slice_ids, slice_probabilities, target_logprobs_values, vocab_slices,
 )
 from snapaudit_jax.utils.errors import InputError
 
@@ -260,31 +260,29 @@ def _head_with_gram(hidden, gram_probe, weight, bias, targets, chunk: int):
 
     @jax.custom_vjp
     def head(h, probe):
-        return target_logprobs_values(h, weight, bias, targets, chunk)
+        return target_logprobs_values(h, weight, bias, targets, chunk)[:2]
 
     def forward(h, probe):
-        picked, lse = target_logprobs_values(h, weight, bias, targets, chunk)
-        return (picked, lse), (h, lse)
+        picked, lse, mass = target_logprobs_values(h, weight, bias, targets, chunk)
+        return (picked, lse), (h, lse, mass)
 
     def backward(residuals, cotangents):
-        h, lse = residuals
+        h, lse, mass = residuals
         u, w = (c.astype(jnp.float32) for c in cotangents)
         h32 = h.astype(jnp.float32)
 
         def body(carry, xs):  # as vocab_head's backward: u (e_y - p) + w p = u m e_y + (w p - u q)
-            dh, gram, mass = carry
+            dh, gram = carry
             ids, r, b, ok = xs
             p = slice_probabilities(h32, r, b, ok, lse)
-            q = off_target(p, ids, targets)
             if with_gram:
-                per_unit = q.reshape(units, -1, q.shape[-1])
+                per_unit = off_target(p, ids, targets).reshape(units, -1, p.shape[-1])
                 gram = gram + _hi("bsv,btv->bst", per_unit, per_unit)
-            return (dh + (w[..., None] * p - u[..., None] * q) @ r, gram, mass + jnp.sum(q, axis=-1)), None
+            return (dh + slice_cotangents(p, ids, targets, u, w) @ r, gram), None
 
         side = gram_probe.shape[1]
-        start = (jnp.zeros_like(h32), jnp.zeros((units, side, side), jnp.float32), jnp.zeros(h.shape[:-1],
-                                                                                             jnp.float32))
-        (dh, gram, mass), _ = jax.lax.scan(body, start, (slice_ids(rows), rows, biases, valid))
+        start = (jnp.zeros_like(h32), jnp.zeros((units, side, side), jnp.float32))
+        (dh, gram), _ = jax.lax.scan(body, start, (slice_ids(rows), rows, biases, valid))
         dh = dh + (u * mass)[..., None] * jnp.take(weight, targets, axis=0).astype(jnp.float32)
         packed = (jnp.concatenate([gram, mass.reshape(units, side, 1)], axis=-1) if with_gram
                   else jnp.zeros(gram_probe.shape))

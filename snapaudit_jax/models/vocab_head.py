@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 __all__ = ["target_logprobs", "target_logprobs_values", "head_target_logprobs", "head_weights", "vocab_slices",
-           "slice_ids", "slice_probabilities", "off_target"]
+           "slice_ids", "slice_probabilities", "slice_cotangents", "off_target"]
 
 
 def vocab_slices(weight: jax.Array, bias: jax.Array | None, chunk: int):
@@ -85,6 +85,25 @@ def off_target(p: jax.Array, ids: jax.Array, targets: jax.Array) -> jax.Array:
     return jnp.where(ids != targets[..., None], p, 0.0)
 
 
+def slice_cotangents(p: jax.Array, ids: jax.Array, targets: jax.Array, u: jax.Array, w: jax.Array) -> jax.Array:
+    """One slice's part of the logits' cotangent of ``u picked + w lse`` without its targets' ``u m e_y``.
+
+    ``d / d logits = u (e_y - p) + w p = u m e_y + (w p - u q)`` (:func:`off_target`); on a slice,
+    ``w p - u q`` is ``p w`` on the target's entry and ``p (w - u)`` elsewhere: one product an entry, no
+    difference of numbers near 1.
+
+    Args:
+      p: ``(..., chunk)`` the slice's probabilities.
+      ids: ``(chunk,)`` the slice's vocabulary ids.
+      targets: ``(...)`` each position's target id.
+      u, w: ``(...)`` the cotangents of the target log-probability and of ``lse``.
+
+    Returns:
+      ``(..., chunk)`` float32.
+    """
+    return p * jnp.where(ids == targets[..., None], w[..., None], (w - u)[..., None])
+
+
 def slice_probabilities(hidden: jax.Array, rows: jax.Array, biases: jax.Array, valid: jax.Array,
                         lse: jax.Array) -> jax.Array:
     """``p = softmax(h W^T + b)`` on one slice of the vocabulary: ``(..., chunk)``, ``0`` on padding rows.
@@ -101,40 +120,49 @@ def slice_probabilities(hidden: jax.Array, rows: jax.Array, biases: jax.Array, v
     return jnp.where(valid, jnp.exp(logits - lse[..., None]), 0.0)
 
 
-def _logsumexp(hidden, rows, biases, valid):
+def _logsumexp(hidden, rows, biases, valid, targets):
+    """``(lse, m)``: the online log-sum-exp over the slices and, in the same pass, the off-target mass
+    ``m = sum_{v != y} p_v`` (its own running sum, rescaled alike)."""
     def body(carry, xs):
-        top, total = carry
-        w, b, ok = xs
+        top, total, off = carry
+        ids, w, b, ok = xs
         logits = jnp.where(ok, jnp.einsum("...d,vd->...v", hidden, w) + b, -jnp.inf)
         new_top = jnp.maximum(top, jnp.max(logits, axis=-1))
-        total = total * jnp.exp(top - new_top) + jnp.sum(jnp.exp(logits - new_top[..., None]), axis=-1)
-        return (new_top, total), None
+        rescale = jnp.exp(top - new_top)
+        e = jnp.exp(logits - new_top[..., None])
+        total = total * rescale + jnp.sum(e, axis=-1)
+        off = off * rescale + jnp.sum(jnp.where(ids != targets[..., None], e, 0.0), axis=-1)
+        return (new_top, total, off), None
 
-    start = (jnp.full(hidden.shape[:-1], -jnp.inf, jnp.float32), jnp.zeros(hidden.shape[:-1], jnp.float32))
-    (top, total), _ = jax.lax.scan(body, start, (rows, biases, valid))
-    return top + jnp.log(total)
+    zeros = jnp.zeros(hidden.shape[:-1], jnp.float32)
+    start = (jnp.full(hidden.shape[:-1], -jnp.inf, jnp.float32), zeros, zeros)
+    (top, total, off), _ = jax.lax.scan(body, start, (slice_ids(rows), rows, biases, valid))
+    return top + jnp.log(total), off / total
 
 
-def target_logprobs_values(hidden, weight, bias, targets, chunk: int) -> tuple[jax.Array, jax.Array]:
-    """:func:`target_logprobs`'s values without its VJP (the forward both it and the gradient taps run).
+def target_logprobs_values(hidden, weight, bias, targets, chunk: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """:func:`target_logprobs`'s values without its VJP (the forward both it and the gradient taps run), and each
+    position's off-target mass.
 
     Args:
       hidden, weight, bias, targets, chunk: as :func:`target_logprobs`.
 
     Returns:
-      ``(picked, lse)``.
+      ``(picked, lse, m)``: ``m = sum_{v != y} p_v``, ``1 - p_y`` summed from the other entries
+      (:func:`off_target`).
     """
-    return _forward(hidden, weight, bias, targets, chunk)[0]
+    (picked, lse), residuals = _forward(hidden, weight, bias, targets, chunk)
+    return picked, lse, residuals[-1]
 
 
 def _forward(hidden, weight, bias, targets, chunk):
     h = hidden.astype(jnp.float32)
     rows, biases, valid = vocab_slices(weight, bias, chunk)
-    lse = _logsumexp(h, rows, biases, valid)
+    lse, mass = _logsumexp(h, rows, biases, valid, targets)
     at_target = jnp.sum(h * jnp.take(weight, targets, axis=0).astype(jnp.float32), axis=-1)
     if bias is not None:
         at_target = at_target + jnp.take(bias, targets).astype(jnp.float32)
-    return (at_target - lse, lse), (hidden, weight, bias, targets, lse)
+    return (at_target - lse, lse), (hidden, weight, bias, targets, lse, mass)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
@@ -143,24 +171,18 @@ def _target_logprobs(hidden, weight, bias, targets, chunk):
 
 
 def _backward(chunk, residuals, cotangents):
-    hidden, weight, bias, targets, lse = residuals
+    hidden, weight, bias, targets, lse, mass = residuals
     u, w = (c.astype(jnp.float32) for c in cotangents)
     h = hidden.astype(jnp.float32)
     rows, biases, valid = vocab_slices(weight, bias, chunk)
     lead = tuple(range(h.ndim - 1))
 
-    # d(u picked + w lse) / d logits = u (e_y - p) + w p = u m e_y + (w p - u q)
-    def body(carry, xs):
-        dh, mass = carry
+    def body(dh, xs):
         ids, r, b, ok = xs
-        p = slice_probabilities(h, r, b, ok, lse)
-        q = off_target(p, ids, targets)
-        weighted = w[..., None] * p - u[..., None] * q
-        return (dh + weighted @ r, mass + jnp.sum(q, axis=-1)), (jnp.tensordot(weighted, h, axes=(lead, lead)),
-                                                                 jnp.sum(weighted, axis=lead))
+        weighted = slice_cotangents(slice_probabilities(h, r, b, ok, lse), ids, targets, u, w)
+        return dh + weighted @ r, (jnp.tensordot(weighted, h, axes=(lead, lead)), jnp.sum(weighted, axis=lead))
 
-    start = (jnp.zeros_like(h), jnp.zeros(h.shape[:-1], jnp.float32))
-    (dh, mass), (dw, db) = jax.lax.scan(body, start, (slice_ids(rows), rows, biases, valid))
+    dh, (dw, db) = jax.lax.scan(body, jnp.zeros_like(h), (slice_ids(rows), rows, biases, valid))
     vocab, width = weight.shape
     flat = targets.reshape(-1)
     at_target = u * mass

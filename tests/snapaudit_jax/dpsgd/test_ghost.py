@@ -374,6 +374,7 @@ def test_dp_lora_with_a_sliced_head_equals_the_per_unit_path(kind, targets):
     assert (np.asarray(want.norms) > clip).any() and (np.asarray(want.norms) < clip).any()
 
 
+@pytest.mark.slow
 def test_the_sliced_heads_norm_needs_its_softmax_products_and_the_tied_cross_term(monkeypatch):
     """Power: the head's ``K_st`` without its ``p_s . p_t`` part, or the tied table without the lookup-head
     cross term, misses the per-unit oracle by far more than the tolerance."""
