@@ -253,8 +253,8 @@ def _head_with_gram(hidden, gram_probe, weight, bias, targets, chunk: int):
     ``sum_{v != y_s, y_t} p_s[v] p_t[v]`` and ``[..., S]`` holds ``m_s = sum_{v != y_s} p_s[v]`` (``1 - p_s[y_s]``
     without the cancellation: accurate however confident the model). The slices' probabilities are formed there
     anyway, so the head's norm costs no extra pass over the vocabulary (an empty ``(units, 0, 0)`` probe: nothing,
-    for a head that does not train). The head's weights are closed over: differentiating with respect to them
-    raises (JAX refuses a custom VJP's closed-over differentiated value), never a silently wrong gradient."""
+    for a head that does not train). The head's weights are closed over and get no cotangent: the taps
+    differentiate the probes only (:func:`_factors`), never the parameters."""
     rows, biases, valid = vocab_slices(weight, bias, chunk)
     units, with_gram = gram_probe.shape[0], gram_probe.shape[-1] > 0
 
