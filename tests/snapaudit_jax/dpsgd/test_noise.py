@@ -204,6 +204,7 @@ def test_sampler_delta_is_the_total_variation_bound():
     assert noise.sampler_delta(math.inf, 1, 1) == noise.sampler_delta(800.0, 1, 1) == math.inf
 
 
+@pytest.mark.slow
 def test_an_array_larger_than_one_keys_counters_is_drawn_in_chunks_under_folded_keys(monkeypatch):
     """Past ``PER_KEY`` coordinates chunk ``c`` comes from ``fold_in(key, c)`` (here with ``PER_KEY = 1000``),
     so no counter repeats; below it, one key draws the whole array."""

@@ -153,9 +153,10 @@ def test_noise_is_secret_by_default_and_replayable_only_by_request(tiny, tmp_pat
 
 
 def _worker(cfg, out, *mode):
-    """``snapaudit finetune`` in a subprocess (tests/helpers/finetune_kill_worker.py ``mode``), sharing this
-    process's persistent compilation cache (the same programs: the compiled step is not compiled again)."""
-    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir,
+    """``snapaudit finetune`` in a subprocess (tests/helpers/finetune_kill_worker.py ``mode``), the workers of one
+    test sharing a persistent compilation cache beside ``out`` (a resumed run does not compile the step again)."""
+    cache = os.path.join(os.path.dirname(os.path.abspath(str(out))), "xla-cache")
+    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache,
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.1", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     return subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "finetune_kill_worker.py"), cfg, str(out),
                            *map(str, mode)], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
