@@ -1,12 +1,11 @@
 """Suite-wide set-up: the fast tier's limits (:mod:`tests.helpers.tiers`) and XLA settings of the test processes.
 
-The test processes keep no persistent XLA compilation cache. They kept one under
-``.pytest_cache/jax-compilation-cache`` until 2026-12-06, when two clean-clone runs of the whole suite each lost a
-worker to a segmentation fault inside XLA:CPU's serialisation of a compiled training step for that cache
-(``compilation_cache.put_executable_and_time`` -> ``executable.serialize()``, in ``test_train_clipping.py``,
-after the worker had run other files; the file alone, and after ``test_ghost.py``, passed), and xdist then hung
-on the lost worker. An earlier run had crashed once while deserialising from it. The commands that tests run in
-subprocesses (the private-data suite, the benchmark smoke runs) keep their own environment and caches.
+The test processes let go of their compiled XLA programs when they hold half of Linux's limit on memory maps
+(:mod:`tests.helpers.compiled`): every program holds maps, and a worker of the whole suite that kept all of them
+passed the limit of 65530 maps per process and died of a segmentation fault inside XLA (in clean-clone runs of
+2026-12-06, in a compile or in the persistent compilation cache's serialisation; xdist then hung on the lost
+worker). They keep no persistent compilation cache either; the commands that tests run in subprocesses (the private-data suite, the
+benchmark smoke runs) keep their own environment and caches.
 Lowering a jitted function that captures more than 16 KiB of constants fails the test (see below).
 
 The test processes compile at XLA's default optimisation level, the level users run. (Without LLVM's passes,
@@ -16,6 +15,7 @@ smoke runs, which compile in subprocesses with a cache of their own, use those f
 
 import jax
 
+from tests.helpers.compiled import pytest_runtest_teardown  # noqa: F401  (a hook, found by name)
 from tests.helpers.tiers import (  # noqa: F401  (pytest finds hooks by name in this module)
     pytest_addoption,
     pytest_collection_finish,

@@ -63,7 +63,8 @@ from flax import nnx
 
 from snapaudit_jax.dpsgd.gradients import sequence_losses
 from snapaudit_jax.models.vocab_head import (
-    head_weights, off_target, slice_cotangents, slice_ids, slice_probabilities, target_logprobs_values, vocab_slices,
+    checked_chunk, head_weights, off_target, slice_cotangents, slice_ids, slice_probabilities, target_logprobs_values,
+    vocab_slices,
 )
 from snapaudit_jax.utils.errors import InputError
 
@@ -881,13 +882,7 @@ def book_keeping_clipped_sum(model, tokens, mask, *, clip_norm: float, padding=N
     padding = jnp.zeros(tokens.shape[0], bool) if padding is None else jnp.asarray(padding, bool)
     graphdef, params, rest = nnx.split(model, trainable, ...)
     return _bk_jit(graphdef, params, rest, tokens, mask, padding, jnp.float32(clip_norm), method=method,
-                   vocab_chunk=_chunk_or_none(vocab_chunk))
-
-
-def _chunk_or_none(vocab_chunk):
-    from snapaudit_jax.utils import validate
-
-    return None if vocab_chunk is None else validate.positive_int("vocab_chunk", vocab_chunk)
+                   vocab_chunk=checked_chunk(vocab_chunk))
 
 
 def _checked(method: str, tokens, mask):
@@ -935,4 +930,4 @@ def dense_sq_norms(model, tokens, mask, *, method: str = "auto", trainable=nnx.P
     """
     tokens, mask = _checked(method, tokens, mask)
     graphdef, params, rest = nnx.split(model, trainable, ...)
-    return _dense_jit(graphdef, params, rest, tokens, mask, method=method, vocab_chunk=_chunk_or_none(vocab_chunk))
+    return _dense_jit(graphdef, params, rest, tokens, mask, method=method, vocab_chunk=checked_chunk(vocab_chunk))

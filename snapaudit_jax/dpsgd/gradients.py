@@ -25,6 +25,7 @@ from flax import nnx
 from jax_privacy import clipping
 
 from snapaudit_jax.models.inference import CONTEXT, TARGET, sequence_nll
+from snapaudit_jax.models.vocab_head import checked_chunk
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 
@@ -155,8 +156,7 @@ def clipped_grad_sum(model, tokens, mask, *, clip_norm: float, padding=None, tra
     from snapaudit_jax.dpsgd.config import CLIPPINGS
 
     validate.choice("method", method, CLIPPINGS)
-    if vocab_chunk is not None:
-        vocab_chunk = validate.positive_int("vocab_chunk", vocab_chunk)
+    vocab_chunk = checked_chunk(vocab_chunk)
     graphdef, params, rest = nnx.split(model, trainable, ...)
     if method != "per_record":
         from snapaudit_jax.dpsgd import ghost
@@ -269,8 +269,7 @@ def record_losses(model, dataset, *, batch_size: int = 64, vocab_chunk: int | No
     """
     tokens, mask = _check_dataset(dataset, model)
     batch_size = validate.positive_int("batch_size", batch_size)
-    if vocab_chunk is not None:
-        vocab_chunk = validate.positive_int("vocab_chunk", vocab_chunk)
+    vocab_chunk = checked_chunk(vocab_chunk)
     n = tokens.shape[0]
     b = min(batch_size, n)
     padded = -(-n // b) * b

@@ -29,7 +29,24 @@ import jax.numpy as jnp
 from flax import nnx
 
 __all__ = ["target_logprobs", "target_logprobs_values", "head_target_logprobs", "head_weights", "vocab_slices",
-           "slice_ids", "slice_probabilities", "slice_cotangents", "off_target"]
+           "slice_ids", "slice_probabilities", "slice_cotangents", "off_target", "checked_chunk"]
+
+
+def checked_chunk(vocab_chunk) -> int | None:
+    """A ``vocab_chunk`` argument checked: ``None`` (the whole logits) or a positive int.
+
+    Args:
+      vocab_chunk: the caller's value.
+
+    Returns:
+      ``None``, or ``vocab_chunk`` as an int.
+
+    Raises:
+      InputError: naming ``vocab_chunk``, for anything else.
+    """
+    from snapaudit_jax.utils import validate
+
+    return None if vocab_chunk is None else validate.positive_int("vocab_chunk", vocab_chunk)
 
 
 def vocab_slices(weight: jax.Array, bias: jax.Array | None, chunk: int):

@@ -136,6 +136,7 @@ def test_the_noise_is_exact_beyond_6_sigma():
     assert stats.kstest(z * 1.002, tail_cdf).pvalue < ALPHA
 
 
+@pytest.mark.slow  # compiles the sampler for a leaf of 2^20 coordinates (its bfloat16 tails): 4-5.5 s cold
 def test_the_privatizer_adds_sigma_c_times_the_sampler_to_every_leaf_in_float32():
     """The update is ``leaf + stddev * z`` computed in float32 and cast back, ``z`` drawn under ``split(key)[1]``:
     a leaf of at least ``GROUP_BELOW`` coordinates under ``fold_in(sub, leaf index)``, the smaller ones sharing one

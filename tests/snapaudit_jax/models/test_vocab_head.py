@@ -120,10 +120,13 @@ def test_sequence_losses_and_their_gradients_match_the_whole_head(make):
     def loss(p, chunk):
         return sequence_losses(nnx.merge(graphdef, p, rest), tokens, mask, vocab_chunk=chunk)
 
-    np.testing.assert_allclose(jax.jit(loss, static_argnums=1)(params, 10), jax.jit(loss, static_argnums=1)(
-        params, None), rtol=1e-5, atol=1e-6)
-    got = jax.jit(jax.grad(lambda p: jnp.sum(loss(p, 10))))(params)
-    want = jax.jit(jax.grad(lambda p: jnp.sum(loss(p, None))))(params)
+    def summed(p, chunk):
+        losses = loss(p, chunk)
+        return jnp.sum(losses), losses
+
+    (_, sliced), got = jax.jit(jax.value_and_grad(summed, has_aux=True), static_argnums=1)(params, 10)
+    (_, whole), want = jax.jit(jax.value_and_grad(summed, has_aux=True), static_argnums=1)(params, None)
+    np.testing.assert_allclose(sliced, whole, rtol=1e-5, atol=1e-6)
     flat_got, flat_want = dict(nnx.to_flat_state(got)), dict(nnx.to_flat_state(want))
     assert set(flat_got) == set(flat_want)
     for path, value in flat_want.items():

@@ -1,0 +1,79 @@
+"""The test processes' bound on compiled programs (:mod:`tests.helpers.compiled`), against the kernel's own count
+of the process's memory maps."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from tests.helpers import compiled
+
+pytestmark = pytest.mark.skipif(compiled.map_count() is None, reason="no /proc/self/maps (not Linux)")
+
+_PROGRAMS = 25  # distinct programs compiled: each loads about three maps
+
+
+def _compile_many(tag: float) -> list:
+    functions = [jax.jit(lambda x, i=i: jnp.sin(x) * (i + tag) + jnp.cos(x) ** 2) for i in range(_PROGRAMS)]
+    for f in functions:
+        f(jnp.ones(3)).block_until_ready()
+    return functions
+
+
+def test_the_limit_and_count_are_the_kernels():
+    assert compiled.map_limit() >= 1024  # Linux's minimum setting is far above; the default is 65530
+    assert 0 < compiled.map_count() < compiled.map_limit()
+
+
+@pytest.mark.parametrize(
+    ("count", "limit", "over"),
+    [(None, 100, False), (60, None, False), (50, 100, False), (51, 100, True), (10, 10, True)],
+)
+def test_over_share(count, limit, over):
+    assert compiled.over_share(count, limit, 0.5 if limit != 10 else 0.9) is over
+
+
+def test_release_unloads_the_programs_jax_keeps():
+    _compile_many(0.125)
+    compiled.release_compiled()  # the first programs also grow the allocator's own maps, which stay
+    before = compiled.map_count()
+    functions = _compile_many(0.25)  # still referenced: only jax's caches hold the executables
+    loaded = compiled.map_count() - before
+    assert loaded >= 2 * _PROGRAMS
+    compiled.release_compiled()
+    assert compiled.map_count() - before <= 0.25 * loaded
+    assert float(functions[3](jnp.zeros(3))[0]) == 1.0  # the functions still work: they compile again
+
+
+_CONFTEST = "from tests.helpers.compiled import *  # noqa\n"
+_FIRST = """
+import jax, jax.numpy as jnp, json, pathlib
+from tests.helpers import compiled
+
+KEEP = []  # kept alive, as a library's module-level jitted functions are: only a release unloads their programs
+
+
+def test_compiles():
+    fs = [jax.jit(lambda x, i=i: jnp.tanh(x) * (i + 0.5) - x) for i in range(12)]
+    for f in fs:
+        f(jnp.ones(2)).block_until_ready()
+    KEEP.extend(fs)
+    pathlib.Path("maps.json").write_text(json.dumps(compiled.map_count()))
+"""
+_SECOND = """
+import json, pathlib
+from tests.helpers import compiled
+
+def test_released():
+    assert compiled.map_count() < json.loads(pathlib.Path("maps.json").read_text()) - 20
+"""
+
+
+def test_the_hook_releases_past_its_share_of_the_limit(pytester: pytest.Pytester, monkeypatch):
+    pytester.makepyfile(test_a_first=_FIRST, test_b_second=_SECOND)
+    pytester.makeconftest(_CONFTEST)
+    monkeypatch.setattr(compiled, "MAPS_FRACTION", 1.0)  # power: a process never over its share keeps its programs
+    pytester.runpytest().assert_outcomes(passed=1, failed=1)
+    monkeypatch.setattr(compiled, "MAPS_FRACTION", 0.0)
+    pytester.runpytest().assert_outcomes(passed=2)
