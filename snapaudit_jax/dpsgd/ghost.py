@@ -63,8 +63,8 @@ from flax import nnx
 
 from snapaudit_jax.dpsgd.gradients import sequence_losses
 from snapaudit_jax.models.vocab_head import (
-    checked_chunk, head_weights, off_target, slice_cotangents, slice_ids, slice_probabilities, target_logprobs_values,
-    vocab_slices,
+    add_slice_rows, checked_chunk, head_weights, off_target, scan_vocab, slice_cotangents, slice_probabilities,
+    target_logprobs_values,
 )
 from snapaudit_jax.utils.errors import InputError
 
@@ -256,7 +256,6 @@ def _head_with_gram(hidden, gram_probe, weight, bias, targets, chunk: int):
     anyway, so the head's norm costs no extra pass over the vocabulary (an empty ``(units, 0, 0)`` probe: nothing,
     for a head that does not train). The head's weights are closed over and get no cotangent: the taps
     differentiate the probes only (:func:`_factors`), never the parameters."""
-    rows, biases, valid = vocab_slices(weight, bias, chunk)
     units, with_gram = gram_probe.shape[0], gram_probe.shape[-1] > 0
 
     @jax.custom_vjp
@@ -272,18 +271,17 @@ def _head_with_gram(hidden, gram_probe, weight, bias, targets, chunk: int):
         u, w = (c.astype(jnp.float32) for c in cotangents)
         h32 = h.astype(jnp.float32)
 
-        def body(carry, xs):  # as vocab_head's backward: u (e_y - p) + w p = u m e_y + (w p - u q)
+        def body(carry, piece):  # as vocab_head's backward: u (e_y - p) + w p = u m e_y + (w p - u q)
             dh, gram = carry
-            ids, r, b, ok = xs
-            p = slice_probabilities(h32, r, b, ok, lse)
+            p = slice_probabilities(h32, piece.rows, piece.biases, piece.valid, lse)
             if with_gram:
-                per_unit = off_target(p, ids, targets).reshape(units, -1, p.shape[-1])
+                per_unit = off_target(p, piece.ids, targets).reshape(units, -1, p.shape[-1])
                 gram = gram + _hi("bsv,btv->bst", per_unit, per_unit)
-            return (dh + slice_cotangents(p, ids, targets, u, w) @ r, gram), None
+            return dh + slice_cotangents(p, piece.ids, targets, u, w) @ piece.rows, gram
 
         side = gram_probe.shape[1]
         start = (jnp.zeros_like(h32), jnp.zeros((units, side, side), jnp.float32))
-        (dh, gram), _ = jax.lax.scan(body, start, (slice_ids(rows), rows, biases, valid))
+        dh, gram = scan_vocab(body, start, weight, bias, chunk)
         dh = dh + (u * mass)[..., None] * jnp.take(weight, targets, axis=0).astype(jnp.float32)
         packed = (jnp.concatenate([gram, mass.reshape(units, side, 1)], axis=-1) if with_gram
                   else jnp.zeros(gram_probe.shape))
@@ -426,8 +424,9 @@ class _Head(NamedTuple):
     transpose: bool
     gram: jax.Array
 
-    def slices(self):
-        return vocab_slices(self.weight, self.bias, self.chunk)
+    def scan(self, body, init):
+        """``carry = body(carry, slice)`` over the head's slices (:func:`~snapaudit_jax.models.vocab_head.scan_vocab`)."""
+        return scan_vocab(body, init, self.weight, self.bias, self.chunk)
 
     def products(self) -> tuple[jax.Array, jax.Array]:
         """``(off-target products (B, S, S), off-target masses (B, S))``."""
@@ -662,17 +661,16 @@ def _softmax_weighted_sum(term: _Term, weights: jax.Array, keep: jax.Array, shap
     weighted = coef[:, :, None] * jnp.where(keep[:, None, None], term.g, 0.0)  # (B, S, q)
     hidden = jnp.where(keep[:, None, None], head.hidden, 0.0)
     lse = jnp.where(keep[:, None], head.lse, 0.0)
-    rows, biases, valid = head.slices()
-
-    def body(_, xs):
-        ids, *head_slice = xs
-        q = off_target(slice_probabilities(hidden, *head_slice, lse), ids, head.targets)
-        return None, -_hi("bsv,bsq->vq", q, weighted)
-
-    _, parts = jax.lax.scan(body, None, (slice_ids(rows), rows, biases, valid))
     vocab, width = head.weight.shape[0], weighted.shape[-1]
+
+    def body(total, piece):
+        q = off_target(slice_probabilities(hidden, piece.rows, piece.biases, piece.valid, lse), piece.ids,
+                       head.targets)
+        return add_slice_rows(total, piece, -_hi("bsv,bsq->vq", q, weighted))
+
+    parts = head.scan(body, jnp.zeros((vocab, width), jnp.float32))
     at_target = jnp.where(keep[:, None, None], mass[:, :, None] * weighted, 0.0)
-    grad = parts.reshape(-1, width)[:vocab].at[head.targets.reshape(-1)].add(at_target.reshape(-1, width))
+    grad = parts.at[head.targets.reshape(-1)].add(at_target.reshape(-1, width))
     return (grad.T if head.transpose else grad).reshape(shape)
 
 

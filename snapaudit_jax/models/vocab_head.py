@@ -23,13 +23,15 @@ the head's per-unit terms from ``h``, the targets, ``lse`` and ``u`` alone (the 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-__all__ = ["target_logprobs", "target_logprobs_values", "head_target_logprobs", "head_weights", "vocab_slices",
-           "slice_ids", "slice_probabilities", "slice_cotangents", "off_target", "checked_chunk"]
+__all__ = ["target_logprobs", "target_logprobs_values", "head_target_logprobs", "head_weights", "VocabSlice",
+           "slice_plan", "vocab_slice", "scan_vocab", "add_slice_rows", "slice_probabilities", "slice_cotangents",
+           "off_target", "checked_chunk"]
 
 
 def checked_chunk(vocab_chunk) -> int | None:
@@ -49,39 +51,93 @@ def checked_chunk(vocab_chunk) -> int | None:
     return None if vocab_chunk is None else validate.positive_int("vocab_chunk", vocab_chunk)
 
 
-def vocab_slices(weight: jax.Array, bias: jax.Array | None, chunk: int):
-    """The head in ``ceil(V / chunk)`` float32 slices: ``(weights (n, chunk, D), biases (n, chunk), valid (n,
-    chunk))``, the last slice padded with rows that ``valid`` marks (their logits are ``-inf``).
+class VocabSlice(NamedTuple):
+    """One slice of the head, read in place (:func:`vocab_slice`).
+
+    ``start``: the first row's id (``()`` int32); ``ids``: the rows' ids (``(chunk,)`` int32); ``rows``: their
+    weights in float32 (``(chunk, D)``); ``biases``: theirs, zeros without a bias (``(chunk,)``); ``valid``: ``False``
+    on the rows the previous slice already had (the last slice ends at the head's last row, so it may overlap).
+    """
+
+    start: jax.Array
+    ids: jax.Array
+    rows: jax.Array
+    biases: jax.Array
+    valid: jax.Array
+
+
+def slice_plan(vocab: int, chunk: int) -> tuple[int, int]:
+    """``(rows a slice, slices)`` for a head of ``vocab`` rows read ``chunk`` rows at a time.
+
+    Args:
+      vocab: the head's rows ``V``.
+      chunk: rows a slice, ``>= 1``; above ``V``, one slice of ``V`` rows.
+
+    Returns:
+      ``(min(chunk, V), ceil(V / min(chunk, V)))``.
+    """
+    chunk = min(int(chunk), int(vocab))
+    return chunk, -(-int(vocab) // chunk)
+
+
+def vocab_slice(weight: jax.Array, bias: jax.Array | None, chunk: int, index: jax.Array) -> VocabSlice:
+    """Slice ``index`` of the head, ``chunk`` rows read where they lie (no copy of the head): rows ``[index chunk,
+    index chunk + chunk)``, the last slice moved back to end at row ``V`` with the rows it repeats marked invalid.
 
     Args:
       weight: ``(V, D)`` the head's rows.
       bias: ``(V,)`` or ``None``.
-      chunk: rows a slice, ``>= 1``; above ``V``, one slice of ``V`` rows (never padded beyond the head).
+      chunk: rows a slice, ``1 <= chunk <= V`` (:func:`slice_plan`).
+      index: the slice's index (may be traced).
 
     Returns:
-      The stacked slices.
+      The :class:`VocabSlice`.
     """
-    vocab, width = weight.shape
-    chunk = min(chunk, vocab)
-    count = -(-vocab // chunk)
-    pad = count * chunk - vocab
-    rows = jnp.pad(weight.astype(jnp.float32), ((0, pad), (0, 0))).reshape(count, chunk, width)
-    bias = jnp.zeros(vocab, jnp.float32) if bias is None else bias.astype(jnp.float32)
-    biases = jnp.pad(bias, (0, pad)).reshape(count, chunk)
-    valid = (jnp.arange(count * chunk) < vocab).reshape(count, chunk)
-    return rows, biases, valid
+    vocab = weight.shape[0]
+    first = jnp.asarray(index, jnp.int32) * chunk
+    start = jnp.minimum(first, vocab - chunk)
+    rows = jax.lax.dynamic_slice_in_dim(weight, start, chunk).astype(jnp.float32)
+    biases = (jnp.zeros(chunk, jnp.float32) if bias is None
+              else jax.lax.dynamic_slice_in_dim(bias, start, chunk).astype(jnp.float32))
+    ids = start + jnp.arange(chunk, dtype=jnp.int32)
+    return VocabSlice(start, ids, rows, biases, ids >= first)
 
 
-def slice_ids(rows: jax.Array) -> jax.Array:
-    """The vocabulary id of each row of :func:`vocab_slices`' rows.
+def scan_vocab(body, init, weight: jax.Array, bias: jax.Array | None, chunk: int):
+    """``carry = body(carry, slice)`` over the head's slices in order (a ``lax.scan``; :func:`vocab_slice`).
 
     Args:
-      rows: ``(n, chunk, D)`` the stacked slices.
+      body: ``(carry, VocabSlice) -> carry``.
+      init: the first carry.
+      weight, bias: the head (``(V, D)``, ``(V,)`` or ``None``).
+      chunk: rows a slice, ``>= 1``.
 
     Returns:
-      ``(n, chunk)`` int32 ids (``>= V`` on the padding rows).
+      The last carry.
     """
-    return jnp.arange(rows.shape[0] * rows.shape[1], dtype=jnp.int32).reshape(rows.shape[:2])
+    chunk, count = slice_plan(weight.shape[0], chunk)
+
+    def step(carry, index):
+        return body(carry, vocab_slice(weight, bias, chunk, index)), None
+
+    carry, _ = jax.lax.scan(step, init, jnp.arange(count, dtype=jnp.int32))
+    return carry
+
+
+def add_slice_rows(total: jax.Array, piece: VocabSlice, part: jax.Array) -> jax.Array:
+    """``total`` (``(V, ...)``) with ``part`` (``(chunk, ...)``, zero on the slice's invalid rows) added to the
+    slice's rows, in place.
+
+    Args:
+      total: the whole head's accumulator.
+      piece: the slice.
+      part: the slice's rows' contribution.
+
+    Returns:
+      The updated accumulator.
+    """
+    current = jax.lax.dynamic_slice_in_dim(total, piece.start, part.shape[0])
+    return jax.lax.dynamic_update_slice_in_dim(total, current + part, piece.start, axis=0)
 
 
 def off_target(p: jax.Array, ids: jax.Array, targets: jax.Array) -> jax.Array:
@@ -93,7 +149,7 @@ def off_target(p: jax.Array, ids: jax.Array, targets: jax.Array) -> jax.Array:
 
     Args:
       p: ``(..., chunk)`` the slice's probabilities.
-      ids: ``(chunk,)`` the slice's vocabulary ids (:func:`slice_ids`).
+      ids: ``(chunk,)`` the slice's vocabulary ids.
       targets: ``(...)`` each position's target id.
 
     Returns:
@@ -123,11 +179,11 @@ def slice_cotangents(p: jax.Array, ids: jax.Array, targets: jax.Array, u: jax.Ar
 
 def slice_probabilities(hidden: jax.Array, rows: jax.Array, biases: jax.Array, valid: jax.Array,
                         lse: jax.Array) -> jax.Array:
-    """``p = softmax(h W^T + b)`` on one slice of the vocabulary: ``(..., chunk)``, ``0`` on padding rows.
+    """``p = softmax(h W^T + b)`` on one slice of the vocabulary: ``(..., chunk)``, ``0`` on invalid rows.
 
     Args:
       hidden: ``(..., D)`` float32 hidden states.
-      rows, biases, valid: one slice of :func:`vocab_slices` (``(chunk, D)``, ``(chunk,)``, ``(chunk,)``).
+      rows, biases, valid: one :class:`VocabSlice`'s (``(chunk, D)``, ``(chunk,)``, ``(chunk,)``).
       lse: ``(...)`` the positions' log-sum-exp over the whole vocabulary.
 
     Returns:
@@ -137,23 +193,22 @@ def slice_probabilities(hidden: jax.Array, rows: jax.Array, biases: jax.Array, v
     return jnp.where(valid, jnp.exp(logits - lse[..., None]), 0.0)
 
 
-def _logsumexp(hidden, rows, biases, valid, targets):
+def _logsumexp(hidden, weight, bias, chunk, targets):
     """``(lse, m)``: the online log-sum-exp over the slices and, in the same pass, the off-target mass
     ``m = sum_{v != y} p_v`` (its own running sum, rescaled alike)."""
-    def body(carry, xs):
+    def body(carry, piece):
         top, total, off = carry
-        ids, w, b, ok = xs
-        logits = jnp.where(ok, jnp.einsum("...d,vd->...v", hidden, w) + b, -jnp.inf)
+        logits = jnp.where(piece.valid, jnp.einsum("...d,vd->...v", hidden, piece.rows) + piece.biases, -jnp.inf)
         new_top = jnp.maximum(top, jnp.max(logits, axis=-1))
         rescale = jnp.exp(top - new_top)
         e = jnp.exp(logits - new_top[..., None])
         total = total * rescale + jnp.sum(e, axis=-1)
-        off = off * rescale + jnp.sum(jnp.where(ids != targets[..., None], e, 0.0), axis=-1)
-        return (new_top, total, off), None
+        off = off * rescale + jnp.sum(jnp.where(piece.ids != targets[..., None], e, 0.0), axis=-1)
+        return new_top, total, off
 
     zeros = jnp.zeros(hidden.shape[:-1], jnp.float32)
     start = (jnp.full(hidden.shape[:-1], -jnp.inf, jnp.float32), zeros, zeros)
-    (top, total, off), _ = jax.lax.scan(body, start, (slice_ids(rows), rows, biases, valid))
+    top, total, off = scan_vocab(body, start, weight, bias, chunk)
     return top + jnp.log(total), off / total
 
 
@@ -174,8 +229,7 @@ def target_logprobs_values(hidden, weight, bias, targets, chunk: int) -> tuple[j
 
 def _forward(hidden, weight, bias, targets, chunk):
     h = hidden.astype(jnp.float32)
-    rows, biases, valid = vocab_slices(weight, bias, chunk)
-    lse, mass = _logsumexp(h, rows, biases, valid, targets)
+    lse, mass = _logsumexp(h, weight, bias, chunk, targets)
     at_target = jnp.sum(h * jnp.take(weight, targets, axis=0).astype(jnp.float32), axis=-1)
     if bias is not None:
         at_target = at_target + jnp.take(bias, targets).astype(jnp.float32)
@@ -191,23 +245,28 @@ def _backward(chunk, residuals, cotangents):
     hidden, weight, bias, targets, lse, mass = residuals
     u, w = (c.astype(jnp.float32) for c in cotangents)
     h = hidden.astype(jnp.float32)
-    rows, biases, valid = vocab_slices(weight, bias, chunk)
     lead = tuple(range(h.ndim - 1))
-
-    def body(dh, xs):
-        ids, r, b, ok = xs
-        weighted = slice_cotangents(slice_probabilities(h, r, b, ok, lse), ids, targets, u, w)
-        return dh + weighted @ r, (jnp.tensordot(weighted, h, axes=(lead, lead)), jnp.sum(weighted, axis=lead))
-
-    dh, (dw, db) = jax.lax.scan(body, jnp.zeros_like(h), (slice_ids(rows), rows, biases, valid))
     vocab, width = weight.shape
+
+    def body(carry, piece):
+        dh, dw, db = carry
+        weighted = slice_cotangents(slice_probabilities(h, piece.rows, piece.biases, piece.valid, lse), piece.ids,
+                                    targets, u, w)
+        dw = add_slice_rows(dw, piece, jnp.tensordot(weighted, h, axes=(lead, lead)))
+        if db is not None:
+            db = add_slice_rows(db, piece, jnp.sum(weighted, axis=lead))
+        return dh + weighted @ piece.rows, dw, db
+
+    start = (jnp.zeros_like(h), jnp.zeros((vocab, width), jnp.float32),
+             None if bias is None else jnp.zeros(vocab, jnp.float32))
+    dh, dw, db = scan_vocab(body, start, weight, bias, chunk)
     flat = targets.reshape(-1)
     at_target = u * mass
     dh = dh + at_target[..., None] * jnp.take(weight, targets, axis=0).astype(jnp.float32)
-    dw = dw.reshape(-1, width)[:vocab].at[flat].add((at_target[..., None] * h).reshape(-1, width))
+    dw = dw.at[flat].add((at_target[..., None] * h).reshape(-1, width))
     dbias = None
     if bias is not None:
-        dbias = db.reshape(-1)[:vocab].at[flat].add(at_target.reshape(-1)).astype(bias.dtype)
+        dbias = db.at[flat].add(at_target.reshape(-1)).astype(bias.dtype)
     return dh.astype(hidden.dtype), dw.astype(weight.dtype), dbias, None
 
 

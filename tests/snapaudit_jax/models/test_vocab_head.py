@@ -152,12 +152,40 @@ def test_evaluation_in_slices_gives_the_whole_logits_losses():
 
 
 def test_a_slice_wider_than_the_vocabulary_is_one_slice_of_the_vocabulary():
-    """``chunk`` above ``V`` gives one unpadded slice (no array of ``chunk`` rows is formed)."""
+    """``chunk`` above ``V`` gives one slice of ``V`` rows (no array of ``chunk`` rows is formed)."""
     _, weight, bias, _ = _head()
-    rows, biases, valid = vocab_head.vocab_slices(weight, bias, 10**6)
-    assert rows.shape == (1, VOCAB, 6) and biases.shape == (1, VOCAB) and bool(valid.all())
-    rows, _, valid = vocab_head.vocab_slices(weight, bias, 8)
-    assert rows.shape == (5, 8, 6) and int(valid.sum()) == VOCAB
+    assert vocab_head.slice_plan(VOCAB, 10**6) == (VOCAB, 1)
+    piece = vocab_head.vocab_slice(weight, bias, VOCAB, 0)
+    assert piece.rows.shape == (VOCAB, 6) and bool(piece.valid.all())
+    np.testing.assert_array_equal(piece.rows, weight)
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_the_slices_cover_every_row_once_read_in_place(with_bias):
+    """Slices of 8 rows over 37: the last one ends at row 37 and marks the 3 rows it repeats invalid; every row
+    is valid in exactly one slice with its own weights and bias; ``add_slice_rows`` adds a slice's part to its
+    rows only; and the sliced head's program pads no copy of the head."""
+    hidden, weight, bias, targets = _head()
+    bias = bias if with_bias else None
+    chunk, count = vocab_head.slice_plan(VOCAB, 8)
+    assert (chunk, count) == (8, 5)
+    seen = np.zeros(VOCAB, int)
+    total = jnp.zeros((VOCAB, 2), jnp.float32)
+    for index in range(count):
+        piece = vocab_head.vocab_slice(weight, bias, chunk, jnp.int32(index))
+        ids, valid = np.asarray(piece.ids), np.asarray(piece.valid)
+        assert int(piece.start) == min(8 * index, VOCAB - 8)
+        np.testing.assert_array_equal(valid, ids >= 8 * index)
+        np.testing.assert_array_equal(piece.rows, np.asarray(weight)[ids])
+        np.testing.assert_array_equal(piece.biases, np.asarray(bias)[ids] if with_bias else np.zeros(8))
+        seen[ids[valid]] += 1
+        total = vocab_head.add_slice_rows(total, piece, jnp.where(piece.valid[:, None], piece.ids[:, None] + 1.0,
+                                                                  0.0) * jnp.ones((1, 2)))
+    assert seen.tolist() == [1] * VOCAB
+    np.testing.assert_array_equal(total, np.repeat(np.arange(1.0, VOCAB + 1)[:, None], 2, axis=1))
+    program = str(jax.make_jaxpr(jax.grad(lambda w: jnp.sum(vocab_head.target_logprobs(
+        hidden, w, bias, targets, 8)[0])))(weight))
+    assert "pad" not in program and "dynamic_slice" in program
 
 
 def test_head_weights_of_a_linear_head_are_its_kernel_transposed_and_other_modules_are_refused():
