@@ -11,7 +11,7 @@ from tests.helpers import compiled
 
 pytestmark = pytest.mark.skipif(compiled.map_count() is None, reason="no /proc/self/maps (not Linux)")
 
-_PROGRAMS = 25  # distinct programs compiled: each loads about three maps
+_PROGRAMS = 15  # distinct programs compiled: each loads about three maps
 
 
 def _compile_many(tag: float) -> list:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
@@ -143,3 +144,25 @@ def test_every_module_of_the_suite_keeps_a_fast_test(request):
         collected = {line.split("::")[0] for line in result.stdout.splitlines() if "::" in line}
     assert set(tiers.SLOW_ONLY_MODULES) <= modules
     assert collected == modules - set(tiers.SLOW_ONLY_MODULES), sorted(collected ^ modules)
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_fails_the_run_and_is_not_replaced(pytester: pytest.Pytester):
+    """With the project's own options (pyproject's ``addopts``), a worker that dies of a segmentation fault (as
+    XLA does past the memory-map limit, :mod:`tests.helpers.compiled`) fails its test and the run, and no worker
+    replaces it (power: with restarts allowed, one does)."""
+    with open(ROOT / "pyproject.toml", "rb") as fh:
+        addopts = tomllib.load(fh)["tool"]["pytest"]["ini_options"]["addopts"]
+    pytester.makeini(f"[pytest]\naddopts = {addopts}\n")
+    pytester.makepyfile(
+        test_dies="import os, signal\n\ndef test_dies():\n    os.kill(os.getpid(), signal.SIGSEGV)\n",
+        test_fine="def test_fine():\n    pass\n",
+    )
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "xdist", "--dist", "loadfile", timeout=120)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*worker gw* crashed and worker restarting disabled*"])
+    result.assert_outcomes(passed=1, failed=1)
+    assert "replacing crashed worker" not in result.stdout.str()
+    again = pytester.runpytest_subprocess("-n", "2", "-p", "xdist", "--dist", "loadfile", "--max-worker-restart=1",
+                                          timeout=120)
+    again.stdout.fnmatch_lines(["*replacing crashed worker*"])

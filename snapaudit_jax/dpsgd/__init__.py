@@ -55,6 +55,7 @@ from snapaudit_jax.dpsgd.gradients import (
     loss_summary,
     record_losses,
     sequence_losses,
+    unit_losses,
 )
 from snapaudit_jax.dpsgd.noise import gaussian_privatizer, sampler_delta
 from snapaudit_jax.dpsgd.sampling import inclusion_threshold, poisson_batch, sampling_probability
@@ -136,5 +137,6 @@ __all__ = [
     "sampling_probability",
     "save_checkpoint",
     "sequence_losses",
+    "unit_losses",
     "train",
 ]

@@ -61,7 +61,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from snapaudit_jax.dpsgd.gradients import sequence_losses
+from snapaudit_jax.dpsgd.gradients import unit_losses
 from snapaudit_jax.models.vocab_head import (
     add_slice_rows, checked_chunk, head_weights, off_target, scan_vocab, slice_cotangents, slice_probabilities,
     target_logprobs_values,
@@ -401,9 +401,7 @@ def _forward(graphdef, params, rest, tokens, mask, probes, record: dict, vocab_c
     model = nnx.merge(graphdef, params, rest)
     record["modules"] = {tuple(path): m for path, m in nnx.iter_modules(model)}
     _tap_modules(model, record)
-    length = tokens.shape[-1]
-    rows = sequence_losses(model, tokens.reshape(-1, length), mask.reshape(-1, length), vocab_chunk=vocab_chunk)
-    per_unit = rows.reshape(tokens.shape[0], -1).sum(axis=1)
+    per_unit = unit_losses(model, tokens, mask, vocab_chunk=vocab_chunk)
     return jnp.sum(per_unit), (per_unit, record["inputs"], record["outputs"])
 
 
@@ -790,12 +788,9 @@ def ghost_clipped_sum_traced(graphdef, params, rest, tokens, mask, padding, clip
     shape = (-1,) + (1,) * (tokens.ndim - 1)
     tokens = jnp.where(kept.reshape(shape), tokens, tokens[first])
     mask = jnp.where(kept.reshape(shape), mask, mask[first])
-    length = tokens.shape[-1]
 
     def weighted(p):
-        rows = sequence_losses(nnx.merge(graphdef, p, rest), tokens.reshape(-1, length), mask.reshape(-1, length),
-                               vocab_chunk=vocab_chunk)
-        return jnp.sum(scale * rows.reshape(tokens.shape[0], -1).sum(axis=1))
+        return jnp.sum(scale * unit_losses(nnx.merge(graphdef, p, rest), tokens, mask, vocab_chunk=vocab_chunk))
 
     grads = jax.grad(weighted)(params)
     grads = jax.tree.map(lambda g: jnp.where(jnp.any(kept), g, jnp.zeros_like(g)), grads)

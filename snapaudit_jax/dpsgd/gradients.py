@@ -29,7 +29,8 @@ from snapaudit_jax.models.vocab_head import checked_chunk
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 
-__all__ = ["ClippedGrads", "LossSummary", "sequence_losses", "clipped_grad_sum", "record_losses", "loss_summary"]
+__all__ = ["ClippedGrads", "LossSummary", "sequence_losses", "unit_losses", "clipped_grad_sum", "record_losses",
+           "loss_summary"]
 
 
 class ClippedGrads(NamedTuple):
@@ -65,14 +66,28 @@ def sequence_losses(model, tokens: jax.Array, mask: jax.Array, *, vocab_chunk: i
     return nll / jnp.maximum(count, 1)
 
 
+def unit_losses(model, tokens: jax.Array, mask: jax.Array, *, vocab_chunk: int | None = None) -> jax.Array:
+    """Each privacy unit's loss: the sum of its records' :func:`sequence_losses`, so a user's records are summed
+    before the unit's gradient is clipped (traceable; every clipping path's loss).
+
+    Args:
+      model: a GPT-2 or Llama.
+      tokens: ``(U, L)`` one record a unit, or ``(U, k, L)`` a user's ``k`` records (all-padding rows add 0).
+      mask: ``tokens``' shape, ``True`` on real tokens.
+      vocab_chunk: as :func:`sequence_losses`.
+
+    Returns:
+      ``(U,)`` float32.
+    """
+    length = tokens.shape[-1]
+    rows = sequence_losses(model, tokens.reshape(-1, length), mask.reshape(-1, length), vocab_chunk=vocab_chunk)
+    return rows.reshape(tokens.shape[0], -1).sum(axis=1)
+
+
 def _loss_fn(graphdef, rest, vocab_chunk=None):
-    # One example is one unit: a record (1, L) or a user's records (1, k, L); its loss is the sum over its rows,
-    # so a user's records are summed before the unit's gradient is clipped.
+    # One example is one unit: a record (1, L) or a user's records (1, k, L).
     def loss(params, tokens, mask):
-        length = tokens.shape[-1]
-        rows = sequence_losses(nnx.merge(graphdef, params, rest), tokens.reshape(-1, length),
-                               mask.reshape(-1, length), vocab_chunk=vocab_chunk)
-        return jnp.sum(rows)
+        return jnp.sum(unit_losses(nnx.merge(graphdef, params, rest), tokens, mask, vocab_chunk=vocab_chunk))
 
     return loss
 

@@ -43,6 +43,7 @@ from snapaudit_jax.dpsgd import (
     sampling_probability,
     sequence_losses,
     train,
+    unit_losses,
 )
 from snapaudit_jax.dpsgd.train import _dp_step
 from snapaudit_jax.models.config import GPT2Config, LlamaConfig
@@ -132,6 +133,30 @@ def test_a_loss_mask_scores_only_its_target_tokens_and_attends_to_the_context():
         record_losses(model, (tokens[:1], first_only))
     with pytest.raises(ValueError, match=r"loss mask of 0 \(padding\), 1 .* got values \[0, 1, 3\]"):
         record_losses(model, (tokens, np.where(mask == 2, 3, mask)))
+
+
+def test_a_units_loss_is_the_sum_of_its_records_losses():
+    """``unit_losses``: ``(U, L)`` is one record a unit (the records' own losses); ``(U, k, L)`` sums a user's
+    ``k`` records (oracle: ``sequence_losses`` of the flat records), an all-padding row adding 0; one unit never
+    mixes two units' records (power: the units' losses differ)."""
+    graphdef, state = nnx.split(make_model())
+    rng = np.random.default_rng(11)
+    tokens = rng.integers(0, VOCAB, (3, 2, 9)).astype(np.int32)
+    mask = np.arange(9)[None, None, :] < np.array([[9, 5], [3, 0], [7, 8]])[:, :, None]
+
+    @jax.jit
+    def both(st, units, units_mask):
+        model = nnx.merge(graphdef, st)
+        length = units.shape[-1]
+        return (sequence_losses(model, units.reshape(-1, length), units_mask.reshape(-1, length)),
+                unit_losses(model, units, units_mask))
+
+    flat, got = (np.asarray(x) for x in both(state, tokens, mask))
+    assert flat[3] == 0.0  # the all-padding record
+    np.testing.assert_allclose(got, flat.reshape(3, 2).sum(axis=1), rtol=1e-6)
+    assert len(set(np.round(got, 4).tolist())) == 3
+    _, records = (np.asarray(x) for x in both(state, tokens[:, 0], mask[:, 0]))
+    np.testing.assert_allclose(records, flat.reshape(3, 2)[:, 0], rtol=1e-6)
 
 
 @pytest.mark.slow
