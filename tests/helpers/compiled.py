@@ -3,10 +3,9 @@
 Every program XLA:CPU compiles is loaded into memory maps of its own (about three: code, read-only data,
 data), and jax's caches keep each program, and so its maps, for the life of the process. Linux refuses a
 process more maps than ``vm.max_map_count`` (65530 by default); past it an ``mmap`` fails and XLA, which does
-not expect that, dies of a segmentation fault wherever it happens to be (seen in clean-clone runs of the whole
-suite: a worker died in the compilation cache's serialisation, in a compile, or with no message at all, and
-pytest-xdist hung on the lost worker). One worker of the whole suite compiles tens of thousands of programs
-(36,678 maps at 64 % of a run, 2026-12-06).
+not expect that, dies of a segmentation fault wherever it happens to be. One worker of the whole suite compiles
+about 20,000 programs: in a clean-clone run of 2026-12-06 a worker reached 65,368 maps and died in a compile
+(earlier runs lost workers in the persistent compilation cache's serialisation, and pytest-xdist hung on them).
 
 So a test process lets go of its compiled programs (:func:`jax.clear_caches`) after any test that leaves it
 holding more than :data:`MAPS_FRACTION` of its limit: a worker of the whole suite does so a few times a run, and
