@@ -4,8 +4,8 @@ The test processes let go of their compiled XLA programs when they hold half of 
 (:mod:`tests.helpers.compiled`): every program holds maps, and a worker of the whole suite that kept all of them
 passed the limit of 65530 maps per process and died of a segmentation fault inside XLA (in clean-clone runs of
 2026-12-06, in a compile or in the persistent compilation cache's serialisation; xdist then hung on the lost
-worker). They keep no persistent compilation cache either; the commands that tests run in subprocesses (the private-data suite, the
-benchmark smoke runs) keep their own environment and caches.
+worker). They keep no persistent compilation cache either; the commands that tests run in subprocesses (the
+private-data suite, the benchmark smoke runs) keep their own environment and caches.
 Lowering a jitted function that captures more than 16 KiB of constants fails the test (see below).
 
 The test processes compile at XLA's default optimisation level, the level users run. (Without LLVM's passes,

@@ -27,11 +27,12 @@ def test_the_limit_and_count_are_the_kernels():
 
 
 @pytest.mark.parametrize(
-    ("count", "limit", "over"),
-    [(None, 100, False), (60, None, False), (50, 100, False), (51, 100, True), (10, 10, True)],
+    ("count", "limit", "fraction", "over"),
+    [(None, 100, 0.5, False), (60, None, 0.5, False), (50, 100, 0.5, False), (51, 100, 0.5, True),
+     (10, 10, 0.9, True)],
 )
-def test_over_share(count, limit, over):
-    assert compiled.over_share(count, limit, 0.5 if limit != 10 else 0.9) is over
+def test_over_share(count, limit, fraction, over):
+    assert compiled.over_share(count, limit, fraction) is over
 
 
 def test_release_unloads_the_programs_jax_keeps():

@@ -422,10 +422,6 @@ class _Head(NamedTuple):
     transpose: bool
     gram: jax.Array
 
-    def scan(self, body, init):
-        """``carry = body(carry, slice)`` over the head's slices (:func:`~snapaudit_jax.models.vocab_head.scan_vocab`)."""
-        return scan_vocab(body, init, self.weight, self.bias, self.chunk)
-
     def products(self) -> tuple[jax.Array, jax.Array]:
         """``(off-target products (B, S, S), off-target masses (B, S))``."""
         return self.gram[..., :-1], self.gram[..., -1]
@@ -666,7 +662,7 @@ def _softmax_weighted_sum(term: _Term, weights: jax.Array, keep: jax.Array, shap
                        head.targets)
         return add_slice_rows(total, piece, -_hi("bsv,bsq->vq", q, weighted))
 
-    parts = head.scan(body, jnp.zeros((vocab, width), jnp.float32))
+    parts = scan_vocab(body, jnp.zeros((vocab, width), jnp.float32), head.weight, head.bias, head.chunk)
     at_target = jnp.where(keep[:, None, None], mass[:, :, None] * weighted, 0.0)
     grad = parts.at[head.targets.reshape(-1)].add(at_target.reshape(-1, width))
     return (grad.T if head.transpose else grad).reshape(shape)
