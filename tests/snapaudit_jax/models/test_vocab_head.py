@@ -109,7 +109,11 @@ def _llama(tied=False):
                              tie_word_embeddings=tied), rngs=nnx.Rngs(1))
 
 
-@pytest.mark.parametrize("make", [_gpt2, _llama, lambda: _llama(tied=True)], ids=["gpt2", "llama", "llama_tied"])
+@pytest.mark.parametrize("make", [
+    # gpt2 and llama take 3-6 s cold (two models' gradients compiled): the slow tier; the tied head stays fast
+    pytest.param(_gpt2, id="gpt2", marks=pytest.mark.slow), pytest.param(_llama, id="llama", marks=pytest.mark.slow),
+    pytest.param(lambda: _llama(tied=True), id="llama_tied"),
+])
 def test_sequence_losses_and_their_gradients_match_the_whole_head(make):
     model = make()
     rng = np.random.default_rng(6)
