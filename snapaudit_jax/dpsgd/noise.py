@@ -26,13 +26,16 @@ with ``delta + (1 + e^epsilon) eta`` (:func:`sampler_delta`): ``4.7e-10`` for th
 example at ``epsilon = 8``, ``3.4e-8`` for its 135 M parameters trained in full (0.8% of its delta).
 :class:`~snapaudit_jax.dpsgd.DPReport` states that term beside ``delta`` and the claims print their sum.
 
-The third words are hashed only where they are needed. On the CPU an array's third plane is drawn (under its own
-key, as the first plane of a second two-plane draw, so that a lowered step holds one Threefry function per leaf
-size) only when one of its coordinates needs it (probability ``n 2^-31`` for ``n`` coordinates), so a draw costs
-about what ``jax.random.normal``'s does (36.3 M coordinates on 2 cores: 0.37 s against 0.31 s; 0.52 s with three
-words for every coordinate). On accelerators, where hashing is cheap and a conditional can wait on the device, it is
-drawn for every coordinate and selected. Both evaluate the same sampler (their values may differ by float32
-rounding where XLA fuses them differently).
+An array is drawn :data:`BLOCK` (``2^20``) coordinates at a time, into its own buffer (:func:`add_standard_normal`):
+each coordinate's words are hashed from its own counters, so the values do not depend on the block, and a draw's
+working memory is one block's words and transforms, not the array's (a GPT-2 4 x 256's DP step, 16 M parameters,
+peaked 368 MB higher with the whole draw than without noise; drawn by blocks, 12 MB). The third words are hashed
+only where they are needed. On the CPU a block's third plane is drawn (under its own key, as the first plane of a
+second two-plane draw, so that a lowered step holds one Threefry function per block size) only when one of its
+coordinates needs it (probability ``b 2^-31`` for ``b`` coordinates), so a draw costs no more than
+``jax.random.normal``'s (36.3 M coordinates on 2 cores: 0.26 s against 0.33 s). On accelerators, where hashing
+is cheap and a conditional can wait on the device, it is drawn for every coordinate and selected. Both evaluate
+the same sampler (their values may differ by float32 rounding where XLA fuses them differently).
 
 The privatizer is an optax transformation like jax_privacy's: its state is the key, split at every update. Leaves
 of fewer than a million coordinates share one draw (:func:`leaf_noise`), so that a step compiles one noise draw
@@ -47,12 +50,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from snapaudit_jax.mechanisms.variates import random_words, sign_and_half_uniform
+from snapaudit_jax.mechanisms.variates import sign_and_half_uniform, word_columns
 from snapaudit_jax.utils.errors import InputError
 
 __all__ = ["NOISE_WORDS", "THIRD_PLANE", "TAIL_PROBABILITY", "SAMPLER", "PER_KEY", "DELTA_SHARE", "GROUP_BELOW",
-           "GROUPED", "coordinates", "standard_normal", "refined_normal", "lazy_third_plane", "leaf_noise",
-           "sampler_delta", "check_sampler_delta", "gaussian_privatizer"]
+           "GROUPED", "BLOCK", "coordinates", "standard_normal", "add_standard_normal", "refined_normal",
+           "lazy_third_plane", "leaf_noise", "noisy_leaves", "sampler_delta", "check_sampler_delta",
+           "gaussian_privatizer"]
 
 NOISE_WORDS = 2
 """32-bit words drawn for every noise coordinate: a sign and a uniform on ``(0, 1/2)`` on a grid of ``2^-64``
@@ -109,39 +113,91 @@ def refined_normal(words: jax.Array, third, *, lazy: bool) -> jax.Array:
     return jnp.where(sign, z, -z)
 
 
-def _chunk(key: jax.Array, n: int) -> jax.Array:
-    return refined_normal(
-        random_words(key, (NOISE_WORDS, n)),
-        # the first plane of a second two-plane draw: the same hash shape as the first draw, so a lowered step holds
-        # one Threefry function per leaf size whatever the sizes of the other leaves
-        lambda: random_words(jax.random.fold_in(key, THIRD_PLANE), (NOISE_WORDS, n))[:1],
-        lazy=lazy_third_plane(),
-    )
+BLOCK = 1 << 20
+"""Coordinates of an array drawn a loop iteration (:func:`add_standard_normal`): a draw holds one block's words
+and transforms at a time, not the whole array's (a step's noise otherwise peaks at several word planes of its
+largest leaf: 368 MB of a GPT-2 4 x 256's DP step, its 16 M parameters). The values do not depend on it: each
+coordinate's words are hashed from its own counters (:func:`~snapaudit_jax.mechanisms.variates.word_columns`)."""
 
 
-def standard_normal(key: jax.Array, shape) -> jax.Array:
+def _blocks(key: jax.Array, flat: jax.Array, combine, block: int) -> jax.Array:
+    """``flat`` (``n <= PER_KEY`` coordinates) with ``combine(piece, z)`` written over each piece, ``z`` the
+    pieces' coordinates of :func:`standard_normal` ``(key, (n,))``, ``block`` coordinates a loop iteration. The
+    last block ends at ``n`` (moved back over the previous one, whose coordinates it leaves as they are), so every
+    iteration has one shape and writes in place."""
+    n = flat.shape[0]
+    if jax.random.key_impl(key) != "threefry2x32":
+        block = n  # no counter access to single columns: one block (word_columns would hash the whole draw)
+    size, lazy = min(block, n), lazy_third_plane()
+
+    def one(x, start, done):
+        z = refined_normal(
+            word_columns(key, n, start, size),
+            # the first plane of a second two-plane draw: the same hash shape as the first, so a lowered step
+            # holds one Threefry function per block size whatever the sizes of the other leaves
+            lambda: word_columns(jax.random.fold_in(key, THIRD_PLANE), n, start, size)[:1],
+            lazy=lazy,
+        )
+        piece = jax.lax.dynamic_slice(x, (start,), (size,))
+        fresh = start + jax.lax.iota(jnp.int32, size) >= done
+        return jax.lax.dynamic_update_slice(x, jnp.where(fresh, combine(piece, z), piece), (start,))
+
+    if size == n:
+        return one(flat, 0, 0)
+
+    def body(b, x):
+        return one(x, jnp.minimum(b * size, n - size), b * size)
+
+    return jax.lax.fori_loop(0, -(-n // size), body, flat)
+
+
+def add_standard_normal(key: jax.Array, x: jax.Array, combine=None, *, block: int | None = None) -> jax.Array:
+    """``x`` with :func:`standard_normal` ``(key, x.shape)`` added (or combined), drawn :data:`BLOCK` coordinates at
+    a time into ``x``'s own buffer (pure, key first).
+
+    Args:
+      key: PRNG key (``threefry2x32``).
+      x: the array; its flattened coordinate ``i`` gets the draw's coordinate ``i``.
+      combine: ``combine(piece, z) -> piece`` for a float32 ``z`` of the piece's coordinates; default
+        ``piece + z`` computed in float32 and cast back to ``x``'s dtype.
+      block: coordinates a loop iteration (default :data:`BLOCK`; the values do not depend on it).
+
+    Returns:
+      An array of ``x``'s shape and dtype.
+    """
+    if combine is None:
+        def combine(piece, z):
+            return (piece.astype(jnp.float32) + z).astype(piece.dtype)
+
+    block = BLOCK if block is None else int(block)
+    flat = x.reshape(-1)
+    n = flat.shape[0]
+    if n <= PER_KEY:
+        return _blocks(key, flat, combine, block).reshape(x.shape)
+    chunks = [_blocks(jax.random.fold_in(key, c), flat[start:start + PER_KEY], combine, block)
+              for c, start in enumerate(range(0, n, PER_KEY))]
+    return jnp.concatenate(chunks).reshape(x.shape)
+
+
+def standard_normal(key: jax.Array, shape, *, block: int | None = None) -> jax.Array:
     """Standard normal float32 noise, exact to float32 rounding but with probability ``2^-71`` (pure, key first).
 
     Coordinate ``i`` of the flattened output is :func:`refined_normal` of words ``i`` and ``n + i`` of Threefry-2x32
     in counter mode under ``key`` (``n`` coordinates) and, where it needs one, word ``i`` of ``2 n``
     under ``fold_in(key, THIRD_PLANE)``. An array of more than :data:`PER_KEY` coordinates is drawn in chunks of
-    ``PER_KEY``, chunk ``c`` so under ``fold_in(key, c)``.
+    ``PER_KEY``, chunk ``c`` so under ``fold_in(key, c)``. It is drawn ``block`` coordinates at a time
+    (:func:`add_standard_normal`).
 
     Args:
       key: PRNG key (``threefry2x32``).
       shape: output shape.
+      block: coordinates a loop iteration (default :data:`BLOCK`; the values do not depend on it).
 
     Returns:
       float32 array of ``shape``.
     """
     shape = tuple(int(d) for d in shape)
-    n = math.prod(shape)
-    if n <= PER_KEY:
-        return _chunk(key, n).reshape(shape)
-    chunks = [
-        _chunk(jax.random.fold_in(key, c), min(PER_KEY, n - start)) for c, start in enumerate(range(0, n, PER_KEY))
-    ]
-    return jnp.concatenate(chunks).reshape(shape)
+    return add_standard_normal(key, jnp.zeros(shape, jnp.float32), lambda piece, z: z, block=block)
 
 
 def coordinates(tree) -> int:
@@ -235,17 +291,41 @@ def leaf_noise(key: jax.Array, leaves) -> list[jax.Array]:
     Returns:
       float32 arrays of the leaves' shapes.
     """
+    return _leafwise(key, [jnp.zeros(leaf.shape, jnp.float32) for leaf in leaves], lambda piece, z: z)
+
+
+def noisy_leaves(key: jax.Array, leaves, stddev: jax.Array | float) -> list[jax.Array]:
+    """``leaf + stddev * z`` for each of ``leaves``, computed in float32 and cast back to the leaf's dtype, ``z``
+    the leaf's :func:`leaf_noise`; a large leaf's noise is drawn block by block into the leaf's own buffer
+    (:func:`add_standard_normal`), never whole beside it.
+
+    Args:
+      key: the step's noise key.
+      leaves: arrays (the clipped sum's leaves).
+      stddev: the noise's standard deviation (may be traced).
+
+    Returns:
+      Arrays of the leaves' shapes and dtypes.
+    """
+    def combine(piece, z):
+        return (piece.astype(jnp.float32) + stddev * z).astype(piece.dtype)
+
+    return _leafwise(key, leaves, combine)
+
+
+def _leafwise(key: jax.Array, leaves, combine) -> list[jax.Array]:
+    """``combine(leaf, z)`` for each leaf, ``z`` its noise as :func:`leaf_noise` defines it."""
     out: list = [None] * len(leaves)
     small = [i for i, leaf in enumerate(leaves) if leaf.size < GROUP_BELOW]
     if small:
         joint = standard_normal(jax.random.fold_in(key, GROUPED), (sum(leaves[i].size for i in small),))
         start = 0
         for i in small:
-            out[i] = joint[start:start + leaves[i].size].reshape(leaves[i].shape)
+            out[i] = combine(leaves[i], joint[start:start + leaves[i].size].reshape(leaves[i].shape))
             start += leaves[i].size
     for i, leaf in enumerate(leaves):
         if out[i] is None:
-            out[i] = standard_normal(jax.random.fold_in(key, i), leaf.shape)
+            out[i] = add_standard_normal(jax.random.fold_in(key, i), leaf, combine)
     return out
 
 
@@ -253,7 +333,7 @@ def gaussian_privatizer(stddev: jax.Array | float, prng_key: jax.Array) -> optax
     """Adds ``N(0, stddev^2)`` noise to every coordinate of the clipped sum (an optax transformation).
 
     The state is the key; each update splits it, draws the leaves' noise under the new subkey with
-    :func:`leaf_noise`, adds it in float32 and casts the sum back to the leaf's dtype.
+    :func:`leaf_noise`, adds it in float32 and casts the sum back to the leaf's dtype (:func:`noisy_leaves`).
 
     Args:
       stddev: the noise's standard deviation ``sigma C`` (may be traced).
@@ -271,10 +351,6 @@ def gaussian_privatizer(stddev: jax.Array | float, prng_key: jax.Array) -> optax
         del params
         state, sub = jax.random.split(state)
         leaves, treedef = jax.tree.flatten(updates)
-        noisy = [
-            (leaf.astype(jnp.float32) + stddev * z).astype(leaf.dtype)
-            for leaf, z in zip(leaves, leaf_noise(sub, leaves), strict=True)
-        ]
-        return jax.tree.unflatten(treedef, noisy), state
+        return jax.tree.unflatten(treedef, noisy_leaves(sub, leaves, stddev)), state
 
     return optax.GradientTransformation(init, update)

@@ -41,6 +41,7 @@ from snapaudit_jax.utils.errors import InputError
 
 __all__ = [
     "random_words",
+    "word_columns",
     "sign_and_half_uniform",
     "normal",
     "logistic",
@@ -84,6 +85,34 @@ def random_words(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     if n == 0:
         return jnp.zeros(shape, jnp.uint32)
     return threefry_2x32(data, jax.lax.iota(jnp.uint32, n)).reshape(shape)
+
+
+def word_columns(key: jax.Array, n: int, start, size: int) -> jax.Array:
+    """Columns ``[start, start + size)`` of ``random_words(key, (2, n))``, hashing only their own counters.
+
+    :func:`random_words` hashes the counter pair ``(c, n + c)`` into its words ``c`` and ``n + c``: column ``c`` of
+    a ``(2, n)`` draw is one hash, so a block of columns is drawn without the others (a loop over blocks then holds
+    one block's words at a time, not the whole draw's).
+
+    Args:
+      key: PRNG key, as :func:`random_words`.
+      n: the columns of the whole draw (``2 n <= 2^32`` words).
+      start: the first column (an int or a traced integer scalar); ``start + size <= n``.
+      size: the columns drawn (static).
+
+    Returns:
+      ``(2, size)`` uint32 words, equal to ``random_words(key, (2, n))[:, start:start + size]``.
+
+    Raises:
+      InputError: more than ``2^32`` words for one key.
+    """
+    if 2 * n > _MAX_WORDS:
+        raise InputError(f"random_words draws at most 2^32 words per key, got 2 x {n} words")
+    if jax.random.key_impl(key) != "threefry2x32":
+        return jax.lax.dynamic_slice(random_words(key, (2, n)), (0, start), (2, size))
+    data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+    first = jnp.asarray(start, jnp.uint32) + jax.lax.iota(jnp.uint32, size)
+    return threefry_2x32(data, jnp.concatenate([first, first + jnp.uint32(n)])).reshape(2, size)
 
 
 def sign_and_half_uniform(words: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -232,6 +232,54 @@ def test_standard_normal_is_the_refined_transform_of_its_keys_words():
 
 
 @pytest.mark.slow
+def test_the_draw_is_the_same_whatever_its_block_and_the_last_block_adds_its_noise_once():
+    """A draw's values do not depend on the block it is drawn in: blocks that divide the array, blocks that do not
+    (the last moved back over its neighbour) and one block give the same noise, which is the refined transform of
+    the whole draw's words; adding it to an array adds every coordinate's noise exactly once (power: a last block
+    that added again over its neighbour's coordinates would double them)."""
+    key = jax.random.key(9)
+    n = 10_007
+    expected = noise.refined_normal(random_words(key, (2, n)),
+                                    lambda: random_words(jax.random.fold_in(key, noise.THIRD_PLANE), (2, n))[:1],
+                                    lazy=False)
+    whole = np.asarray(noise.standard_normal(key, (n,), block=n))
+    np.testing.assert_allclose(whole, expected, rtol=1e-6)
+    for block in (1000, 10_006):
+        np.testing.assert_allclose(noise.standard_normal(key, (n,), block=block), whole, rtol=1e-6, atol=0)
+    added = np.asarray(noise.add_standard_normal(key, jnp.ones((n,)), block=1000)) - 1.0
+    np.testing.assert_allclose(added, whole, rtol=1e-5, atol=1e-6)  # 1 + z - 1: float32 rounding of the sum
+    halves = noise.add_standard_normal(key, jnp.zeros((n,), jnp.bfloat16), block=1000)
+    assert halves.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(halves, whole.astype(jnp.bfloat16))
+
+
+def _temp_bytes(fn, n: int) -> int:
+    compiled = jax.jit(fn, donate_argnums=1).lower(jax.random.key(0), jax.ShapeDtypeStruct((n,), jnp.float32))
+    return int(compiled.compile().memory_analysis().temp_size_in_bytes)
+
+
+def test_a_draws_working_memory_is_its_blocks_not_its_arrays(monkeypatch):
+    """XLA's plan of a draw into a donated array holds one block's words and transforms: four times the array adds
+    less than a byte a coordinate to its working memory (the two word planes alone are 8 bytes a coordinate); so
+    does the privatizer's update of a large leaf. Power, on the CPU (where XLA keeps the hash's planes; another
+    backend may fuse them away): one block the size of the array grows by at least those 8 bytes."""
+    block, small, large = 1 << 16, noise.GROUP_BELOW, 4 * noise.GROUP_BELOW
+
+    def draw(size):
+        return lambda k, x: noise.add_standard_normal(k, x, block=size)
+
+    def privatize(k, x):
+        tx = noise.gaussian_privatizer(0.5, k)
+        return tx.update([x], tx.init([x]))[0][0]
+
+    assert _temp_bytes(draw(block), large) - _temp_bytes(draw(block), small) < large - small
+    monkeypatch.setattr(noise, "BLOCK", block)
+    assert _temp_bytes(privatize, large) - _temp_bytes(privatize, small) < large - small
+    if jax.default_backend() == "cpu":
+        assert _temp_bytes(draw(large), large) - _temp_bytes(draw(small), small) >= 8 * (large - small)
+
+
+@pytest.mark.slow  # trains a step to checkpoint it: 5-7 s cold
 def test_a_checkpoint_drawn_by_another_sampler_is_refused_on_resume(tmp_path, monkeypatch):
     """The sampler is part of a run's identity: a checkpoint written with other noise (here: a run whose sampler
     is named otherwise, as the checkpoints written with ``jax.random.normal`` have none) does not resume."""

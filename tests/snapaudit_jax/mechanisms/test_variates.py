@@ -7,6 +7,7 @@ import pytest
 from scipy import special, stats
 
 from snapaudit_jax.mechanisms import variates as sampling
+from snapaudit_jax.utils.errors import InputError
 
 
 def _words(hi, lo):
@@ -116,6 +117,26 @@ def test_random_words_are_jax_counter_mode_threefry():
     expected = np.asarray(jax.random.bits(rbg, (4,), jnp.uint32))
     assert np.array_equal(np.asarray(sampling.random_words(rbg, (4,))), expected)
     assert sampling.random_words(key, (0, 3)).shape == (0, 3)
+
+
+def test_word_columns_are_the_columns_of_the_whole_two_plane_draw():
+    """Columns [start, start + size) of random_words(key, (2, n)), at the first, a middle and the last columns, with
+    start static or traced (under jit), for raw and typed keys and for an rbg key (its fallback); the start is read
+    (a neighbouring block differs) and too many words are refused."""
+    key = jax.random.key(11)
+    n = 1001
+    whole = np.asarray(sampling.random_words(key, (2, n)))
+    traced = jax.jit(lambda k, s: sampling.word_columns(k, n, s, 64))
+    for start in (0, 300, n - 64):
+        assert np.array_equal(np.asarray(sampling.word_columns(key, n, start, 64)), whole[:, start:start + 64])
+        assert np.array_equal(np.asarray(traced(key, start)), whole[:, start:start + 64])
+    assert not np.array_equal(np.asarray(traced(key, 301)), whole[:, 300:364])
+    assert np.array_equal(np.asarray(sampling.word_columns(jax.random.key_data(key), n, 5, 3)), whole[:, 5:8])
+    rbg = jax.random.key(1, impl="rbg")
+    assert np.array_equal(np.asarray(sampling.word_columns(rbg, 10, 4, 3)),
+                          np.asarray(sampling.random_words(rbg, (2, 10)))[:, 4:7])
+    with pytest.raises(InputError, match="2\\^32"):
+        sampling.word_columns(key, (1 << 31) + 1, 0, 4)
 
 
 def _byte_pair_pvalue(words: np.ndarray) -> float:
