@@ -68,11 +68,17 @@ from snapaudit_jax.models.vocab_head import (
 )
 from snapaudit_jax.utils.errors import InputError
 
-__all__ = ["METHODS", "DenseNorms", "book_keeping_clipped_sum", "book_keeping_clipped_sum_traced", "choose_method",
-           "dense_sq_norms", "dense_sq_norms_traced", "direct_sq_norm", "ghost_clipped_sum_traced", "ghost_sq_norm",
-           "not_covered"]
+__all__ = ["METHODS", "SUM_DTYPES", "ROUNDOFF", "DenseNorms", "book_keeping_clipped_sum",
+           "book_keeping_clipped_sum_traced", "choose_method", "dense_sq_norms", "dense_sq_norms_traced",
+           "direct_sq_norm", "ghost_clipped_sum_traced", "ghost_sq_norm", "not_covered"]
 
 METHODS = ("auto", "ghost", "direct")
+SUM_DTYPES = ("float32", "bfloat16")
+"""The operand types of book-keeping's clipped-sum products (:func:`book_keeping_clipped_sum_traced`)."""
+ROUNDOFF = {"float32": 0.0, "bfloat16": 2.0**-8}
+"""Unit roundoff of each of :data:`SUM_DTYPES` as the products' operands are rounded (to nearest): float32's
+``2^-24`` is the rounding every float32 computation here has, out of scope like it; bfloat16's ``2^-8`` bounds a
+margin the clip factors leave (:func:`book_keeping_clipped_sum_traced`)."""
 
 
 def ghost_sq_norm(a: jax.Array, g: jax.Array) -> jax.Array:
@@ -622,11 +628,12 @@ def _param_sq_norm(terms: list[_Term], method: str) -> jax.Array:
     return total
 
 
-def _weighted_sum(terms: list[_Term], weights: jax.Array, shape: tuple) -> jax.Array:
+def _weighted_sum(terms: list[_Term], weights: jax.Array, shape: tuple, operands=jnp.float32) -> jax.Array:
     """``sum_i w_i G_i`` of one parameter from its terms (units with ``w_i = 0`` masked out: their tensors may
-    hold NaN, and ``0 * NaN`` is NaN); a stacked parameter's layer by layer."""
+    hold NaN, and ``0 * NaN`` is NaN); a stacked parameter's layer by layer. The dense terms' products take
+    ``operands``-typed operands (``a`` and ``w g``) and accumulate in float32."""
     if terms[0].layers:
-        return _per_layer(_weighted_sum, terms, weights, shape[1:])
+        return _per_layer(_weighted_sum, terms, weights, shape[1:], operands)
     keep = weights > 0
     total = jnp.zeros(shape, jnp.float32)
     for term in terms:
@@ -640,8 +647,12 @@ def _weighted_sum(terms: list[_Term], weights: jax.Array, shape: tuple) -> jax.A
                 g.reshape(-1, g.shape[-1]), mode="drop").reshape(shape)
         elif term.kind == "diag":
             total = total + jnp.sum(jnp.where(keep[:, None, None], term.a, 0.0) * g, axis=(0, 1)).reshape(shape)
-        else:
+        elif operands == jnp.float32:
             total = total + _hi("bsp,bsq->pq", jnp.where(keep[:, None, None], term.a, 0.0), g).reshape(shape)
+        else:
+            a = jnp.where(keep[:, None, None], term.a, 0.0).astype(operands)
+            total = total + jnp.einsum("bsp,bsq->pq", a, g.astype(operands),
+                                       preferred_element_type=jnp.float32).reshape(shape)
     return total
 
 
@@ -695,12 +706,23 @@ def dense_sq_norms_traced(graphdef, params, rest, tokens, mask, *, method: str =
 
 
 def book_keeping_clipped_sum_traced(graphdef, params, rest, tokens, mask, padding, clip_norm, *,
-                                    method: str = "auto", vocab_chunk: int | None = None):
+                                    method: str = "auto", vocab_chunk: int | None = None,
+                                    sum_dtype: str = "float32"):
     """The clipped gradient sum by book-keeping: one forward, one backward, no per-unit gradient.
 
     Unit ``i``'s norm comes from the ghost norms of its factors; with ``c_i = min(1, C / ||g_i||)`` (``0`` for a
     padding unit or a non-finite norm), the sum is ``sum_i c_i a_i^T g_i`` per parameter, from the stored
     activations and cotangents (Bu et al.'s book-keeping).
+
+    ``sum_dtype="bfloat16"`` forms the products ``a^T (c g)`` of the dense terms (kernels, biases, LoRA adapters,
+    a tied head's whole logits) from bfloat16 operands with float32 accumulation, at the rate of the matrix units of
+    accelerators (a float32 product at full precision runs without them; at the backend's default precision it is
+    rounded in ways a library cannot bound). Rounding the operands moves unit ``i``'s share of the sum by at most
+    ``(2u + u^2) c_i sum_s ||a_s|| ||g_s||`` in Frobenius norm per term (``u = 2^-8``, :data:`ROUNDOFF`), so the
+    clip factors leave that margin: ``c_i = min(1, C / (||g_i|| + m_i))`` with ``m_i = (2u + u^2) (sum over the
+    parameters of (their dense terms' sum_s ||a_s|| ||g_s||)^2)^(1/2)``, and every unit's share of the released
+    sum keeps norm at most ``C`` (up to float32 accumulation, as on every path). The embeddings' rows, the norms'
+    scales and a sliced head's rows are summed in float32 as before; the norms are those of the float32 factors.
 
     Args:
       graphdef, params, rest: ``nnx.split(model, trainable, ...)``; every trainable parameter must be covered.
@@ -711,27 +733,35 @@ def book_keeping_clipped_sum_traced(graphdef, params, rest, tokens, mask, paddin
       method: the norms' method, as :func:`dense_sq_norms`.
       vocab_chunk: ``None``, or the head's vocabulary rows a slice (:mod:`snapaudit_jax.models.vocab_head`; the
         head's terms then come from its hidden states and targets, never a ``(B, S, V)`` array).
+      sum_dtype: one of :data:`SUM_DTYPES`: the dense products' operands (above).
 
     Returns:
-      ``(grad_sum, losses, norms)`` as :class:`~snapaudit_jax.dpsgd.gradients.ClippedGrads`.
+      ``(grad_sum, losses, norms)`` as :class:`~snapaudit_jax.dpsgd.gradients.ClippedGrads` (``norms``: the
+      units' gradient norms, without the margin).
 
     Raises:
-      InputError: (at trace time) a trainable parameter the factors do not cover, named.
+      InputError: (at trace time) a trainable parameter the factors do not cover, named; an unknown ``sum_dtype``.
     """
     from snapaudit_jax.dpsgd.gradients import ClippedGrads
 
+    if sum_dtype not in SUM_DTYPES:
+        raise InputError(f"sum_dtype must be one of {', '.join(SUM_DTYPES)}, got {sum_dtype!r}")
     losses, factors, norms, scale = _clip_factors(graphdef, params, rest, tokens, mask, padding, clip_norm, method,
-                                                  vocab_chunk)
+                                                  vocab_chunk, ROUNDOFF[sum_dtype])
+    operands = jnp.dtype(sum_dtype)
     leaves = []
     for path, variable in nnx.to_flat_state(params):
-        grad = _weighted_sum(factors[_name(tuple(path))], scale, variable.shape)
+        grad = _weighted_sum(factors[_name(tuple(path))], scale, variable.shape, operands)
         leaves.append((path, variable.replace(grad.astype(variable.dtype))))
     return ClippedGrads(nnx.from_flat_state(leaves), losses, norms)
 
 
-def _clip_factors(graphdef, params, rest, tokens, mask, padding, clip_norm, method, vocab_chunk=None):
+def _clip_factors(graphdef, params, rest, tokens, mask, padding, clip_norm, method, vocab_chunk=None,
+                  roundoff: float = 0.0):
     """``(losses, factors, norms, scale)``: the factors of every trainable parameter (refusing any not covered),
-    the units' norms and their clip factors ``c_i`` (``0`` for padding and non-finite norms)."""
+    the units' norms and their clip factors ``c_i`` (``0`` for padding and non-finite norms), leaving the margin
+    of dense products whose operands are rounded with unit roundoff ``roundoff``
+    (:func:`book_keeping_clipped_sum_traced`)."""
     losses, factors, missing = _factors(graphdef, params, rest, tokens, mask, vocab_chunk)
     if missing:
         raise InputError(f"book-keeping and ghost clipping cover dense layers, LoRA adapters, embeddings, the tied "
@@ -740,10 +770,27 @@ def _clip_factors(graphdef, params, rest, tokens, mask, padding, clip_norm, meth
     total = sum((_param_sq_norm(terms, method) for terms in factors.values()),
                 jnp.zeros(tokens.shape[0], jnp.float32))
     norms = jnp.sqrt(total)
-    finite = jnp.isfinite(norms)
-    scale = jnp.where(finite & ~padding, jnp.minimum(1.0, clip_norm / jnp.where(finite & (norms > 0), norms, 1.0)),
+    bound = norms
+    if roundoff:
+        spread = sum((jnp.square(_dense_spread(terms)) for terms in factors.values()),
+                     jnp.zeros(tokens.shape[0], jnp.float32))
+        bound = norms + (2.0 * roundoff + roundoff * roundoff) * jnp.sqrt(spread)
+    finite = jnp.isfinite(bound)
+    scale = jnp.where(finite & ~padding, jnp.minimum(1.0, clip_norm / jnp.where(finite & (bound > 0), bound, 1.0)),
                       0.0)
     return losses, factors, norms, scale
+
+
+def _dense_spread(terms: list[_Term]) -> jax.Array:
+    """``sum_s ||a_s|| ||g_s||`` per unit over a parameter's dense (``"outer"``) terms, a stacked parameter's layers
+    summed: what rounding the operands of ``a^T g`` can move it by, in units of the roundoff (``(B,)``)."""
+    total = 0.0
+    for term in terms:
+        if term.kind != "outer":
+            continue
+        spread = jnp.sum(jnp.sqrt(jnp.sum(term.a * term.a, axis=-1) * jnp.sum(term.g * term.g, axis=-1)), axis=-1)
+        total = total + (jnp.sum(spread, axis=0) if term.layers else spread)
+    return jnp.asarray(total, jnp.float32)
 
 
 def ghost_clipped_sum_traced(graphdef, params, rest, tokens, mask, padding, clip_norm, *, method: str = "auto",
@@ -833,12 +880,12 @@ def _not_covered(graphdef, params, rest, tokens, mask, vocab_chunk) -> tuple[str
     return tuple(sorted(found[0]))
 
 
-_bk_jit = jax.jit(book_keeping_clipped_sum_traced, static_argnames=("graphdef", "method", "vocab_chunk"))
+_bk_jit = jax.jit(book_keeping_clipped_sum_traced, static_argnames=("graphdef", "method", "vocab_chunk", "sum_dtype"))
 _ghost_jit = jax.jit(ghost_clipped_sum_traced, static_argnames=("graphdef", "method", "vocab_chunk"))
 
 
 def book_keeping_clipped_sum(model, tokens, mask, *, clip_norm: float, padding=None, trainable=nnx.LoRAParam,
-                             method: str = "auto", vocab_chunk: int | None = None):
+                             method: str = "auto", vocab_chunk: int | None = None, sum_dtype: str = "float32"):
     """:func:`snapaudit_jax.dpsgd.gradients.clipped_grad_sum` by book-keeping, for models whose every trainable
     parameter is covered (module docstring): DP-LoRA (``trainable=nnx.LoRAParam``) and full fine-tuning of our
     float32 decoders (``trainable=nnx.Param``).
@@ -852,6 +899,8 @@ def book_keeping_clipped_sum(model, tokens, mask, *, clip_norm: float, padding=N
       trainable: the state filter of the differentiated parameters.
       method: the norms' method (``"auto"``, ``"ghost"``, ``"direct"``).
       vocab_chunk: ``None``, or the head's vocabulary rows a slice (:mod:`snapaudit_jax.models.vocab_head`).
+      sum_dtype: ``"float32"`` (default) or ``"bfloat16"``: the dense products' operands, the clip factors
+        leaving the margin of their rounding (:func:`book_keeping_clipped_sum_traced`).
 
     Returns:
       :class:`~snapaudit_jax.dpsgd.gradients.ClippedGrads` ``(grad_sum, losses, norms)``.
@@ -862,7 +911,10 @@ def book_keeping_clipped_sum(model, tokens, mask, *, clip_norm: float, padding=N
     Guarantees:
       ``grad_sum = sum_i [not padding_i] g_i min(1, C / ||g_i||)`` (non-finite norms zeroed, as jax_privacy's
       ``nan_safe`` clipping), equal to the per-unit path's to ``1e-5`` relative in float32 (tested), so one unit
-      changes it by at most ``C`` in L2 norm up to float32 rounding.
+      changes it by at most ``C`` in L2 norm up to float32 rounding. With ``sum_dtype="bfloat16"`` each unit's
+      share of ``grad_sum`` (what leaving it out removes) still has norm at most ``C`` up to float32 rounding
+      (tested against each unit's share computed alone in float64), and ``grad_sum`` is the float32 one to about
+      ``2^-8`` relative.
     """
     from snapaudit_jax.utils import validate
 
@@ -870,8 +922,10 @@ def book_keeping_clipped_sum(model, tokens, mask, *, clip_norm: float, padding=N
     clip_norm = validate.positive_float("clip_norm", clip_norm)
     padding = jnp.zeros(tokens.shape[0], bool) if padding is None else jnp.asarray(padding, bool)
     graphdef, params, rest = nnx.split(model, trainable, ...)
+    if sum_dtype not in SUM_DTYPES:
+        raise InputError(f"sum_dtype must be one of {', '.join(SUM_DTYPES)}, got {sum_dtype!r}")
     return _bk_jit(graphdef, params, rest, tokens, mask, padding, jnp.float32(clip_norm), method=method,
-                   vocab_chunk=checked_chunk(vocab_chunk))
+                   vocab_chunk=checked_chunk(vocab_chunk), sum_dtype=sum_dtype)
 
 
 def _checked(method: str, tokens, mask):

@@ -183,6 +183,68 @@ def test_book_keeping_clipped_sum_equals_the_per_unit_path(kind, targets, shape)
     assert any(not np.allclose(unclipped[k], flat_want[k], rtol=1e-3) for k in flat_want)
 
 
+def _flat(grads) -> np.ndarray:
+    return np.concatenate([np.asarray(v[...], np.float64).ravel() for _, v in nnx.to_flat_state(grads)])
+
+
+def _shares(fn, count: int, clip: float) -> np.ndarray:
+    """Each unit's share of a clipped sum ``fn(padding, clip)``: the sum with every other unit as padding, its L2
+    norm in float64."""
+    return np.asarray([np.linalg.norm(_flat(fn(jnp.asarray(np.arange(count) != i), clip).grad_sum))
+                       for i in range(count)])
+
+
+def _summed(kind, targets, dtype):
+    """``(fn(padding, clip), units)``: the jitted book-keeping sum of six units of ``kind``'s model with
+    ``dtype`` operands."""
+    from snapaudit_jax.dpsgd import ghost
+
+    model = CONFIGS[kind]() if targets is None else _lora_model(kind, targets)
+    graphdef, params, rest = nnx.split(model, nnx.Param if targets is None else nnx.LoRAParam, ...)
+    tokens, mask = (jnp.asarray(x) for x in _data((6, 9), seed=5))
+    step = jax.jit(lambda pad, clip: ghost.book_keeping_clipped_sum_traced(graphdef, params, rest, tokens, mask, pad,
+                                                                           clip, sum_dtype=dtype))
+    return (lambda pad, clip: step(pad, jnp.float32(clip))), 6
+
+
+def test_bfloat16_products_leave_the_margin_that_keeps_every_share_within_the_clip_norm():
+    """With bfloat16 operands and every unit clipped (``C`` half the smallest norm), each unit's share of the sum
+    (the sum with the others as padding, its norm in float64) is at most ``C`` up to float32 accumulation, and not
+    far below it (the margin is a small share of ``C``); power in the next test (without the margin, a share
+    passes ``C``). Bad ``sum_dtype`` refused, named."""
+    from snapaudit_jax.dpsgd import ghost
+
+    fn, units = _summed("gpt2", None, "bfloat16")
+    clip = 0.5 * float(np.min(np.asarray(fn(jnp.zeros(units, bool), np.inf).norms)))
+    shares = _shares(fn, units, clip)
+    assert shares.max() <= clip * (1 + 1e-6) and shares.min() >= 0.95 * clip, shares / clip
+    tokens, mask = _data((2, 5))
+    with pytest.raises(InputError, match="sum_dtype must be one of float32, bfloat16, got 'float16'"):
+        ghost.book_keeping_clipped_sum(CONFIGS["gpt2"](), tokens, mask, clip_norm=1.0, sum_dtype="float16")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, targets", [("gpt2", None), ("llama", ("q_proj", "v_proj", "down_proj"))],
+                         ids=["gpt2-full", "llama-lora"])
+def test_bfloat16_sums_are_the_float32_sums_to_their_rounding_and_margin(kind, targets, monkeypatch):
+    """The bfloat16 sum is the float32 one to 2^-6 relative (the operands' rounding and the margin), its reported
+    norms are the float32 path's exactly, and its shares stay within ``C`` on DP-LoRA too; float32 operands keep
+    every clipped share at ``C`` to 1e-6 (no margin). Power: the same bfloat16 products without the margin
+    (``ROUNDOFF`` 0) give some unit a share above ``C`` by more than 1e-4."""
+    from snapaudit_jax.dpsgd import ghost
+
+    (low, units), (full, _) = _summed(kind, targets, "bfloat16"), _summed(kind, targets, "float32")
+    none = jnp.zeros(units, bool)
+    clip = 0.5 * float(np.min(np.asarray(full(none, np.inf).norms)))
+    assert _shares(low, units, clip).max() <= clip * (1 + 1e-6)
+    np.testing.assert_allclose(_shares(full, units, clip), clip, rtol=1e-6)
+    a, b = low(none, clip), full(none, clip)
+    assert np.linalg.norm(_flat(a.grad_sum) - _flat(b.grad_sum)) <= 2.0**-6 * np.linalg.norm(_flat(b.grad_sum))
+    np.testing.assert_array_equal(np.asarray(a.norms), np.asarray(b.norms))
+    monkeypatch.setitem(ghost.ROUNDOFF, "bfloat16", 0.0)
+    assert _shares(_summed(kind, targets, "bfloat16")[0], units, clip).max() > clip * (1 + 1e-4)
+
+
 def test_book_keeping_refuses_parameters_it_does_not_cover():
     """A bfloat16 Llama normalises in float32 outside its RMSNorm modules and computes its logits from the raw
     head weights (as transformers does): those parameters are read outside their taps, so they are not
@@ -474,6 +536,7 @@ def test_a_confident_heads_norms_and_sums_keep_their_precision_with_slices():
         assert np.linalg.norm(grads[name] - value) <= 1e-5 * np.linalg.norm(value), name
 
 
+@pytest.mark.slow  # two float64 oracles and the sliced head's gradient: 5 s cold
 def test_the_sliced_heads_gradient_keeps_its_precision_on_a_confident_model():
     """``target_logprobs``' custom VJP on the same confident head: the gradients of the summed target
     log-probabilities with respect to the head's rows and bias equal the float64 oracle to 1e-5 (L2)."""
