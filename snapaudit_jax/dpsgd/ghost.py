@@ -803,6 +803,12 @@ def ghost_clipped_sum_traced(graphdef, params, rest, tokens, mask, padding, clip
     when memory, not time, is short. A unit with ``c_i = 0`` (padding, a non-finite norm) is left out of the
     second pass (replaced by a kept unit at weight zero), so it adds exactly zero.
 
+    Both passes run every matrix product at full float32 precision (``jax.default_matmul_precision("highest")``):
+    the sum's gradients are recomputed, not the ones whose norms set ``c_i``, and at a backend's default precision
+    (TF32 on recent GPUs: operands rounded to ``2^-11``) the two would differ by more than float32 rounding, so a
+    unit's share could pass ``C``. Book-keeping needs no such care (its sum is formed from the very factors its
+    norms were taken of).
+
     Args:
       graphdef, params, rest: ``nnx.split(model, trainable, ...)``; every trainable parameter must be covered.
       tokens: ``(B, L)`` or ``(B, k, L)`` int token ids.
@@ -819,6 +825,11 @@ def ghost_clipped_sum_traced(graphdef, params, rest, tokens, mask, padding, clip
     Raises:
       InputError: (at trace time) a trainable parameter the factors do not cover, named.
     """
+    with jax.default_matmul_precision("highest"):
+        return _ghost_clipped_sum(graphdef, params, rest, tokens, mask, padding, clip_norm, method, vocab_chunk)
+
+
+def _ghost_clipped_sum(graphdef, params, rest, tokens, mask, padding, clip_norm, method, vocab_chunk):
     from snapaudit_jax.dpsgd.gradients import ClippedGrads
 
     losses, _, norms, scale = _clip_factors(graphdef, params, rest, tokens, mask, padding, clip_norm, method,

@@ -245,6 +245,41 @@ def test_bfloat16_sums_are_the_float32_sums_to_their_rounding_and_margin(kind, t
     assert _shares(_summed(kind, targets, "bfloat16")[0], units, clip).max() > clip * (1 + 1e-4)
 
 
+def _dot_precisions(jaxpr) -> list:
+    """The ``precision`` of every ``dot_general`` of a traced program, its sub-programs included."""
+    from jax.extend import core as jcore
+
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            found.append(eqn.params["precision"])
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(sub, jcore.ClosedJaxpr):
+                    found += _dot_precisions(sub.jaxpr)
+                elif isinstance(sub, jcore.Jaxpr):
+                    found += _dot_precisions(sub)
+    return found
+
+
+def test_ghost_clipping_forms_every_product_at_full_precision():
+    """Ghost clipping's two passes (the norms, then the recomputed weighted gradient) take every matrix product at
+    ``HIGHEST`` precision, whatever the backend's default (where a default of TF32 would let the recomputed
+    gradient drift from the one whose norm set its clip factor); power: book-keeping's forward keeps the
+    model's default-precision products, which the walk finds."""
+    from snapaudit_jax.dpsgd import ghost
+
+    graphdef, params, rest = nnx.split(CONFIGS["gpt2"](), nnx.Param, ...)
+    tokens, mask = (jnp.asarray(x) for x in _data((2, 5)))
+    args = (graphdef, params, rest, tokens, mask, jnp.zeros(2, bool), jnp.float32(1.0))
+    highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
+    found = _dot_precisions(jax.make_jaxpr(lambda *a: ghost.ghost_clipped_sum_traced(graphdef, *a))(*args[1:]).jaxpr)
+    assert len(found) > 20 and all(p == highest for p in found), set(found)
+    book = _dot_precisions(jax.make_jaxpr(lambda *a: ghost.book_keeping_clipped_sum_traced(graphdef, *a))(
+        *args[1:]).jaxpr)
+    assert highest in book and any(p != highest for p in book)
+
+
 def test_book_keeping_refuses_parameters_it_does_not_cover():
     """A bfloat16 Llama normalises in float32 outside its RMSNorm modules and computes its logits from the raw
     head weights (as transformers does): those parameters are read outside their taps, so they are not
