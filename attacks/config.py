@@ -143,6 +143,9 @@ class TrainingConfig:
       clipping: how the DP variants clip (:class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s ``clipping``: ``"auto"``,
         ``"per_record"``, ``"book_keeping"``, ``"ghost"``; the same sum to float32 rounding, so never the
         guarantee); the path taken and why are in each DP variant's report.
+      clipped_sum_dtype: the DP variants' book-keeping clipped-sum operands
+        (:class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s ``clipped_sum_dtype``: ``"float32"``, or ``"bfloat16"`` for
+        accelerators' matrix units with the clip factors leaving the margin of their rounding; book-keeping only).
       layers: how every variant's decoder blocks run in the training step
         (:class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s ``layers``: ``"auto"``, one scan over the stacked blocks on
         accelerators for 4 blocks or more and unrolled on the CPU; ``"scan"``; ``"unrolled"``; compile and step
@@ -161,6 +164,7 @@ class TrainingConfig:
     delta: float | None = None
     accountant: str = "pld"
     clipping: str = "auto"
+    clipped_sum_dtype: str = "float32"
     layers: str = "auto"
     vocab_chunk: int = 0
 
@@ -183,9 +187,13 @@ class TrainingConfig:
         if self.delta is not None:
             validate.open_unit("delta", self.delta)
         validate.choice("accountant", self.accountant, ("rdp", "pld"))
-        from snapaudit_jax.dpsgd.config import CLIPPINGS, LAYERS
+        from snapaudit_jax.dpsgd.config import CLIPPED_SUM_DTYPES, CLIPPINGS, LAYERS
 
         validate.choice("clipping", self.clipping, CLIPPINGS)
+        validate.choice("clipped_sum_dtype", self.clipped_sum_dtype, CLIPPED_SUM_DTYPES)
+        if self.clipped_sum_dtype != "float32" and self.clipping in ("per_record", "ghost"):
+            raise InputError(f"clipped_sum_dtype = {self.clipped_sum_dtype!r} needs the book-keeping path, got "
+                             f"clipping = {self.clipping!r} (use \"book_keeping\" or \"auto\")")
         validate.choice("layers", self.layers, LAYERS)
         validate.positive_int("vocab_chunk", self.vocab_chunk, minimum=0)
         return self

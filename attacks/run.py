@@ -112,7 +112,8 @@ def _dpsgd_config(config: PIIConfig, dp: bool, n_records: int):
     if dp:
         return DPSGDConfig(steps=t.steps, learning_rate=t.learning_rate, clip_norm=t.clip_norm,
                            target_epsilon=t.epsilon, delta=delta, batch_size=t.batch_size, optimizer=t.optimizer,
-                           accountant=t.accountant, clipping=t.clipping, layers=t.layers,
+                           accountant=t.accountant, clipping=t.clipping, clipped_sum_dtype=t.clipped_sum_dtype,
+                           layers=t.layers,
                            vocab_chunk=t.vocab_chunk or None, seed=config.noise_seed)
     return DPSGDConfig(steps=t.steps, learning_rate=t.learning_rate, batch_size=t.batch_size, optimizer=t.optimizer,
                        non_private=True, layers=t.layers, vocab_chunk=t.vocab_chunk or None, seed=config.noise_seed)

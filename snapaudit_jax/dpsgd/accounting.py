@@ -637,6 +637,8 @@ class DPReport:
       clipping: how the clipped sum was computed (``DPSGDConfig.clipping`` resolved: ``"per_record"``,
         ``"book_keeping"`` or ``"ghost"``; the same sum to float32 rounding, no privacy effect).
       clipping_reason: why that path (``"auto"``'s choice and what the fast paths did not cover).
+      clipped_sum_dtype: the operands of book-keeping's clipped-sum products (``"float32"``, or ``"bfloat16"``
+        with the clip factors leaving their rounding's margin: each unit's share still within ``clip_norm``).
       layers: how the decoder's blocks ran (``DPSGDConfig.layers`` resolved: ``"scan"`` or ``"unrolled"``; the
         same function to float32 rounding, no privacy effect).
       layers_reason: why.
@@ -683,6 +685,7 @@ class DPReport:
     not_covered: tuple[str, ...]
     clipping: str = "per_record"
     clipping_reason: str = ""
+    clipped_sum_dtype: str = "float32"
     layers: str = "unrolled"
     layers_reason: str = ""
     randomness: str = "batches and noise from the caller's key: the guarantee holds only if that key is secret " \
@@ -763,6 +766,7 @@ def make_report(
     microbatch_size: int,
     clipping: str = "per_record",
     clipping_reason: str = "",
+    clipped_sum_dtype: str = "float32",
     layers: str = "unrolled",
     layers_reason: str = "",
     protected_unit: str = PROTECTED_UNIT,
@@ -795,6 +799,7 @@ def make_report(
       microbatch_size: records per clipped-gradient call.
       clipping: the clipping path (``"per_record"``, ``"book_keeping"``, ``"ghost"``).
       clipping_reason: why that path.
+      clipped_sum_dtype: the operands of book-keeping's clipped-sum products.
       layers: how the decoder's blocks ran (``"scan"`` or ``"unrolled"``).
       layers_reason: why.
       protected_unit: the unit the guarantee protects (default: one dataset row).
@@ -855,6 +860,7 @@ def make_report(
         microbatch_size=microbatch_size,
         clipping=clipping,
         clipping_reason=clipping_reason,
+        clipped_sum_dtype=clipped_sum_dtype,
         layers=layers,
         layers_reason=layers_reason,
         not_covered=tuple(not_covered),

@@ -12,12 +12,13 @@ from typing import Any
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 
-__all__ = ["DPSGDConfig", "OPTIMIZERS", "ACCOUNTANTS", "CLIPPINGS", "LAYERS"]
+__all__ = ["DPSGDConfig", "OPTIMIZERS", "ACCOUNTANTS", "CLIPPINGS", "LAYERS", "CLIPPED_SUM_DTYPES"]
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 ACCOUNTANTS = ("rdp", "pld")
 CLIPPINGS = ("auto", "per_record", "book_keeping", "ghost")
 LAYERS = ("auto", "scan", "unrolled")
+CLIPPED_SUM_DTYPES = ("float32", "bfloat16")
 #: The most units of a default CPU microbatch on the fast clipping paths (see :meth:`DPSGDConfig.microbatch_for`).
 CPU_FAST_MICROBATCH = 4
 
@@ -69,6 +70,12 @@ class DPSGDConfig:
         fine-tuning of a float32 decoder), else per-record; on every backend (measured faster than per-record, or
         as fast, on every shape tried, the CPU's included: ``benchmarks/bench_finetune.py``,
         ``bench_dpsgd.py``). The report says which and why.
+      clipped_sum_dtype: the operands of book-keeping's clipped-sum products (:mod:`~snapaudit_jax.dpsgd.ghost`):
+        ``"float32"`` (default) or ``"bfloat16"`` (the matrix units of accelerators; float32 accumulation). With
+        bfloat16 the clip factors leave the margin the operands' rounding can add, so each unit's share of the sum
+        stays within ``clip_norm`` and the guarantee is unchanged; the sum is the float32 one to about ``2^-8``
+        relative, its units clipped up to about 2% harder. Book-keeping only (refused for ``"per_record"`` and
+        ``"ghost"``, and where ``"auto"`` resolves to another path).
       layers: how the decoder's blocks run in the training step (speed of compilation only, the same function to
         float32 rounding): ``"scan"`` (:func:`~snapaudit_jax.models.decoders.stack_layers`: one
         :func:`jax.lax.scan` over the blocks' stacked parameters, so the step compiles in about the time of one
@@ -123,6 +130,7 @@ class DPSGDConfig:
     clipping: str = "auto"
     layers: str = "auto"
     vocab_chunk: int | None = None
+    clipped_sum_dtype: str = "float32"
 
     def __post_init__(self):
         fix = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -181,6 +189,10 @@ class DPSGDConfig:
         if self.seed is not None:
             fix("seed", validate.seed("seed", self.seed))
         fix("clipping", validate.choice("clipping", self.clipping, CLIPPINGS))
+        fix("clipped_sum_dtype", validate.choice("clipped_sum_dtype", self.clipped_sum_dtype, CLIPPED_SUM_DTYPES))
+        if self.clipped_sum_dtype != "float32" and self.clipping in ("per_record", "ghost"):
+            raise InputError(f"clipped_sum_dtype = {self.clipped_sum_dtype!r} needs the book-keeping path, got "
+                             f"clipping = {self.clipping!r} (use \"book_keeping\" or \"auto\")")
         fix("layers", validate.choice("layers", self.layers, LAYERS))
         if self.vocab_chunk is not None:
             fix("vocab_chunk", validate.positive_int("vocab_chunk", self.vocab_chunk))

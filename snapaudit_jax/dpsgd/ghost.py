@@ -61,6 +61,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from snapaudit_jax.dpsgd.config import CLIPPED_SUM_DTYPES
 from snapaudit_jax.dpsgd.gradients import unit_losses
 from snapaudit_jax.models.vocab_head import (
     add_slice_rows, checked_chunk, head_weights, off_target, scan_vocab, slice_cotangents, slice_probabilities,
@@ -73,7 +74,7 @@ __all__ = ["METHODS", "SUM_DTYPES", "ROUNDOFF", "DenseNorms", "book_keeping_clip
            "direct_sq_norm", "ghost_clipped_sum_traced", "ghost_sq_norm", "not_covered"]
 
 METHODS = ("auto", "ghost", "direct")
-SUM_DTYPES = ("float32", "bfloat16")
+SUM_DTYPES = CLIPPED_SUM_DTYPES
 """The operand types of book-keeping's clipped-sum products (:func:`book_keeping_clipped_sum_traced`)."""
 ROUNDOFF = {"float32": 0.0, "bfloat16": 2.0**-8}
 """Unit roundoff of each of :data:`SUM_DTYPES` as the products' operands are rounded (to nearest): float32's

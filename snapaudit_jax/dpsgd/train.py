@@ -146,6 +146,7 @@ class _StepSpec:
     private: bool
     clipping: str = "per_record"  # resolved: "per_record", "book_keeping" or "ghost"
     vocab_chunk: int | None = None  # the LM head's vocabulary rows a slice (None: whole logits)
+    sum_dtype: str = "float32"  # book-keeping's clipped-sum operands (DPSGDConfig.clipped_sum_dtype)
 
 
 class _Hyper(NamedTuple):
@@ -174,14 +175,17 @@ def _make_tx(spec: _StepSpec, hyper: _Hyper, noise_key: jax.Array) -> optax.Grad
 
 
 def _local_sums(params, rest, hyper: _Hyper, tokens, mask, selected, *, graphdef, microbatch_size: int,
-                clipping: str = "per_record", vocab_chunk: int | None = None):
+                clipping: str = "per_record", vocab_chunk: int | None = None, sum_dtype: str = "float32"):
     """Clipped gradient sum over the selected units of ``tokens`` (one device's): ``(grad_sum, sums, maxima)``."""
     m = microbatch_size
     if clipping == "per_record":
         clipped_sum = functools.partial(_clipped_sum, graphdef, rest, params, vocab_chunk=vocab_chunk)
+    elif clipping == "book_keeping":
+        clipped_sum = functools.partial(ghost.book_keeping_clipped_sum_traced, graphdef, params, rest,
+                                        vocab_chunk=vocab_chunk, sum_dtype=sum_dtype)
     else:
-        fast = ghost.book_keeping_clipped_sum_traced if clipping == "book_keeping" else ghost.ghost_clipped_sum_traced
-        clipped_sum = functools.partial(fast, graphdef, params, rest, vocab_chunk=vocab_chunk)
+        clipped_sum = functools.partial(ghost.ghost_clipped_sum_traced, graphdef, params, rest,
+                                        vocab_chunk=vocab_chunk)
     indices, count = compact_indices(selected, m)
     rows = jnp.arange(m, dtype=jnp.int32)
 
@@ -219,7 +223,7 @@ def _dp_step_kernel(
     """
     selected = _poisson_mask(jax.random.fold_in(key, _SAMPLE_STREAM), step, spec.num_records, hyper.threshold)
     local = functools.partial(_local_sums, graphdef=graphdef, microbatch_size=spec.microbatch_size,
-                              clipping=spec.clipping, vocab_chunk=spec.vocab_chunk)
+                              clipping=spec.clipping, vocab_chunk=spec.vocab_chunk, sum_dtype=spec.sum_dtype)
     if mesh is None:
         grad_sum, sums, maxima = local(params, rest, hyper, tokens, mask, selected)
         metrics = {**sums, **maxima}
@@ -334,6 +338,9 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
         raise InputError(f"trainable must select at least one parameter of the model, got {trainable!r}")
     clipping, clipping_reason = resolve_clipping(config.clipping, graphdef, params, rest, tokens_np[:1], mask_np[:1],
                                                  vocab_chunk=config.vocab_chunk)
+    if config.private and config.clipped_sum_dtype != "float32" and clipping != "book_keeping":
+        raise InputError(f"clipped_sum_dtype = {config.clipped_sum_dtype!r} needs the book-keeping path; clipping "
+                         f"resolved to {clipping!r} ({clipping_reason})")
     layers, layers_reason = resolve_layers(config.layers, model, trainable)
     if layers == "scan":
         graphdef, params, rest = nnx.split(stack_layers(model), trainable, ...)
@@ -352,6 +359,7 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
         private=config.private,
         clipping=clipping,
         vocab_chunk=config.vocab_chunk,
+        sum_dtype=config.clipped_sum_dtype if config.private else "float32",
     )
     hyper = _Hyper(
         threshold=jnp.asarray(inclusion_threshold(privacy.sampling_rate)),
@@ -364,7 +372,8 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
     opt_state = _make_tx(spec, hyper, jax.random.fold_in(key, _NOISE_STREAM)).init(params)
     identity = {
         # The requested clipping is in "clipping" as resolved: the path sets the float32 summation order.
-        "config": {k: v for k, v in config.to_dict().items() if k not in ("clipping", "layers", "vocab_chunk")},
+        "config": {k: v for k, v in config.to_dict().items()
+                   if k not in ("clipping", "layers", "vocab_chunk", "clipped_sum_dtype")},
         # None: the per-record path, as in checkpoints written before the fast paths.
         "clipping": None if clipping == "per_record" else clipping,
         # The parameters' tree (stacked or one per block) and the float32 rounding of the step; None: unrolled, as
@@ -372,6 +381,8 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
         "layers": None if layers == "unrolled" else layers,
         # The head's slices (float32 rounding of the loss); None: whole logits, as in checkpoints before them.
         "vocab_chunk": config.vocab_chunk,
+        # The clipped sum's operands; None: float32, as in checkpoints written before bfloat16 ones.
+        "clipped_sum_dtype": None if spec.sum_dtype == "float32" else spec.sum_dtype,
         "sampling_rate": privacy.sampling_rate,
         "noise_multiplier": privacy.noise_multiplier,
         "dataset_sha256": _fingerprint(tokens_np, mask_np),
@@ -761,6 +772,7 @@ def train(
         microbatch_size=privacy.microbatch_size,
         clipping=run.spec.clipping,
         clipping_reason=run.clipping_reason,
+        clipped_sum_dtype=run.spec.sum_dtype,
         layers=run.layers,
         layers_reason=run.layers_reason,
         protected_unit=protected_unit or (PROTECTED_UNIT if run.tokens.ndim == 2 else UNIT_GROUP),

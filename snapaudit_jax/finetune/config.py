@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from snapaudit_jax.dpsgd.canaries import CanaryConfig
-from snapaudit_jax.dpsgd.config import CLIPPINGS, LAYERS
+from snapaudit_jax.dpsgd.config import CLIPPED_SUM_DTYPES, CLIPPINGS, LAYERS
 from snapaudit_jax.finetune.synthetic import BYTES_PER_UNIT, GENERATORS, MAX_UNITS
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.config import ConfigFileError, dataclass_section, read_toml, reject_unknown
@@ -183,6 +183,9 @@ class TrainConfig:
         every trainable parameter: LoRA, and full fine-tuning of a float32 base; else per-record),
         ``"per_record"``, ``"book_keeping"`` or ``"ghost"`` (both refused, naming the parameter, where a
         trainable parameter is not covered: a bfloat16 base's embedding and norm scales).
+      clipped_sum_dtype: book-keeping's clipped-sum operands (:class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s
+        ``clipped_sum_dtype``): ``"float32"`` (default) or ``"bfloat16"`` (accelerators' matrix units; the clip
+        factors leave the margin of the operands' rounding, so the guarantee is unchanged; book-keeping only).
       layers: how the decoder's blocks run in the training step (compile and step time only, the same function to
         float32 rounding: :class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s ``layers``): ``"auto"`` (one scan over
         the stacked blocks on accelerators for 4 blocks or more, unrolled on the CPU), ``"scan"`` or
@@ -207,6 +210,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     microbatch_size: int = 0
     clipping: str = "auto"
+    clipped_sum_dtype: str = "float32"
     layers: str = "auto"
     vocab_chunk: int = 0
     checkpoint_every: int = 10
@@ -237,6 +241,10 @@ class TrainConfig:
         validate.nonnegative_float("weight_decay", self.weight_decay)
         validate.positive_int("microbatch_size", self.microbatch_size, minimum=0)
         validate.choice("clipping", self.clipping, CLIPPINGS)
+        validate.choice("clipped_sum_dtype", self.clipped_sum_dtype, CLIPPED_SUM_DTYPES)
+        if self.clipped_sum_dtype != "float32" and self.clipping in ("per_record", "ghost"):
+            raise InputError(f"clipped_sum_dtype = {self.clipped_sum_dtype!r} needs the book-keeping path, got "
+                             f"clipping = {self.clipping!r} (use \"book_keeping\" or \"auto\")")
         validate.choice("layers", self.layers, LAYERS)
         validate.positive_int("vocab_chunk", self.vocab_chunk, minimum=0)
         validate.positive_int("checkpoint_every", self.checkpoint_every)

@@ -143,6 +143,7 @@ def build_report(prep, trainings: dict[str, tuple[dict, dict]], evaluations: dic
             "noise_multiplier": dp["noise_multiplier"], "calibration": prep.calibration,
             "optimizer": dp["optimizer"], "learning_rate": dp["learning_rate"],
             "clipping": dp["clipping"], "clipping_reason": dp["clipping_reason"],
+            "clipped_sum_dtype": dp.get("clipped_sum_dtype", "float32"),
             "layers": dp["layers"], "layers_reason": dp["layers_reason"],
             "microbatch_size": dp["microbatch_size"],
             "accountants": dp["accountants"], "software": dp["software"],
@@ -214,6 +215,16 @@ def _one_run_cell(one: dict[str, Any]) -> str:
     return f"{one['epsilon']:.3f}{level}"
 
 
+def _clipping_row(d: dict[str, Any]) -> str:
+    """The report's clipping row: the path, its microbatch and why, and the clipped sum's operands."""
+    path = f"{d['clipping'].replace('_', '-')}, {d['microbatch_size']} units a microbatch ({d['clipping_reason']})"
+    if d.get("clipped_sum_dtype", "float32") == "float32":
+        return f"| clipping (the same clipped sum either way, to float32 rounding) | {path} |"
+    return (f"| clipping (each unit's share of the sum within the clip norm either way) | {path}; the sum's "
+            f"products from {d['clipped_sum_dtype']} operands, the clip factors leaving the margin of their rounding "
+            "(the float32 sum to about 2^-8, units clipped up to about 2% harder) |")
+
+
 def format_report(card: dict[str, Any]) -> str:
     """``report.md``: the claim, the DP-SGD parameters, the data, the models side by side, the releases.
 
@@ -250,8 +261,7 @@ def format_report(card: dict[str, Any]) -> str:
            f"{100 * cal['margin']:.2f}% below it)" if cal else " (given)") + " |",
         f"| delta | {c['delta']:.3g}: the accountants' {c['accountant_delta']:.3g} ({c['delta_rule']}) + "
         f"{c['sampler_delta']:.2g} for the noise sampler's finite tails |",
-        f"| clipping (the same clipped sum either way, to float32 rounding) | {d['clipping'].replace('_', '-')}, "
-        f"{d['microbatch_size']} units a microbatch ({d['clipping_reason']}) |",
+        _clipping_row(d),
         f"| layers (the same function either way, to float32 rounding) | {d.get('layers', 'unrolled')}"
         + (f" ({d['layers_reason']})" if d.get("layers_reason") else "") + " |",
         f"| records read / truncated to {data['max_length']} tokens | {data['records_read']} / "

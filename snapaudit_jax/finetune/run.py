@@ -132,7 +132,8 @@ class Prepared:
         common = dict(
             steps=steps or ft.steps, learning_rate=learning_rate or ft.learning_rate, sampling_rate=self.sampling_rate,
             optimizer=ft.optimizer, weight_decay=ft.weight_decay, microbatch_size=ft.microbatch_size or None,
-            clipping=ft.clipping, layers=ft.layers, vocab_chunk=ft.vocab_chunk or None,
+            clipping=ft.clipping, clipped_sum_dtype=ft.clipped_sum_dtype, layers=ft.layers,
+            vocab_chunk=ft.vocab_chunk or None,
             seed=self.config.noise_seed, accountant=privacy.accountant,
         )
         if not private:
@@ -378,9 +379,13 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
     # compilation and its "constant folding is taking > 1s ... file a bug" alarm), and the run's step does not.
     if path == "per_record":
         fn = jax.jit(lambda p, r, t, m, pad: _clipped_sum(graphdef, r, p, t, m, pad, 1.0, chunk).grad_sum)
+    elif path == "book_keeping":
+        dtype = cfg.finetune.clipped_sum_dtype
+        fn = jax.jit(lambda p, r, t, m, pad: ghost.book_keeping_clipped_sum_traced(
+            graphdef, p, r, t, m, pad, 1.0, vocab_chunk=chunk, sum_dtype=dtype).grad_sum)
     else:
-        fast = ghost.book_keeping_clipped_sum_traced if path == "book_keeping" else ghost.ghost_clipped_sum_traced
-        fn = jax.jit(lambda p, r, t, m, pad: fast(graphdef, p, r, t, m, pad, 1.0, vocab_chunk=chunk).grad_sum)
+        fn = jax.jit(lambda p, r, t, m, pad: ghost.ghost_clipped_sum_traced(graphdef, p, r, t, m, pad, 1.0,
+                                                                            vocab_chunk=chunk).grad_sum)
     began = time.perf_counter()
     compiled = fn.lower(params, rest, t, m, padding).compile()
     lowering = time.perf_counter() - began

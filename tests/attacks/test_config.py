@@ -168,6 +168,19 @@ def test_vocab_chunk_reaches_every_variant_and_a_negative_one_is_refused(tmp_pat
         load_pii_config(write_toml(tmp_path, text))
 
 
+def test_clipped_sum_dtype_reaches_the_dp_variants_and_a_per_record_one_is_refused(tmp_path):
+    """``[training] clipped_sum_dtype`` reaches the DP variants' DPSGDConfig; with ``clipping = "per_record"`` it
+    is refused naming the key."""
+    from attacks.run import _dpsgd_config
+
+    text = TINY.format(variants="").replace("steps = 6", "steps = 6\nclipped_sum_dtype = \"bfloat16\"")
+    assert _dpsgd_config(load_pii_config(write_toml(tmp_path, text)), True, 100).clipped_sum_dtype == "bfloat16"
+    text = text.replace("steps = 6", "steps = 6\nclipping = \"per_record\"")
+    with pytest.raises(ConfigFileError, match=r"clipped_sum_dtype = 'bfloat16' needs the book-keeping path, got "
+                                              r"clipping = 'per_record'"):
+        load_pii_config(write_toml(tmp_path, text))
+
+
 def test_an_exposure_sample_larger_than_the_secret_space_is_refused(tmp_path):
     text = tiny_pii_toml().replace("n_canaries = 16", "n_canaries = 16\ndigits = 4") + "\n[exposure]\nsamples = 9990\n"
     with pytest.raises(ConfigFileError, match=r"exposure.samples: must be <= 10\*\*canaries.digits - "

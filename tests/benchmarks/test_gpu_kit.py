@@ -52,8 +52,12 @@ def test_cpu_smoke_runs_every_part_and_writes_their_json(tmp_path):
     assert dpsgd["status"] == "ok" and dpsgd["check_rel_error"] < tolerance and dpsgd["jax_compiles_timed"] == 0
     assert dpsgd["dp"]["records_per_s"] > 0 and dpsgd["nonprivate"]["records_per_s"] > 0
     # every clipping path timed and checked; dp is the one clipping = "auto" takes on this backend
-    assert set(dpsgd["paths"]) == {"per_record", "book_keeping", "ghost"}
-    assert all(r["check_rel_error"] < tolerance and r["records_per_s"] > 0 for r in dpsgd["paths"].values())
+    assert set(dpsgd["paths"]) == {"per_record", "book_keeping", "ghost", "book_keeping_bf16"}
+    assert all(r["records_per_s"] > 0 for r in dpsgd["paths"].values())
+    assert all(r["check_rel_error"] < tolerance for p, r in dpsgd["paths"].items() if p != "book_keeping_bf16")
+    # bfloat16 operands: the float32 gradient to their rounding, and off it (they took effect)
+    assert 1e-6 < dpsgd["paths"]["book_keeping_bf16"]["check_rel_error"] < 2.0**-6
+    assert dpsgd["paths"]["book_keeping_bf16"]["clipped_sum_dtype"] == "bfloat16"
     assert dpsgd["dp_path"] == dpsgd["auto"]["path"] == "book_keeping"
     tune = json.loads((out / "finetune.json").read_text())
     assert tune["part"] == "finetune" and tune["status"] == "ok" and tune["methods"] == ["lora"]

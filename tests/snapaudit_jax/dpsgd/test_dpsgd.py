@@ -414,7 +414,7 @@ REPORT_KEYS = {
     "sampling_rate", "sampling_probability", "expected_batch_size", "steps", "steps_planned", "dataset_size",
     "protected_unit", "adjacency", "target_epsilon", "calibration_accountant", "accountants", "software",
     "optimizer", "learning_rate", "microbatch_size", "not_covered", "randomness", "clipping", "clipping_reason",
-    "layers", "layers_reason", "noise", "noise_coordinates", "sampler_delta", "delta_total",
+    "clipped_sum_dtype", "layers", "layers_reason", "noise", "noise_coordinates", "sampler_delta", "delta_total",
 }
 
 
@@ -485,6 +485,9 @@ def test_non_private_report_says_so_and_stays_strict_json():
         (dict(microbatch_size=0), r"microbatch_size must be an integer >= 1, got 0"),
         (dict(accountant="gdp"), r"accountant must be one of 'rdp', 'pld', got 'gdp'"),
         (dict(clipping="fast"), r"clipping must be one of 'auto', 'per_record', 'book_keeping', 'ghost', got 'fast'"),
+        (dict(clipped_sum_dtype="float16"), r"clipped_sum_dtype must be one of 'float32', 'bfloat16', got 'float16'"),
+        (dict(clipped_sum_dtype="bfloat16", clipping="ghost"),
+         r"clipped_sum_dtype = 'bfloat16' needs the book-keeping path, got clipping = 'ghost'"),
     ],
 )
 def test_bad_config_names_field_rule_and_value(kwargs, match):

@@ -187,6 +187,39 @@ def test_a_checkpoint_resumes_only_on_its_clipping_path(tmp_path):
         np.testing.assert_array_equal(_adapters(resumed)[name], value, err_msg=name)
 
 
+def test_bfloat16_clipped_sums_are_refused_where_auto_resolves_to_another_path():
+    """``auto`` on a bfloat16 GPT-2's full fine-tuning resolves to per-record (its tied table is read outside the
+    tap), where bfloat16 operands have no meaning: refused before anything compiles, naming the path and why."""
+    import jax.numpy as jnp
+
+    from snapaudit_jax.models.weights import cast_model
+
+    with pytest.raises(InputError, match=r"clipped_sum_dtype = 'bfloat16' needs the book-keeping path; clipping "
+                                         r"resolved to 'per_record' \(auto: the fast paths do not cover this model"):
+        train(cast_model(_model(lora=False), jnp.bfloat16), _data(), _config(clipped_sum_dtype="bfloat16"),
+              trainable=nnx.Param)
+
+
+@pytest.mark.slow
+def test_bfloat16_clipped_sums_train_near_the_float32_model_and_are_reported(tmp_path):
+    """DP-LoRA with bfloat16 clipped-sum operands (same key: same batches and noise) ends near the float32 run
+    (within a tenth of how far training moved the adapters) but not on it, the report says bfloat16, and the
+    operands are part of the run's identity (a float32 run does not resume its checkpoint)."""
+    data = _data()
+    init = _adapters(_model())
+    f32, _, report32 = _run(data, clipping="book_keeping")
+    bf16, _, report = _run(data, clipping="book_keeping", clipped_sum_dtype="bfloat16")
+    assert (report.clipped_sum_dtype, report32.clipped_sum_dtype) == ("bfloat16", "float32")
+    moved = np.sqrt(sum(np.sum((f32[k] - init[k]) ** 2) for k in f32))
+    apart = np.sqrt(sum(np.sum((bf16[k] - f32[k]) ** 2) for k in f32))
+    assert 0 < apart <= 0.1 * moved, (apart, moved)
+    train(_model(), data, _config(clipped_sum_dtype="bfloat16"), trainable=nnx.LoRAParam,
+          checkpoint_dir=str(tmp_path), stop_after=1)
+    with pytest.raises(InputError, match=r"clipped_sum_dtype differs from this run \(checkpoint 'bfloat16', run "
+                                         r"None\)"):
+        train(_model(), data, _config(), trainable=nnx.LoRAParam, checkpoint_dir=str(tmp_path))
+
+
 def test_auto_takes_book_keeping_exactly_where_it_covers_every_trainable_parameter():
     """Resolved on the model, abstractly (nothing trains), the same on every backend: DP-LoRA's adapters and full
     fine-tuning's every parameter (embeddings, positions, tied head, LayerNorms) are covered; a LayerNorm

@@ -317,6 +317,10 @@ def test_a_run_whose_noise_sampler_would_add_over_a_tenth_of_delta_is_refused_be
     ({"data": "generate = \"clinical_notes\"\ngenerate_units = 1000001\n"}, "generate_units must be <= 1000000"),
     ({"data": "path = \"{data}\"\ngenerate_units = 10\n"}, "generate_units must be 0 without generate"),
     ({"finetune": "vocab_chunk = -1\n"}, "vocab_chunk must be an integer >= 0, got -1"),
+    ({"finetune": "clipped_sum_dtype = \"float16\"\n"},
+     "clipped_sum_dtype must be one of 'float32', 'bfloat16', got 'float16'"),
+    ({"finetune": "clipped_sum_dtype = \"bfloat16\"\nclipping = \"per_record\"\n"},
+     "clipped_sum_dtype = 'bfloat16' needs the book-keeping path, got clipping = 'per_record'"),
 ])
 def test_bad_settings_are_refused_before_training_naming_the_key(tiny, tmp_path, sections, key, capsys):
     root, model, data, _ = tiny
@@ -467,6 +471,22 @@ def test_vocab_chunk_reaches_the_private_model_and_its_twin(tiny):
     for line, want in (("", None), ("vocab_chunk = 16\n", 16)):
         prep = prepare(load_finetune_config(_toml(root, model, data, finetune=line, canaries="n_canaries = 0\n")))
         assert prep.dpsgd_config(True).vocab_chunk == want == prep.dpsgd_config(False).vocab_chunk
+
+
+def test_clipped_sum_dtype_reaches_the_private_model_and_the_card_names_it(tiny):
+    """``[finetune] clipped_sum_dtype`` reaches the private training's DPSGDConfig (the twin trains without
+    clipping: its step ignores it); the card's clipping row names bfloat16 operands and their margin, and says
+    "the same clipped sum" only for float32."""
+    from snapaudit_jax.finetune.report import _clipping_row
+
+    root, model, data, _ = tiny
+    for line, want in (("", "float32"), ("clipped_sum_dtype = \"bfloat16\"\n", "bfloat16")):
+        prep = prepare(load_finetune_config(_toml(root, model, data, finetune=line, canaries="n_canaries = 0\n")))
+        assert prep.dpsgd_config(True).clipped_sum_dtype == want
+    row = dict(clipping="book_keeping", microbatch_size=4, clipping_reason="auto")
+    assert "the same clipped sum either way" in _clipping_row(row)
+    low = _clipping_row({**row, "clipped_sum_dtype": "bfloat16"})
+    assert "bfloat16 operands, the clip factors leaving the margin" in low and "the same clipped sum" not in low
 
 
 @pytest.mark.slow
