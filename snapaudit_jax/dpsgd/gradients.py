@@ -113,7 +113,8 @@ def _clipped_sum_jit(graphdef, rest, params, tokens, mask, padding, clip_norm, v
 
 
 def clipped_grad_sum(model, tokens, mask, *, clip_norm: float, padding=None, trainable=nnx.Param,
-                     method: str = "per_record", vocab_chunk: int | None = None) -> ClippedGrads:
+                     method: str = "per_record", vocab_chunk: int | None = None,
+                     sum_dtype: str = "float32") -> ClippedGrads:
     """Sum of per-record gradients of :func:`sequence_losses`, each clipped to L2 norm ``clip_norm``.
 
     No noise is added here: the sum is the input of the Gaussian mechanism in
@@ -145,14 +146,18 @@ def clipped_grad_sum(model, tokens, mask, *, clip_norm: float, padding=None, tra
         same sum to float32 rounding (tested to ``1e-5``).
       vocab_chunk: ``None`` (the whole logits), or the LM head's vocabulary rows a slice on every path
         (:mod:`snapaudit_jax.models.vocab_head`: no ``(B, L, V)`` array; the same sum to float32 rounding).
+      sum_dtype: book-keeping's clipped-sum operands (:class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s
+        ``clipped_sum_dtype``): ``"float32"`` (default), or ``"bfloat16"`` with the clip factors leaving the
+        margin of their rounding (each unit's share still within ``C``); only where ``method`` resolves to
+        book-keeping.
 
     Returns:
       :class:`ClippedGrads` ``(grad_sum, losses, norms)``.
 
     Raises:
-      InputError: an invalid ``clip_norm`` or ``method``, ``tokens`` and ``mask`` not both ``(B, L)``,
-        ``padding`` not ``(B,)``, or ``"book_keeping"`` / ``"ghost"`` for a model with a trainable parameter
-        they do not cover (named).
+      InputError: an invalid ``clip_norm``, ``method`` or ``sum_dtype``, ``tokens`` and ``mask`` not both
+        ``(B, L)``, ``padding`` not ``(B,)``, ``"book_keeping"`` / ``"ghost"`` for a model with a trainable
+        parameter they do not cover (named), or bfloat16 operands off the book-keeping path.
 
     Guarantees:
       ``grad_sum = sum_i [not padding_i] g_i min(1, C / ||g_i||)`` (``g_i`` the gradient of unit ``i``'s loss,
@@ -168,19 +173,27 @@ def clipped_grad_sum(model, tokens, mask, *, clip_norm: float, padding=None, tra
     padding = jnp.zeros(tokens.shape[0], bool) if padding is None else jnp.asarray(padding, bool)
     if padding.shape != tokens.shape[:1]:
         raise InputError(f"padding must be ({tokens.shape[0]},), got shape {padding.shape}")
-    from snapaudit_jax.dpsgd.config import CLIPPINGS
+    from snapaudit_jax.dpsgd.config import CLIPPED_SUM_DTYPES, CLIPPINGS
 
     validate.choice("method", method, CLIPPINGS)
+    validate.choice("sum_dtype", sum_dtype, CLIPPED_SUM_DTYPES)
     vocab_chunk = checked_chunk(vocab_chunk)
     graphdef, params, rest = nnx.split(model, trainable, ...)
+    reason = "requested"
     if method != "per_record":
         from snapaudit_jax.dpsgd import ghost
         from snapaudit_jax.dpsgd.train import resolve_clipping
 
-        method, _ = resolve_clipping(method, graphdef, params, rest, tokens[:1], mask[:1], vocab_chunk=vocab_chunk)
-        if method != "per_record":
-            fn = ghost._bk_jit if method == "book_keeping" else ghost._ghost_jit
-            return fn(graphdef, params, rest, tokens, mask, padding, np.float32(clip_norm), vocab_chunk=vocab_chunk)
+        method, reason = resolve_clipping(method, graphdef, params, rest, tokens[:1], mask[:1],
+                                          vocab_chunk=vocab_chunk)
+    if sum_dtype != "float32" and method != "book_keeping":
+        raise InputError(f"sum_dtype = {sum_dtype!r} needs the book-keeping path; method is {method!r} ({reason})")
+    if method == "book_keeping":
+        return ghost._bk_jit(graphdef, params, rest, tokens, mask, padding, np.float32(clip_norm),
+                             vocab_chunk=vocab_chunk, sum_dtype=sum_dtype)
+    if method == "ghost":
+        return ghost._ghost_jit(graphdef, params, rest, tokens, mask, padding, np.float32(clip_norm),
+                                vocab_chunk=vocab_chunk)
     return _clipped_sum_jit(graphdef, rest, params, tokens, mask, padding, np.float32(clip_norm), vocab_chunk)
 
 

@@ -222,7 +222,7 @@ def _clipping_row(d: dict[str, Any]) -> str:
         return f"| clipping (the same clipped sum either way, to float32 rounding) | {path} |"
     return (f"| clipping (each unit's share of the sum within the clip norm either way) | {path}; the sum's "
             f"products from {d['clipped_sum_dtype']} operands, the clip factors leaving the margin of their rounding "
-            "(the float32 sum to about 2^-8, units clipped up to about 2% harder) |")
+            "(clipped units' shares smaller by that margin: about 7% at 128 tokens on a random GPT-2) |")
 
 
 def format_report(card: dict[str, Any]) -> str:

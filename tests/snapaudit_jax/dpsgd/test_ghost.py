@@ -227,7 +227,7 @@ def test_bfloat16_products_leave_the_margin_that_keeps_every_share_within_the_cl
 @pytest.mark.parametrize("kind, targets", [("gpt2", None), ("llama", ("q_proj", "v_proj", "down_proj"))],
                          ids=["gpt2-full", "llama-lora"])
 def test_bfloat16_sums_are_the_float32_sums_to_their_rounding_and_margin(kind, targets, monkeypatch):
-    """The bfloat16 sum is the float32 one to 2^-6 relative (the operands' rounding and the margin), its reported
+    """The bfloat16 sum is the float32 one to 2^-4 relative (the operands' rounding and the margin), its reported
     norms are the float32 path's exactly, and its shares stay within ``C`` on DP-LoRA too; float32 operands keep
     every clipped share at ``C`` to 1e-6 (no margin). Power: the same bfloat16 products without the margin
     (``ROUNDOFF`` 0) give some unit a share above ``C`` by more than 1e-4."""
@@ -239,7 +239,7 @@ def test_bfloat16_sums_are_the_float32_sums_to_their_rounding_and_margin(kind, t
     assert _shares(low, units, clip).max() <= clip * (1 + 1e-6)
     np.testing.assert_allclose(_shares(full, units, clip), clip, rtol=1e-6)
     a, b = low(none, clip), full(none, clip)
-    assert np.linalg.norm(_flat(a.grad_sum) - _flat(b.grad_sum)) <= 2.0**-6 * np.linalg.norm(_flat(b.grad_sum))
+    assert np.linalg.norm(_flat(a.grad_sum) - _flat(b.grad_sum)) <= 2.0**-4 * np.linalg.norm(_flat(b.grad_sum))
     np.testing.assert_array_equal(np.asarray(a.norms), np.asarray(b.norms))
     monkeypatch.setitem(ghost.ROUNDOFF, "bfloat16", 0.0)
     assert _shares(_summed(kind, targets, "bfloat16")[0], units, clip).max() > clip * (1 + 1e-4)

@@ -200,6 +200,39 @@ def test_bfloat16_clipped_sums_are_refused_where_auto_resolves_to_another_path()
               trainable=nnx.Param)
 
 
+def test_the_kernel_refuses_bfloat16_operands_off_book_keeping():
+    """``clipped_grad_sum(..., sum_dtype=...)``: bfloat16 on the per-record path, and an unknown dtype, are
+    refused by name before anything compiles."""
+    from snapaudit_jax.dpsgd import clipped_grad_sum
+
+    tokens, mask = _data((4, L), seed=4)
+    model = _model()
+    with pytest.raises(InputError, match=r"sum_dtype = 'bfloat16' needs the book-keeping path; method is "
+                                         r"'per_record' \(requested\)"):
+        clipped_grad_sum(model, tokens, mask, clip_norm=1.0, trainable=nnx.LoRAParam, sum_dtype="bfloat16")
+    with pytest.raises(InputError, match=r"sum_dtype must be one of 'float32', 'bfloat16', got 'int8'"):
+        clipped_grad_sum(model, tokens, mask, clip_norm=1.0, sum_dtype="int8")
+
+
+@pytest.mark.slow
+def test_the_kernel_takes_bfloat16_operands_on_book_keeping():
+    """``clipped_grad_sum(..., sum_dtype="bfloat16")`` is the book-keeping kernel's bfloat16 sum (``auto``
+    resolving to book-keeping on DP-LoRA: bitwise the forced path's), off the float32 sum but near it."""
+    from snapaudit_jax.dpsgd import clipped_grad_sum
+
+    tokens, mask = _data((4, L), seed=4)
+    model = _model()
+    flat = lambda out: np.concatenate([np.asarray(v[...]).ravel() for _, v in nnx.to_flat_state(out.grad_sum)])  # noqa
+    low = clipped_grad_sum(model, tokens, mask, clip_norm=1.0, trainable=nnx.LoRAParam, method="book_keeping",
+                           sum_dtype="bfloat16")
+    auto = clipped_grad_sum(model, tokens, mask, clip_norm=1.0, trainable=nnx.LoRAParam, method="auto",
+                            sum_dtype="bfloat16")
+    full = clipped_grad_sum(model, tokens, mask, clip_norm=1.0, trainable=nnx.LoRAParam, method="book_keeping")
+    np.testing.assert_array_equal(flat(auto), flat(low))
+    # the margin (2^-7 times a unit's spread over its norm, about 3 at 12 tokens) and the operands' rounding
+    assert 0 < np.linalg.norm(flat(low) - flat(full)) <= 2.0**-4 * np.linalg.norm(flat(full))
+
+
 @pytest.mark.slow
 def test_bfloat16_clipped_sums_train_near_the_float32_model_and_are_reported(tmp_path):
     """DP-LoRA with bfloat16 clipped-sum operands (same key: same batches and noise) ends near the float32 run
