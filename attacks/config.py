@@ -145,7 +145,7 @@ class TrainingConfig:
         guarantee); the path taken and why are in each DP variant's report.
       clipped_sum_dtype: the DP variants' book-keeping clipped-sum operands
         (:class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s ``clipped_sum_dtype``: ``"float32"``, or ``"bfloat16"`` for
-        accelerators' matrix units with the clip factors leaving the margin of their rounding; book-keeping only).
+        accelerators' matrix units, the guarantee unchanged; book-keeping only).
       layers: how every variant's decoder blocks run in the training step
         (:class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s ``layers``: ``"auto"``, one scan over the stacked blocks on
         accelerators for 4 blocks or more and unrolled on the CPU; ``"scan"``; ``"unrolled"``; compile and step

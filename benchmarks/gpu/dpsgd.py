@@ -24,8 +24,8 @@ synthetic records of ``--seq`` tokens (``benchmarks/bench_dpsgd.make_data``), Po
   ``sigma C`` (``sigma = 1``), scaled by ``1 / (q N)``, AdamW; ``dp`` repeats the path ``clipping = "auto"``
   takes on this backend (``auto``: the path and the reason);
 * ``book_keeping_bf16``: book-keeping with bfloat16 clipped-sum operands (``DPSGDConfig.clipped_sum_dtype``: the
-  products at the rate of the matrix units, the clip factors leaving the margin of their rounding), its check
-  against the float32 gradient within ``2^-6`` (the operands' rounding);
+  products at the rate of the matrix units, two a dense layer), its check against the float32 gradient within
+  ``2^-6`` (the factors' rounding);
 * ``nonprivate`` (the limit): one jitted ``value_and_grad`` of the summed per-record losses of the
   *same* batch (padded to a fixed size with zero-weight copies, so it compiles once), scaled by
   ``1 / (q N)``, the same AdamW -- what the step costs without per-record gradients.

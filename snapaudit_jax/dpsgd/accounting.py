@@ -637,8 +637,8 @@ class DPReport:
       clipping: how the clipped sum was computed (``DPSGDConfig.clipping`` resolved: ``"per_record"``,
         ``"book_keeping"`` or ``"ghost"``; the same sum to float32 rounding, no privacy effect).
       clipping_reason: why that path (``"auto"``'s choice and what the fast paths did not cover).
-      clipped_sum_dtype: the operands of book-keeping's clipped-sum products (``"float32"``, or ``"bfloat16"``
-        with the clip factors leaving their rounding's margin: each unit's share still within ``clip_norm``).
+      clipped_sum_dtype: the operands of book-keeping's clipped-sum products (``"float32"``, or ``"bfloat16"``:
+        each unit's share still within ``clip_norm``, no privacy effect).
       layers: how the decoder's blocks ran (``DPSGDConfig.layers`` resolved: ``"scan"`` or ``"unrolled"``; the
         same function to float32 rounding, no privacy effect).
       layers_reason: why.

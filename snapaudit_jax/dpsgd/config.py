@@ -72,11 +72,11 @@ class DPSGDConfig:
         ``bench_dpsgd.py``). The report says which and why.
       clipped_sum_dtype: the operands of book-keeping's clipped-sum products (:mod:`~snapaudit_jax.dpsgd.ghost`):
         ``"float32"`` (default) or ``"bfloat16"`` (the matrix units of accelerators; float32 accumulation). With
-        bfloat16 the clip factors leave the margin the operands' rounding can add, so each unit's share of the sum
-        stays within ``clip_norm`` and the guarantee is unchanged, but a clipped unit's share is smaller by that
-        margin, which grows about as the square root of a unit's tokens (3.3-3.6% of the norm at 32 tokens,
-        6.6-7.0% at 128, on random GPT-2s). Book-keeping only (refused for ``"per_record"`` and ``"ghost"``, and
-        where ``"auto"`` resolves to another path).
+        bfloat16 the dense factors are rounded once and the norms taken of them, the weighted operand enters as
+        two bfloat16 terms, and the clip factors leave the margin of that split (about ``10^-4`` of a unit's
+        norm), so each unit's share of the sum stays within ``clip_norm`` and the guarantee is unchanged; the
+        sum is the float32 path's to the factors' rounding (0.2% on the tested models). Book-keeping only
+        (refused for ``"per_record"`` and ``"ghost"``, and where ``"auto"`` resolves to another path).
       layers: how the decoder's blocks run in the training step (speed of compilation only, the same function to
         float32 rounding): ``"scan"`` (:func:`~snapaudit_jax.models.decoders.stack_layers`: one
         :func:`jax.lax.scan` over the blocks' stacked parameters, so the step compiles in about the time of one

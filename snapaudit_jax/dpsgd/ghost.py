@@ -69,17 +69,19 @@ from snapaudit_jax.models.vocab_head import (
 )
 from snapaudit_jax.utils.errors import InputError
 
-__all__ = ["METHODS", "SUM_DTYPES", "ROUNDOFF", "DenseNorms", "book_keeping_clipped_sum",
+__all__ = ["METHODS", "SUM_DTYPES", "SPLIT_ERROR", "DenseNorms", "book_keeping_clipped_sum",
            "book_keeping_clipped_sum_traced", "choose_method", "dense_sq_norms", "dense_sq_norms_traced",
            "direct_sq_norm", "ghost_clipped_sum_traced", "ghost_sq_norm", "not_covered"]
 
 METHODS = ("auto", "ghost", "direct")
 SUM_DTYPES = CLIPPED_SUM_DTYPES
 """The operand types of book-keeping's clipped-sum products (:func:`book_keeping_clipped_sum_traced`)."""
-ROUNDOFF = {"float32": 0.0, "bfloat16": 2.0**-8}
-"""Unit roundoff of each of :data:`SUM_DTYPES` as the products' operands are rounded (to nearest): float32's
-``2^-24`` is the rounding every float32 computation here has, out of scope like it; bfloat16's ``2^-8`` bounds a
-margin the clip factors leave (:func:`book_keeping_clipped_sum_traced`)."""
+SPLIT_ERROR = {"float32": 0.0, "bfloat16": 2.0**-15 + 2.0**-23}
+"""Relative error bound, per entry, of book-keeping's weighted operand ``c g`` as its products take it
+(:func:`book_keeping_clipped_sum_traced`): none in float32; with bfloat16 operands ``c g`` (a float32 product,
+``2^-24``) is split into ``hi + lo``, two bfloat16 terms whose sum is within ``u^2 = 2^-16`` of it (``u = 2^-8``),
+both bounds doubled."""
+_SPLIT_TERMS = 2  # the terms c g enters the products as with bfloat16 operands (SPLIT_ERROR's bound takes two)
 
 
 def ghost_sq_norm(a: jax.Array, g: jax.Array) -> jax.Array:
@@ -631,8 +633,9 @@ def _param_sq_norm(terms: list[_Term], method: str) -> jax.Array:
 
 def _weighted_sum(terms: list[_Term], weights: jax.Array, shape: tuple, operands=jnp.float32) -> jax.Array:
     """``sum_i w_i G_i`` of one parameter from its terms (units with ``w_i = 0`` masked out: their tensors may
-    hold NaN, and ``0 * NaN`` is NaN); a stacked parameter's layer by layer. The dense terms' products take
-    ``operands``-typed operands (``a`` and ``w g``) and accumulate in float32."""
+    hold NaN, and ``0 * NaN`` is NaN); a stacked parameter's layer by layer. With bfloat16 ``operands`` the dense
+    terms' ``a`` (already rounded) and ``w g`` (split into two terms) enter their products in bfloat16, accumulated
+    in float32."""
     if terms[0].layers:
         return _per_layer(_weighted_sum, terms, weights, shape[1:], operands)
     keep = weights > 0
@@ -650,10 +653,12 @@ def _weighted_sum(terms: list[_Term], weights: jax.Array, shape: tuple, operands
             total = total + jnp.sum(jnp.where(keep[:, None, None], term.a, 0.0) * g, axis=(0, 1)).reshape(shape)
         elif operands == jnp.float32:
             total = total + _hi("bsp,bsq->pq", jnp.where(keep[:, None, None], term.a, 0.0), g).reshape(shape)
-        else:
+        else:  # a is already rounded to ``operands`` (exact); w g enters as hi + lo
             a = jnp.where(keep[:, None, None], term.a, 0.0).astype(operands)
-            total = total + jnp.einsum("bsp,bsq->pq", a, g.astype(operands),
-                                       preferred_element_type=jnp.float32).reshape(shape)
+            for _ in range(_SPLIT_TERMS):
+                part = g.astype(operands)
+                g = g - part.astype(jnp.float32)
+                total = total + jnp.einsum("bsp,bsq->pq", a, part, preferred_element_type=jnp.float32).reshape(shape)
     return total
 
 
@@ -718,14 +723,17 @@ def book_keeping_clipped_sum_traced(graphdef, params, rest, tokens, mask, paddin
     ``sum_dtype="bfloat16"`` forms the products ``a^T (c g)`` of the dense terms (kernels, biases, LoRA adapters,
     a tied head's whole logits) from bfloat16 operands with float32 accumulation, at the rate of the matrix units of
     accelerators (a float32 product at full precision runs without them; at the backend's default precision it is
-    rounded in ways a library cannot bound). Rounding the operands moves unit ``i``'s share of the sum by at most
-    ``(2u + u^2) c_i sum_s ||a_s|| ||g_s||`` in Frobenius norm per term (``u = 2^-8``, :data:`ROUNDOFF`), so the
-    clip factors leave that margin: ``c_i = min(1, C / (||g_i|| + m_i))`` with ``m_i = (2u + u^2) (sum over the
-    parameters of (their dense terms' sum_s ||a_s|| ||g_s||)^2)^(1/2)``, and every unit's share of the released
-    sum keeps norm at most ``C`` (up to float32 accumulation, as on every path). The margin is the price: a
-    clipped unit's share is smaller by ``m_i / ||g_i||``, which grows about as the square root of a unit's tokens
-    (3.3-3.6% at 32 tokens, 6.6-7.0% at 128, on random GPT-2s of 2 layers). The embeddings' rows, the norms'
-    scales and a sliced head's rows are summed in float32 as before; the norms are those of the float32 factors.
+    rounded in ways a library cannot bound). The dense factors are rounded to bfloat16 first, and the norms (cross
+    terms included) are those of the rounded factors, so they are the norms of the gradient released. The weighted
+    operand ``c g`` is not a bfloat16 number; it enters as two, ``hi + lo`` (``hi`` its rounding, ``lo`` the
+    rounding of the rest), in two products, which leaves each unit's share off ``c_i a_i^T g_i`` by at most
+    ``e c_i sum_s ||a_s|| ||g_s||`` per term (``e`` = :data:`SPLIT_ERROR`, about ``2^-15``). The clip factors
+    leave that margin, ``c_i = min(1, C / (||g_i|| + m_i))`` with ``m_i = e (sum over the parameters of (their
+    dense terms' sum_s ||a_s|| ||g_s||)^2)^(1/2)``, so every unit's share of the released sum keeps norm at most
+    ``C`` (up to float32 accumulation, as on every path); the margin is about ``10^-4`` of a 128-token unit's norm.
+    Two bfloat16 products cost what one TF32 product does on a GPU. The sum differs from the float32 path's by
+    the factors' rounding (``2^-8`` relative an entry). The embeddings' rows, the norms' scales and a sliced head's
+    rows are summed in float32 as before.
 
     Args:
       graphdef, params, rest: ``nnx.split(model, trainable, ...)``; every trainable parameter must be covered.
@@ -740,7 +748,7 @@ def book_keeping_clipped_sum_traced(graphdef, params, rest, tokens, mask, paddin
 
     Returns:
       ``(grad_sum, losses, norms)`` as :class:`~snapaudit_jax.dpsgd.gradients.ClippedGrads` (``norms``: the
-      units' gradient norms, without the margin).
+      units' gradient norms, of the rounded factors with bfloat16 operands, without the margin).
 
     Raises:
       InputError: (at trace time) a trainable parameter the factors do not cover, named; an unknown ``sum_dtype``.
@@ -750,7 +758,7 @@ def book_keeping_clipped_sum_traced(graphdef, params, rest, tokens, mask, paddin
     if sum_dtype not in SUM_DTYPES:
         raise InputError(f"sum_dtype must be one of {', '.join(SUM_DTYPES)}, got {sum_dtype!r}")
     losses, factors, norms, scale = _clip_factors(graphdef, params, rest, tokens, mask, padding, clip_norm, method,
-                                                  vocab_chunk, ROUNDOFF[sum_dtype])
+                                                  vocab_chunk, sum_dtype)
     operands = jnp.dtype(sum_dtype)
     leaves = []
     for path, variable in nnx.to_flat_state(params):
@@ -760,33 +768,44 @@ def book_keeping_clipped_sum_traced(graphdef, params, rest, tokens, mask, paddin
 
 
 def _clip_factors(graphdef, params, rest, tokens, mask, padding, clip_norm, method, vocab_chunk=None,
-                  roundoff: float = 0.0):
-    """``(losses, factors, norms, scale)``: the factors of every trainable parameter (refusing any not covered),
-    the units' norms and their clip factors ``c_i`` (``0`` for padding and non-finite norms), leaving the margin
-    of dense products whose operands are rounded with unit roundoff ``roundoff``
+                  operands: str = "float32"):
+    """``(losses, factors, norms, scale)``: the factors of every trainable parameter (refusing any not covered;
+    with bfloat16 ``operands`` the dense ones rounded to it), the units' norms and their clip factors ``c_i``
+    (``0`` for padding and non-finite norms), leaving the margin of the weighted operand's split
     (:func:`book_keeping_clipped_sum_traced`)."""
     losses, factors, missing = _factors(graphdef, params, rest, tokens, mask, vocab_chunk)
     if missing:
         raise InputError(f"book-keeping and ghost clipping cover dense layers, LoRA adapters, embeddings, the tied "
                          f"head and LayerNorm/RMSNorm computed by their modules; not covered: "
                          f"{', '.join(sorted(missing))} (use the per-record path)")
+    if operands != "float32":
+        factors = {name: [_rounded(term, jnp.dtype(operands)) for term in terms] for name, terms in factors.items()}
     total = sum((_param_sq_norm(terms, method) for terms in factors.values()),
                 jnp.zeros(tokens.shape[0], jnp.float32))
     norms = jnp.sqrt(total)
     bound = norms
-    if roundoff:
+    if SPLIT_ERROR[operands]:
         spread = sum((jnp.square(_dense_spread(terms)) for terms in factors.values()),
                      jnp.zeros(tokens.shape[0], jnp.float32))
-        bound = norms + (2.0 * roundoff + roundoff * roundoff) * jnp.sqrt(spread)
+        bound = norms + SPLIT_ERROR[operands] * jnp.sqrt(spread)
     finite = jnp.isfinite(bound)
     scale = jnp.where(finite & ~padding, jnp.minimum(1.0, clip_norm / jnp.where(finite & (bound > 0), bound, 1.0)),
                       0.0)
     return losses, factors, norms, scale
 
 
+def _rounded(term: _Term, dtype) -> _Term:
+    """A dense term with its factors rounded to ``dtype`` (held in float32: its products are then exact); other
+    kinds unchanged."""
+    if term.kind != "outer":
+        return term
+    return term._replace(a=term.a.astype(dtype).astype(jnp.float32), g=term.g.astype(dtype).astype(jnp.float32))
+
+
 def _dense_spread(terms: list[_Term]) -> jax.Array:
     """``sum_s ||a_s|| ||g_s||`` per unit over a parameter's dense (``"outer"``) terms, a stacked parameter's layers
-    summed: what rounding the operands of ``a^T g`` can move it by, in units of the roundoff (``(B,)``)."""
+    summed: what an error of the weighted operand can move ``a^T g`` by, in units of its relative size
+    (``(B,)``)."""
     total = 0.0
     for term in terms:
         if term.kind != "outer":
@@ -913,8 +932,9 @@ def book_keeping_clipped_sum(model, tokens, mask, *, clip_norm: float, padding=N
       trainable: the state filter of the differentiated parameters.
       method: the norms' method (``"auto"``, ``"ghost"``, ``"direct"``).
       vocab_chunk: ``None``, or the head's vocabulary rows a slice (:mod:`snapaudit_jax.models.vocab_head`).
-      sum_dtype: ``"float32"`` (default) or ``"bfloat16"``: the dense products' operands, the clip factors
-        leaving the margin of their rounding (:func:`book_keeping_clipped_sum_traced`).
+      sum_dtype: ``"float32"`` (default) or ``"bfloat16"``: the dense products' operands, the norms those of the
+        rounded factors and the clip factors leaving the margin of the weighted operand's split
+        (:func:`book_keeping_clipped_sum_traced`).
 
     Returns:
       :class:`~snapaudit_jax.dpsgd.gradients.ClippedGrads` ``(grad_sum, losses, norms)``.
@@ -927,9 +947,8 @@ def book_keeping_clipped_sum(model, tokens, mask, *, clip_norm: float, padding=N
       ``nan_safe`` clipping), equal to the per-unit path's to ``1e-5`` relative in float32 (tested), so one unit
       changes it by at most ``C`` in L2 norm up to float32 rounding. With ``sum_dtype="bfloat16"`` each unit's
       share of ``grad_sum`` (what leaving it out removes) still has norm at most ``C`` up to float32 rounding
-      (tested against each unit's share computed alone in float64); a clipped unit's share is smaller than with
-      float32 operands by the margin (about ``2^-7 sqrt(S)`` of its norm for ``S`` tokens whose terms are
-      uncorrelated).
+      (tested against each unit's share computed alone in float64), a clipped unit's within about ``10^-4`` of
+      ``C``, and ``grad_sum`` is the float32 path's to the factors' rounding (0.2% on the tested models).
     """
     from snapaudit_jax.utils import validate
 

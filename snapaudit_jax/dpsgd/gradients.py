@@ -147,9 +147,9 @@ def clipped_grad_sum(model, tokens, mask, *, clip_norm: float, padding=None, tra
       vocab_chunk: ``None`` (the whole logits), or the LM head's vocabulary rows a slice on every path
         (:mod:`snapaudit_jax.models.vocab_head`: no ``(B, L, V)`` array; the same sum to float32 rounding).
       sum_dtype: book-keeping's clipped-sum operands (:class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s
-        ``clipped_sum_dtype``): ``"float32"`` (default), or ``"bfloat16"`` with the clip factors leaving the
-        margin of their rounding (each unit's share still within ``C``); only where ``method`` resolves to
-        book-keeping.
+        ``clipped_sum_dtype``): ``"float32"`` (default), or ``"bfloat16"`` (each unit's share still within
+        ``C``: :func:`~snapaudit_jax.dpsgd.ghost.book_keeping_clipped_sum_traced`); only where ``method``
+        resolves to book-keeping.
 
     Returns:
       :class:`ClippedGrads` ``(grad_sum, losses, norms)``.

@@ -184,8 +184,8 @@ class TrainConfig:
         ``"per_record"``, ``"book_keeping"`` or ``"ghost"`` (both refused, naming the parameter, where a
         trainable parameter is not covered: a bfloat16 base's embedding and norm scales).
       clipped_sum_dtype: book-keeping's clipped-sum operands (:class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s
-        ``clipped_sum_dtype``): ``"float32"`` (default) or ``"bfloat16"`` (accelerators' matrix units; the clip
-        factors leave the margin of the operands' rounding, so the guarantee is unchanged; book-keeping only).
+        ``clipped_sum_dtype``): ``"float32"`` (default) or ``"bfloat16"`` (accelerators' matrix units; the norms
+        of the rounded factors and a margin of about 1e-4 keep the guarantee unchanged; book-keeping only).
       layers: how the decoder's blocks run in the training step (compile and step time only, the same function to
         float32 rounding: :class:`~snapaudit_jax.dpsgd.DPSGDConfig`'s ``layers``): ``"auto"`` (one scan over
         the stacked blocks on accelerators for 4 blocks or more, unrolled on the CPU), ``"scan"`` or

@@ -221,8 +221,8 @@ def _clipping_row(d: dict[str, Any]) -> str:
     if d.get("clipped_sum_dtype", "float32") == "float32":
         return f"| clipping (the same clipped sum either way, to float32 rounding) | {path} |"
     return (f"| clipping (each unit's share of the sum within the clip norm either way) | {path}; the sum's "
-            f"products from {d['clipped_sum_dtype']} operands, the clip factors leaving the margin of their rounding "
-            "(clipped units' shares smaller by that margin: about 7% at 128 tokens on a random GPT-2) |")
+            f"products from {d['clipped_sum_dtype']} operands, the norms of the rounded factors, the clip factors "
+            "leaving the margin of the weighted operand's split (about 1e-4 of a unit's norm) |")
 
 
 def format_report(card: dict[str, Any]) -> str:

@@ -207,17 +207,18 @@ def _summed(kind, targets, dtype):
     return (lambda pad, clip: step(pad, jnp.float32(clip))), 6
 
 
-def test_bfloat16_products_leave_the_margin_that_keeps_every_share_within_the_clip_norm():
+def test_bfloat16_products_keep_every_share_within_the_clip_norm():
     """With bfloat16 operands and every unit clipped (``C`` half the smallest norm), each unit's share of the sum
-    (the sum with the others as padding, its norm in float64) is at most ``C`` up to float32 accumulation, and not
-    far below it (the margin is a small share of ``C``); power in the next test (without the margin, a share
-    passes ``C``). Bad ``sum_dtype`` refused, named."""
+    (the sum with the others as padding, its norm in float64) is at most ``C`` up to float32 accumulation, and
+    within 10^-3 below it (the norms are the rounded factors', the margin covers only the split of ``c g``);
+    power in the next test (one bfloat16 term for ``c g`` and no margin: a share passes ``C``). Bad ``sum_dtype``
+    refused, named."""
     from snapaudit_jax.dpsgd import ghost
 
     fn, units = _summed("gpt2", None, "bfloat16")
     clip = 0.5 * float(np.min(np.asarray(fn(jnp.zeros(units, bool), np.inf).norms)))
     shares = _shares(fn, units, clip)
-    assert shares.max() <= clip * (1 + 1e-6) and shares.min() >= 0.95 * clip, shares / clip
+    assert shares.max() <= clip * (1 + 1e-6) and shares.min() >= clip * (1 - 1e-3), shares / clip
     tokens, mask = _data((2, 5))
     with pytest.raises(InputError, match="sum_dtype must be one of float32, bfloat16, got 'float16'"):
         ghost.book_keeping_clipped_sum(CONFIGS["gpt2"](), tokens, mask, clip_norm=1.0, sum_dtype="float16")
@@ -226,11 +227,12 @@ def test_bfloat16_products_leave_the_margin_that_keeps_every_share_within_the_cl
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, targets", [("gpt2", None), ("llama", ("q_proj", "v_proj", "down_proj"))],
                          ids=["gpt2-full", "llama-lora"])
-def test_bfloat16_sums_are_the_float32_sums_to_their_rounding_and_margin(kind, targets, monkeypatch):
-    """The bfloat16 sum is the float32 one to 2^-4 relative (the operands' rounding and the margin), its reported
-    norms are the float32 path's exactly, and its shares stay within ``C`` on DP-LoRA too; float32 operands keep
-    every clipped share at ``C`` to 1e-6 (no margin). Power: the same bfloat16 products without the margin
-    (``ROUNDOFF`` 0) give some unit a share above ``C`` by more than 1e-4."""
+def test_bfloat16_sums_are_the_float32_sums_to_their_rounding(kind, targets, monkeypatch):
+    """The bfloat16 sum is the float32 one to 2^-7 relative (the factors' rounding; measured 0.2%), its norms the
+    float32 path's to 2^-7 (those of the rounded factors), and its shares stay within ``C`` on DP-LoRA too;
+    float32 operands keep every clipped share at ``C`` to 1e-6. Power: with ``c g`` in one bfloat16 term and no
+    margin (the rounding of the weighted operand unaccounted for), some unit's share passes ``C`` by more than
+    1e-4."""
     from snapaudit_jax.dpsgd import ghost
 
     (low, units), (full, _) = _summed(kind, targets, "bfloat16"), _summed(kind, targets, "float32")
@@ -239,45 +241,11 @@ def test_bfloat16_sums_are_the_float32_sums_to_their_rounding_and_margin(kind, t
     assert _shares(low, units, clip).max() <= clip * (1 + 1e-6)
     np.testing.assert_allclose(_shares(full, units, clip), clip, rtol=1e-6)
     a, b = low(none, clip), full(none, clip)
-    assert np.linalg.norm(_flat(a.grad_sum) - _flat(b.grad_sum)) <= 2.0**-4 * np.linalg.norm(_flat(b.grad_sum))
-    np.testing.assert_array_equal(np.asarray(a.norms), np.asarray(b.norms))
-    monkeypatch.setitem(ghost.ROUNDOFF, "bfloat16", 0.0)
+    assert 0 < np.linalg.norm(_flat(a.grad_sum) - _flat(b.grad_sum)) <= 2.0**-7 * np.linalg.norm(_flat(b.grad_sum))
+    np.testing.assert_allclose(np.asarray(a.norms), np.asarray(b.norms), rtol=2.0**-7)
+    monkeypatch.setitem(ghost.SPLIT_ERROR, "bfloat16", 0.0)
+    monkeypatch.setattr(ghost, "_SPLIT_TERMS", 1)
     assert _shares(_summed(kind, targets, "bfloat16")[0], units, clip).max() > clip * (1 + 1e-4)
-
-
-def _dot_precisions(jaxpr) -> list:
-    """The ``precision`` of every ``dot_general`` of a traced program, its sub-programs included."""
-    from jax.extend import core as jcore
-
-    found = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            found.append(eqn.params["precision"])
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else (value,):
-                if isinstance(sub, jcore.ClosedJaxpr):
-                    found += _dot_precisions(sub.jaxpr)
-                elif isinstance(sub, jcore.Jaxpr):
-                    found += _dot_precisions(sub)
-    return found
-
-
-def test_ghost_clipping_forms_every_product_at_full_precision():
-    """Ghost clipping's two passes (the norms, then the recomputed weighted gradient) take every matrix product at
-    ``HIGHEST`` precision, whatever the backend's default (where a default of TF32 would let the recomputed
-    gradient drift from the one whose norm set its clip factor); power: book-keeping's forward keeps the
-    model's default-precision products, which the walk finds."""
-    from snapaudit_jax.dpsgd import ghost
-
-    graphdef, params, rest = nnx.split(CONFIGS["gpt2"](), nnx.Param, ...)
-    tokens, mask = (jnp.asarray(x) for x in _data((2, 5)))
-    args = (graphdef, params, rest, tokens, mask, jnp.zeros(2, bool), jnp.float32(1.0))
-    highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
-    found = _dot_precisions(jax.make_jaxpr(lambda *a: ghost.ghost_clipped_sum_traced(graphdef, *a))(*args[1:]).jaxpr)
-    assert len(found) > 20 and all(p == highest for p in found), set(found)
-    book = _dot_precisions(jax.make_jaxpr(lambda *a: ghost.book_keeping_clipped_sum_traced(graphdef, *a))(
-        *args[1:]).jaxpr)
-    assert highest in book and any(p != highest for p in book)
 
 
 def test_book_keeping_refuses_parameters_it_does_not_cover():

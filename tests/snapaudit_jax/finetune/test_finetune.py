@@ -486,7 +486,7 @@ def test_clipped_sum_dtype_reaches_the_private_model_and_the_card_names_it(tiny)
     row = dict(clipping="book_keeping", microbatch_size=4, clipping_reason="auto")
     assert "the same clipped sum either way" in _clipping_row(row)
     low = _clipping_row({**row, "clipped_sum_dtype": "bfloat16"})
-    assert "bfloat16 operands, the clip factors leaving the margin" in low and "the same clipped sum" not in low
+    assert "bfloat16 operands, the norms of the rounded factors" in low and "the same clipped sum" not in low
 
 
 @pytest.mark.slow
