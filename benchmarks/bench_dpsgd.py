@@ -472,6 +472,11 @@ def benchmark(args) -> dict:
     goals = {
         "book_keeping_time": {"limit": GOALS["time_over_nonprivate"], "ratio": ratios["book_keeping"],
                               "met": ratios["book_keeping"] <= GOALS["time_over_nonprivate"]},
+        # the same limit for the step users get: clipping = "auto" at the backend's default microbatch
+        "default_time": {"limit": GOALS["time_over_nonprivate"], "ratio": ratios["default"],
+                         "met": ratios["default"] <= GOALS["time_over_nonprivate"],
+                         "clipping": runs["default"].spec.clipping,
+                         "microbatch": runs["default"].spec.microbatch_size},
         "book_keeping_memory": {"limit": GOALS["memory_over_nonprivate"], "ratio": memory_ratio,
                                 "met": memory_ratio <= GOALS["memory_over_nonprivate"]},
         "book_keeping_largest_batch": {"limit": GOALS["largest_batch_over_per_record"], "ratio": batch_ratio,

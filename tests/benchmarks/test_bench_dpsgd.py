@@ -65,8 +65,12 @@ def test_tiny_run_reports_every_path_against_the_nonprivate_step(tmp_path, env):
         assert len(mbs) == 2 and 0 < mbs[0] < mbs[1], name
         within = [m for m, mb in zip([4, 8], mbs) if mb <= 2]
         assert mem["largest_within_budget"][name] == (max(within) if within else None)
-    assert set(r["goals"]) == {"book_keeping_time", "book_keeping_memory", "book_keeping_largest_batch"}
+    assert set(r["goals"]) == {"book_keeping_time", "default_time", "book_keeping_memory",
+                               "book_keeping_largest_batch"}
     assert r["goals"]["book_keeping_time"]["limit"] == 1.25 and r["goals"]["book_keeping_memory"]["limit"] == 1.3
+    default = r["goals"]["default_time"]
+    assert default["ratio"] == r["ratios_over_nonprivate"]["default"] and default["met"] == (default["ratio"] <= 1.25)
+    assert (default["clipping"], default["microbatch"]) == (r["clipping"]["default"], r["microbatch_size"]["default"])
     largest = mem["largest_within_budget"]
     assert r["goals"]["book_keeping_largest_batch"]["nonprivate_ratio"] == (
         None if not largest["per_record"] or largest["nonprivate"] is None
