@@ -187,13 +187,10 @@ class TrainingConfig:
         if self.delta is not None:
             validate.open_unit("delta", self.delta)
         validate.choice("accountant", self.accountant, ("rdp", "pld"))
-        from snapaudit_jax.dpsgd.config import CLIPPED_SUM_DTYPES, CLIPPINGS, LAYERS
+        from snapaudit_jax.dpsgd.config import CLIPPINGS, LAYERS, checked_clipped_sum_dtype
 
         validate.choice("clipping", self.clipping, CLIPPINGS)
-        validate.choice("clipped_sum_dtype", self.clipped_sum_dtype, CLIPPED_SUM_DTYPES)
-        if self.clipped_sum_dtype != "float32" and self.clipping in ("per_record", "ghost"):
-            raise InputError(f"clipped_sum_dtype = {self.clipped_sum_dtype!r} needs the book-keeping path, got "
-                             f"clipping = {self.clipping!r} (use \"book_keeping\" or \"auto\")")
+        checked_clipped_sum_dtype(self.clipped_sum_dtype, self.clipping)
         validate.choice("layers", self.layers, LAYERS)
         validate.positive_int("vocab_chunk", self.vocab_chunk, minimum=0)
         return self

@@ -12,7 +12,8 @@ from typing import Any
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
 
-__all__ = ["DPSGDConfig", "OPTIMIZERS", "ACCOUNTANTS", "CLIPPINGS", "LAYERS", "CLIPPED_SUM_DTYPES"]
+__all__ = ["DPSGDConfig", "OPTIMIZERS", "ACCOUNTANTS", "CLIPPINGS", "LAYERS", "CLIPPED_SUM_DTYPES",
+           "checked_clipped_sum_dtype"]
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 ACCOUNTANTS = ("rdp", "pld")
@@ -21,6 +22,27 @@ LAYERS = ("auto", "scan", "unrolled")
 CLIPPED_SUM_DTYPES = ("float32", "bfloat16")
 #: The most units of a default CPU microbatch on the fast clipping paths (see :meth:`DPSGDConfig.microbatch_for`).
 CPU_FAST_MICROBATCH = 4
+
+
+def checked_clipped_sum_dtype(clipped_sum_dtype: Any, clipping: str) -> str:
+    """``clipped_sum_dtype`` checked: one of :data:`CLIPPED_SUM_DTYPES`, and ``"float32"`` unless ``clipping`` can
+    be book-keeping (``"book_keeping"`` or ``"auto"``; where ``"auto"`` resolves elsewhere the run refuses it).
+
+    Args:
+      clipped_sum_dtype: the setting.
+      clipping: the requested clipping path (already checked).
+
+    Returns:
+      The dtype's name.
+
+    Raises:
+      InputError: an unknown dtype, or bfloat16 with ``"per_record"`` or ``"ghost"``, naming both settings.
+    """
+    dtype = validate.choice("clipped_sum_dtype", clipped_sum_dtype, CLIPPED_SUM_DTYPES)
+    if dtype != "float32" and clipping in ("per_record", "ghost"):
+        raise InputError(f"clipped_sum_dtype = {dtype!r} needs the book-keeping path, got clipping = {clipping!r} "
+                         "(use \"book_keeping\" or \"auto\")")
+    return dtype
 
 
 def _unit_interval_open_right(name: str, value: Any) -> float:
@@ -190,10 +212,7 @@ class DPSGDConfig:
         if self.seed is not None:
             fix("seed", validate.seed("seed", self.seed))
         fix("clipping", validate.choice("clipping", self.clipping, CLIPPINGS))
-        fix("clipped_sum_dtype", validate.choice("clipped_sum_dtype", self.clipped_sum_dtype, CLIPPED_SUM_DTYPES))
-        if self.clipped_sum_dtype != "float32" and self.clipping in ("per_record", "ghost"):
-            raise InputError(f"clipped_sum_dtype = {self.clipped_sum_dtype!r} needs the book-keeping path, got "
-                             f"clipping = {self.clipping!r} (use \"book_keeping\" or \"auto\")")
+        fix("clipped_sum_dtype", checked_clipped_sum_dtype(self.clipped_sum_dtype, self.clipping))
         fix("layers", validate.choice("layers", self.layers, LAYERS))
         if self.vocab_chunk is not None:
             fix("vocab_chunk", validate.positive_int("vocab_chunk", self.vocab_chunk))

@@ -69,13 +69,11 @@ from snapaudit_jax.models.vocab_head import (
 )
 from snapaudit_jax.utils.errors import InputError
 
-__all__ = ["METHODS", "SUM_DTYPES", "SPLIT_ERROR", "DenseNorms", "book_keeping_clipped_sum",
+__all__ = ["METHODS", "SPLIT_ERROR", "DenseNorms", "book_keeping_clipped_sum",
            "book_keeping_clipped_sum_traced", "choose_method", "dense_sq_norms", "dense_sq_norms_traced",
            "direct_sq_norm", "ghost_clipped_sum_traced", "ghost_sq_norm", "not_covered"]
 
 METHODS = ("auto", "ghost", "direct")
-SUM_DTYPES = CLIPPED_SUM_DTYPES
-"""The operand types of book-keeping's clipped-sum products (:func:`book_keeping_clipped_sum_traced`)."""
 SPLIT_ERROR = {"float32": 0.0, "bfloat16": 2.0**-15 + 2.0**-23}
 """Relative error bound, per entry, of book-keeping's weighted operand ``c g`` as its products take it
 (:func:`book_keeping_clipped_sum_traced`): none in float32; with bfloat16 operands ``c g`` (a float32 product,
@@ -744,7 +742,8 @@ def book_keeping_clipped_sum_traced(graphdef, params, rest, tokens, mask, paddin
       method: the norms' method, as :func:`dense_sq_norms`.
       vocab_chunk: ``None``, or the head's vocabulary rows a slice (:mod:`snapaudit_jax.models.vocab_head`; the
         head's terms then come from its hidden states and targets, never a ``(B, S, V)`` array).
-      sum_dtype: one of :data:`SUM_DTYPES`: the dense products' operands (above).
+      sum_dtype: one of :data:`~snapaudit_jax.dpsgd.config.CLIPPED_SUM_DTYPES`: the dense products' operands
+        (above).
 
     Returns:
       ``(grad_sum, losses, norms)`` as :class:`~snapaudit_jax.dpsgd.gradients.ClippedGrads` (``norms``: the
@@ -755,8 +754,8 @@ def book_keeping_clipped_sum_traced(graphdef, params, rest, tokens, mask, paddin
     """
     from snapaudit_jax.dpsgd.gradients import ClippedGrads
 
-    if sum_dtype not in SUM_DTYPES:
-        raise InputError(f"sum_dtype must be one of {', '.join(SUM_DTYPES)}, got {sum_dtype!r}")
+    if sum_dtype not in CLIPPED_SUM_DTYPES:
+        raise InputError(f"sum_dtype must be one of {', '.join(CLIPPED_SUM_DTYPES)}, got {sum_dtype!r}")
     losses, factors, norms, scale = _clip_factors(graphdef, params, rest, tokens, mask, padding, clip_norm, method,
                                                   vocab_chunk, sum_dtype)
     operands = jnp.dtype(sum_dtype)
@@ -956,8 +955,6 @@ def book_keeping_clipped_sum(model, tokens, mask, *, clip_norm: float, padding=N
     clip_norm = validate.positive_float("clip_norm", clip_norm)
     padding = jnp.zeros(tokens.shape[0], bool) if padding is None else jnp.asarray(padding, bool)
     graphdef, params, rest = nnx.split(model, trainable, ...)
-    if sum_dtype not in SUM_DTYPES:
-        raise InputError(f"sum_dtype must be one of {', '.join(SUM_DTYPES)}, got {sum_dtype!r}")
     return _bk_jit(graphdef, params, rest, tokens, mask, padding, jnp.float32(clip_norm), method=method,
                    vocab_chunk=checked_chunk(vocab_chunk), sum_dtype=sum_dtype)
 

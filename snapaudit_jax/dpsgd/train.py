@@ -174,18 +174,31 @@ def _make_tx(spec: _StepSpec, hyper: _Hyper, noise_key: jax.Array) -> optax.Grad
     return optax.chain(*parts)
 
 
+def _path_clipped_sum(clipping: str, graphdef, params, rest, tokens, mask, padding, clip_norm, *,
+                      vocab_chunk: int | None = None, sum_dtype: str = "float32"):
+    """One microbatch's clipped sum on a resolved clipping path (traceable): ``ClippedGrads``."""
+    if clipping == "per_record":
+        return _clipped_sum(graphdef, rest, params, tokens, mask, padding, clip_norm, vocab_chunk)
+    if clipping == "book_keeping":
+        return ghost.book_keeping_clipped_sum_traced(graphdef, params, rest, tokens, mask, padding, clip_norm,
+                                                     vocab_chunk=vocab_chunk, sum_dtype=sum_dtype)
+    return ghost.ghost_clipped_sum_traced(graphdef, params, rest, tokens, mask, padding, clip_norm,
+                                          vocab_chunk=vocab_chunk)
+
+
+def _check_sum_path(clipped_sum_dtype: str, clipping: str, reason: str) -> None:
+    """Refuses bfloat16 clipped-sum operands where the clipping path resolved to other than book-keeping."""
+    if clipped_sum_dtype != "float32" and clipping != "book_keeping":
+        raise InputError(f"clipped_sum_dtype = {clipped_sum_dtype!r} needs the book-keeping path; clipping "
+                         f"resolved to {clipping!r} ({reason})")
+
+
 def _local_sums(params, rest, hyper: _Hyper, tokens, mask, selected, *, graphdef, microbatch_size: int,
                 clipping: str = "per_record", vocab_chunk: int | None = None, sum_dtype: str = "float32"):
     """Clipped gradient sum over the selected units of ``tokens`` (one device's): ``(grad_sum, sums, maxima)``."""
     m = microbatch_size
-    if clipping == "per_record":
-        clipped_sum = functools.partial(_clipped_sum, graphdef, rest, params, vocab_chunk=vocab_chunk)
-    elif clipping == "book_keeping":
-        clipped_sum = functools.partial(ghost.book_keeping_clipped_sum_traced, graphdef, params, rest,
-                                        vocab_chunk=vocab_chunk, sum_dtype=sum_dtype)
-    else:
-        clipped_sum = functools.partial(ghost.ghost_clipped_sum_traced, graphdef, params, rest,
-                                        vocab_chunk=vocab_chunk)
+    clipped_sum = functools.partial(_path_clipped_sum, clipping, graphdef, params, rest, vocab_chunk=vocab_chunk,
+                                    sum_dtype=sum_dtype)
     indices, count = compact_indices(selected, m)
     rows = jnp.arange(m, dtype=jnp.int32)
 
@@ -338,9 +351,8 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
         raise InputError(f"trainable must select at least one parameter of the model, got {trainable!r}")
     clipping, clipping_reason = resolve_clipping(config.clipping, graphdef, params, rest, tokens_np[:1], mask_np[:1],
                                                  vocab_chunk=config.vocab_chunk)
-    if config.private and config.clipped_sum_dtype != "float32" and clipping != "book_keeping":
-        raise InputError(f"clipped_sum_dtype = {config.clipped_sum_dtype!r} needs the book-keeping path; clipping "
-                         f"resolved to {clipping!r} ({clipping_reason})")
+    if config.private:
+        _check_sum_path(config.clipped_sum_dtype, clipping, clipping_reason)
     layers, layers_reason = resolve_layers(config.layers, model, trainable)
     if layers == "scan":
         graphdef, params, rest = nnx.split(stack_layers(model), trainable, ...)

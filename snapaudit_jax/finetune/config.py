@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from snapaudit_jax.dpsgd.canaries import CanaryConfig
-from snapaudit_jax.dpsgd.config import CLIPPED_SUM_DTYPES, CLIPPINGS, LAYERS
+from snapaudit_jax.dpsgd.config import CLIPPINGS, LAYERS, checked_clipped_sum_dtype
 from snapaudit_jax.finetune.synthetic import BYTES_PER_UNIT, GENERATORS, MAX_UNITS
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.config import ConfigFileError, dataclass_section, read_toml, reject_unknown
@@ -241,10 +241,7 @@ class TrainConfig:
         validate.nonnegative_float("weight_decay", self.weight_decay)
         validate.positive_int("microbatch_size", self.microbatch_size, minimum=0)
         validate.choice("clipping", self.clipping, CLIPPINGS)
-        validate.choice("clipped_sum_dtype", self.clipped_sum_dtype, CLIPPED_SUM_DTYPES)
-        if self.clipped_sum_dtype != "float32" and self.clipping in ("per_record", "ghost"):
-            raise InputError(f"clipped_sum_dtype = {self.clipped_sum_dtype!r} needs the book-keeping path, got "
-                             f"clipping = {self.clipping!r} (use \"book_keeping\" or \"auto\")")
+        checked_clipped_sum_dtype(self.clipped_sum_dtype, self.clipping)
         validate.choice("layers", self.layers, LAYERS)
         validate.positive_int("vocab_chunk", self.vocab_chunk, minimum=0)
         validate.positive_int("checkpoint_every", self.checkpoint_every)

@@ -355,9 +355,8 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
     of steps times the measured cost; compilation is counted once per kind (twice for training: the private and the
     twin's kernels; the canaries' is inside the base model's measurement, as in the run).
     """
-    from snapaudit_jax.dpsgd import ghost, record_losses
-    from snapaudit_jax.dpsgd.gradients import _clipped_sum
-    from snapaudit_jax.dpsgd.train import resolve_clipping, resolve_layers
+    from snapaudit_jax.dpsgd import record_losses
+    from snapaudit_jax.dpsgd.train import _check_sum_path, _path_clipped_sum, resolve_clipping, resolve_layers
     from snapaudit_jax.models.decoders import stack_layers
 
     cfg = prep.config
@@ -367,6 +366,8 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
     chunk = cfg.finetune.vocab_chunk or None
     path, reason = resolve_clipping(cfg.finetune.clipping, graphdef, params, rest, tokens[:1], mask[:1],
                                     vocab_chunk=chunk)
+    dtype = cfg.finetune.clipped_sum_dtype
+    _check_sum_path(dtype, path, reason)  # refused here as the run would refuse it
     layers, layers_reason = resolve_layers(cfg.finetune.layers, model, _trainable(prep))
     if layers == "scan":  # the step measured in the layout the run trains in
         graphdef, params, rest = nnx.split(stack_layers(model), _trainable(prep), ...)
@@ -377,15 +378,8 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
     padding = jax.numpy.zeros(size, bool)
     # The frozen weights are an argument, not a closure: captured, XLA would constant-fold them (seconds of
     # compilation and its "constant folding is taking > 1s ... file a bug" alarm), and the run's step does not.
-    if path == "per_record":
-        fn = jax.jit(lambda p, r, t, m, pad: _clipped_sum(graphdef, r, p, t, m, pad, 1.0, chunk).grad_sum)
-    elif path == "book_keeping":
-        dtype = cfg.finetune.clipped_sum_dtype
-        fn = jax.jit(lambda p, r, t, m, pad: ghost.book_keeping_clipped_sum_traced(
-            graphdef, p, r, t, m, pad, 1.0, vocab_chunk=chunk, sum_dtype=dtype).grad_sum)
-    else:
-        fn = jax.jit(lambda p, r, t, m, pad: ghost.ghost_clipped_sum_traced(graphdef, p, r, t, m, pad, 1.0,
-                                                                            vocab_chunk=chunk).grad_sum)
+    fn = jax.jit(lambda p, r, t, m, pad: _path_clipped_sum(path, graphdef, p, r, t, m, pad, 1.0, vocab_chunk=chunk,
+                                                           sum_dtype=dtype).grad_sum)
     began = time.perf_counter()
     compiled = fn.lower(params, rest, t, m, padding).compile()
     lowering = time.perf_counter() - began
