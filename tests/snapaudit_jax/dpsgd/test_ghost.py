@@ -19,7 +19,9 @@ import pytest
 from flax import nnx
 
 from snapaudit_jax.dpsgd.gradients import _loss_fn
-from snapaudit_jax.dpsgd.ghost import choose_method, dense_sq_norms, direct_sq_norm, ghost_sq_norm
+from snapaudit_jax.dpsgd.ghost import (
+    GRAM_MAP_WIDTH, choose_method, dense_sq_norms, direct_sq_norm, ghost_sq_norm, unit_gram,
+)
 from snapaudit_jax.models.config import GPT2Config, LlamaConfig
 from snapaudit_jax.utils.errors import InputError
 
@@ -101,6 +103,29 @@ def test_the_gram_identity_needs_every_pair_of_tokens():
     np.testing.assert_allclose(np.asarray(direct_sq_norm(a, g)), exact, rtol=1e-5)
     diagonal = np.sum(np.sum(np.square(np.asarray(a)), -1) * np.sum(np.square(np.asarray(g)), -1), axis=1)
     assert not np.allclose(diagonal, exact, rtol=1e-2)
+
+
+@pytest.mark.parametrize("lead", [(3,), (2, 3)])
+def test_unit_grams_are_the_same_products_batched_or_a_unit_at_a_time(lead):
+    """Each unit's ``x_i y_i^T`` against float64, narrow (one batched product) and wide (a CPU forms them a unit
+    at a time), with a layer axis, under vmap; the program each backend gets: a loop on the CPU for the wide
+    operands only, the batched product for a GPU (exported, not run)."""
+    rng = np.random.default_rng(5)
+    for width in (GRAM_MAP_WIDTH - 1, GRAM_MAP_WIDTH):
+        x, y = (jnp.asarray(rng.standard_normal(lead + (5, width)), jnp.float32) for _ in range(2))
+        want = np.einsum("...sd,...td->...st", np.asarray(x, np.float64), np.asarray(y, np.float64))
+        tol = 1e-5 * np.sqrt(width)  # entries are sums of `width` unit-variance products: ~sqrt(width)
+        np.testing.assert_allclose(np.asarray(jax.jit(unit_gram)(x, y)), want, rtol=0, atol=tol)
+        np.testing.assert_allclose(np.asarray(jax.vmap(unit_gram)(x, y)), want, rtol=0, atol=tol)
+        np.testing.assert_allclose(np.asarray(unit_gram(x)), np.einsum(
+            "...sd,...td->...st", np.asarray(x, np.float64), np.asarray(x, np.float64)), rtol=0, atol=tol)
+        looped = "stablehlo.while" in jax.jit(unit_gram).lower(x, y).as_text()
+        assert looped == (width >= GRAM_MAP_WIDTH and jax.default_backend() == "cpu"), width
+        for platform, loop in (("cpu", width >= GRAM_MAP_WIDTH), ("cuda", False)):
+            text = jax.export.export(jax.jit(unit_gram), platforms=[platform])(x, y).mlir_module()
+            assert ("stablehlo.while" in text) == loop and "dot_general" in text, (platform, width)
+    with pytest.raises(InputError, match=r"unit_gram needs operands of one shape, got \(3, 5, 2\) and \(3, 4, 2\)"):
+        unit_gram(jnp.ones((3, 5, 2)), jnp.ones((3, 4, 2)))
 
 
 def test_the_cheaper_method_is_chosen_from_the_layer_shape():
