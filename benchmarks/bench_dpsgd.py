@@ -17,9 +17,10 @@ next-token loss, each clipped to L2 norm ``C`` (the median per-record norm at in
 clipped), summed, Gaussian noise ``sigma C`` (``sigma = 1``) on the sum, division by ``q N``, and an AdamW
 update (optax).
 
-* ``nonprivate`` (the baseline of every ratio): one jitted ``jax.grad`` of the summed per-record losses of the
-  *same* batch, padded to a fixed size with zero-weight copies (so it compiles once), ``1 / (q N)``, the same
-  AdamW: what the step costs without DP;
+* ``nonprivate`` (the baseline of every ratio): one jitted ``jax.value_and_grad`` of the summed per-record
+  losses of the *same* batch, padded to a fixed size with zero-weight copies (so it compiles once), ``1 / (q N)``,
+  the same AdamW, the batch's loss returned as the DP steps return theirs (the training loss a run reports):
+  what the step costs without DP;
 * ``default``: the jitted step of :func:`snapaudit_jax.dpsgd.train` as a user gets it: ``clipping = "auto"``
   (book-keeping wherever it covers every parameter, as here; ``clipping`` in the JSON says which path ran) at
   the library's default microbatch (1 on CPU; ``--microbatch`` overrides it);
@@ -181,7 +182,8 @@ class Loop:
 
 
 class NonPrivate:
-    """The non-private step of the same model, batch and optimizer: one batched gradient, no clipping, no noise."""
+    """The non-private step of the same model, batch and optimizer: one batched gradient, no clipping, no noise;
+    like the DP steps (their metrics) it returns the batch's summed loss, the training loss a run reports."""
 
     def __init__(self, model, tokens, mask, *, normaliser: float, pad_to: int, vocab_chunk: int | None = None):
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -191,20 +193,20 @@ class NonPrivate:
         self.pad_to = pad_to
         scale = 1.0 / normaliser
 
-        def grad(params, idx, weight):
+        def loss_and_grad(params, idx, weight):
             def loss(p):
                 losses = sequence_losses(nnx.merge(graphdef, p, rest), tokens[idx], mask[idx],
                                          vocab_chunk=vocab_chunk)
                 return jnp.sum(weight * losses)
 
-            return jax.grad(loss)(params)
+            return jax.value_and_grad(loss)(params)
 
         def step(params, opt_state, idx, weight):
-            g = jax.tree.map(lambda x: x * scale, grad(params, idx, weight))
-            updates, opt_state = tx.update(g, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state
+            loss, g = loss_and_grad(params, idx, weight)
+            updates, opt_state = tx.update(jax.tree.map(lambda x: x * scale, g), opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, loss
 
-        self.grad = jax.jit(grad)
+        self.grad = jax.jit(lambda params, idx, weight: loss_and_grad(params, idx, weight)[1])
         self._step = jax.jit(step, donate_argnums=(0, 1))
 
     def padded(self, indices: np.ndarray, size: int | None = None) -> tuple[jax.Array, jax.Array]:
@@ -218,8 +220,8 @@ class NonPrivate:
         return jnp.asarray(idx), jnp.asarray(np.arange(size) < indices.size, jnp.float32)
 
     def step(self, indices: np.ndarray) -> None:
-        self.params, self.opt_state = self._step(self.params, self.opt_state, *self.padded(indices))
-        jax.block_until_ready(self.params)
+        self.params, self.opt_state, loss = self._step(self.params, self.opt_state, *self.padded(indices))
+        jax.block_until_ready((self.params, loss))
 
     def compiled_bytes(self, batch: int) -> int:
         """XLA's memory analysis of the step at batch ``batch`` (temp + argument + output bytes; nothing runs)."""
