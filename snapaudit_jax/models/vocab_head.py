@@ -241,6 +241,16 @@ def _target_logprobs(hidden, weight, bias, targets, chunk):
     return _forward(hidden, weight, bias, targets, chunk)[0]
 
 
+def _rows_gradient(weighted: jax.Array, h: jax.Array, lead: tuple) -> jax.Array:
+    """``weighted^T h`` over the ``lead`` axes: a slice's rows' gradient ``(rows, D)``. Taken as ``(h^T weighted)^T``
+    when the slice is wider than the hidden states: XLA:CPU copies a product's operands into its layout, and the
+    narrow operand and the result cost less to copy than the slice's cotangent (GPT-2 4 x 256, slices of 4096
+    rows: the non-private step 2.67 -> 1.99 s at 32 records)."""
+    if weighted.shape[-1] > h.shape[-1]:
+        return jnp.tensordot(h, weighted, axes=(lead, lead)).T
+    return jnp.tensordot(weighted, h, axes=(lead, lead))
+
+
 def _backward(chunk, residuals, cotangents):
     hidden, weight, bias, targets, lse, mass = residuals
     u, w = (c.astype(jnp.float32) for c in cotangents)
@@ -252,7 +262,7 @@ def _backward(chunk, residuals, cotangents):
         dh, dw, db = carry
         weighted = slice_cotangents(slice_probabilities(h, piece.rows, piece.biases, piece.valid, lse), piece.ids,
                                     targets, u, w)
-        dw = add_slice_rows(dw, piece, jnp.tensordot(weighted, h, axes=(lead, lead)))
+        dw = add_slice_rows(dw, piece, _rows_gradient(weighted, h, lead))
         if db is not None:
             db = add_slice_rows(db, piece, jnp.sum(weighted, axis=lead))
         return dh + weighted @ piece.rows, dw, db
