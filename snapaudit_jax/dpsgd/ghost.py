@@ -65,7 +65,7 @@ from snapaudit_jax.dpsgd.config import CLIPPED_SUM_DTYPES
 from snapaudit_jax.dpsgd.gradients import unit_losses
 from snapaudit_jax.models.vocab_head import (
     add_slice_rows, checked_chunk, head_weights, off_target, scan_vocab, slice_cotangents, slice_probabilities,
-    target_logprobs_values,
+    target_logprobs_values, transposed_is_smaller,
 )
 from snapaudit_jax.utils.errors import InputError
 
@@ -708,11 +708,11 @@ def _weighted_sum(terms: list[_Term], weights: jax.Array, shape: tuple, operands
 
 
 def _outer_sum(a: jax.Array, g: jax.Array) -> jax.Array:
-    """``sum_{b,s} a_bs^T g_bs`` (``(p, q)``, float32), the product taken as ``(g^T a)^T`` when ``a`` is the wider:
-    XLA:CPU lays out the product's operands for it by a copy, and one of the narrow operand and of the result
-    costs less than one of a whole logits' cotangent (GPT-2's tied head: ``4064 x 256`` and ``256 x 50257`` against
-    ``4064 x 50257``; book-keeping's clipped sum at 32 units 2.61 -> 2.44 s). Float32 operands, full precision."""
-    if a.shape[-1] > g.shape[-1]:
+    """``sum_{b,s} a_bs^T g_bs`` (``(p, q)``, float32, full precision), taken as ``(g^T a)^T`` where that copies
+    less (:func:`~snapaudit_jax.models.vocab_head.transposed_is_smaller`: GPT-2's tied head at 32 units copies
+    ``4064 x 256`` and ``256 x 50257`` numbers instead of ``4064 x 50257``; book-keeping's clipped sum 2.61 ->
+    2.44 s)."""
+    if transposed_is_smaller(a.shape[0] * a.shape[1], a.shape[-1], g.shape[-1]):
         return _hi("bsq,bsp->qp", g, a).T
     return _hi("bsp,bsq->pq", a, g)
 

@@ -57,6 +57,14 @@ _2P32 = 2.0**-32
 _MAX_WORDS = 1 << 32  # distinct 32-bit counters under one key
 
 
+def _threefry_data(key: jax.Array) -> jax.Array | None:
+    """A Threefry key's raw ``uint32`` data (a typed key's or a raw key as given); ``None`` for other
+    implementations."""
+    if jax.random.key_impl(key) != "threefry2x32":
+        return None
+    return jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+
+
 def random_words(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     """Uniform random 32-bit words: Threefry-2x32 of ``key`` in counter mode (pure; vmaps over keys).
 
@@ -79,9 +87,9 @@ def random_words(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     n = math.prod(shape)
     if n > _MAX_WORDS:
         raise InputError(f"random_words draws at most 2^32 words per key, got shape {shape} ({n} words)")
-    if jax.random.key_impl(key) != "threefry2x32":
+    data = _threefry_data(key)
+    if data is None:
         return jax.random.bits(key, shape, jnp.uint32)
-    data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
     if n == 0:
         return jnp.zeros(shape, jnp.uint32)
     return threefry_2x32(data, jax.lax.iota(jnp.uint32, n)).reshape(shape)
@@ -108,9 +116,9 @@ def word_columns(key: jax.Array, n: int, start, size: int) -> jax.Array:
     """
     if 2 * n > _MAX_WORDS:
         raise InputError(f"random_words draws at most 2^32 words per key, got 2 x {n} words")
-    if jax.random.key_impl(key) != "threefry2x32":
+    data = _threefry_data(key)
+    if data is None:
         return jax.lax.dynamic_slice(random_words(key, (2, n)), (0, start), (2, size))
-    data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
     first = jnp.asarray(start, jnp.uint32) + jax.lax.iota(jnp.uint32, size)
     return threefry_2x32(data, jnp.concatenate([first, first + jnp.uint32(n)])).reshape(2, size)
 

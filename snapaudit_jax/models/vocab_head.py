@@ -31,7 +31,7 @@ from flax import nnx
 
 __all__ = ["target_logprobs", "target_logprobs_values", "head_target_logprobs", "head_weights", "VocabSlice",
            "slice_plan", "vocab_slice", "scan_vocab", "add_slice_rows", "slice_probabilities", "slice_cotangents",
-           "off_target", "checked_chunk"]
+           "off_target", "checked_chunk", "transposed_is_smaller"]
 
 
 def checked_chunk(vocab_chunk) -> int | None:
@@ -242,13 +242,29 @@ def _target_logprobs(hidden, weight, bias, targets, chunk):
 
 
 def _rows_gradient(weighted: jax.Array, h: jax.Array, lead: tuple) -> jax.Array:
-    """``weighted^T h`` over the ``lead`` axes: a slice's rows' gradient ``(rows, D)``. Taken as ``(h^T weighted)^T``
-    when the slice is wider than the hidden states: XLA:CPU copies a product's operands into its layout, and the
-    narrow operand and the result cost less to copy than the slice's cotangent (GPT-2 4 x 256, slices of 4096
-    rows: the non-private step 2.67 -> 1.99 s at 32 records)."""
-    if weighted.shape[-1] > h.shape[-1]:
+    """``weighted^T h`` over the ``lead`` axes: a slice's rows' gradient ``(rows, D)``, taken as ``(h^T weighted)^T``
+    where that copies less (:func:`transposed_is_smaller`; GPT-2 4 x 256, slices of 4096 rows: the non-private
+    step at 32 records 2.67 -> 1.99 s)."""
+    if transposed_is_smaller(weighted.size // weighted.shape[-1], weighted.shape[-1], h.shape[-1]):
         return jnp.tensordot(h, weighted, axes=(lead, lead)).T
     return jnp.tensordot(weighted, h, axes=(lead, lead))
+
+
+def transposed_is_smaller(rows: int, wide: int, narrow: int) -> bool:
+    """Whether ``sum_r a_r^T b_r`` (``a``: ``rows x wide``, ``b``: ``rows x narrow``) is better formed as
+    ``(b^T a)^T``: XLA:CPU copies the operand contracted over its leading axis into its layout, so the plain form
+    copies ``a`` (``rows * wide`` numbers) and the transposed one ``b`` and the result (``rows * narrow + wide *
+    narrow``). A batch's whole logits or vocabulary slice is the large ``a``; one record's is not.
+
+    Args:
+      rows: the contracted length (positions of every unit).
+      wide: ``a``'s width.
+      narrow: ``b``'s width.
+
+    Returns:
+      ``True`` where the transposed form copies fewer numbers.
+    """
+    return rows * wide > rows * narrow + wide * narrow
 
 
 def _backward(chunk, residuals, cotangents):

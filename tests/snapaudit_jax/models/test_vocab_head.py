@@ -70,6 +70,14 @@ def test_gradients_of_both_outputs_equal_the_whole_logits(chunk):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
+def test_the_rows_gradient_takes_the_orientation_that_copies_less():
+    """A batch's slice is transposed through the narrow operand, one record's is not; the gradient test above runs
+    both forms (15 positions: one slice of 37 rows transposed, slices of 8 and fewer not)."""
+    assert vocab_head.transposed_is_smaller(32 * 127, 4096, 256)
+    assert not vocab_head.transposed_is_smaller(127, 4096, 256)
+    assert vocab_head.transposed_is_smaller(15, VOCAB, 6) and not vocab_head.transposed_is_smaller(15, 8, 6)
+
+
 def test_per_record_gradients_under_vmap_equal_the_whole_logits():
     hidden, weight, bias, targets = _head(seed=4)
 
