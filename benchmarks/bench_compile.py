@@ -101,7 +101,7 @@ def measure(args, layers: int, layout: str) -> dict:
     idx, weight = nonprivate.padded(np.arange(args.batch))
 
     def step(compiled):
-        nonprivate.params, nonprivate.opt_state = compiled(nonprivate.params, nonprivate.opt_state, idx, weight)
+        nonprivate.params, nonprivate.opt_state, _ = compiled(nonprivate.params, nonprivate.opt_state, idx, weight)
         return nonprivate.params
 
     out["nonprivate"] = _timed_compile(lambda: nonprivate._step.lower(nonprivate.params, nonprivate.opt_state,

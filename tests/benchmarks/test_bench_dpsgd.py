@@ -117,7 +117,10 @@ def test_a_sliced_head_is_checked_timed_and_measured_beside_the_whole_logits(tmp
     assert set(whole["compiled_mb"]) == set(mem["compiled_mb"]) == {"nonprivate", "per_record", "book_keeping",
                                                                      "ghost"}
     for name, mbs in whole["compiled_mb"].items():
-        assert len(mbs) == 2 and all(mb > 0 for mb in mbs) and mbs != mem["compiled_mb"][name], name
+        assert len(mbs) == 2 and all(mb > 0 for mb in mbs), name
+    # two analyses of different programs: at this tiny shape (logits of 30 KB) a plan may tie to 0.01 MB or even
+    # grow by a slice's buffers, but not every one of them
+    assert mem["compiled_mb"] != whole["compiled_mb"]
 
 
 @pytest.mark.slow
