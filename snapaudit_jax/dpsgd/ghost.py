@@ -65,7 +65,7 @@ from snapaudit_jax.dpsgd.config import CLIPPED_SUM_DTYPES
 from snapaudit_jax.dpsgd.gradients import unit_losses
 from snapaudit_jax.models.vocab_head import (
     add_slice_rows, checked_chunk, head_weights, off_target, scan_vocab, slice_cotangents, slice_probabilities,
-    target_logprobs_values, transposed_is_smaller,
+    rows_product, target_logprobs_values,
 )
 from snapaudit_jax.utils.errors import InputError
 
@@ -522,8 +522,11 @@ def _normalised(module, x, kind: str) -> jax.Array:
     return (x - mean) * jax.lax.rsqrt(var + module.epsilon)
 
 
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
 def _hi(equation: str, *operands):
-    return jnp.einsum(equation, *operands, precision=jax.lax.Precision.HIGHEST)
+    return jnp.einsum(equation, *operands, precision=_HIGHEST)
 
 
 def _factors(graphdef, params, rest, tokens, mask, vocab_chunk=None):
@@ -697,7 +700,7 @@ def _weighted_sum(terms: list[_Term], weights: jax.Array, shape: tuple, operands
         elif term.kind == "diag":
             total = total + jnp.sum(jnp.where(keep[:, None, None], term.a, 0.0) * g, axis=(0, 1)).reshape(shape)
         elif operands == jnp.float32:
-            total = total + _outer_sum(jnp.where(keep[:, None, None], term.a, 0.0), g).reshape(shape)
+            total = total + rows_product(jnp.where(keep[:, None, None], term.a, 0.0), g, _HIGHEST).reshape(shape)
         else:  # a is already rounded to ``operands`` (exact); w g enters as hi + lo
             a = jnp.where(keep[:, None, None], term.a, 0.0).astype(operands)
             for _ in range(_SPLIT_TERMS):
@@ -705,16 +708,6 @@ def _weighted_sum(terms: list[_Term], weights: jax.Array, shape: tuple, operands
                 g = g - part.astype(jnp.float32)
                 total = total + jnp.einsum("bsp,bsq->pq", a, part, preferred_element_type=jnp.float32).reshape(shape)
     return total
-
-
-def _outer_sum(a: jax.Array, g: jax.Array) -> jax.Array:
-    """``sum_{b,s} a_bs^T g_bs`` (``(p, q)``, float32, full precision), taken as ``(g^T a)^T`` where that copies
-    less (:func:`~snapaudit_jax.models.vocab_head.transposed_is_smaller`: GPT-2's tied head at 32 units copies
-    ``4064 x 256`` and ``256 x 50257`` numbers instead of ``4064 x 50257``; book-keeping's clipped sum 2.61 ->
-    2.44 s)."""
-    if transposed_is_smaller(a.shape[0] * a.shape[1], a.shape[-1], g.shape[-1]):
-        return _hi("bsq,bsp->qp", g, a).T
-    return _hi("bsp,bsq->pq", a, g)
 
 
 def _softmax_weighted_sum(term: _Term, weights: jax.Array, keep: jax.Array, shape: tuple) -> jax.Array:
@@ -732,7 +725,7 @@ def _softmax_weighted_sum(term: _Term, weights: jax.Array, keep: jax.Array, shap
     def body(total, piece):
         q = off_target(slice_probabilities(hidden, piece.rows, piece.biases, piece.valid, lse), piece.ids,
                        head.targets)
-        return add_slice_rows(total, piece, -_outer_sum(q, weighted))
+        return add_slice_rows(total, piece, -rows_product(q, weighted, _HIGHEST))
 
     parts = scan_vocab(body, jnp.zeros((vocab, width), jnp.float32), head.weight, head.bias, head.chunk)
     at_target = jnp.where(keep[:, None, None], mass[:, :, None] * weighted, 0.0)
