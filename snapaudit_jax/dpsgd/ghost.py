@@ -92,9 +92,21 @@ logits' cotangent, ``32 x 127 x 50257``: 476 ms batched against 208 ms a unit at
 _GRAM_ROWS = 8  # a unit's rows, padded to a multiple of this in the CPU's loop: 127 x 50257 runs 1.6x slower than 128
 
 
-def unit_gram(x: jax.Array, y: jax.Array | None = None) -> jax.Array:
-    """Each unit's Gram matrix ``x_i y_i^T`` at full float32 precision: ``(..., S, S)`` from ``(..., S, d)``.
+def _exact_product(equation: str, x: jax.Array, y: jax.Array) -> jax.Array:
+    """``einsum(equation, x, y)`` in float32 without rounding a product: two bfloat16 operands enter as they are (a
+    product of two is exact in float32; accumulated in float32, on accelerators' matrix units), any other pair at
+    float32 with full precision."""
+    if x.dtype == y.dtype == jnp.bfloat16:
+        return jnp.einsum(equation, x, y, preferred_element_type=jnp.float32)
+    return jnp.einsum(equation, x.astype(jnp.float32), y.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
 
+
+def unit_gram(x: jax.Array, y: jax.Array | None = None) -> jax.Array:
+    """Each unit's Gram matrix ``x_i y_i^T`` in float32, no product rounded: ``(..., S, S)`` from ``(..., S, d)``.
+
+    Float32 operands multiply at full precision; two bfloat16 operands (book-keeping's rounded factors) enter the
+    products as they are, each product exact in float32 and accumulated in float32, so an accelerator forms them
+    on its matrix units and the result is the float32 Gram of the same numbers up to the order of accumulation.
     The same products on every backend; how they are batched is chosen when the program is lowered
     (:func:`jax.lax.platform_dependent`): on a CPU, a loop over the units where ``d >= GRAM_MAP_WIDTH``, and one
     batched product elsewhere; the loop pads each unit's rows to a multiple of 8 (zero rows, whose products are
@@ -107,13 +119,14 @@ def unit_gram(x: jax.Array, y: jax.Array | None = None) -> jax.Array:
     Returns:
       ``(..., S, S)`` float32 with ``[..., s, t] = x[..., s, :] . y[..., t, :]``.
     """
-    x = x.astype(jnp.float32)
-    y = x if y is None else y.astype(jnp.float32)
+    y = x if y is None else y
     if x.shape != y.shape:
         raise InputError(f"unit_gram needs operands of one shape, got {x.shape} and {y.shape}")
+    if not x.dtype == y.dtype == jnp.bfloat16:
+        x, y = x.astype(jnp.float32), y.astype(jnp.float32)
 
     def batched(x, y):
-        return _hi("...sd,...td->...st", x, y)
+        return _exact_product("...sd,...td->...st", x, y)
 
     if x.shape[-1] < GRAM_MAP_WIDTH or x.ndim < 3:
         return batched(x, y)
@@ -124,7 +137,7 @@ def unit_gram(x: jax.Array, y: jax.Array | None = None) -> jax.Array:
 
         def one(pair):  # the unit's rows padded with zeros (each slice is copied anyway): zero rows add nothing
             a, b = (jnp.pad(m, ((0, rows - length), (0, 0))) for m in pair)
-            return jnp.dot(a, b.T, precision=jax.lax.Precision.HIGHEST)[:length, :length]
+            return _exact_product("sd,td->st", a, b)[:length, :length]
 
         grams = jax.lax.map(one, (x.reshape(-1, length, width), y.reshape(-1, length, width)))
         return grams.reshape(lead + (length, length))
@@ -137,7 +150,7 @@ def ghost_sq_norm(a: jax.Array, g: jax.Array) -> jax.Array:
 
     Args:
       a: ``(B, S, d_in)`` input activations.
-      g: ``(B, S, d_out)`` output cotangents.
+      g: ``(B, S, d_out)`` output cotangents (both bfloat16: their products taken exactly, as :func:`unit_gram`).
 
     Returns:
       ``(B,)`` float32 squared Frobenius norms.
@@ -150,13 +163,12 @@ def direct_sq_norm(a: jax.Array, g: jax.Array) -> jax.Array:
 
     Args:
       a: ``(B, S, d_in)`` input activations.
-      g: ``(B, S, d_out)`` output cotangents.
+      g: ``(B, S, d_out)`` output cotangents (both bfloat16: their products taken exactly, as :func:`unit_gram`).
 
     Returns:
       ``(B,)`` float32 squared Frobenius norms.
     """
-    grads = jnp.einsum("bsi,bso->bio", a.astype(jnp.float32), g.astype(jnp.float32),
-                       precision=jax.lax.Precision.HIGHEST)
+    grads = _exact_product("bsi,bso->bio", a, g)
     return jnp.sum(grads * grads, axis=(1, 2))
 
 
@@ -771,8 +783,10 @@ def book_keeping_clipped_sum_traced(graphdef, params, rest, tokens, mask, paddin
     ``sum_dtype="bfloat16"`` forms the products ``a^T (c g)`` of the dense terms (kernels, biases, LoRA adapters,
     a tied head's whole logits) from bfloat16 operands with float32 accumulation, at the rate of the matrix units of
     accelerators (a float32 product at full precision runs without them; at the backend's default precision it is
-    rounded in ways a library cannot bound). The dense factors are rounded to bfloat16 first, and the norms (cross
-    terms included) are those of the rounded factors, so they are the norms of the gradient released. The weighted
+    rounded in ways a library cannot bound). The dense factors are rounded to bfloat16 first and held so, and the
+    norms (cross terms included) are those of the rounded factors, their Gram products from the bfloat16 operands
+    too (each product exact in float32, accumulated there: :func:`unit_gram`), so they are the norms of the
+    gradient released. The weighted
     operand ``c g`` is not a bfloat16 number; it enters as two, ``hi + lo`` (``hi`` its rounding, ``lo`` the
     rounding of the rest), in two products, which leaves each unit's share off ``c_i a_i^T g_i`` by at most
     ``e c_i sum_s ||a_s|| ||g_s||`` per term (``e`` = :data:`SPLIT_ERROR`, about ``2^-15``). The clip factors
@@ -844,11 +858,11 @@ def _clip_factors(graphdef, params, rest, tokens, mask, padding, clip_norm, meth
 
 
 def _rounded(term: _Term, dtype) -> _Term:
-    """A dense term with its factors rounded to ``dtype`` (held in float32: its products are then exact); other
-    kinds unchanged."""
+    """A dense term with its factors rounded to and held in ``dtype`` (half the memory of float32; their products,
+    exact in float32 and accumulated there, run on accelerators' matrix units); other kinds unchanged."""
     if term.kind != "outer":
         return term
-    return term._replace(a=term.a.astype(dtype).astype(jnp.float32), g=term.g.astype(dtype).astype(jnp.float32))
+    return term._replace(a=term.a.astype(dtype), g=term.g.astype(dtype))
 
 
 def _dense_spread(terms: list[_Term]) -> jax.Array:
@@ -859,7 +873,8 @@ def _dense_spread(terms: list[_Term]) -> jax.Array:
     for term in terms:
         if term.kind != "outer":
             continue
-        spread = jnp.sum(jnp.sqrt(jnp.sum(term.a * term.a, axis=-1) * jnp.sum(term.g * term.g, axis=-1)), axis=-1)
+        a, g = term.a.astype(jnp.float32), term.g.astype(jnp.float32)
+        spread = jnp.sum(jnp.sqrt(jnp.sum(a * a, axis=-1) * jnp.sum(g * g, axis=-1)), axis=-1)
         total = total + (jnp.sum(spread, axis=0) if term.layers else spread)
     return jnp.asarray(total, jnp.float32)
 

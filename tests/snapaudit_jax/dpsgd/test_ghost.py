@@ -128,6 +128,58 @@ def test_unit_grams_are_the_same_products_batched_or_a_unit_at_a_time(lead):
         unit_gram(jnp.ones((3, 5, 2)), jnp.ones((3, 4, 2)))
 
 
+def test_bfloat16_operands_multiply_exactly_into_float32():
+    """Two bfloat16 operands (book-keeping's rounded factors) give the float64 products of the same numbers up to
+    float32 accumulation: a Gram narrow and wide, both norms, and the program a GPU gets takes them as bfloat16
+    (its matrix units) with a float32 result; a bfloat16 and a float32 operand multiply in float32. Power: a
+    product rounded to bfloat16 (the result's dtype left to the operands) misses by about 2^-9 of an entry."""
+    rng = np.random.default_rng(6)
+    for width in (GRAM_MAP_WIDTH - 1, GRAM_MAP_WIDTH):
+        x, y = (jnp.asarray(rng.standard_normal((3, 5, width)), jnp.bfloat16) for _ in range(2))
+        x64, y64 = np.asarray(x, np.float64), np.asarray(y, np.float64)
+        want = np.einsum("...sd,...td->...st", x64, y64)
+        tol = 2e-7 * np.abs(x64).max() * np.abs(y64).max() * width  # float32 accumulation of `width` exact products
+        got = jax.jit(unit_gram)(x, y)
+        assert got.dtype == jnp.float32
+        np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=tol)
+        rounded = np.asarray(jnp.einsum("...sd,...td->...st", x, y).astype(jnp.float32))
+        assert np.abs(rounded - want).max() > 20 * tol
+        mixed = unit_gram(x, y.astype(jnp.float32))
+        np.testing.assert_allclose(np.asarray(mixed), want, rtol=0, atol=tol)
+        text = jax.export.export(jax.jit(unit_gram), platforms=["cuda"])(x, y).mlir_module()
+        assert f"(tensor<3x5x{width}xbf16>, tensor<3x5x{width}xbf16>) -> tensor<3x5x5xf32>" in text
+    a, g = (jnp.asarray(rng.standard_normal((3, 6, n)), jnp.bfloat16) for n in (7, 4))
+    grads = np.einsum("bsi,bso->bio", np.asarray(a, np.float64), np.asarray(g, np.float64))
+    for norm in (ghost_sq_norm, direct_sq_norm):
+        got = jax.jit(norm)(a, g)
+        assert got.dtype == jnp.float32
+        np.testing.assert_allclose(np.asarray(got), np.sum(grads * grads, axis=(1, 2)), rtol=1e-5)
+
+
+def test_bfloat16_book_keeping_keeps_its_dense_factors_in_bfloat16():
+    """With ``sum_dtype="bfloat16"`` every product of the dense terms' norms takes the rounded factors as
+    bfloat16 (the float32 path's as float32), on full fine-tuning and LoRA: recorded while tracing."""
+    from snapaudit_jax.dpsgd import ghost
+
+    tokens, mask = (jnp.asarray(x) for x in _data((4, 7)))
+    for kind, trainable in (("gpt2", nnx.Param), ("llama", nnx.LoRAParam)):
+        model = CONFIGS[kind]() if trainable is nnx.Param else _lora_model(kind, ("q_proj", "down_proj"))
+        graphdef, params, rest = nnx.split(model, trainable, ...)
+        for dtype in ("bfloat16", "float32"):
+            seen = []
+            exact = ghost._exact_product
+
+            def recording(equation, x, y, exact=exact, seen=seen):
+                seen.append((x.dtype, y.dtype))
+                return exact(equation, x, y)
+
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(ghost, "_exact_product", recording)
+                jax.eval_shape(lambda p: ghost.book_keeping_clipped_sum_traced(
+                    graphdef, p, rest, tokens, mask, jnp.zeros(4, bool), 1.0, sum_dtype=dtype), params)
+            assert len(seen) >= 4 and set(seen) == {(jnp.dtype(dtype),) * 2}, (kind, dtype, set(seen))
+
+
 def test_the_cheaper_method_is_chosen_from_the_layer_shape():
     assert choose_method(8, 768, 3072) == "ghost"  # short records, wide layers: S (d_in + d_out) << d_in d_out
     assert choose_method(1024, 64, 64) == "direct"  # long records, narrow layers
