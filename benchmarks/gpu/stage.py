@@ -147,12 +147,17 @@ def receive(staged: Staged, stage: str = STAGE, hold: str = HOLD, part_bytes: in
       The whole file's path, or ``None`` while parts are missing.
 
     Raises:
-      StageError: the reassembled file is not the pinned one (its parts are removed: carry them again).
+      StageError: the reassembled (or an earlier call's) file is not the pinned one; it and its parts are removed
+        (carry them again).
     """
     os.makedirs(hold, exist_ok=True)
     whole = os.path.join(hold, staged.name)
     if os.path.isfile(whole):
-        _checked(whole, staged)
+        try:
+            _checked(whole, staged)
+        except StageError:
+            os.remove(whole)  # never installed: carry the parts again
+            raise
         return whole
     names = part_names(staged, part_bytes)
     for k, name in enumerate(names):

@@ -46,7 +46,8 @@ def test_parts_carried_by_separate_calls_reassemble_to_the_pinned_file(tmp_path)
 
 def test_a_corrupted_part_or_another_file_is_refused(tmp_path):
     """A flipped byte in a carried part fails the SHA-256 check: nothing is written and the held parts are
-    dropped (carry them again); a source that is not the pinned file is not split."""
+    dropped (carry them again), as is a whole file an earlier call left and that no longer matches; a source that
+    is not the pinned file is not split."""
     source, pinned, data = _pinned(tmp_path)
     parts = stage.split(source, pinned, str(tmp_path / "stage"), part_bytes=1000)
     with open(parts[1], "r+b") as f:
@@ -55,6 +56,11 @@ def test_a_corrupted_part_or_another_file_is_refused(tmp_path):
     hold = str(tmp_path / "hold")
     with pytest.raises(stage.StageError, match="SHA-256 [0-9a-f]{64}, the pinned model.whl has " + pinned.sha256):
         stage.receive(pinned, str(tmp_path / "stage"), hold, part_bytes=1000)
+    assert os.listdir(hold) == []
+    with open(os.path.join(hold, "model.whl"), "wb") as f:  # an earlier call's file, damaged since
+        f.write(data[:-1] + bytes([data[-1] ^ 1]))
+    with pytest.raises(stage.StageError, match="SHA-256"):
+        stage.receive(pinned, str(tmp_path / "nothing"), hold, part_bytes=1000)
     assert os.listdir(hold) == []
     other = stage.Staged("model.whl", "model==1", 2501, pinned.sha256)
     with pytest.raises(stage.StageError, match="2500 bytes, the pinned model.whl has 2501"):
