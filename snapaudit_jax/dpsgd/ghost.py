@@ -786,13 +786,13 @@ def book_keeping_clipped_sum_traced(graphdef, params, rest, tokens, mask, paddin
     rounded in ways a library cannot bound). The dense factors are rounded to bfloat16 first and held so, and the
     norms (cross terms included) are those of the rounded factors, their Gram products from the bfloat16 operands
     too (each product exact in float32, accumulated there: :func:`unit_gram`), so they are the norms of the
-    gradient released. The weighted
-    operand ``c g`` is not a bfloat16 number; it enters as two, ``hi + lo`` (``hi`` its rounding, ``lo`` the
-    rounding of the rest), in two products, which leaves each unit's share off ``c_i a_i^T g_i`` by at most
-    ``e c_i sum_s ||a_s|| ||g_s||`` per term (``e`` = :data:`SPLIT_ERROR`, about ``2^-15``). The clip factors
-    leave that margin, ``c_i = min(1, C / (||g_i|| + m_i))`` with ``m_i = e (sum over the parameters of (their
-    dense terms' sum_s ||a_s|| ||g_s||)^2)^(1/2)``, so every unit's share of the released sum keeps norm at most
-    ``C`` (up to float32 accumulation, as on every path); the margin is about ``10^-4`` of a 128-token unit's norm.
+    gradient released. The weighted operand ``c g`` is not a bfloat16 number; it enters as two, ``hi + lo``
+    (``hi`` its rounding, ``lo`` the rounding of the rest), in two products, which leaves each unit's share off
+    ``c_i a_i^T g_i`` by at most ``e c_i sum_s ||a_s|| ||g_s||`` per term (``e`` = :data:`SPLIT_ERROR`, about
+    ``2^-15``). The clip factors leave that margin, ``c_i = min(1, C / (||g_i|| + m_i))`` with ``m_i = e (sum
+    over the parameters of (their dense terms' sum_s ||a_s|| ||g_s||)^2)^(1/2)``, so every unit's share of the
+    released sum keeps norm at most ``C`` (up to float32 accumulation, as on every path); the margin is about
+    ``10^-4`` of a 128-token unit's norm.
     Two bfloat16 products cost what one TF32 product does on a GPU. The sum differs from the float32 path's by
     the factors' rounding (``2^-8`` relative an entry). The embeddings' rows, the norms' scales and a sliced head's
     rows are summed in float32 as before.
@@ -858,7 +858,7 @@ def _clip_factors(graphdef, params, rest, tokens, mask, padding, clip_norm, meth
 
 
 def _rounded(term: _Term, dtype) -> _Term:
-    """A dense term with its factors rounded to and held in ``dtype`` (half the memory of float32; their products,
+    """A dense term with its factors rounded to and held in ``dtype`` (half their float32 size; their products,
     exact in float32 and accumulated there, run on accelerators' matrix units); other kinds unchanged."""
     if term.kind != "outer":
         return term
