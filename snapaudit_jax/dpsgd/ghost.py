@@ -92,13 +92,20 @@ logits' cotangent, ``32 x 127 x 50257``: 476 ms batched against 208 ms a unit at
 _GRAM_ROWS = 8  # a unit's rows, padded to a multiple of this in the CPU's loop: 127 x 50257 runs 1.6x slower than 128
 
 
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def _hi(equation: str, *operands):
+    return jnp.einsum(equation, *operands, precision=_HIGHEST)
+
+
 def _exact_product(equation: str, x: jax.Array, y: jax.Array) -> jax.Array:
     """``einsum(equation, x, y)`` in float32 without rounding a product: two bfloat16 operands enter as they are (a
     product of two is exact in float32; accumulated in float32, on accelerators' matrix units), any other pair at
-    float32 with full precision."""
+    float32 with full precision (the norms' products; :func:`_hi` takes float32 factors as they are)."""
     if x.dtype == y.dtype == jnp.bfloat16:
         return jnp.einsum(equation, x, y, preferred_element_type=jnp.float32)
-    return jnp.einsum(equation, x.astype(jnp.float32), y.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+    return _hi(equation, x.astype(jnp.float32), y.astype(jnp.float32))
 
 
 def unit_gram(x: jax.Array, y: jax.Array | None = None) -> jax.Array:
@@ -122,8 +129,6 @@ def unit_gram(x: jax.Array, y: jax.Array | None = None) -> jax.Array:
     y = x if y is None else y
     if x.shape != y.shape:
         raise InputError(f"unit_gram needs operands of one shape, got {x.shape} and {y.shape}")
-    if not x.dtype == y.dtype == jnp.bfloat16:
-        x, y = x.astype(jnp.float32), y.astype(jnp.float32)
 
     def batched(x, y):
         return _exact_product("...sd,...td->...st", x, y)
@@ -532,13 +537,6 @@ def _normalised(module, x, kind: str) -> jax.Array:
     else:
         var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
     return (x - mean) * jax.lax.rsqrt(var + module.epsilon)
-
-
-_HIGHEST = jax.lax.Precision.HIGHEST
-
-
-def _hi(equation: str, *operands):
-    return jnp.einsum(equation, *operands, precision=_HIGHEST)
 
 
 def _factors(graphdef, params, rest, tokens, mask, vocab_chunk=None):
