@@ -5,7 +5,7 @@ Usage::
     python benchmarks/bench_dpsgd.py [--json] [--out FILE.json] [--layers 2] [--dim 128] [--heads 4] \
         [--seq 64] [--vocab 1024] [--batch 32] [--records 128] [--microbatch M] [--vmap-microbatch 32] \
         [--memory-microbatches 8,16,32,64,128,256] [--memory-budget-mb 1024] [--repeats 10] [--seed 0] \
-        [--sweep-batches 8,16,32,64,128,256 --sweep-repeats 3] [--skip-torch] [--vocab-chunk ROWS]
+        [--sweep-batches 8,16,32,64,128,256 --sweep-repeats 3] [--skip-torch] [--vocab-chunk ROWS] [--fit-mb MB]
 
 What is measured
 ----------------
@@ -60,6 +60,13 @@ head a slice of ``ROWS`` vocabulary rows at a time (``DPSGDConfig.vocab_chunk``,
 :mod:`snapaudit_jax.models.vocab_head`: no ``(records, seq, vocab)`` logits; book-keeping and ghost clipping take
 the head's terms from its hidden states and targets). The times, checks and goals are then those of the sliced
 steps, and ``memory["whole_logits"]`` holds the same analysis with the logits formed whole, side by side.
+
+Where it fits (``--fit-mb MB``): before its check, each step's plan is compiled and analysed as above; a DP step
+whose plan exceeds ``MB`` is not run (``fit["skipped"]``, with every plan's size in ``fit["compiled_mb"]``; its
+goals read ``None``), so that a large model is measured on the paths that fit a machine (the vectorised
+per-record path holds ``M`` gradients of the whole model at once). The runs that are kept hold their parameters
+and optimizer states side by side through the timing: leave room for them. If the non-private step or every DP
+step exceeds ``MB``, the run stops before timing with status 1, naming the sizes, and writes nothing.
 
 Batch sweep (``--sweep-batches``): every variant again at each listed expected batch (``q = b / records``; the
 DP steps take ``q`` as an argument, so nothing recompiles; the non-private step compiles once per point, before
@@ -345,6 +352,13 @@ def benchmark(args) -> dict:
 
     nonprivate = NonPrivate(same_layout(model), tokens, mask, normaliser=args.records * q, pad_to=pad_to,
                             vocab_chunk=args.vocab_chunk)
+    # Where it fits (--fit-mb): a step whose compiled plan alone exceeds the limit is not run (the vectorised
+    # per-record path holds M gradients of the whole model at once); the baseline must fit.
+    fit = {"limit_mb": args.fit_mb, "compiled_mb": {}, "skipped": []}
+    if args.fit_mb is not None:
+        fit["compiled_mb"]["nonprivate"] = round(nonprivate.compiled_bytes(pad_to) / 2**20, 2)
+        if fit["compiled_mb"]["nonprivate"] > args.fit_mb:
+            return {"fit": fit, "nothing_fits": "nonprivate"}
     start = time.perf_counter()
     with full_float32_precision():
         batched = flat64(nonprivate.grad(nonprivate.params, *nonprivate.padded(batches[0])))
@@ -355,10 +369,16 @@ def benchmark(args) -> dict:
                 "book_keeping": ("book_keeping", args.vmap_microbatch), "ghost": ("ghost", args.vmap_microbatch)}
     runs = {}
     for name, (path, micro) in variants.items():
-        run = runs[name] = _prepare(model, data, dp_config(args, q, clip, path, micro, args.repeats + 1), key)
+        run = _prepare(model, data, dp_config(args, q, clip, path, micro, args.repeats + 1), key)
+        start = time.perf_counter()  # the compile: in the plan's analysis (it is reused) or in the first call
+        if args.fit_mb is not None:
+            fit["compiled_mb"][name] = round(dp_compiled_bytes(run) / 2**20, 2)
+            if fit["compiled_mb"][name] > args.fit_mb:
+                fit["skipped"].append(name)
+                continue
+        runs[name] = run
         # Check (and compile): step 0 with the noise off; AdamW's first moment is (1 - b1) S / (q N).
         params0, opt0 = jax.tree.map(jnp.array, run.params), jax.tree.map(jnp.array, run.opt_state)
-        start = time.perf_counter()
         with full_float32_precision():
             _, opt_after, metrics = ours_step(run, 0, params0, opt0, run.hyper._replace(noise_std=jnp.float32(0.0)))
         compile_s[name] = round(time.perf_counter() - start, 2)
@@ -368,6 +388,10 @@ def benchmark(args) -> dict:
         if name == args.perturb_check:  # the check's power: a sum off by 1e-3 must fail it
             ours_sum = ours_sum * (1.0 + 1e-3)
         rel_err[name] = float(np.linalg.norm(ours_sum - loop_sum) / np.linalg.norm(loop_sum))
+        del ours_sum, params0, opt0, opt_after
+    del unclipped, batched, loop_sum  # float64 copies of the whole model: not held through the timing
+    if not runs:
+        return {"fit": fit, "nothing_fits": "every DP variant"}
 
     torch_info, parity, ts, torch_steps = None, {}, None, {}
     if not args.skip_torch:  # main() checked that it imports
@@ -442,7 +466,8 @@ def benchmark(args) -> dict:
         ratios_torch["nonprivate_over_torch_nonprivate"] = ratio("nonprivate", "torch_nonprivate")
     sweep = {}
     for b in args.sweep_batches:
-        point = sweep[str(b)] = sweep_point(args, model, cfg, data, key, clip, variants, b)
+        point = sweep[str(b)] = sweep_point(args, model, cfg, data, key, clip,
+                                            {name: variants[name] for name in runs}, b)
         point_errors = {f"sweep {b}: {name}": err for name, err in point.get("check_rel_error", {}).items()}
         if _failed(point_errors, point.get("updates_ok", True)):
             # a point whose Opacus step is wrong stops the run as the main run's check does: no table, no file
@@ -470,17 +495,19 @@ def benchmark(args) -> dict:
     # the logits of a large vocabulary dominate every step's memory, it is below the goal's 3x).
     ceiling = (None if not largest["per_record"] or largest["nonprivate"] is None
                else round(largest["nonprivate"] / largest["per_record"], 2))
-    memory_ratio = round(at_mb["book_keeping"] / at_mb["nonprivate"], 3)
+    memory_ratio = (round(at_mb["book_keeping"] / at_mb["nonprivate"], 3) if "book_keeping" in at_mb
+                    else None)
+
+    def at_most(ratio, limit):  # None: the variant did not fit (--fit-mb), so the goal was not measured
+        return {"limit": limit, "ratio": ratio, "met": None if ratio is None else ratio <= limit}
+
     goals = {
-        "book_keeping_time": {"limit": GOALS["time_over_nonprivate"], "ratio": ratios["book_keeping"],
-                              "met": ratios["book_keeping"] <= GOALS["time_over_nonprivate"]},
+        "book_keeping_time": at_most(ratios.get("book_keeping"), GOALS["time_over_nonprivate"]),
         # the same limit for the step users get: clipping = "auto" at the backend's default microbatch
-        "default_time": {"limit": GOALS["time_over_nonprivate"], "ratio": ratios["default"],
-                         "met": ratios["default"] <= GOALS["time_over_nonprivate"],
-                         "clipping": runs["default"].spec.clipping,
-                         "microbatch": runs["default"].spec.microbatch_size},
-        "book_keeping_memory": {"limit": GOALS["memory_over_nonprivate"], "ratio": memory_ratio,
-                                "met": memory_ratio <= GOALS["memory_over_nonprivate"]},
+        "default_time": {**at_most(ratios.get("default"), GOALS["time_over_nonprivate"]),
+                         "clipping": runs["default"].spec.clipping if "default" in runs else None,
+                         "microbatch": runs["default"].spec.microbatch_size if "default" in runs else None},
+        "book_keeping_memory": at_most(memory_ratio, GOALS["memory_over_nonprivate"]),
         "book_keeping_largest_batch": {"limit": GOALS["largest_batch_over_per_record"], "ratio": batch_ratio,
                                        "met": None if batch_ratio is None
                                        else batch_ratio >= GOALS["largest_batch_over_per_record"],
@@ -497,7 +524,7 @@ def benchmark(args) -> dict:
         "clip_norm": clip, "clipped_fraction_step0": float(np.mean(norms > clip)),
         "noise_multiplier": NOISE_MULTIPLIER, "optimizer": "adamw", "repeats": args.repeats,
         "variants": {name: rates(name) for name in names}, "ratios_over_nonprivate": ratios,
-        "ratios_vs_torch": ratios_torch, "memory": memory, "goals": goals, "check_rel_error": rel_err,
+        "ratios_vs_torch": ratios_torch, "memory": memory, "goals": goals, "fit": fit, "check_rel_error": rel_err,
         "torch": {"skipped": True} if torch_info is None else {"skipped": False, **torch_info, "parity": parity},
         "compile_seconds": compile_s,
         "jax_compiles_timed": compiles.count + sum(point["jax_compiles_timed"] for point in sweep.values()),
@@ -615,8 +642,8 @@ def readable(r: dict) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     table = "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows)
     mem = r["memory"]
-    head = "" if mem.get("vocab_chunk") is None else f" (head in slices of {mem['vocab_chunk']} rows)"
-    mem_rows = [(f"compiled MB at microbatch{head}", *map(str, mem["microbatches"]),
+    sliced = "" if mem.get("vocab_chunk") is None else f" (head in slices of {mem['vocab_chunk']} rows)"
+    mem_rows = [(f"compiled MB at microbatch{sliced}", *map(str, mem["microbatches"]),
                  f"largest <= {mem['budget_mb']} MB")]
     for name, mbs in mem["compiled_mb"].items():
         mem_rows.append((name, *map(str, mbs), str(mem["largest_within_budget"][name])))
@@ -625,7 +652,8 @@ def readable(r: dict) -> str:
         mem_rows.append((f"{name} (whole logits)", *map(str, mbs), str(largest)))
     widths = [max(len(row[i]) for row in mem_rows) for i in range(len(mem_rows[0]))]
     mem_table = "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in mem_rows)
-    goals = "; ".join(f"{name} {g['ratio']} (limit {g['limit']:g}, {'met' if g['met'] else 'missed'}"
+    goals = "; ".join(f"{name} {g['ratio']} (limit {g['limit']:g}, "
+                      + {True: "met", False: "missed", None: "n/a"}[g["met"]]
                       + (f"; the non-private step's own ratio {g['nonprivate_ratio']}" if "nonprivate_ratio" in g
                          else "") + ")"
                       for name, g in r["goals"].items())
@@ -656,7 +684,22 @@ def readable(r: dict) -> str:
         f"compiles during timing {r['jax_compiles_timed']}; compile s {r['compile_seconds']}; {r['cpu_count']} CPUs, "
         f"load at start {r['loadavg_at_start']}; total {r['wall_seconds_total']:.0f} s"
     )
+    fit = r["fit"]
+    if fit["skipped"]:
+        tail += (f"\nnot run (compiled step over --fit-mb {fit['limit_mb']:g}): "
+                 + ", ".join(f"{name} {fit['compiled_mb'][name]:,.0f} MB" for name in fit["skipped"]))
     return f"{head}\n{table}\n{mem_table}\n{tail}"
+
+
+def positive_mb(text: str) -> float:
+    """An argparse type: a finite number of megabytes above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of MB above 0, got {text}")
+    return value
 
 
 def main(argv=None) -> int:
@@ -686,6 +729,9 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-torch", action="store_true", help="no PyTorch / Opacus baseline")
     parser.add_argument("--vocab-chunk", type=int_at_least(1), default=None,
                         help="run every JAX step's LM head a slice of this many vocabulary rows at a time")
+    parser.add_argument("--fit-mb", type=positive_mb, default=None,
+                        help="run only the steps whose compiled plan (temp + arguments + outputs) is at most this "
+                        "many MB; the non-private baseline must fit (default: run every step)")
     parser.add_argument("--perturb-check", choices=("per_record", "book_keeping", "ghost", "torch", "sweep"),
                         help="scale this variant's checked sum by 1 + 1e-3 (torch: Opacus's; sweep: Opacus's at the "
                         "first sweep point; tests that the check can fail)")
@@ -714,6 +760,12 @@ def main(argv=None) -> int:
     result = machine_info()
     result.update(benchmark(args))
     result["wall_seconds_total"] = round(time.perf_counter() - start, 1)
+    if "nothing_fits" in result:
+        fit = result["fit"]
+        print(f"error: --fit-mb {fit['limit_mb']:g}: {result['nothing_fits']} needs more (compiled MB: "
+              + ", ".join(f"{name} {mb:g}" for name, mb in fit["compiled_mb"].items()) + "); nothing was timed",
+              file=sys.stderr)
+        return 1
     if "checks_failed" not in result:  # a failed check stops the run before timing: nothing to show but the checks
         print(json.dumps(result) if args.json else readable(result), flush=True)
         if result["jax_compiles_timed"]:

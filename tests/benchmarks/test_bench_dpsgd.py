@@ -109,6 +109,7 @@ def test_a_sliced_head_is_checked_timed_and_measured_beside_the_whole_logits(tmp
     proc = _run([*TINY, "--skip-torch", "--vocab-chunk", "40", "--memory-budget-mb", "2", "--out", str(out)], env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "head in slices of 40 rows" in proc.stdout and "book_keeping (whole logits)" in proc.stdout
+    assert proc.stdout.startswith("GPT-2 1 layers x 32 dim, vocab 128, seq 16")  # the model's line heads the table
     r = json.loads(out.read_text())
     assert r["model"]["vocab_chunk"] == 40 and r["memory"]["vocab_chunk"] == 40
     assert max(r["check_rel_error"].values()) <= 1e-4 and len(r["check_rel_error"]) == 6
@@ -121,6 +122,37 @@ def test_a_sliced_head_is_checked_timed_and_measured_beside_the_whole_logits(tmp
     # two analyses of different programs: at this tiny shape (logits of 30 KB) a plan may tie to 0.01 MB or even
     # grow by a slice's buffers, but not every one of them
     assert mem["compiled_mb"] != whole["compiled_mb"]
+
+
+@pytest.mark.slow
+def test_steps_whose_plan_exceeds_fit_mb_are_not_run_and_the_rest_are(tmp_path, env):
+    """``--fit-mb``: a shape whose 32 vectorised per-record gradients (83k parameters: 10 MB) outweigh every other
+    step's plan; the limit between them drops that step alone, and a limit under every DP plan stops the run."""
+    shape = ["--layers", "1", "--dim", "64", "--heads", "2", "--seq", "8", "--vocab", "512", "--batch", "8",
+             "--records", "32", "--repeats", "2", "--vmap-microbatch", "32", "--memory-microbatches", "32",
+             "--skip-torch"]
+    out = tmp_path / "dpsgd.json"
+    proc = _run([*shape, "--fit-mb", "16", "--out", str(out)], env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    fit = r["fit"]
+    names = ["default", "per_record", "per_record_vmap32", "book_keeping", "ghost"]
+    assert fit["limit_mb"] == 16 and list(fit["compiled_mb"]) == ["nonprivate", *names]
+    # the plans the run measured decide, and the shape separates them: one step over the limit, the rest under it
+    assert fit["skipped"] == [n for n in names if fit["compiled_mb"][n] > 16] == ["per_record_vmap32"]
+    kept = [n for n in names if n not in fit["skipped"]]
+    assert list(r["variants"]) == [*kept, "nonprivate"] and list(r["ratios_over_nonprivate"]) == kept
+    assert set(r["check_rel_error"]) == {*kept, "nonprivate"} and max(r["check_rel_error"].values()) <= 1e-4
+    assert r["goals"]["book_keeping_time"]["ratio"] == r["ratios_over_nonprivate"]["book_keeping"]
+    assert "not run (compiled step over --fit-mb 16): per_record_vmap32" in proc.stdout
+    # a limit that the baseline meets and no DP step does: status 1 before timing, the sizes named, no file
+    under = (fit["compiled_mb"]["nonprivate"] + min(fit["compiled_mb"][n] for n in names)) / 2
+    assert fit["compiled_mb"]["nonprivate"] < under
+    out.unlink()
+    proc = _run([*shape, "--fit-mb", f"{under:.3f}", "--out", str(out)], env)
+    assert proc.returncode == 1 and proc.stdout == "" and not out.exists()
+    assert f"--fit-mb {float(f'{under:.3f}'):g}: every DP variant needs more" in proc.stderr
+    assert "nothing was timed" in proc.stderr
 
 
 @pytest.mark.slow
@@ -143,6 +175,8 @@ def test_a_perturbed_sum_fails_the_check_before_timing_exit_1_and_no_file(tmp_pa
 
 @pytest.mark.parametrize("flags, message", [
     (["--memory-microbatches", "8,x"], "--memory-microbatches must be integers >= 1"),
+    pytest.param(["--fit-mb", "0"], "argument --fit-mb: must be a number of MB above 0, got 0",
+                 marks=pytest.mark.slow),
     pytest.param(["--sweep-batches", "8,x"], "--sweep-batches must be integers >= 1, comma-separated, got '8,x'",
                  marks=pytest.mark.slow),
     pytest.param(["--sweep-batches", "8,256", "--records", "128"],
