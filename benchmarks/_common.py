@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import sys
 import time
 from typing import NamedTuple
 
@@ -98,6 +99,17 @@ def rotate_steps(steps: dict, repeats: int) -> tuple[dict, int]:
                 steps[name](t)
                 wall[name].append(time.perf_counter() - start)
     return wall, compiles.count
+
+
+class Progress:
+    """Where a long run is: one line per phase on standard error, after the seconds since the run began (standard
+    output keeps the table or the JSON alone)."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __call__(self, message: str) -> None:
+        print(f"[{time.perf_counter() - self.start:7.1f} s] {message}", file=sys.stderr, flush=True)
 
 
 def paired_ratio(wall: dict, a: str, b: str) -> float:

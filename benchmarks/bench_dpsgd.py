@@ -18,9 +18,11 @@ clipped), summed, Gaussian noise ``sigma C`` (``sigma = 1``) on the sum, divisio
 update (optax).
 
 * ``nonprivate`` (the baseline of every ratio): one jitted ``jax.value_and_grad`` of the summed per-record
-  losses of the *same* batch, padded to a fixed size with zero-weight copies (so it compiles once), ``1 / (q N)``,
-  the same AdamW, the batch's loss returned as the DP steps return theirs (the training loss a run reports):
-  what the step costs without DP;
+  losses of the *same* batch at its own size (compiled for every batch size before timing, so that it computes
+  no record that is not there, as a non-private trainer's fixed batch would not; ``nonprivate_batch_sizes``),
+  ``1 / (q N)``, the same AdamW, the batch's loss returned as the DP steps return theirs (the training loss a run
+  reports): what the step costs without DP. The DP steps run their batches in microbatches of ``m`` records,
+  the last padded: that padding is the library's and is timed;
 * ``default``: the jitted step of :func:`snapaudit_jax.dpsgd.train` as a user gets it: ``clipping = "auto"``
   (book-keeping wherever it covers every parameter, as here; ``clipping`` in the JSON says which path ran) at
   the library's default microbatch (1 on CPU; ``--microbatch`` overrides it);
@@ -42,6 +44,10 @@ update (optax).
   ``(B, T)``): with transformers' shared ``(1, T)`` row, Opacus's per-sample gradient of the position embedding
   has one sample and its step fails. ``ratios_vs_torch``: ours over Opacus's step, and each torch step over the
   non-private torch step.
+
+Where the run is goes to standard error, a line per phase after the seconds since it began (the oracle, each
+variant's compile and check, each timed step, each sweep point, the memory analysis); standard output holds the
+table or the JSON alone.
 
 All are compiled first; then the timed steps rotate over the implementations on step ``t``'s batch, for
 ``t = 1 .. R``. ``median_step_seconds``, ``records_per_s`` (total records over total time),
@@ -69,9 +75,9 @@ and optimizer states side by side through the timing: leave room for them. If th
 step exceeds ``MB``, the run stops before timing with status 1, naming the sizes, and writes nothing.
 
 Batch sweep (``--sweep-batches``): every variant again at each listed expected batch (``q = b / records``; the
-DP steps take ``q`` as an argument, so nothing recompiles; the non-private step compiles once per point, before
-its timing), ``--sweep-repeats`` timed steps each, rotating: ``sweep[b]`` holds the median step times and the
-median per-step ratios against the non-private step on the same batch. Each point's torch side is checked as the
+DP steps take ``q`` as an argument, so nothing recompiles; the non-private step compiles for the point's batch
+sizes before its timing), ``--sweep-repeats`` timed steps each, rotating: ``sweep[b]`` holds the median step
+times and the median per-step ratios against the non-private step on the same batch. Each point's torch side is checked as the
 main run's is (below), on the point's step 0: a failure there stops the run the same way (status 1, nothing
 printed but the error, no ``--out`` file).
 
@@ -111,7 +117,8 @@ import optax
 from flax import nnx
 
 from _common import (
-    CLIPPING_PATHS, CompileCounter, int_at_least, machine_info, measured, paired_ratio, rotate_steps, sweep_batches,
+    CLIPPING_PATHS, CompileCounter, Progress, int_at_least, machine_info, measured, paired_ratio, rotate_steps,
+    sweep_batches,
 )
 from snapaudit_jax.utils.io import write_json
 from snapaudit_jax.models.precision import full_float32_precision
@@ -142,9 +149,10 @@ def step_batches(key, records: int, q: float, steps: int) -> list[np.ndarray]:
     return [np.flatnonzero(poisson_batch(sample_key, t, records, q)) for t in range(steps)]
 
 
-def padded_size(batches: list[np.ndarray]) -> int:
-    """The non-private step's one compiled batch size: the largest batch, rounded up to a multiple of 8."""
-    return -(-max(b.size for b in batches) // 8) * 8
+def batch_sizes(batches: list[np.ndarray]) -> list[int]:
+    """The distinct sizes of ``batches`` (an empty batch runs as one zero-weight record): the sizes the
+    non-private step is compiled for before timing."""
+    return sorted({max(1, int(b.size)) for b in batches})
 
 
 def flat64(tree) -> np.ndarray:
@@ -190,9 +198,16 @@ class Loop:
 
 class NonPrivate:
     """The non-private step of the same model, batch and optimizer: one batched gradient, no clipping, no noise;
-    like the DP steps (their metrics) it returns the batch's summed loss, the training loss a run reports."""
+    like the DP steps (their metrics) it returns the batch's summed loss, the training loss a run reports.
 
-    def __init__(self, model, tokens, mask, *, normaliser: float, pad_to: int, vocab_chunk: int | None = None):
+    It runs each batch at its own size (``pad_to=None``: compiled once per size, :meth:`warm` before timing), as
+    a non-private trainer with no Poisson sampling would run its fixed batch: padding it to one size would time
+    records that are not there (the Poisson batches of an expected 32 range over about 26 .. 38) and flatter
+    every DP step's ratio. ``pad_to``: one padded size instead (zero-weight copies of the first record).
+    """
+
+    def __init__(self, model, tokens, mask, *, normaliser: float, pad_to: int | None = None,
+                 vocab_chunk: int | None = None):
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
         self.params = jax.tree.map(jnp.array, params)
         tx = optax.adamw(LEARNING_RATE, b1=B1)
@@ -217,9 +232,9 @@ class NonPrivate:
         self._step = jax.jit(step, donate_argnums=(0, 1))
 
     def padded(self, indices: np.ndarray, size: int | None = None) -> tuple[jax.Array, jax.Array]:
-        """Indices padded to ``size`` (default ``pad_to``) with copies of the first record, and their 0/1
-        weights."""
-        size = self.pad_to if size is None else size
+        """Indices padded to ``size`` (default ``pad_to``; with neither, the batch's own size, at least 1) with
+        copies of the first record, and their 0/1 weights."""
+        size = size if size is not None else self.pad_to if self.pad_to is not None else max(1, indices.size)
         if indices.size > size:
             raise RuntimeError(f"a Poisson batch of {indices.size} records exceeds the padded size {size}")
         idx = np.full(size, indices[0] if indices.size else 0, np.int32)
@@ -230,6 +245,13 @@ class NonPrivate:
         self.params, self.opt_state, loss = self._step(self.params, self.opt_state, *self.padded(indices))
         jax.block_until_ready((self.params, loss))
 
+    def warm(self, batches: list[np.ndarray]) -> list[int]:
+        """One step at every size of ``batches`` (compiling each), so that no timed step compiles; the sizes."""
+        sizes = [self.pad_to] if self.pad_to is not None else batch_sizes(batches)
+        for size in sizes:
+            self.step(next((b for b in batches if max(1, b.size) == size), batches[0]))
+        return sizes
+
     def compiled_bytes(self, batch: int) -> int:
         """XLA's memory analysis of the step at batch ``batch`` (temp + argument + output bytes; nothing runs)."""
         idx, weight = self.padded(np.zeros(1, np.int64), batch)
@@ -239,6 +261,12 @@ class NonPrivate:
 def _bytes(compiled) -> int:
     analysis = compiled.memory_analysis()
     return int(analysis.temp_size_in_bytes + analysis.argument_size_in_bytes + analysis.output_size_in_bytes)
+
+
+def shapes(tree):
+    """``tree`` with every array replaced by its shape and dtype: enough to lower and analyse a step, holding
+    nothing."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
 
 
 def dp_compiled_bytes(run) -> int:
@@ -256,7 +284,8 @@ def ours_step(run, t, params, opt_state, hyper):
 
 
 def noise_draw(params, seed: int, repeats: int) -> dict:
-    """One step's noise on the trainable tree, timed apart: ours (exact in its tails) beside jax_privacy's.
+    """One step's noise on a tree shaped like ``params`` (arrays or their shapes), timed apart: ours (exact in its
+    tails) beside jax_privacy's.
 
     Both are jitted ``update`` calls of the optax privatizer on a tree of zeros shaped like ``params``, each
     compiled before timing; the median of ``repeats`` calls after one warm-up.
@@ -265,7 +294,7 @@ def noise_draw(params, seed: int, repeats: int) -> dict:
 
     from snapaudit_jax.dpsgd import gaussian_privatizer
 
-    tree = jax.tree.map(jnp.zeros_like, params)
+    tree = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), params)
     out = {"coordinates": int(sum(x.size for x in jax.tree.leaves(tree)))}
     for name, tx in (("ours_seconds", gaussian_privatizer(1.0, jax.random.key(seed))),
                      ("jax_privacy_seconds", noise_addition.gaussian_privatizer(stddev=1.0,
@@ -337,26 +366,30 @@ def benchmark(args) -> dict:
     q = args.batch / args.records
     key = jax.random.key(args.seed)
     batches = step_batches(key, args.records, q, args.repeats + 1)
-    pad_to = padded_size(batches)
+    largest = max(batch_sizes(batches))
 
+    say = getattr(args, "progress", None) or (lambda message: None)
+    say(f"the check's oracle: {batches[0].size} per-record gradients, one at a time")
     loop = Loop(model, tokens, mask, clip=np.inf)
-    initial = jax.tree.map(jnp.array, loop.params)
-    num_params = int(flat64(initial).size)
+    initial = shapes(loop.params)
+    num_params = int(sum(x.size for x in jax.tree.leaves(initial)))
     # The unclipped sum (the non-private gradient's oracle) and the per-record norms at initialisation; the clip
     # norm is their median.
     with full_float32_precision():
-        leaves, norms = loop.clipped_sum(initial, batches[0])
+        leaves, norms = loop.clipped_sum(loop.params, batches[0])
         unclipped = np.concatenate([np.ravel(x.astype(np.float64)) for x in leaves])
         clip = loop.clip = float(np.median(norms))
-        loop_sum = np.concatenate([np.ravel(x.astype(np.float64)) for x in loop.clipped_sum(initial, batches[0])[0]])
+        loop_sum = np.concatenate([np.ravel(x.astype(np.float64))
+                                   for x in loop.clipped_sum(loop.params, batches[0])[0]])
+    del loop, leaves  # the oracle's parameters and float32 sum
 
-    nonprivate = NonPrivate(same_layout(model), tokens, mask, normaliser=args.records * q, pad_to=pad_to,
+    nonprivate = NonPrivate(same_layout(model), tokens, mask, normaliser=args.records * q,
                             vocab_chunk=args.vocab_chunk)
     # Where it fits (--fit-mb): a step whose compiled plan alone exceeds the limit is not run (the vectorised
     # per-record path holds M gradients of the whole model at once); the baseline must fit.
     fit = {"limit_mb": args.fit_mb, "compiled_mb": {}, "skipped": []}
     if args.fit_mb is not None:
-        fit["compiled_mb"]["nonprivate"] = round(nonprivate.compiled_bytes(pad_to) / 2**20, 2)
+        fit["compiled_mb"]["nonprivate"] = round(nonprivate.compiled_bytes(largest) / 2**20, 2)
         if fit["compiled_mb"]["nonprivate"] > args.fit_mb:
             return {"fit": fit, "nothing_fits": "nonprivate"}
     start = time.perf_counter()
@@ -369,6 +402,7 @@ def benchmark(args) -> dict:
                 "book_keeping": ("book_keeping", args.vmap_microbatch), "ghost": ("ghost", args.vmap_microbatch)}
     runs = {}
     for name, (path, micro) in variants.items():
+        say(f"{name}: compile and check")
         run = _prepare(model, data, dp_config(args, q, clip, path, micro, args.repeats + 1), key)
         start = time.perf_counter()  # the compile: in the plan's analysis (it is reused) or in the first call
         if args.fit_mb is not None:
@@ -418,7 +452,8 @@ def benchmark(args) -> dict:
         return {"check_rel_error": rel_err, "checks_failed": True,
                 "torch": {"skipped": True} if torch_info is None else {"skipped": False, **torch_info}}
 
-    nonprivate.step(batches[0])  # compiles the update
+    say("warm-up: one step of every variant")
+    nonprivate_sizes = nonprivate.warm(batches[1:])  # compiles the step for every timed batch size
     state = {name: ours_step(run, 0, run.params, run.opt_state, run.hyper)[:2] for name, run in runs.items()}
     names = [*runs, "nonprivate", *torch_steps]
     wall, cpu, peak = ({name: [] for name in names} for _ in range(3))
@@ -438,6 +473,7 @@ def benchmark(args) -> dict:
 
     with CompileCounter() as compiles:
         for t in range(1, args.repeats + 1):
+            say(f"timed step {t} of {args.repeats}: {len(names)} variants")
             shift = (t - 1) % len(names)  # the order rotates: no variant always follows the same one
             for name in names[shift:] + names[:shift]:
                 seconds, cpu_s, rise = measured(lambda: step(name, t))  # noqa: B023
@@ -466,6 +502,7 @@ def benchmark(args) -> dict:
         ratios_torch["nonprivate_over_torch_nonprivate"] = ratio("nonprivate", "torch_nonprivate")
     sweep = {}
     for b in args.sweep_batches:
+        say(f"sweep: expected batch {b}")
         point = sweep[str(b)] = sweep_point(args, model, cfg, data, key, clip,
                                             {name: variants[name] for name in runs}, b)
         point_errors = {f"sweep {b}: {name}": err for name, err in point.get("check_rel_error", {}).items()}
@@ -474,17 +511,25 @@ def benchmark(args) -> dict:
             return {"check_rel_error": {**rel_err, **point_errors}, "checks_failed": True,
                     "torch": {"skipped": False, **torch_info, "updates_ok": point["updates_ok"]}}
 
+    # The timed states are done with: the plans below are analysed from their shapes, so that a large model's
+    # parameters and optimizer states (one set a variant) do not sit beside every compile.
+    state.clear()
+    runs = {name: run._replace(params=shapes(run.params), opt_state=shapes(run.opt_state))
+            for name, run in runs.items()}
+    nonprivate.params, nonprivate.opt_state = shapes(nonprivate.params), shapes(nonprivate.opt_state)
+    say("memory: XLA's analysis of every step's plan")
     # Memory by the compiler: every DP path at each microbatch, the non-private step at that batch (and, with
     # sliced heads, the same with the logits formed whole).
     memory = {"microbatches": list(args.memory_microbatches), "budget_mb": args.memory_budget_mb,
               "vocab_chunk": args.vocab_chunk,
               **compiled_memory(args, model, data, key, q, clip, nonprivate, args.vocab_chunk)}
     if args.vocab_chunk is not None:
-        whole = NonPrivate(same_layout(model), tokens, mask, normaliser=args.records * q, pad_to=pad_to)
+        whole = NonPrivate(same_layout(model), tokens, mask, normaliser=args.records * q)
+        whole.params, whole.opt_state = shapes(whole.params), shapes(whole.opt_state)
         memory["whole_logits"] = compiled_memory(args, model, data, key, q, clip, whole, None)
     at = args.vmap_microbatch
-    at_mb = {name: round(dp_compiled_bytes(run) / 2**20, 2) for name, run in runs.items()
-             if run.spec.microbatch_size == at}
+    at_mb = {name: fit["compiled_mb"].get(name) or round(dp_compiled_bytes(run) / 2**20, 2)
+             for name, run in runs.items() if run.spec.microbatch_size == at}
     at_mb["nonprivate"] = round(nonprivate.compiled_bytes(at) / 2**20, 2)
     memory[f"compiled_mb_at_{at}"] = at_mb
 
@@ -518,7 +563,7 @@ def benchmark(args) -> dict:
                   "vocab": args.vocab, "vocab_chunk": args.vocab_chunk, "parameters": num_params,
                   "trained": "every parameter (full fine-tuning)"},
         "records": args.records, "expected_batch": args.batch, "sampling_rate": q, "batch_sizes": sizes,
-        "padded_nonprivate_batch": pad_to,
+        "nonprivate_batch_sizes": nonprivate_sizes,
         "microbatch_size": {name: run.spec.microbatch_size for name, run in runs.items()},
         "clipping": {name: run.spec.clipping for name, run in runs.items()},
         "clip_norm": clip, "clipped_fraction_step0": float(np.mean(norms > clip)),
@@ -543,6 +588,7 @@ def compiled_memory(args, model, data, key, q: float, clip: float, nonprivate: N
         compiled["nonprivate"].append(round(nonprivate.compiled_bytes(m) / 2**20, 2))
         for path in PATHS:
             run = _prepare(model, data, dp_config(args, q, clip, path, m, 1, vocab_chunk=vocab_chunk), key)
+            run = run._replace(params=shapes(run.params), opt_state=shapes(run.opt_state))
             compiled[path].append(round(dp_compiled_bytes(run) / 2**20, 2))
     largest = {name: max((m for m, mb in zip(args.memory_microbatches, mbs) if mb <= args.memory_budget_mb),
                          default=None) for name, mbs in compiled.items()}
@@ -558,17 +604,16 @@ def _failed(errors: dict[str, float], updates_ok: bool) -> bool:
 def sweep_point(args, model, cfg, data, key, clip: float, variants: dict, batch: int) -> dict:
     """Every variant's step time at expected batch ``batch`` (``q = batch / records``), side by side.
 
-    The DP steps take ``q`` as a traced argument (nothing recompiles); the non-private step compiles once for the
-    point's padded size before timing; the torch steps (unless ``--skip-torch``) run on fresh modules, checked
+    The DP steps take ``q`` as a traced argument (nothing recompiles); the non-private step compiles for the point's
+    batch sizes before timing; the torch steps (unless ``--skip-torch``) run on fresh modules, checked
     and warmed up on the point's step 0. ``--sweep-repeats`` timed steps, the order rotating.
     """
     records = args.records
     q = batch / records
     batches = step_batches(key, records, q, args.sweep_repeats + 1)
-    pad_to = padded_size(batches)
     nonprivate = NonPrivate(same_layout(model), jnp.asarray(data[0]), jnp.asarray(data[1]), normaliser=records * q,
-                            pad_to=pad_to, vocab_chunk=args.vocab_chunk)
-    nonprivate.step(batches[0])
+                            vocab_chunk=args.vocab_chunk)
+    sizes = nonprivate.warm(batches[1:])
     runs, state = {}, {}
     for name, (path, micro) in variants.items():
         run = runs[name] = _prepare(model, data, dp_config(args, q, clip, path, micro, args.sweep_repeats + 1), key)
@@ -584,7 +629,7 @@ def sweep_point(args, model, cfg, data, key, clip: float, variants: dict, batch:
     ratio = functools.partial(paired_ratio, wall)
 
     point = {
-        "sampling_rate": q, "batch_sizes": [int(b.size) for b in batches[1:]], "padded_nonprivate_batch": pad_to,
+        "sampling_rate": q, "batch_sizes": [int(b.size) for b in batches[1:]], "nonprivate_batch_sizes": sizes,
         "median_step_seconds": {name: round(statistics.median(w), 4) for name, w in wall.items()},
         "ratios_over_nonprivate": {name: ratio(name, "nonprivate") for name in runs},
         "jax_compiles_timed": compiled,
@@ -630,7 +675,7 @@ def readable(r: dict) -> str:
     rows = [("", "microbatch", "records/s", "median step s", "CPU s/step", "peak RSS +MB", "vs its non-private")]
     vs_torch = r["ratios_vs_torch"]
     for name, x in r["variants"].items():
-        micro = str(r["microbatch_size"].get(name, f"batch (padded to {r['padded_nonprivate_batch']})"))
+        micro = str(r["microbatch_size"].get(name, "batch"))
         if name.startswith("torch_"):
             micro = "batch"
             own = vs_torch.get(f"{name.removeprefix('torch_')}_over_torch_nonprivate")
@@ -757,6 +802,7 @@ def main(argv=None) -> int:
             parser.error(f"the torch baseline needs {missing}; or pass --skip-torch")
 
     start = time.perf_counter()
+    args.progress = Progress()
     result = machine_info()
     result.update(benchmark(args))
     result["wall_seconds_total"] = round(time.perf_counter() - start, 1)

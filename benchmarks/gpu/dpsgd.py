@@ -27,7 +27,9 @@ synthetic records of ``--seq`` tokens (``benchmarks/bench_dpsgd.make_data``), Po
   products at the rate of the matrix units, two a dense layer), its check against the float32 gradient within
   ``2^-6`` (the factors' rounding);
 * ``nonprivate`` (the limit): one jitted ``value_and_grad`` of the summed per-record losses of the
-  *same* batch (padded to a fixed size with zero-weight copies, so it compiles once), scaled by
+  *same* batch at its own size (compiled for every batch size before timing, so that it computes no record that
+  is not there; the H200 figures of 2026-12-04 timed it padded to one size, which flattered every DP path's
+  share), scaled by
   ``1 / (q N)``, the same AdamW -- what the step costs without per-record gradients.
 
 ``--vocab-chunk ROWS``: every step above, the non-private one included, runs the LM head a slice of ``ROWS``
@@ -68,8 +70,7 @@ from flax import nnx  # noqa: E402
 from _common import CLIPPING_PATHS  # noqa: E402
 from _common import int_at_least  # noqa: E402
 from bench_dpsgd import (  # noqa: E402
-    B1, NOISE_MULTIPLIER, NonPrivate, dp_config, flat64, make_data, ours_step, padded_size, rotate, same_layout,
-    step_batches,
+    B1, NOISE_MULTIPLIER, NonPrivate, dp_config, flat64, make_data, ours_step, rotate, same_layout, step_batches,
 )
 from snapaudit_jax.dpsgd.train import _prepare, resolve_clipping, resolve_layers  # noqa: E402
 from snapaudit_jax.models.config import GPT2Config  # noqa: E402
@@ -110,8 +111,7 @@ def benchmark(args, shape: str) -> dict:
     q = args.batch / args.records
     key = jax.random.key(args.seed)
     batches = step_batches(key, args.records, q, args.repeats + 1)
-    pad_to = padded_size(batches)
-    nonprivate = NonPrivate(same_layout(model), tokens, mask, normaliser=args.records * q, pad_to=pad_to,
+    nonprivate = NonPrivate(same_layout(model), tokens, mask, normaliser=args.records * q,
                             vocab_chunk=args.vocab_chunk)
     num_params = int(sum(x.size for x in jax.tree.leaves(nonprivate.params)))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -147,7 +147,7 @@ def benchmark(args, shape: str) -> dict:
         runs[path] = _prepare(model, (tokens_np, mask_np),
                               variant_config(args, q, clip, path, args.microbatch, args.repeats + 1), key)
         state[path] = ours_step(runs[path], 0, runs[path].params, runs[path].opt_state, runs[path].hyper)[:2]
-    nonprivate.step(batches[0])  # compiles the update
+    nonprivate_sizes = nonprivate.warm(batches[1:])  # compiles the step for every timed batch size
     wall, compiled = rotate(runs, state, nonprivate, batches, args.repeats)
     sizes = [int(b.size) for b in batches[1:]]
 
@@ -164,7 +164,8 @@ def benchmark(args, shape: str) -> dict:
                   "vocab": cfg.vocab_size, "vocab_chunk": args.vocab_chunk, "seq": args.seq,
                   "parameters": num_params},
         "records": args.records, "expected_batch": args.batch, "sampling_rate": q, "batch_sizes": sizes,
-        "padded_nonprivate_batch": pad_to, "microbatch_size": runs[default].spec.microbatch_size, "clip_norm": clip,
+        "nonprivate_batch_sizes": nonprivate_sizes, "microbatch_size": runs[default].spec.microbatch_size,
+        "clip_norm": clip,
         "noise_multiplier": NOISE_MULTIPLIER, "optimizer": "adamw",
         "auto": {"path": auto[0], "reason": auto[1]}, "layers": {"layout": layers[0], "reason": layers[1]},
         "dp_path": default, "paths": paths,

@@ -35,7 +35,13 @@ def test_tiny_run_reports_every_path_against_the_nonprivate_step(tmp_path, env):
                  "--json", "--out", str(out)], env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
-    assert json.loads(proc.stdout) == r
+    assert json.loads(proc.stdout) == r  # standard output holds the JSON alone; where the run is goes to stderr
+    phases = [line.split("] ", 1)[1] for line in proc.stderr.splitlines() if line.startswith("[")]
+    assert phases[0].startswith("the check's oracle: ") and phases[0].endswith(" per-record gradients, one at a time")
+    assert [p for p in phases if p.startswith("timed step")] == [f"timed step {t} of 2: {len(r['variants'])} variants"
+                                                                 for t in (1, 2)]
+    assert phases.index("sweep: expected batch 4") < phases.index("sweep: expected batch 32") < phases.index(
+        "memory: XLA's analysis of every step's plan")
     names = ["default", "per_record", "per_record_vmap8", "book_keeping", "ghost"]
     torch_names = ["torch_opacus", "torch_nonprivate"] if HAS_TORCH else []
     assert list(r["variants"]) == [*names, "nonprivate", *torch_names]
@@ -49,6 +55,8 @@ def test_tiny_run_reports_every_path_against_the_nonprivate_step(tmp_path, env):
                                     "book_keeping": 8, "ghost": 8}
     for v in r["variants"].values():
         assert v["median_step_seconds"] > 0 and len(v["step_seconds"]) == 2
+    # the non-private baseline runs each batch at its own size (no padded records timed), compiled before timing
+    assert r["nonprivate_batch_sizes"] == sorted(set(r["batch_sizes"]))
     assert all(x > 0 for x in r["ratios_over_nonprivate"].values()) and r["jax_compiles_timed"] == 0
     # one step's noise over every parameter, timed apart, ours beside jax_privacy's
     draw = r["noise_draw"]
@@ -79,6 +87,7 @@ def test_tiny_run_reports_every_path_against_the_nonprivate_step(tmp_path, env):
     assert list(r["sweep"]) == ["4", "32"]
     for b, point in r["sweep"].items():
         assert point["sampling_rate"] == int(b) / 32 and len(point["batch_sizes"]) == 1
+        assert point["nonprivate_batch_sizes"] == point["batch_sizes"]
         assert list(point["median_step_seconds"]) == [*names, "nonprivate", *torch_names]
         assert list(point["ratios_over_nonprivate"]) == names and point["jax_compiles_timed"] == 0
         if HAS_TORCH:

@@ -51,6 +51,7 @@ def test_cpu_smoke_runs_every_part_and_writes_their_json(tmp_path):
     tolerance = 1e-4
     assert dpsgd["status"] == "ok" and dpsgd["check_rel_error"] < tolerance and dpsgd["jax_compiles_timed"] == 0
     assert dpsgd["dp"]["records_per_s"] > 0 and dpsgd["nonprivate"]["records_per_s"] > 0
+    assert dpsgd["nonprivate_batch_sizes"] == sorted(set(dpsgd["batch_sizes"]))  # each batch at its own size
     # every clipping path timed and checked; dp is the one clipping = "auto" takes on this backend
     assert set(dpsgd["paths"]) == {"per_record", "book_keeping", "ghost", "book_keeping_bf16"}
     assert all(r["records_per_s"] > 0 for r in dpsgd["paths"].values())
