@@ -21,8 +21,9 @@ update (optax).
   losses of the *same* batch at its own size (compiled for every batch size before timing, so that it computes
   no record that is not there, as a non-private trainer's fixed batch would not; ``nonprivate_batch_sizes``),
   ``1 / (q N)``, the same AdamW, the batch's loss returned as the DP steps return theirs (the training loss a run
-  reports): what the step costs without DP. The DP steps run their batches in microbatches of ``m`` records,
-  the last padded: that padding is the library's and is timed;
+  reports): what the step costs without DP. The DP steps run their batches in microbatches of ``m`` records
+  and the remainder in microbatches of ``t`` (``DPSGDConfig.tail_for``: ``m / 4`` from 8 records up, else
+  ``m``), the last padded: that padding is the library's and is timed (``tail_microbatch_size`` in the JSON);
 * ``default``: the jitted step of :func:`snapaudit_jax.dpsgd.train` as a user gets it: ``clipping = "auto"``
   (book-keeping wherever it covers every parameter, as here; ``clipping`` in the JSON says which path ran) at
   the library's default microbatch (1 on CPU; ``--microbatch`` overrides it);
@@ -565,6 +566,7 @@ def benchmark(args) -> dict:
         "records": args.records, "expected_batch": args.batch, "sampling_rate": q, "batch_sizes": sizes,
         "nonprivate_batch_sizes": nonprivate_sizes,
         "microbatch_size": {name: run.spec.microbatch_size for name, run in runs.items()},
+        "tail_microbatch_size": {name: run.spec.tail_size for name, run in runs.items()},
         "clipping": {name: run.spec.clipping for name, run in runs.items()},
         "clip_norm": clip, "clipped_fraction_step0": float(np.mean(norms > clip)),
         "noise_multiplier": NOISE_MULTIPLIER, "optimizer": "adamw", "repeats": args.repeats,
@@ -676,6 +678,9 @@ def readable(r: dict) -> str:
     vs_torch = r["ratios_vs_torch"]
     for name, x in r["variants"].items():
         micro = str(r["microbatch_size"].get(name, "batch"))
+        tail = r.get("tail_microbatch_size", {}).get(name)
+        if tail is not None and str(tail) != micro:
+            micro += f" (rest {tail})"
         if name.startswith("torch_"):
             micro = "batch"
             own = vs_torch.get(f"{name.removeprefix('torch_')}_over_torch_nonprivate")

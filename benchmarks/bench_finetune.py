@@ -483,6 +483,8 @@ def benchmark(args) -> dict:
                      if kind.startswith("dp")},
         "microbatch_sizes": {f"ours_{kind}_{m}": run.spec.microbatch_size for m in args.methods
                              for kind, run in ours[m].runs.items()},
+        "tail_microbatch_sizes": {f"ours_{kind}_{m}": run.spec.tail_size for m in args.methods
+                                  for kind, run in ours[m].runs.items()},
         "threads": threads, "repeats": args.repeats, "variants": variants, "ratios": ratios,
         "ratios_total_time": total_time, "goals": goals,
         "jax_compiles_timed": compiles.count,

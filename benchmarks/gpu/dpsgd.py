@@ -165,6 +165,7 @@ def benchmark(args, shape: str) -> dict:
                   "parameters": num_params},
         "records": args.records, "expected_batch": args.batch, "sampling_rate": q, "batch_sizes": sizes,
         "nonprivate_batch_sizes": nonprivate_sizes, "microbatch_size": runs[default].spec.microbatch_size,
+        "tail_microbatch_size": runs[default].spec.tail_size,
         "clip_norm": clip,
         "noise_multiplier": NOISE_MULTIPLIER, "optimizer": "adamw",
         "auto": {"path": auto[0], "reason": auto[1]}, "layers": {"layout": layers[0], "reason": layers[1]},

@@ -634,6 +634,8 @@ class DPReport:
       optimizer: the optimizer (post-processing; no privacy effect).
       learning_rate: its step size (no privacy effect).
       microbatch_size: records per clipped-gradient call (no privacy effect).
+      tail_microbatch_size: records per call for a batch's remainder after its full microbatches (no privacy
+        effect; ``None``: as ``microbatch_size``).
       clipping: how the clipped sum was computed (``DPSGDConfig.clipping`` resolved: ``"per_record"``,
         ``"book_keeping"`` or ``"ghost"``; the same sum to float32 rounding, no privacy effect).
       clipping_reason: why that path (``"auto"``'s choice and what the fast paths did not cover).
@@ -683,6 +685,7 @@ class DPReport:
     learning_rate: float
     microbatch_size: int
     not_covered: tuple[str, ...]
+    tail_microbatch_size: int | None = None
     clipping: str = "per_record"
     clipping_reason: str = ""
     clipped_sum_dtype: str = "float32"
@@ -764,6 +767,7 @@ def make_report(
     optimizer: str,
     learning_rate: float,
     microbatch_size: int,
+    tail_microbatch_size: int | None = None,
     clipping: str = "per_record",
     clipping_reason: str = "",
     clipped_sum_dtype: str = "float32",
@@ -797,6 +801,7 @@ def make_report(
       optimizer: optimizer name.
       learning_rate: step size.
       microbatch_size: records per clipped-gradient call.
+      tail_microbatch_size: records per call for a batch's remainder (``None``: as ``microbatch_size``).
       clipping: the clipping path (``"per_record"``, ``"book_keeping"``, ``"ghost"``).
       clipping_reason: why that path.
       clipped_sum_dtype: the operands of book-keeping's clipped-sum products.
@@ -858,6 +863,7 @@ def make_report(
         optimizer=optimizer,
         learning_rate=learning_rate,
         microbatch_size=microbatch_size,
+        tail_microbatch_size=tail_microbatch_size,
         clipping=clipping,
         clipping_reason=clipping_reason,
         clipped_sum_dtype=clipped_sum_dtype,

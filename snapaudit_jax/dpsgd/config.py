@@ -22,6 +22,8 @@ LAYERS = ("auto", "scan", "unrolled")
 CLIPPED_SUM_DTYPES = ("float32", "bfloat16")
 #: The most units of a default CPU microbatch on the fast clipping paths (see :meth:`DPSGDConfig.microbatch_for`).
 CPU_FAST_MICROBATCH = 4
+#: The smallest microbatch whose batch remainder runs in smaller microbatches by default (:meth:`DPSGDConfig.tail_for`).
+TAIL_MIN_MICROBATCH = 8
 
 
 def checked_clipped_sum_dtype(clipped_sum_dtype: Any, clipping: str) -> str:
@@ -84,6 +86,9 @@ class DPSGDConfig:
         accelerators).
         Changes speed, memory and float summation order only, never the sampled batch (no truncation) nor the
         privacy guarantee.
+      tail_microbatch_size: units per clipped-gradient call for what is left of a Poisson batch after its full
+        microbatches (``None``: :meth:`tail_for`'s default, a quarter of the microbatch from 8 units up; equal to
+        the microbatch size: every call at that size). Speed only, like ``microbatch_size``.
       clipping: how each unit's clipped gradient enters the sum (:mod:`~snapaudit_jax.dpsgd.ghost`; the same sum
         to float32 rounding, so never the guarantee): ``"per_record"`` (one gradient per unit, jax_privacy),
         ``"book_keeping"`` (ghost norms and the clipped sum from one forward and one backward),
@@ -145,6 +150,7 @@ class DPSGDConfig:
     eps: float = 1e-8
     weight_decay: float = 1e-4
     microbatch_size: int | None = None
+    tail_microbatch_size: int | None = None
     accountant: str = "rdp"
     calibration_tol: float = 1e-4
     pld_discretization: float = 1e-4
@@ -206,6 +212,11 @@ class DPSGDConfig:
         fix("weight_decay", validate.nonnegative_float("weight_decay", self.weight_decay))
         if self.microbatch_size is not None:
             fix("microbatch_size", validate.positive_int("microbatch_size", self.microbatch_size))
+        if self.tail_microbatch_size is not None:
+            fix("tail_microbatch_size", validate.positive_int("tail_microbatch_size", self.tail_microbatch_size))
+            if self.microbatch_size is not None and self.tail_microbatch_size > self.microbatch_size:
+                raise InputError(f"tail_microbatch_size must be <= microbatch_size={self.microbatch_size}, "
+                                 f"got {self.tail_microbatch_size}")
         fix("accountant", validate.choice("accountant", self.accountant, ACCOUNTANTS))
         fix("calibration_tol", validate.positive_float("calibration_tol", self.calibration_tol))
         fix("pld_discretization", validate.positive_float("pld_discretization", self.pld_discretization))
@@ -283,6 +294,35 @@ class DPSGDConfig:
         if clipping == "per_record" or expected < 8:
             return 1
         return min(CPU_FAST_MICROBATCH, 2 ** int(math.floor(math.log2(expected / 4))))
+
+    def tail_for(self, microbatch: int) -> int:
+        """Units per clipped-gradient call for what a Poisson batch leaves after its microbatches of ``microbatch``.
+
+        A batch of ``K`` units runs ``floor(K / m)`` microbatches of ``m`` units, then the remaining ``K mod m`` in
+        ``ceil((K mod m) / t)`` microbatches of ``t``, the last padded, or in one more of ``m`` where the
+        remainder exceeds ``m - t`` (:func:`~snapaudit_jax.dpsgd.sampling.microbatch_calls`): fewer than ``t``
+        padded units a step instead of up to ``m - 1``. At an expected batch of ``m`` (the accelerators' default
+        ``m = min(32, q N)``) a batch of ``m + 1`` units would run ``2 m``: 45% more units than records on average
+        at ``m = 32`` (Poisson batch sizes), against 11% with ``t = 8``. The smaller call is compiled as well
+        (once; a second copy of the clipped-sum body in the step), so the default keeps one size below
+        :data:`TAIL_MIN_MICROBATCH` units: ``t = ceil(m / 4)`` from 8 units up, else ``t = m``.
+
+        Args:
+          microbatch: the run's microbatch size ``m`` (:meth:`microbatch_for`).
+
+        Returns:
+          ``tail_microbatch_size`` if set, else the default above; ``t = m`` means one size.
+
+        Raises:
+          InputError: ``tail_microbatch_size`` larger than ``microbatch``.
+        """
+        microbatch = validate.positive_int("microbatch", microbatch)
+        if self.tail_microbatch_size is not None:
+            if self.tail_microbatch_size > microbatch:
+                raise InputError(f"tail_microbatch_size must be <= the microbatch size {microbatch}, "
+                                 f"got {self.tail_microbatch_size}")
+            return self.tail_microbatch_size
+        return microbatch if microbatch < TAIL_MIN_MICROBATCH else -(-microbatch // 4)
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-serialisable dictionary."""

@@ -8,7 +8,8 @@ model's other state are replicated. Per step (:func:`~snapaudit_jax.dpsgd.train`
    step does not depend on ``D``; padded with ``False`` to ``N_pad``, each device reads its
    ``N_pad / D`` entries;
 2. each device compacts the selected units it holds and runs the microbatch loop over them (per-unit clipped
-   gradients where the records live, ``ceil(count_d / m)`` microbatches of ``m`` units);
+   gradients where the records live, microbatches of ``m`` units and the remainder's of ``t``, as on one
+   device);
 3. the clipped sums and the metrics are summed (``lax.psum``; ``lax.pmax`` for maxima) over the axis;
 4. outside the per-device program, on the replicated sum: one Gaussian draw, the scaling and the optimizer
    update, replicated (the same computation and the same noise as on one device).

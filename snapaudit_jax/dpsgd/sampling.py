@@ -3,8 +3,9 @@
 Each step draws every record independently (key ``fold_in(key, step)``); the realised batch has a
 random size ``~ Binomial(N, q)``. Fixed shapes without truncation: the indices of the sampled records
 are compacted into an ``(N_pad,)`` array (``N_pad = ceil(N / m) m``), and the step runs
-``ceil(count / m)`` microbatches of ``m`` rows (a ``lax.fori_loop`` with a *dynamic* trip count);
-rows past ``count`` in the last microbatch are masked padding whose clipped gradient is exactly
+microbatches of ``m`` rows (a ``lax.fori_loop`` with a *dynamic* trip count) and the remainder in
+microbatches of ``t <= m`` rows (a second loop, :func:`microbatch_calls`; the array then has ``t`` more
+entries); rows past ``count`` in the last microbatch are masked padding whose clipped gradient is exactly
 zero. Every sampled record is used whatever the batch size, so the Poisson accounting holds with no
 overflow event; the compiled step never changes shape.
 """
@@ -89,6 +90,28 @@ def poisson_batch(key: jax.Array, step: int, num_records: int, sampling_rate: fl
     num_records = validate.positive_int("num_records", num_records)
     step = validate.positive_int("step", step, minimum=0)
     return _poisson_mask(key, step, num_records, inclusion_threshold(sampling_rate))
+
+
+def microbatch_calls(count, microbatch: int, tail: int):
+    """The clipped-gradient calls a batch of ``count`` units runs: ``(full, rest)``, ``full`` microbatches of
+    ``m = microbatch`` units, then ``rest`` of ``t = tail <= m``.
+
+    ``full = floor((count + t - 1) / m)``: the whole microbatches, and one more where the remainder exceeds
+    ``m - t`` (its ``t``-sized calls would compute ``m`` units anyway, in more calls); the rest, ``count - full m``
+    units if positive, in ``ceil(. / t)`` calls. At most ``t - 1`` padded units when the tail runs, else fewer
+    than ``t``; ``t = m`` gives ``ceil(count / m)`` microbatches of ``m``. Works on Python and NumPy integers and
+    traced JAX ones (integer arithmetic only).
+
+    Args:
+      count: the batch's units (``>= 0``).
+      microbatch: ``m >= 1``.
+      tail: ``1 <= t <= m``.
+
+    Returns:
+      ``(full, rest)`` of ``count``'s type.
+    """
+    full = (count + tail - 1) // microbatch
+    return full, (count - full * microbatch + tail - 1) // tail
 
 
 def compact_indices(selected: jax.Array, microbatch_size: int) -> tuple[jax.Array, jax.Array]:

@@ -5,12 +5,13 @@ One step (Abadi et al. 2016, Alg. 1, with Poisson sampling as accounted):
 1. Poisson batch: every record independently with probability ``q``
    (:func:`~snapaudit_jax.dpsgd.sampling.poisson_batch`, key ``fold_in(fold_in(key, 0), step)``);
 2. per-record gradients of :func:`~snapaudit_jax.dpsgd.gradients.sequence_losses`, each clipped to
-   L2 norm ``C`` and summed, over ``ceil(count / m)`` fixed-size microbatches (no truncation, see
-   :mod:`~snapaudit_jax.dpsgd.sampling`; ``m`` is ``DPSGDConfig.microbatch_for``). ``DPSGDConfig.clipping``
-   picks how: one gradient per unit (jax_privacy ``clipped_grad``; ``m = 1`` on CPU, where vmapping over
-   records is slower), or book-keeping or ghost clipping (:mod:`~snapaudit_jax.dpsgd.ghost`: the units'
-   norms from the activations and cotangents of one backward pass of the summed loss, no per-unit gradient),
-   which ``"auto"`` takes wherever they cover every trainable parameter (on every backend; see
+   L2 norm ``C`` and summed, over microbatches of ``m`` units and the rest in microbatches of ``t <= m``
+   (:func:`~snapaudit_jax.dpsgd.sampling.microbatch_calls`), the last padded (no truncation, see
+   :mod:`~snapaudit_jax.dpsgd.sampling`; ``m`` and ``t`` are ``DPSGDConfig.microbatch_for`` and ``tail_for``).
+   ``DPSGDConfig.clipping`` picks how: one gradient per unit (jax_privacy ``clipped_grad``; ``m = 1`` on CPU,
+   where vmapping over records is slower), or book-keeping or ghost clipping (:mod:`~snapaudit_jax.dpsgd.ghost`:
+   the units' norms from the activations and cotangents of one backward pass of the summed loss, no per-unit
+   gradient), which ``"auto"`` takes wherever they cover every trainable parameter (on every backend; see
    :func:`resolve_clipping`). The sum is the same to float32 rounding either way;
 3. Gaussian noise of std ``sigma C`` added to the *sum* (:func:`~snapaudit_jax.dpsgd.noise.gaussian_privatizer`,
    float32 normals exact to float32 rounding but with probability ``2^-71`` a coordinate, an optax transformation
@@ -64,7 +65,9 @@ from snapaudit_jax.dpsgd.checkpoint import latest_checkpoint, load_checkpoint, r
 from snapaudit_jax.dpsgd.config import DPSGDConfig
 from snapaudit_jax.dpsgd.gradients import _check_dataset, _clipped_sum
 from snapaudit_jax.dpsgd.keys import RANDOMNESS, key_digest, resolve_run_key
-from snapaudit_jax.dpsgd.sampling import _poisson_mask, compact_indices, inclusion_threshold, sampling_probability
+from snapaudit_jax.dpsgd.sampling import (
+    _poisson_mask, compact_indices, inclusion_threshold, microbatch_calls, sampling_probability,
+)
 from snapaudit_jax.models.decoders import GPT2, Llama, check_stackable, stack_layers, unstack_layers
 from snapaudit_jax.utils import validate
 from snapaudit_jax.utils.errors import InputError
@@ -84,6 +87,7 @@ class ResolvedPrivacy(NamedTuple):
       clip_norm: ``C`` (``inf`` when non-private).
       expected_batch_size: ``q N``, the normaliser of the noisy sum.
       microbatch_size: records per clipped-gradient call (see ``DPSGDConfig.microbatch_for``).
+      tail_microbatch_size: records per call for a batch's remainder (see ``DPSGDConfig.tail_for``).
     """
 
     sampling_rate: float
@@ -91,6 +95,7 @@ class ResolvedPrivacy(NamedTuple):
     clip_norm: float
     expected_batch_size: float
     microbatch_size: int
+    tail_microbatch_size: int
 
 
 def resolve_privacy(config: DPSGDConfig, num_records: int, clipping: str = "per_record") -> ResolvedPrivacy:
@@ -107,7 +112,7 @@ def resolve_privacy(config: DPSGDConfig, num_records: int, clipping: str = "per_
         (:meth:`DPSGDConfig.microbatch_for`).
 
     Returns:
-      :class:`ResolvedPrivacy` ``(q, sigma, C, q N, m)``.
+      :class:`ResolvedPrivacy` ``(q, sigma, C, q N, m, t)``.
 
     Raises:
       InputError: ``batch_size > num_records`` or an unreachable ``target_epsilon``.
@@ -128,7 +133,8 @@ def resolve_privacy(config: DPSGDConfig, num_records: int, clipping: str = "per_
             pld_discretization=config.pld_discretization,
         )
         clip = config.clip_norm
-    return ResolvedPrivacy(q, sigma, clip, q * num_records, config.microbatch_for(num_records, clipping=clipping))
+    m = config.microbatch_for(num_records, clipping=clipping)
+    return ResolvedPrivacy(q, sigma, clip, q * num_records, m, config.tail_for(m))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +153,7 @@ class _StepSpec:
     clipping: str = "per_record"  # resolved: "per_record", "book_keeping" or "ghost"
     vocab_chunk: int | None = None  # the LM head's vocabulary rows a slice (None: whole logits)
     sum_dtype: str = "float32"  # book-keeping's clipped-sum operands (DPSGDConfig.clipped_sum_dtype)
+    tail_size: int | None = None  # the batch remainder's microbatch (DPSGDConfig.tail_for; None: microbatch_size)
 
 
 class _Hyper(NamedTuple):
@@ -194,33 +201,50 @@ def _check_sum_path(clipped_sum_dtype: str, clipping: str, reason: str) -> None:
 
 
 def _local_sums(params, rest, hyper: _Hyper, tokens, mask, selected, *, graphdef, microbatch_size: int,
-                clipping: str = "per_record", vocab_chunk: int | None = None, sum_dtype: str = "float32"):
-    """Clipped gradient sum over the selected units of ``tokens`` (one device's): ``(grad_sum, sums, maxima)``."""
+                tail_size: int | None = None, clipping: str = "per_record", vocab_chunk: int | None = None,
+                sum_dtype: str = "float32"):
+    """Clipped gradient sum over the selected units of ``tokens`` (one device's): ``(grad_sum, sums, maxima)``.
+
+    Microbatches of ``m = microbatch_size`` units, then the rest in microbatches of ``t = tail_size``
+    (``DPSGDConfig.tail_for``; ``None`` or ``m``: ``ceil(count / m)`` of ``m``), the last padded; how many of each:
+    :func:`~snapaudit_jax.dpsgd.sampling.microbatch_calls`.
+    """
     m = microbatch_size
+    t = m if tail_size is None else tail_size
     clipped_sum = functools.partial(_path_clipped_sum, clipping, graphdef, params, rest, vocab_chunk=vocab_chunk,
                                     sum_dtype=sum_dtype)
     indices, count = compact_indices(selected, m)
-    rows = jnp.arange(m, dtype=jnp.int32)
+    if t < m:  # the tail's slices end below count + t: every one inside the array (dynamic_slice would clamp)
+        indices = jnp.concatenate([indices, jnp.zeros((t,), indices.dtype)])
 
-    def body(i, carry):
-        grad_sum, loss_sum, norm_sum, norm_max, clipped = carry
-        start = i * m
-        ids = jax.lax.dynamic_slice(indices, (start,), (m,))
-        padding = start + rows >= count
-        out = clipped_sum(tokens[ids], mask[ids], padding, hyper.clip_norm)
-        real = ~padding
-        norms = jnp.where(real, out.norms, 0.0)
-        return (
-            jax.tree.map(jnp.add, grad_sum, out.grad_sum),
-            loss_sum + jnp.sum(jnp.where(real, out.losses, 0.0)),
-            norm_sum + jnp.sum(norms),
-            jnp.maximum(norm_max, jnp.max(norms)),
-            clipped + jnp.sum(real & (out.norms > hyper.clip_norm), dtype=jnp.int32),
-        )
+    def loop(size, offset, calls, carry):
+        rows = jnp.arange(size, dtype=jnp.int32)
+
+        def body(i, carry):
+            grad_sum, loss_sum, norm_sum, norm_max, clipped = carry
+            start = offset + i * size
+            ids = jax.lax.dynamic_slice(indices, (start,), (size,))
+            padding = start + rows >= count
+            out = clipped_sum(tokens[ids], mask[ids], padding, hyper.clip_norm)
+            real = ~padding
+            norms = jnp.where(real, out.norms, 0.0)
+            return (
+                jax.tree.map(jnp.add, grad_sum, out.grad_sum),
+                loss_sum + jnp.sum(jnp.where(real, out.losses, 0.0)),
+                norm_sum + jnp.sum(norms),
+                jnp.maximum(norm_max, jnp.max(norms)),
+                clipped + jnp.sum(real & (out.norms > hyper.clip_norm), dtype=jnp.int32),
+            )
+
+        return jax.lax.fori_loop(0, calls, body, carry)
 
     zero = jnp.zeros((), jnp.float32)
-    init = (jax.tree.map(jnp.zeros_like, params), zero, zero, zero, jnp.zeros((), jnp.int32))
-    grad_sum, loss_sum, norm_sum, norm_max, clipped = jax.lax.fori_loop(0, (count + m - 1) // m, body, init)
+    carry = (jax.tree.map(jnp.zeros_like, params), zero, zero, zero, jnp.zeros((), jnp.int32))
+    full, rest = microbatch_calls(count, m, t)
+    carry = loop(m, 0, full, carry)
+    if t < m:  # (rest is 0 when t = m: no second copy of the body)
+        carry = loop(t, full * m, rest, carry)
+    grad_sum, loss_sum, norm_sum, norm_max, clipped = carry
     sums = {"batch_size": count, "loss_sum": loss_sum, "norm_sum": norm_sum, "clipped": clipped}
     return grad_sum, sums, {"norm_max": norm_max}
 
@@ -236,6 +260,7 @@ def _dp_step_kernel(
     """
     selected = _poisson_mask(jax.random.fold_in(key, _SAMPLE_STREAM), step, spec.num_records, hyper.threshold)
     local = functools.partial(_local_sums, graphdef=graphdef, microbatch_size=spec.microbatch_size,
+                              tail_size=spec.tail_size,
                               clipping=spec.clipping, vocab_chunk=spec.vocab_chunk, sum_dtype=spec.sum_dtype)
     if mesh is None:
         grad_sum, sums, maxima = local(params, rest, hyper, tokens, mask, selected)
@@ -362,6 +387,7 @@ def _prepare(model, dataset, config: DPSGDConfig, key, trainable=nnx.Param, mesh
     spec = _StepSpec(
         num_records=n,
         microbatch_size=privacy.microbatch_size,
+        tail_size=privacy.tail_microbatch_size,
         optimizer=config.optimizer,
         momentum=config.momentum,
         b1=config.b1,
@@ -782,6 +808,7 @@ def train(
         optimizer=config.optimizer,
         learning_rate=config.learning_rate,
         microbatch_size=privacy.microbatch_size,
+        tail_microbatch_size=privacy.tail_microbatch_size,
         clipping=run.spec.clipping,
         clipping_reason=run.clipping_reason,
         clipped_sum_dtype=run.spec.sum_dtype,

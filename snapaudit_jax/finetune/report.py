@@ -146,6 +146,7 @@ def build_report(prep, trainings: dict[str, tuple[dict, dict]], evaluations: dic
             "clipped_sum_dtype": dp.get("clipped_sum_dtype", "float32"),
             "layers": dp["layers"], "layers_reason": dp["layers_reason"],
             "microbatch_size": dp["microbatch_size"],
+            "tail_microbatch_size": dp.get("tail_microbatch_size") or dp["microbatch_size"],
             "accountants": dp["accountants"], "software": dp["software"],
         },
         "data": {**stats, "truncation": "a record longer than max_length is truncated, never split (a chat record "
@@ -217,7 +218,9 @@ def _one_run_cell(one: dict[str, Any]) -> str:
 
 def _clipping_row(d: dict[str, Any]) -> str:
     """The report's clipping row: the path, its microbatch and why, and the clipped sum's operands."""
-    path = f"{d['clipping'].replace('_', '-')}, {d['microbatch_size']} units a microbatch ({d['clipping_reason']})"
+    m, t = d["microbatch_size"], d.get("tail_microbatch_size") or d["microbatch_size"]
+    size = f"{m} units a microbatch" + (f" (a batch's remainder {t} at a time)" if t < m else "")
+    path = f"{d['clipping'].replace('_', '-')}, {size} ({d['clipping_reason']})"
     if d.get("clipped_sum_dtype", "float32") == "float32":
         return f"| clipping (the same clipped sum either way, to float32 rounding) | {path} |"
     return (f"| clipping (each unit's share of the sum within the clip norm either way) | {path}; the sum's "

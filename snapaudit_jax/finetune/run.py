@@ -371,25 +371,36 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
     layers, layers_reason = resolve_layers(cfg.finetune.layers, model, _trainable(prep))
     if layers == "scan":  # the step measured in the layout the run trains in
         graphdef, params, rest = nnx.split(stack_layers(model), _trainable(prep), ...)
-    size = prep.dpsgd_config(False).microbatch_for(prep.data.num_units, clipping=path)
+    dp_config = prep.dpsgd_config(False)
+    size = dp_config.microbatch_for(prep.data.num_units, clipping=path)
+    tail = dp_config.tail_for(size)
     longest = int(np.argmax((mask.reshape(mask.shape[0], -1) > 0).sum(axis=1)))
-    t = jax.numpy.asarray(np.repeat(tokens[longest:longest + 1], size, axis=0))
-    m = jax.numpy.asarray(np.repeat(mask[longest:longest + 1], size, axis=0))
-    padding = jax.numpy.zeros(size, bool)
     # The frozen weights are an argument, not a closure: captured, XLA would constant-fold them (seconds of
     # compilation and its "constant folding is taking > 1s ... file a bug" alarm), and the run's step does not.
     fn = jax.jit(lambda p, r, t, m, pad: _path_clipped_sum(path, graphdef, p, r, t, m, pad, 1.0, vocab_chunk=chunk,
                                                            sum_dtype=dtype).grad_sum)
-    began = time.perf_counter()
-    compiled = fn.lower(params, rest, t, m, padding).compile()
-    lowering = time.perf_counter() - began
-    compile_train, per_microbatch = _timed(lambda: compiled(params, rest, t, m, padding))
-    compile_train += lowering
+
+    def measure(units):
+        """(compile seconds, seconds a call, compiled plan) of one microbatch of ``units`` longest units."""
+        t = jax.numpy.asarray(np.repeat(tokens[longest:longest + 1], units, axis=0))
+        m = jax.numpy.asarray(np.repeat(mask[longest:longest + 1], units, axis=0))
+        padding = jax.numpy.zeros(units, bool)
+        began = time.perf_counter()
+        compiled = fn.lower(params, rest, t, m, padding).compile()
+        lowering = time.perf_counter() - began
+        compile_s, seconds = _timed(lambda: compiled(params, rest, t, m, padding))
+        return compile_s + lowering, seconds, compiled
+
+    compile_train, per_microbatch, compiled = measure(size)
     analysis = compiled.memory_analysis()  # XLA's plan of the microbatch (None where a backend has none)
     trainable = prep.trainable_parameters
     batch = prep.sampling_rate * prep.data.num_units
-    microbatches = _expected_microbatches(prep.data.num_units, prep.sampling_rate, size)
-    per_step = per_microbatch * microbatches
+    microbatches, tails = _expected_microbatches(prep.data.num_units, prep.sampling_rate, size, tail)
+    per_tail = 0.0
+    if tail < size:  # the step compiles and runs the remainder's smaller microbatch too
+        compile_tail, per_tail, _ = measure(tail)
+        compile_train += compile_tail
+    per_step = per_microbatch * microbatches + per_tail * tails
     if prep.sweep is None:
         private_steps = baseline_steps = cfg.finetune.steps
     else:
@@ -410,12 +421,14 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
         runs = prep.sweep["accounting"].runs
         phases["sweep_validation"] = per_batch * -(-len(prep.data.validation) // bs) * runs
     measured = {"clipping": path, "clipping_reason": reason, "layers": layers, "layers_reason": layers_reason,
-                "microbatch_size": size,
+                "microbatch_size": size, "tail_microbatch_size": tail, "tail_microbatches_per_step": tails,
+                "seconds_per_tail_microbatch": per_tail,
                 "microbatches_per_step": microbatches, "seconds_per_microbatch": per_microbatch,
                 "seconds_per_unit": per_microbatch / size, "seconds_per_eval_batch": per_batch,
                 "vocab_chunk": chunk,
                 # the whole logits of a microbatch and their cotangent (float32): what vocab_chunk leaves out
-                "logits_bytes": 2 * 4 * size * t.shape[-1] * (t.shape[1] if t.ndim == 3 else 1) * _vocab(prep)}
+                "logits_bytes": 2 * 4 * size * tokens.shape[-1] * (tokens.shape[1] if tokens.ndim == 3 else 1)
+                * _vocab(prep)}
     if analysis is not None:
         measured["microbatch_compiled_bytes"] = int(analysis.temp_size_in_bytes + analysis.argument_size_in_bytes
                                                     + analysis.output_size_in_bytes)
@@ -453,12 +466,18 @@ def _vocab(prep: Prepared) -> int:
     return int(prep.lm.module.cfg.vocab_size)
 
 
-def _expected_microbatches(units: int, rate: float, size: int) -> float:
-    """``E[ceil(K / size)]`` for ``K ~ Binomial(units, rate)``: the microbatches a Poisson step runs."""
+def _expected_microbatches(units: int, rate: float, size: int, tail: int | None = None) -> tuple[float, float]:
+    """The microbatches a Poisson step runs, ``K ~ Binomial(units, rate)``: the expected calls of ``m = size``
+    units and of ``t = tail`` units (:func:`~snapaudit_jax.dpsgd.sampling.microbatch_calls`; ``t = None`` or
+    ``m``: ``(E[ceil(K / m)], 0)``)."""
     from scipy import stats
 
+    from snapaudit_jax.dpsgd.sampling import microbatch_calls
+
     k = np.arange(units + 1)
-    return float(np.sum(stats.binom.pmf(k, units, rate) * np.ceil(k / size)))
+    p = stats.binom.pmf(k, units, rate)
+    full, rest = microbatch_calls(k, size, size if tail is None else tail)
+    return float(np.sum(p * full)), float(np.sum(p * rest))
 
 
 def plan_dict(prep: Prepared, *, timing: bool = True) -> dict[str, Any]:
@@ -568,7 +587,9 @@ def format_plan(info: dict[str, Any]) -> str:
         lines += [
             f"{info['method']} fine-tuning: {t['trainable_parameters']:,} of {info['parameters']:,} parameters train",
             f"clipping: {t['clipping'].replace('_', '-')} ({t['clipping_reason']}), {t['microbatch_size']} units a "
-            f"microbatch, {t['microbatches_per_step']:.3g} microbatches a step on average",
+            f"microbatch, {t['microbatches_per_step']:.3g} microbatches a step on average"
+            + (f" and {t['tail_microbatches_per_step']:.3g} of {t['tail_microbatch_size']} units (the remainder; "
+               f"{t['seconds_per_tail_microbatch']:.3g} s each)" if t.get("tail_microbatches_per_step") else ""),
             f"layers: {t.get('layers', 'unrolled')} ({t.get('layers_reason', '')})",
             f"step time on this machine: {t['seconds_per_microbatch']:.3g} s a microbatch, about "
             f"{t['seconds_per_step']:.3g} s a step; the run, about {t['seconds_total'] / 60:.1f} min: "

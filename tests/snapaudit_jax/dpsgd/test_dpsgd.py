@@ -362,6 +362,77 @@ def test_train_uses_the_documented_poisson_batches():
     assert set(history) >= {"loss", "grad_norm_mean", "grad_norm_max", "clipped_fraction"}
 
 
+@pytest.mark.parametrize("m, t", [(1, 1), (4, 4), (8, 2), (8, 3), (10, 3), (16, 6), (32, 8), (7, 7)])
+def test_each_selected_unit_enters_the_sum_once_through_full_and_tail_microbatches(m, t, monkeypatch):
+    """``_local_sums`` with a stand-in clipped sum that adds a one-hot row per unit it is given: for every batch
+    size 0..N (random selections) each selected unit is added exactly once and no other, so no microbatch slice
+    was clamped (``t`` not dividing ``m`` included) and padding never counted; the stand-in is traced at sizes
+    ``{m, t}`` (``{m}`` when ``t = m``) and called, as the step ran, ``floor(K / m)`` times at ``m`` and the rest
+    ``ceil((K mod m) / t)`` times at ``t``, or once more at ``m`` where ``K mod m > m - t``; the counts and the
+    metrics come out as the selection's. With ``N = 31`` the tail of a full batch overruns ``ceil(N / m) m``
+    entries at ``(8, 3)`` and ``(16, 6)`` (power: a slice clamped there would add a unit twice)."""
+    import importlib
+
+    from snapaudit_jax.dpsgd import gradients
+
+    train_mod = importlib.import_module("snapaudit_jax.dpsgd.train")  # the package exports the function train
+
+    n = 31
+    sizes, calls = set(), []
+
+    def fake(clipping, graphdef, params, rest, tokens, mask, padding, clip_norm, **_):
+        size = tokens.shape[0]
+        sizes.add(size)
+        jax.debug.callback(lambda: calls.append(size), ordered=True)
+        onehot = jax.nn.one_hot(tokens[:, 0], n) * (~padding)[:, None]
+        norms = 1.0 + tokens[:, 0].astype(jnp.float32)
+        return gradients.ClippedGrads({"w": onehot.sum(0)}, jnp.ones(tokens.shape[0]), norms)
+
+    monkeypatch.setattr(train_mod, "_path_clipped_sum", fake)
+    hyper = train_mod._Hyper(jnp.uint32(0), jnp.float32(10.5), jnp.float32(0), jnp.float32(1), jnp.float32(1))
+    tokens = jnp.arange(n, dtype=jnp.int32)[:, None] * jnp.ones((1, 3), jnp.int32)
+    run = jax.jit(lambda selected: train_mod._local_sums(
+        {"w": jnp.zeros(n)}, None, hyper, tokens, tokens > -1, selected, graphdef=None, microbatch_size=m,
+        tail_size=t))
+    rng = np.random.default_rng(m * 100 + t)
+    for count in range(n + 1):
+        selected = np.zeros(n, bool)
+        selected[rng.choice(n, count, replace=False)] = True
+        calls.clear()
+        grad_sum, sums, maxima = run(jnp.asarray(selected))
+        jax.effects_barrier()
+        whole, rem = divmod(count, m)
+        if rem > m - t:
+            want = [m] * (whole + 1)
+        else:
+            want = [m] * whole + [t] * -(-rem // t)
+        assert calls == want, count
+        assert 0 <= sum(calls) - count < t
+        np.testing.assert_array_equal(np.asarray(grad_sum["w"]), selected.astype(np.float32))
+        ids = np.flatnonzero(selected)
+        assert int(sums["batch_size"]) == count and float(sums["loss_sum"]) == count
+        assert float(sums["norm_sum"]) == np.sum(1.0 + ids)
+        assert float(maxima["norm_max"]) == (1.0 + ids.max() if count else 0.0)
+        assert int(sums["clipped"]) == np.sum(1.0 + ids > 10.5)
+    assert sizes == {m, t}
+
+
+def test_the_tail_microbatch_defaults_to_a_quarter_from_eight_units_and_is_checked():
+    """``tail_for``: ``m`` below 8 units, ``ceil(m / 4)`` from 8; a set value is kept, and one above the
+    microbatch is refused naming the field, rule and value."""
+    config = DPSGDConfig(steps=1, learning_rate=0.1, clip_norm=1.0, noise_multiplier=1.0, sampling_rate=0.1,
+                         delta=1e-5)
+    assert [config.tail_for(m) for m in (1, 4, 7, 8, 9, 16, 30, 32)] == [1, 4, 7, 2, 3, 4, 8, 8]
+    kept = DPSGDConfig(**{**config.__dict__, "tail_microbatch_size": 5})
+    assert kept.tail_for(32) == 5 and kept.tail_for(5) == 5
+    with pytest.raises(InputError, match=r"tail_microbatch_size must be <= the microbatch size 4, got 5"):
+        kept.tail_for(4)
+    with pytest.raises(InputError, match=r"tail_microbatch_size must be <= microbatch_size=4, got 5"):
+        DPSGDConfig(**{**config.__dict__, "tail_microbatch_size": 5, "microbatch_size": 4})
+    with pytest.raises(InputError, match=r"tail_microbatch_size must be an integer >= 1, got 0"):
+        DPSGDConfig(**{**config.__dict__, "tail_microbatch_size": 0})
+
+
 # ---------------------------------------------------------------------------
 # 3. Accounting, calibration and the report
 # ---------------------------------------------------------------------------
@@ -413,8 +484,9 @@ REPORT_KEYS = {
     "dp", "epsilon", "epsilon_rdp", "epsilon_pld", "delta", "noise_multiplier", "clip_norm", "sampling",
     "sampling_rate", "sampling_probability", "expected_batch_size", "steps", "steps_planned", "dataset_size",
     "protected_unit", "adjacency", "target_epsilon", "calibration_accountant", "accountants", "software",
-    "optimizer", "learning_rate", "microbatch_size", "not_covered", "randomness", "clipping", "clipping_reason",
-    "clipped_sum_dtype", "layers", "layers_reason", "noise", "noise_coordinates", "sampler_delta", "delta_total",
+    "optimizer", "learning_rate", "microbatch_size", "tail_microbatch_size", "not_covered", "randomness", "clipping",
+    "clipping_reason", "clipped_sum_dtype", "layers", "layers_reason", "noise", "noise_coordinates", "sampler_delta",
+    "delta_total",
 }
 
 
@@ -523,13 +595,17 @@ def test_unreachable_target_and_bad_dataset_raise():
 
 
 @pytest.mark.slow
-def test_non_private_equals_hand_written_optax_loop():
+@pytest.mark.parametrize("microbatch", [dict(), dict(microbatch_size=8, tail_microbatch_size=3)],
+                         ids=["m4", "m8_tail3"])
+def test_non_private_equals_hand_written_optax_loop(microbatch):
     """Clip and noise off: the same updates as optax SGD-momentum on grad(sum of batch losses / (q N))
-    over the same Poisson batches (float32 summation order differs: rtol 1e-5)."""
+    over the same Poisson batches (float32 summation order differs: rtol 1e-5); also with the batch's remainder in
+    microbatches of 3 after those of 8 (batches of 8 to 16 records: every split of full and tail calls)."""
     q, lr, steps = 0.4, 0.5, 4
     key = jax.random.key(7)
     config = DPSGDConfig(
-        steps=steps, learning_rate=lr, non_private=True, sampling_rate=q, momentum=0.9, **{**BASE, "delta": None}
+        steps=steps, learning_rate=lr, non_private=True, sampling_rate=q, momentum=0.9,
+        **{**BASE, "delta": None, **microbatch}
     )
     model = make_model()
     trained, history, _ = train(model, DATA, config, key=key)

@@ -556,7 +556,10 @@ def test_run_report_card_resume_and_export(tiny, tmp_path, capsys):
     assert "NOT covered" in page and checked["parsed"].tables
     # the training curves of the private model and its twin, drawn from the card's histories
     assert "training curves: histories.private" in page and "training curves: histories.baseline" in page
-    assert f"| {dp['clipping'].replace('_', '-')}, {dp['microbatch_size']} units a microbatch (auto: " in md
+    m, t = dp["microbatch_size"], dp["tail_microbatch_size"]  # the backend's sizes (t < m from 8 units up)
+    assert t == (m if m < 8 else -(-m // 4))
+    size = f"{m} units a microbatch" + (f" (a batch's remainder {t} at a time)" if t < m else "")
+    assert f"| {dp['clipping'].replace('_', '-')}, {size} (auto: " in md
     # the one-run column states its confidence, and the card the most these canaries could show
     one = card["models"]["private"]["canaries"]["one_run"]
     assert one["confidence"] == 0.95 and f"{one['epsilon']:.3f} (95%)" in md and one["ceiling"] >= one["epsilon"]
@@ -713,8 +716,12 @@ def test_the_plan_lists_the_phases_that_run_and_the_records_the_cap_drops(tiny):
         e = info["expected_batch"]  # book-keeping on CPU: the largest power of two <= min(4, e / 4), 1 below 8
         assert t["microbatch_size"] == ((1 if e < 8 else min(4, 2 ** int(math.log2(e / 4)))) if cpu
                                         else min(32, math.ceil(e)))
-        assert phases["private_training"] == pytest.approx(t["seconds_per_microbatch"] * t["microbatches_per_step"]
-                                                           * info["steps"])
+        m = t["microbatch_size"]  # the remainder's microbatch: a quarter of m from 8 units up (backend-free rule)
+        assert t["tail_microbatch_size"] == (m if m < 8 else -(-m // 4))
+        assert (t["tail_microbatches_per_step"] > 0) is (t["tail_microbatch_size"] < m)
+        assert phases["private_training"] == pytest.approx(
+            (t["seconds_per_microbatch"] * t["microbatches_per_step"]
+             + t["seconds_per_tail_microbatch"] * t["tail_microbatches_per_step"]) * info["steps"])
         text = run_mod_format(info)
         assert ("baseline training" in text) is baseline and "(baseline included)" not in text
         assert "export" in text
@@ -726,10 +733,17 @@ def test_the_plan_lists_the_phases_that_run_and_the_records_the_cap_drops(tiny):
     assert info["memory"]["microbatch_compiled_bytes"] > 0
     assert "memory of one microbatch's clipped gradient sum (XLA's analysis" in text
     assert "finetune.vocab_chunk slices them" in text
-    lean = _toml(root, model, data, export="hf = false\n", finetune="vocab_chunk = 16\n")
+    lean = _toml(root, model, data, export="hf = false\n", finetune="vocab_chunk = 16\nmicrobatch_size = 8\n")
     sliced = plan_dict(prepare(load_finetune_config(lean)))
     assert "export" not in sliced["timing"]["phases"] and sliced["timing"]["vocab_chunk"] == 16
     assert "the LM head in slices of 16 vocabulary rows" in run_mod_format(sliced)
+    t = sliced["timing"]  # microbatches of 8: the remainder 2 at a time, measured apart
+    assert (t["microbatch_size"], t["tail_microbatch_size"]) == (8, 2) and t["tail_microbatches_per_step"] > 0
+    assert t["seconds_per_tail_microbatch"] > 0
+    assert sliced["timing"]["phases"]["private_training"] == pytest.approx(
+        (t["seconds_per_microbatch"] * t["microbatches_per_step"]
+         + t["seconds_per_tail_microbatch"] * t["tail_microbatches_per_step"]) * sliced["steps"])
+    assert f"of 2 units (the remainder; {t['seconds_per_tail_microbatch']:.3g} s each)" in run_mod_format(sliced)
     s = info["data"]
     assert s["records_dropped_by_cap"] > 0
     assert (f"{s['users_capped']} capped at 1 records, which drops {s['records_dropped_by_cap']} of the "
@@ -743,13 +757,23 @@ def run_mod_format(info):
 
 
 def test_the_plan_expects_the_microbatches_a_poisson_step_runs():
-    """``E[ceil(K / m)]`` for ``K ~ Binomial(N, q)``, against the exact sum in rationals; ``m = 1`` is ``E[K] = N q``."""
+    """``(E[ceil(K / m)], 0)`` for ``K ~ Binomial(N, q)`` with one size; with a remainder's size ``t < m``,
+    ``E[floor(K / m)]`` calls of ``m`` (one more where ``K mod m > m - t``) and ``E[ceil((K mod m) / t)]`` of ``t``
+    (none then), against the exact sums in rationals; ``m = 1`` is ``E[K] = N q``."""
     from fractions import Fraction
 
     from snapaudit_jax.finetune.run import _expected_microbatches
 
-    for n, q, m in [(40, 0.1, 3), (17, 0.5, 4), (9, 0.25, 1), (30, 0.9, 32)]:
+    def exact(n, q, calls):
         qf = Fraction(q)
-        exact = sum(math.comb(n, k) * qf**k * (1 - qf) ** (n - k) * -(-k // m) for k in range(n + 1))
-        assert _expected_microbatches(n, q, m) == pytest.approx(float(exact), rel=1e-12)
-    assert _expected_microbatches(9, 0.25, 1) == pytest.approx(9 * 0.25, rel=1e-12)
+        return float(sum(math.comb(n, k) * qf**k * (1 - qf) ** (n - k) * calls(k) for k in range(n + 1)))
+
+    for n, q, m in [(40, 0.1, 3), (17, 0.5, 4), (9, 0.25, 1), (30, 0.9, 32)]:
+        for tail in (None, m):
+            full, rest = _expected_microbatches(n, q, m, tail)
+            assert full == pytest.approx(exact(n, q, lambda k: -(-k // m)), rel=1e-12) and rest == 0.0
+    for n, q, m, t in [(40, 0.5, 8, 2), (70, 0.5, 32, 8), (31, 0.9, 8, 3)]:
+        full, rest = _expected_microbatches(n, q, m, t)
+        assert full == pytest.approx(exact(n, q, lambda k: k // m + (k % m > m - t)), rel=1e-12)
+        assert rest == pytest.approx(exact(n, q, lambda k: 0 if k % m > m - t else -(-(k % m) // t)), rel=1e-12)
+    assert _expected_microbatches(9, 0.25, 1)[0] == pytest.approx(9 * 0.25, rel=1e-12)
