@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/bench_dpsgd.py [--json] [--out FILE.json] [--layers 2] [--dim 128] [--heads 4] \
-        [--seq 64] [--vocab 1024] [--batch 32] [--records 128] [--microbatch M] [--vmap-microbatch 32] \
+        [--seq 64] [--vocab 1024] [--batch 32] [--records 128] [--microbatch M] [--vmap-microbatch 32] [--tail-microbatch T] \
         [--memory-microbatches 8,16,32,64,128,256] [--memory-budget-mb 1024] [--repeats 10] [--seed 0] \
         [--sweep-batches 8,16,32,64,128,256 --sweep-repeats 3] [--skip-torch] [--vocab-chunk ROWS] [--fit-mb MB]
 
@@ -316,10 +316,13 @@ def noise_draw(params, seed: int, repeats: int) -> dict:
 
 def dp_config(args, q: float, clip: float, path: str, micro: int | None, steps: int,
               layers: str = "auto", vocab_chunk: int | None | str = "args") -> DPSGDConfig:
-    """The timed DP step's configuration: ``clip``, ``sigma = NOISE_MULTIPLIER``, AdamW, ``path`` at ``micro``,
-    the blocks laid out as ``layers``, the head sliced as ``--vocab-chunk`` (or ``vocab_chunk``)."""
+    """The timed DP step's configuration: ``clip``, ``sigma = NOISE_MULTIPLIER``, AdamW, ``path`` at ``micro``
+    (the remainder's microbatch ``--tail-microbatch`` where set, at most ``micro``; else the library's), the blocks
+    laid out as ``layers``, the head sliced as ``--vocab-chunk`` (or ``vocab_chunk``)."""
+    tail = getattr(args, "tail_microbatch", None)
     return DPSGDConfig(steps=steps, learning_rate=LEARNING_RATE, clip_norm=clip, noise_multiplier=NOISE_MULTIPLIER,
                        delta=1e-5, sampling_rate=q, optimizer="adamw", b1=B1, microbatch_size=micro, clipping=path,
+                       tail_microbatch_size=min(tail, micro) if tail is not None and micro is not None else None,
                        layers=layers,
                        vocab_chunk=getattr(args, "vocab_chunk", None) if vocab_chunk == "args" else vocab_chunk)
 
@@ -767,6 +770,9 @@ def main(argv=None) -> int:
                         help="microbatch of the 'ours' variant (default: the library's, 1 on CPU)")
     parser.add_argument("--vmap-microbatch", type=int_at_least(1), default=32,
                         help="microbatch of the vectorised variant 'ours_vmap<M>'")
+    parser.add_argument("--tail-microbatch", type=int_at_least(1), default=None,
+                        help="microbatch of a batch's remainder on the steps with a set microbatch (at most theirs; "
+                             "default: the library's, DPSGDConfig.tail_for; the microbatch itself: one size)")
     parser.add_argument("--memory-microbatches", default="8,16,32,64,128,256",
                         help="microbatches of the compiled-memory analysis, comma-separated")
     parser.add_argument("--memory-budget-mb", type=int_at_least(1), default=1024,

@@ -53,6 +53,8 @@ def test_tiny_run_reports_every_path_against_the_nonprivate_step(tmp_path, env):
                              "book_keeping": "book_keeping", "ghost": "ghost"}
     assert r["microbatch_size"] == {"default": 2 if cpu else 8, "per_record": 1 if cpu else 8, "per_record_vmap8": 8,
                                     "book_keeping": 8, "ghost": 8}
+    # a batch's remainder: the library's, a quarter of a microbatch of 8 units or more (DPSGDConfig.tail_for)
+    assert r["tail_microbatch_size"] == {name: 2 if m == 8 else m for name, m in r["microbatch_size"].items()}
     for v in r["variants"].values():
         assert v["median_step_seconds"] > 0 and len(v["step_seconds"]) == 2
     # the non-private baseline runs each batch at its own size (no padded records timed), compiled before timing
@@ -113,13 +115,20 @@ def test_tiny_run_reports_every_path_against_the_nonprivate_step(tmp_path, env):
 def test_a_sliced_head_is_checked_timed_and_measured_beside_the_whole_logits(tmp_path, env):
     """``--vocab-chunk 40`` (a 128-token vocabulary: four slices, the last padded): every sliced step passes the
     check against the independent per-record loop (which forms the logits whole), and the memory analysis holds
-    the sliced and the whole-logits steps side by side."""
+    the sliced and the whole-logits steps side by side. ``--tail-microbatch 3``: the steps at microbatch 8 run a
+    batch's remainder 3 units at a time (not dividing 8), the default step keeps the library's sizes."""
     out = tmp_path / "dpsgd.json"
-    proc = _run([*TINY, "--skip-torch", "--vocab-chunk", "40", "--memory-budget-mb", "2", "--out", str(out)], env)
+    proc = _run([*TINY, "--skip-torch", "--vocab-chunk", "40", "--memory-budget-mb", "2", "--tail-microbatch", "3",
+                 "--out", str(out)], env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "head in slices of 40 rows" in proc.stdout and "book_keeping (whole logits)" in proc.stdout
     assert proc.stdout.startswith("GPT-2 1 layers x 32 dim, vocab 128, seq 16")  # the model's line heads the table
     r = json.loads(out.read_text())
+    micro, tail = r["microbatch_size"], r["tail_microbatch_size"]
+    assert {name: tail[name] for name in ("per_record_vmap8", "book_keeping", "ghost")} == dict.fromkeys(
+        ("per_record_vmap8", "book_keeping", "ghost"), 3)
+    assert tail["default"] == (2 if micro["default"] == 8 else micro["default"])
+    assert "8 (rest 3)" in proc.stdout
     assert r["model"]["vocab_chunk"] == 40 and r["memory"]["vocab_chunk"] == 40
     assert max(r["check_rel_error"].values()) <= 1e-4 and len(r["check_rel_error"]) == 6
     mem, whole = r["memory"], r["memory"]["whole_logits"]
