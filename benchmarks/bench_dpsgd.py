@@ -3,9 +3,10 @@
 Usage::
 
     python benchmarks/bench_dpsgd.py [--json] [--out FILE.json] [--layers 2] [--dim 128] [--heads 4] \
-        [--seq 64] [--vocab 1024] [--batch 32] [--records 128] [--microbatch M] [--vmap-microbatch 32] [--tail-microbatch T] \
-        [--memory-microbatches 8,16,32,64,128,256] [--memory-budget-mb 1024] [--repeats 10] [--seed 0] \
-        [--sweep-batches 8,16,32,64,128,256 --sweep-repeats 3] [--skip-torch] [--vocab-chunk ROWS] [--fit-mb MB]
+        [--seq 64] [--vocab 1024] [--batch 32] [--records 128] [--microbatch M] [--vmap-microbatch 32] \
+        [--tail-microbatch T] [--memory-microbatches 8,16,32,64,128,256] [--memory-budget-mb 1024] [--repeats 10] \
+        [--seed 0] [--sweep-batches 8,16,32,64,128,256 --sweep-repeats 3] [--skip-torch] [--vocab-chunk ROWS] \
+        [--fit-mb MB]
 
 What is measured
 ----------------
