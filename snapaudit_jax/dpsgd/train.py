@@ -134,7 +134,7 @@ def resolve_privacy(config: DPSGDConfig, num_records: int, clipping: str = "per_
         )
         clip = config.clip_norm
     m = config.microbatch_for(num_records, clipping=clipping)
-    return ResolvedPrivacy(q, sigma, clip, q * num_records, m, config.tail_for(m))
+    return ResolvedPrivacy(q, sigma, clip, q * num_records, m, config.tail_for(num_records, m))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -373,7 +373,7 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
         graphdef, params, rest = nnx.split(stack_layers(model), _trainable(prep), ...)
     dp_config = prep.dpsgd_config(False)
     size = dp_config.microbatch_for(prep.data.num_units, clipping=path)
-    tail = dp_config.tail_for(size)
+    tail = dp_config.tail_for(prep.data.num_units, size)
     longest = int(np.argmax((mask.reshape(mask.shape[0], -1) > 0).sum(axis=1)))
     # The frozen weights are an argument, not a closure: captured, XLA would constant-fold them (seconds of
     # compilation and its "constant folding is taking > 1s ... file a bug" alarm), and the run's step does not.

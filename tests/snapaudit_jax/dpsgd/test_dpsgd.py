@@ -418,15 +418,17 @@ def test_each_selected_unit_enters_the_sum_once_through_full_and_tail_microbatch
 
 
 def test_the_tail_microbatch_defaults_to_a_quarter_from_eight_units_and_is_checked():
-    """``tail_for``: ``m`` below 8 units, ``ceil(m / 4)`` from 8; a set value is kept, and one above the
-    microbatch is refused naming the field, rule and value."""
+    """``tail_for``: ``m`` below 8 units or from an expected batch of 8 microbatches, else ``ceil(m / 4)``; a set
+    value is kept, and one above the microbatch is refused naming the field, rule and value."""
     config = DPSGDConfig(steps=1, learning_rate=0.1, clip_norm=1.0, noise_multiplier=1.0, sampling_rate=0.1,
-                         delta=1e-5)
-    assert [config.tail_for(m) for m in (1, 4, 7, 8, 9, 16, 30, 32)] == [1, 4, 7, 2, 3, 4, 8, 8]
+                         delta=1e-5)  # q N = 100 at N = 1000
+    assert [config.tail_for(1000, m) for m in (1, 4, 7, 8, 9, 12, 13, 16, 30, 32)] == [1, 4, 7, 8, 9, 12, 4, 4, 8, 8]
+    sized = DPSGDConfig(**{**config.__dict__, "sampling_rate": None, "batch_size": 256})
+    assert [sized.tail_for(1000, m) for m in (16, 32, 33)] == [16, 32, 9]  # 256 = 8 x 32 microbatches
     kept = DPSGDConfig(**{**config.__dict__, "tail_microbatch_size": 5})
-    assert kept.tail_for(32) == 5 and kept.tail_for(5) == 5
+    assert kept.tail_for(1000, 32) == 5 and kept.tail_for(1000, 5) == 5
     with pytest.raises(InputError, match=r"tail_microbatch_size must be <= the microbatch size 4, got 5"):
-        kept.tail_for(4)
+        kept.tail_for(1000, 4)
     with pytest.raises(InputError, match=r"tail_microbatch_size must be <= microbatch_size=4, got 5"):
         DPSGDConfig(**{**config.__dict__, "tail_microbatch_size": 5, "microbatch_size": 4})
     with pytest.raises(InputError, match=r"tail_microbatch_size must be an integer >= 1, got 0"):

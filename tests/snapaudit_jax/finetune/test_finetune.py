@@ -557,7 +557,7 @@ def test_run_report_card_resume_and_export(tiny, tmp_path, capsys):
     # the training curves of the private model and its twin, drawn from the card's histories
     assert "training curves: histories.private" in page and "training curves: histories.baseline" in page
     m, t = dp["microbatch_size"], dp["tail_microbatch_size"]  # the backend's sizes (t < m from 8 units up)
-    assert t == (m if m < 8 else -(-m // 4))
+    assert t == (m if m < 8 or dp["expected_batch"] >= 8 * m else -(-m // 4))
     size = f"{m} units a microbatch" + (f" (a batch's remainder {t} at a time)" if t < m else "")
     assert f"| {dp['clipping'].replace('_', '-')}, {size} (auto: " in md
     # the one-run column states its confidence, and the card the most these canaries could show
@@ -716,8 +716,8 @@ def test_the_plan_lists_the_phases_that_run_and_the_records_the_cap_drops(tiny):
         e = info["expected_batch"]  # book-keeping on CPU: the largest power of two <= min(4, e / 4), 1 below 8
         assert t["microbatch_size"] == ((1 if e < 8 else min(4, 2 ** int(math.log2(e / 4)))) if cpu
                                         else min(32, math.ceil(e)))
-        m = t["microbatch_size"]  # the remainder's microbatch: a quarter of m from 8 units up (backend-free rule)
-        assert t["tail_microbatch_size"] == (m if m < 8 else -(-m // 4))
+        m = t["microbatch_size"]  # the remainder's: a quarter of m from 8 units up below 8 m expected (any backend)
+        assert t["tail_microbatch_size"] == (m if m < 8 or e >= 8 * m else -(-m // 4))
         assert (t["tail_microbatches_per_step"] > 0) is (t["tail_microbatch_size"] < m)
         assert phases["private_training"] == pytest.approx(
             (t["seconds_per_microbatch"] * t["microbatches_per_step"]
