@@ -115,11 +115,12 @@ def test_tiny_run_reports_every_path_against_the_nonprivate_step(tmp_path, env):
 def test_a_sliced_head_is_checked_timed_and_measured_beside_the_whole_logits(tmp_path, env):
     """``--vocab-chunk 40`` (a 128-token vocabulary: four slices, the last padded): every sliced step passes the
     check against the independent per-record loop (which forms the logits whole), and the memory analysis holds
-    the sliced and the whole-logits steps side by side. ``--tail-microbatch 3``: the steps at microbatch 8 run a
-    batch's remainder 3 units at a time (not dividing 8), the default step keeps the library's sizes."""
+    the sliced and the whole-logits steps side by side (at one microbatch: the tiny run above checks that memory
+    grows with it). ``--tail-microbatch 3``: the steps at microbatch 8 run a batch's remainder 3 units at a time
+    (not dividing 8), the default step keeps the library's sizes."""
     out = tmp_path / "dpsgd.json"
     proc = _run([*TINY, "--skip-torch", "--vocab-chunk", "40", "--memory-budget-mb", "2", "--tail-microbatch", "3",
-                 "--out", str(out)], env)
+                 "--memory-microbatches", "8", "--out", str(out)], env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "head in slices of 40 rows" in proc.stdout and "book_keeping (whole logits)" in proc.stdout
     assert proc.stdout.startswith("GPT-2 1 layers x 32 dim, vocab 128, seq 16")  # the model's line heads the table
@@ -135,8 +136,9 @@ def test_a_sliced_head_is_checked_timed_and_measured_beside_the_whole_logits(tmp
     assert set(whole) == {"compiled_mb", "largest_within_budget"}
     assert set(whole["compiled_mb"]) == set(mem["compiled_mb"]) == {"nonprivate", "per_record", "book_keeping",
                                                                      "ghost"}
+    assert mem["microbatches"] == [8]
     for name, mbs in whole["compiled_mb"].items():
-        assert len(mbs) == 2 and all(mb > 0 for mb in mbs), name
+        assert len(mbs) == 1 and mbs[0] > 0, name
     # two analyses of different programs: at this tiny shape (logits of 30 KB) a plan may tie to 0.01 MB or even
     # grow by a slice's buffers, but not every one of them
     assert mem["compiled_mb"] != whole["compiled_mb"]

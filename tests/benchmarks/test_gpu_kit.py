@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from tests.helpers.bench import FAST_COMPILE_XLA_FLAGS
 from tests.helpers.paths import ROOT
 
 RUN = os.path.join(str(ROOT), "benchmarks", "gpu", "run.sh")
@@ -14,9 +15,8 @@ RUN = os.path.join(str(ROOT), "benchmarks", "gpu", "run.sh")
 
 def _env(tmp_path, **extra):
     env = dict(os.environ, PYTHON=sys.executable, KIT_OUT=str(tmp_path / "out"), KIT_SITE=str(tmp_path / "site"),
-               KIT_WHEELS="0", **extra)
+               KIT_WHEELS="0", XLA_FLAGS=FAST_COMPILE_XLA_FLAGS, **extra)
     env.pop("OUT", None)
-    env.pop("XLA_FLAGS", None)
     return env
 
 
