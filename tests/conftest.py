@@ -8,12 +8,23 @@ worker). They keep no persistent compilation cache either; the commands that tes
 private-data suite, the benchmark smoke runs) keep their own environment and caches.
 Lowering a jitted function that captures more than 16 KiB of constants fails the test (see below).
 
-The test processes compile at XLA's default optimisation level, the level users run. (Without LLVM's passes,
-the flags of :func:`tests.helpers.bench.bench_env`, a cold run took 20 min instead of 25; only the benchmark
-smoke runs, which compile in subprocesses with a cache of their own, use those flags.)
+The test processes, and the commands they run in subprocesses, compile without XLA's expensive CPU passes
+(:data:`tests.helpers.bench.FAST_COMPILE_XLA_FLAGS`, set here before JAX starts its backend) unless ``XLA_FLAGS``
+is already set (an empty value included: ``XLA_FLAGS= pytest ...`` compiles at XLA's default level, the level
+users run). Most of the suite's time is compilation of small programs; the checks' tolerances are far above what
+the optimisation level changes, and tests that compare two runs bit for bit compare programs compiled alike.
+(One run of 2026-12-05 under these flags crashed while deserialising a persistent-cache entry; the test processes
+have kept no persistent cache since, and the memory-map limit above, found later, crashed workers that way at
+either level.)
 """
 
-import jax
+import os
+
+from tests.helpers.bench import FAST_COMPILE_XLA_FLAGS
+
+os.environ.setdefault("XLA_FLAGS", FAST_COMPILE_XLA_FLAGS)
+
+import jax  # noqa: E402  (after XLA_FLAGS: the backend reads it once, when it starts)
 
 from tests.helpers.compiled import pytest_runtest_teardown  # noqa: F401  (a hook, found by name)
 from tests.helpers.tiers import (  # noqa: F401  (pytest finds hooks by name in this module)
