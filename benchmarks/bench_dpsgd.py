@@ -6,7 +6,7 @@ Usage::
         [--seq 64] [--vocab 1024] [--batch 32] [--records 128] [--microbatch M] [--vmap-microbatch 32] \
         [--tail-microbatch T] [--memory-microbatches 8,16,32,64,128,256] [--memory-budget-mb 1024] [--repeats 10] \
         [--seed 0] [--sweep-batches 8,16,32,64,128,256 --sweep-repeats 3] [--skip-torch] [--vocab-chunk ROWS] \
-        [--fit-mb MB]
+        [--fit-mb MB] [--paths default,per_record,per_record_vmap,book_keeping,ghost]
 
 What is measured
 ----------------
@@ -76,6 +76,11 @@ per-record path holds ``M`` gradients of the whole model at once). The runs that
 and optimizer states side by side through the timing: leave room for them. If the non-private step or every DP
 step exceeds ``MB``, the run stops before timing with status 1, naming the sizes, and writes nothing.
 
+Some of the variants (``--paths``, of ``default``, ``per_record``, ``per_record_vmap``, ``book_keeping``,
+``ghost``; every one by default, and ``paths`` in the JSON): the others are neither compiled nor timed, the memory
+analysis covers the clipping paths they name (``per_record`` for either per-record variant), and a goal whose
+variant was left out reads ``None``. The non-private baseline always runs.
+
 Batch sweep (``--sweep-batches``): every variant again at each listed expected batch (``q = b / records``; the
 DP steps take ``q`` as an argument, so nothing recompiles; the non-private step compiles for the point's batch
 sizes before its timing), ``--sweep-repeats`` timed steps each, rotating: ``sweep[b]`` holds the median step
@@ -133,6 +138,8 @@ from snapaudit_jax.models.decoders import GPT2, stack_layers
 SUM_TOL = 1e-4
 NOISE_MULTIPLIER, LEARNING_RATE, B1 = 1.0, 1e-3, 0.9
 PATHS = CLIPPING_PATHS
+#: The DP variants a run can time (--paths): ``per_record_vmap`` is the per-record path at --vmap-microbatch.
+VARIANT_KINDS = ("default", "per_record", "per_record_vmap", "book_keeping", "ghost")
 GOALS = {"time_over_nonprivate": 1.25, "memory_over_nonprivate": 1.3, "largest_batch_over_per_record": 3.0}
 
 
@@ -402,9 +409,12 @@ def benchmark(args) -> dict:
         batched = flat64(nonprivate.grad(nonprivate.params, *nonprivate.padded(batches[0])))
     compile_s = {"nonprivate": round(time.perf_counter() - start, 2)}
     rel_err = {"nonprivate": float(np.linalg.norm(batched - unclipped) / np.linalg.norm(unclipped))}
-    variants = {"default": ("auto", args.microbatch), "per_record": ("per_record", args.microbatch),
-                f"per_record_vmap{args.vmap_microbatch}": ("per_record", args.vmap_microbatch),
-                "book_keeping": ("book_keeping", args.vmap_microbatch), "ghost": ("ghost", args.vmap_microbatch)}
+    every = {"default": ("default", "auto", args.microbatch),
+             "per_record": ("per_record", "per_record", args.microbatch),
+             f"per_record_vmap{args.vmap_microbatch}": ("per_record_vmap", "per_record", args.vmap_microbatch),
+             "book_keeping": ("book_keeping", "book_keeping", args.vmap_microbatch),
+             "ghost": ("ghost", "ghost", args.vmap_microbatch)}
+    variants = {name: (path, micro) for name, (kind, path, micro) in every.items() if kind in args.paths}
     runs = {}
     for name, (path, micro) in variants.items():
         say(f"{name}: compile and check")
@@ -538,12 +548,12 @@ def benchmark(args) -> dict:
     at_mb["nonprivate"] = round(nonprivate.compiled_bytes(at) / 2**20, 2)
     memory[f"compiled_mb_at_{at}"] = at_mb
 
-    largest = memory["largest_within_budget"]
-    batch_ratio = (None if not largest["per_record"] or largest["book_keeping"] is None
+    largest = memory["largest_within_budget"]  # (a path left out by --paths: not analysed, its goals None)
+    batch_ratio = (None if not largest.get("per_record") or largest.get("book_keeping") is None
                    else round(largest["book_keeping"] / largest["per_record"], 2))
     # What no clipping path can beat: the non-private step's own largest batch over the per-record path's (when
     # the logits of a large vocabulary dominate every step's memory, it is below the goal's 3x).
-    ceiling = (None if not largest["per_record"] or largest["nonprivate"] is None
+    ceiling = (None if not largest.get("per_record") or largest["nonprivate"] is None
                else round(largest["nonprivate"] / largest["per_record"], 2))
     memory_ratio = (round(at_mb["book_keeping"] / at_mb["nonprivate"], 3) if "book_keeping" in at_mb
                     else None)
@@ -568,6 +578,7 @@ def benchmark(args) -> dict:
                   "vocab": args.vocab, "vocab_chunk": args.vocab_chunk, "parameters": num_params,
                   "trained": "every parameter (full fine-tuning)"},
         "records": args.records, "expected_batch": args.batch, "sampling_rate": q, "batch_sizes": sizes,
+        "paths": list(args.paths),
         "nonprivate_batch_sizes": nonprivate_sizes,
         "microbatch_size": {name: run.spec.microbatch_size for name, run in runs.items()},
         "tail_microbatch_size": {name: run.spec.tail_size for name, run in runs.items()},
@@ -587,12 +598,15 @@ def benchmark(args) -> dict:
 def compiled_memory(args, model, data, key, q: float, clip: float, nonprivate: NonPrivate,
                     vocab_chunk: int | None) -> dict:
     """``{"compiled_mb": {variant: [MB at each --memory-microbatches]}, "largest_within_budget": {variant: m}}``:
-    XLA's memory analysis of every DP path at microbatch ``m`` (its head sliced as ``vocab_chunk``) and of
-    ``nonprivate``'s step at batch ``m``."""
-    compiled = {"nonprivate": [], **{path: [] for path in PATHS}}
+    XLA's memory analysis of every DP path that ``--paths`` times (the per-record path for ``per_record`` or
+    ``per_record_vmap``; ``default`` is one of the others) at microbatch ``m`` (its head sliced as ``vocab_chunk``)
+    and of ``nonprivate``'s step at batch ``m``."""
+    kinds = {"per_record_vmap": "per_record"}
+    paths = [path for path in PATHS if path in {kinds.get(kind, kind) for kind in args.paths}]
+    compiled = {"nonprivate": [], **{path: [] for path in paths}}
     for m in args.memory_microbatches:
         compiled["nonprivate"].append(round(nonprivate.compiled_bytes(m) / 2**20, 2))
-        for path in PATHS:
+        for path in paths:
             run = _prepare(model, data, dp_config(args, q, clip, path, m, 1, vocab_chunk=vocab_chunk), key)
             run = run._replace(params=shapes(run.params), opt_state=shapes(run.opt_state))
             compiled[path].append(round(dp_compiled_bytes(run) / 2**20, 2))
@@ -789,6 +803,9 @@ def main(argv=None) -> int:
     parser.add_argument("--fit-mb", type=positive_mb, default=None,
                         help="run only the steps whose compiled plan (temp + arguments + outputs) is at most this "
                         "many MB; the non-private baseline must fit (default: run every step)")
+    parser.add_argument("--paths", default=",".join(VARIANT_KINDS),
+                        help="the DP variants to time, comma-separated, of " + ", ".join(VARIANT_KINDS)
+                        + " (per_record_vmap: the per-record path at --vmap-microbatch; default: every one)")
     parser.add_argument("--perturb-check", choices=("per_record", "book_keeping", "ghost", "torch", "sweep"),
                         help="scale this variant's checked sum by 1 + 1e-3 (torch: Opacus's; sweep: Opacus's at the "
                         "first sweep point; tests that the check can fail)")
@@ -804,6 +821,13 @@ def main(argv=None) -> int:
     if not args.memory_microbatches or args.memory_microbatches[0] < 1:
         parser.error("--memory-microbatches must be integers >= 1, comma-separated")
     args.sweep_batches = sweep_batches(parser, args.sweep_batches, args.records)
+    text, args.paths = args.paths, [x.strip() for x in args.paths.split(",") if x.strip()]
+    if not args.paths or set(args.paths) - set(VARIANT_KINDS) or len(set(args.paths)) < len(args.paths):
+        parser.error("--paths must name distinct variants of " + ", ".join(VARIANT_KINDS)
+                     + f", comma-separated, got {text!r}")
+    if args.perturb_check in PATHS and args.perturb_check not in args.paths:
+        parser.error(f"--perturb-check {args.perturb_check} needs that variant in --paths, got "
+                     f"{','.join(args.paths)!r}")
     if args.skip_torch and args.perturb_check in ("torch", "sweep"):
         parser.error(f"--perturb-check {args.perturb_check} needs the torch baseline (drop --skip-torch)")
     if args.perturb_check == "sweep" and not args.sweep_batches:

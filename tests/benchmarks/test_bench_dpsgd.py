@@ -117,21 +117,26 @@ def test_a_sliced_head_is_checked_timed_and_measured_beside_the_whole_logits(tmp
     check against the independent per-record loop (which forms the logits whole), and the memory analysis holds
     the sliced and the whole-logits steps side by side (at one microbatch: the tiny run above checks that memory
     grows with it). ``--tail-microbatch 3``: the steps at microbatch 8 run a batch's remainder 3 units at a time
-    (not dividing 8), the default step keeps the library's sizes."""
+    (not dividing 8), the default step keeps the library's sizes. ``--paths`` leaves out the per-record path one
+    unit at a time: it is neither timed nor checked, and the memory analysis keeps the per-record path (the
+    vectorised variant's)."""
     out = tmp_path / "dpsgd.json"
     proc = _run([*TINY, "--skip-torch", "--vocab-chunk", "40", "--memory-budget-mb", "2", "--tail-microbatch", "3",
-                 "--memory-microbatches", "8", "--out", str(out)], env)
+                 "--memory-microbatches", "8", "--paths", "book_keeping,per_record_vmap,default,ghost",
+                 "--out", str(out)], env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "head in slices of 40 rows" in proc.stdout and "book_keeping (whole logits)" in proc.stdout
     assert proc.stdout.startswith("GPT-2 1 layers x 32 dim, vocab 128, seq 16")  # the model's line heads the table
     r = json.loads(out.read_text())
+    assert r["paths"] == ["book_keeping", "per_record_vmap", "default", "ghost"]
+    assert list(r["variants"]) == ["default", "per_record_vmap8", "book_keeping", "ghost", "nonprivate"]
     micro, tail = r["microbatch_size"], r["tail_microbatch_size"]
     assert {name: tail[name] for name in ("per_record_vmap8", "book_keeping", "ghost")} == dict.fromkeys(
         ("per_record_vmap8", "book_keeping", "ghost"), 3)
     assert tail["default"] == (2 if micro["default"] == 8 else micro["default"])
     assert "8 (rest 3)" in proc.stdout
     assert r["model"]["vocab_chunk"] == 40 and r["memory"]["vocab_chunk"] == 40
-    assert max(r["check_rel_error"].values()) <= 1e-4 and len(r["check_rel_error"]) == 6
+    assert max(r["check_rel_error"].values()) <= 1e-4 and set(r["check_rel_error"]) == set(r["variants"])
     mem, whole = r["memory"], r["memory"]["whole_logits"]
     assert set(whole) == {"compiled_mb", "largest_within_budget"}
     assert set(whole["compiled_mb"]) == set(mem["compiled_mb"]) == {"nonprivate", "per_record", "book_keeping",
@@ -181,8 +186,9 @@ def test_a_perturbed_sum_fails_the_check_before_timing_exit_1_and_no_file(tmp_pa
     if side != "book_keeping" and not HAS_TORCH:
         pytest.skip("opacus / peft / transformers / torch not installed")
     out = tmp_path / "dpsgd.json"
-    flags = {"book_keeping": ["--skip-torch"], "torch": [],
-             "sweep": ["--repeats", "1", "--sweep-batches", "4,16", "--sweep-repeats", "1"]}[side]
+    # (only the variant the check is about, or the default step beside the torch side: no other step is compiled)
+    flags = {"book_keeping": ["--skip-torch", "--paths", "book_keeping"], "torch": ["--paths", "default"],
+             "sweep": ["--paths", "default", "--repeats", "1", "--sweep-batches", "4,16", "--sweep-repeats", "1"]}[side]
     proc = _run([*TINY, *flags, "--memory-microbatches", "4", "--perturb-check", side, "--out", str(out)], env)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     expected = {"torch": "torch_opacus's sum differs from autograd's batched gradient",
@@ -206,6 +212,12 @@ def test_a_perturbed_sum_fails_the_check_before_timing_exit_1_and_no_file(tmp_pa
     pytest.param(["--skip-torch", "--perturb-check", "torch"], "--perturb-check torch needs the torch baseline",
                  marks=pytest.mark.slow),
     pytest.param(["--perturb-check", "sweep"], "--perturb-check sweep needs --sweep-batches", marks=pytest.mark.slow),
+    pytest.param(["--paths", "default,bk"], "--paths must name distinct variants of default, per_record, "
+                 "per_record_vmap, book_keeping, ghost, comma-separated, got 'default,bk'", marks=pytest.mark.slow),
+    pytest.param(["--paths", "ghost,ghost"], "--paths must name distinct variants of default, per_record, "
+                 "per_record_vmap, book_keeping, ghost, comma-separated, got 'ghost,ghost'", marks=pytest.mark.slow),
+    pytest.param(["--skip-torch", "--paths", "ghost", "--perturb-check", "book_keeping"],
+                 "--perturb-check book_keeping needs that variant in --paths, got 'ghost'", marks=pytest.mark.slow),
 ])
 def test_bad_flags_exit_2_naming_them(tmp_path, flags, message):
     proc = _run([*flags, "--out", str(tmp_path / "o.json")], dict(os.environ), timeout=60)
