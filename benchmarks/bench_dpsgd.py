@@ -533,15 +533,16 @@ def benchmark(args) -> dict:
             for name, run in runs.items()}
     nonprivate.params, nonprivate.opt_state = shapes(nonprivate.params), shapes(nonprivate.opt_state)
     say("memory: XLA's analysis of every step's plan")
+    analysed = [path for path in PATHS if path in {p for p, _ in variants.values()}]  # ("auto": one of them)
     # Memory by the compiler: every DP path at each microbatch, the non-private step at that batch (and, with
     # sliced heads, the same with the logits formed whole).
     memory = {"microbatches": list(args.memory_microbatches), "budget_mb": args.memory_budget_mb,
               "vocab_chunk": args.vocab_chunk,
-              **compiled_memory(args, model, data, key, q, clip, nonprivate, args.vocab_chunk)}
+              **compiled_memory(args, model, data, key, q, clip, nonprivate, args.vocab_chunk, analysed)}
     if args.vocab_chunk is not None:
         whole = NonPrivate(same_layout(model), tokens, mask, normaliser=args.records * q)
         whole.params, whole.opt_state = shapes(whole.params), shapes(whole.opt_state)
-        memory["whole_logits"] = compiled_memory(args, model, data, key, q, clip, whole, None)
+        memory["whole_logits"] = compiled_memory(args, model, data, key, q, clip, whole, None, analysed)
     at = args.vmap_microbatch
     at_mb = {name: fit["compiled_mb"].get(name) or round(dp_compiled_bytes(run) / 2**20, 2)
              for name, run in runs.items() if run.spec.microbatch_size == at}
@@ -596,13 +597,10 @@ def benchmark(args) -> dict:
 
 
 def compiled_memory(args, model, data, key, q: float, clip: float, nonprivate: NonPrivate,
-                    vocab_chunk: int | None) -> dict:
+                    vocab_chunk: int | None, paths: list[str]) -> dict:
     """``{"compiled_mb": {variant: [MB at each --memory-microbatches]}, "largest_within_budget": {variant: m}}``:
-    XLA's memory analysis of every DP path that ``--paths`` times (the per-record path for ``per_record`` or
-    ``per_record_vmap``; ``default`` is one of the others) at microbatch ``m`` (its head sliced as ``vocab_chunk``)
-    and of ``nonprivate``'s step at batch ``m``."""
-    kinds = {"per_record_vmap": "per_record"}
-    paths = [path for path in PATHS if path in {kinds.get(kind, kind) for kind in args.paths}]
+    XLA's memory analysis of each clipping path of ``paths`` (those of the variants ``--paths`` times) at
+    microbatch ``m`` (its head sliced as ``vocab_chunk``) and of ``nonprivate``'s step at batch ``m``."""
     compiled = {"nonprivate": [], **{path: [] for path in paths}}
     for m in args.memory_microbatches:
         compiled["nonprivate"].append(round(nonprivate.compiled_bytes(m) / 2**20, 2))
