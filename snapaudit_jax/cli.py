@@ -35,7 +35,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="snapaudit", description="Active (snapshot) auditing of DP in-context learning mechanisms.")
+    parser = _Parser(prog="snapaudit", description=(
+        "Auditing and guaranteeing the privacy of LLM pipelines: snapshot audits of DP in-context learning, "
+        "conformal re-identification audits, PII leakage of fine-tuned models, DP fine-tuning."))
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     s = sub.add_parser(
         "simulate",
