@@ -13,7 +13,8 @@ from tests.helpers import tiers
 from tests.helpers.paths import ROOT
 
 _CONFTEST = "from tests.helpers.tiers import *  # noqa\n"
-_INI = "[pytest]\nfast_test_limit_s = 0.45\nmarkers =\n    slow: the slow tier\n"
+# (the machine factor fixed at 1: the sleeps below decide, whatever the machine's speed)
+_INI = "[pytest]\nfast_test_limit_s = 0.45\nfast_test_machine_factor = 1\nmarkers =\n    slow: the slow tier\n"
 _MODULE = """
 import time
 import pytest
@@ -65,6 +66,42 @@ def test_a_fast_tier_run_fails_the_tests_over_the_limit_setup_included(suite):
     result.assert_outcomes(passed=1, failed=2, deselected=1)
     result.stdout.fnmatch_lines(["*test_sleeps took * s (setup and call), over the fast tier's limit of 0.45 s*"])
     result.stdout.fnmatch_lines(["*test_setup_counts took * s (setup and call)*"])
+
+
+def test_a_slow_machine_stretches_the_limit_by_its_factor(suite):
+    # a factor of 3 stretches 0.45 s to 1.35 s: the 0.5 s and 0.6 s tests pass; one of 1.5 s does not
+    suite.makepyfile(test_long="import time\n\ndef test_long():\n    time.sleep(1.5)\n")
+    result = suite.runpytest("-m", "not slow", "-o", "fast_test_machine_factor=3")
+    result.assert_outcomes(passed=3, failed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*test_long took * s (setup and call), over the fast tier's limit of 0.45 s x 3.00 "
+                                 "for this machine's speed (fast_test_machine_factor) = 1.4 s*"])
+
+
+def test_machine_factor_is_the_slowness_within_one_and_its_most():
+    assert tiers.machine_factor(0.5, reference=1.0) == 1.0  # a fast machine keeps the limit
+    assert tiers.machine_factor(1.5, reference=1.0) == 1.5
+    assert tiers.machine_factor(7.0, reference=1.0, most=2.0) == 2.0
+    assert tiers.machine_factor(3 * tiers.REFERENCE_S) == tiers.MAX_FACTOR == 2.0
+
+
+def test_the_reference_workload_compiles_new_programs_on_every_call():
+    """Every call traces and compiles its programs anew (none comes from jax's caches, or it would time
+    nothing of the machine's compiling speed)."""
+    import jax
+
+    compiles = []
+
+    def listen(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(duration)
+
+    tiers.reference_seconds(1)  # the process's first programs (its input array's) outside the count
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        seconds = tiers.reference_seconds(3)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert len(compiles) == 3 and 0 < sum(compiles) < seconds
 
 
 def test_the_whole_suite_lists_them_and_passes(suite):
