@@ -22,118 +22,30 @@ Every attack takes ``(model, tokenizer, records or texts, config, key)`` -- an N
 and returns a plain dict of metrics with per-item details.
 """
 
-from attacks.blackbox import (
-    SequenceScores,
-    continuation_logprobs,
-    encode_texts,
-    frame,
-    sample_texts,
-    score_texts,
-)
-from attacks.canary import CanaryAuditConfig, canary_audit, canary_scores, epsilon_lower_bound, jax_privacy_bounds
-from attacks.corpus import (
-    LABELS,
-    Canary,
-    CanaryConfig,
-    CanarySet,
-    Corpus,
-    CorpusConfig,
-    Person,
-    PublicFiller,
-    Record,
-    Span,
-    insert_canaries,
-    make_canaries,
-    make_corpus,
-    pii_record_counts,
-    zipf_counts,
-)
-from attacks.extraction import (
-    ExtractionConfig,
-    extraction_attack,
-    extraction_metrics,
-    extraction_samples,
-    lazy_extractability,
-    normalize_pii,
-    tagged_pii,
-)
-from attacks.config import ModelConfig, PIIConfig, TrainingConfig, load_pii_config
-from attacks.inference import InferenceConfig, candidate_sets, inference_attack
-from attacks.mia import membership_scores, mia_attack, roc_auc, roc_curve, roc_point, tpr_at_fpr_heldout
-from attacks.ner import MASK, GazetteerTagger, Tagger, default_tagger, evaluate_tagger, scrub, scrub_text
-from attacks.reconstruction import (
-    T_MASK,
-    Query,
-    ReconstructionConfig,
-    make_queries,
-    pick_candidate,
-    rank_candidates,
-    reconstruction_attack,
-    sample_candidates,
-)
-from attacks.run import run_pii
+from snapaudit_jax.utils.lazy import lazy_package
 
-__all__ = [
-    "LABELS",
-    "MASK",
-    "T_MASK",
-    "Canary",
-    "CanaryAuditConfig",
-    "CanaryConfig",
-    "CanarySet",
-    "Corpus",
-    "CorpusConfig",
-    "ExtractionConfig",
-    "GazetteerTagger",
-    "InferenceConfig",
-    "ModelConfig",
-    "PIIConfig",
-    "Person",
-    "PublicFiller",
-    "Query",
-    "ReconstructionConfig",
-    "Record",
-    "SequenceScores",
-    "Span",
-    "Tagger",
-    "TrainingConfig",
-    "canary_audit",
-    "canary_scores",
-    "candidate_sets",
-    "continuation_logprobs",
-    "default_tagger",
-    "encode_texts",
-    "epsilon_lower_bound",
-    "evaluate_tagger",
-    "extraction_attack",
-    "extraction_metrics",
-    "extraction_samples",
-    "frame",
-    "inference_attack",
-    "insert_canaries",
-    "jax_privacy_bounds",
-    "lazy_extractability",
-    "load_pii_config",
-    "make_canaries",
-    "make_corpus",
-    "make_queries",
-    "membership_scores",
-    "mia_attack",
-    "normalize_pii",
-    "pick_candidate",
-    "pii_record_counts",
-    "rank_candidates",
-    "reconstruction_attack",
-    "roc_auc",
-    "roc_curve",
-    "roc_point",
-    "run_pii",
-    "sample_candidates",
-    "sample_texts",
-    "score_texts",
-    "scrub",
-    "scrub_text",
-    "tagged_pii",
-    "tpr_at_fpr_heldout",
-    "zipf_counts",
-]
+# Each name loads on first use (:mod:`snapaudit_jax.utils.lazy`): the ``snapaudit`` command line registers
+# ``snapaudit pii`` through :mod:`attacks.command` without loading JAX.
+_EXPORTS = {
+    "blackbox": ("SequenceScores", "continuation_logprobs", "encode_texts", "frame", "sample_texts", "score_texts"),
+    "canary": ("CanaryAuditConfig", "canary_audit", "canary_scores", "epsilon_lower_bound", "jax_privacy_bounds"),
+    "corpus": (
+        "LABELS", "Canary", "CanaryConfig", "CanarySet", "Corpus", "CorpusConfig", "Person", "PublicFiller", "Record",
+        "Span", "insert_canaries", "make_canaries", "make_corpus", "pii_record_counts", "zipf_counts",
+    ),
+    "extraction": (
+        "ExtractionConfig", "extraction_attack", "extraction_metrics", "extraction_samples", "lazy_extractability",
+        "normalize_pii", "tagged_pii",
+    ),
+    "config": ("ModelConfig", "PIIConfig", "TrainingConfig", "load_pii_config"),
+    "inference": ("InferenceConfig", "candidate_sets", "inference_attack"),
+    "mia": ("membership_scores", "mia_attack", "roc_auc", "roc_curve", "roc_point", "tpr_at_fpr_heldout"),
+    "ner": ("MASK", "GazetteerTagger", "Tagger", "default_tagger", "evaluate_tagger", "scrub", "scrub_text"),
+    "reconstruction": (
+        "T_MASK", "Query", "ReconstructionConfig", "make_queries", "pick_candidate", "rank_candidates",
+        "reconstruction_attack", "sample_candidates",
+    ),
+    "run": ("run_pii",),
+}
+__all__ = [attr for attrs in _EXPORTS.values() for attr in attrs]
+__getattr__, __dir__ = lazy_package(__name__, _EXPORTS, ("data", "report"))

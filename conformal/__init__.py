@@ -14,58 +14,20 @@ References:
   Attacks with Statistical Guarantees.
 """
 
-from conformal.config import AttackerConfig, CPAConfig, load_cpa_config
-from conformal.calibration import Calibration, CoverageCheck, calibrate, coverage_check, miss_rate_upper
-from conformal.kernels import (
-    FIXED_POINT_BITS,
-    SCORES,
-    aps_scores,
-    candidate_scores,
-    conformal_rank,
-    frequencies_from_samples,
-    leakage_proxy,
-    prediction_sets,
-    prob_scores,
-    pvalues,
-    quantize,
-    rank_scores,
-    sample_frequencies,
-    scores,
-    set_sizes,
-    threshold,
-    truncate_top_k,
-)
-from conformal.metrics import ranking_metrics, set_metrics, true_ranks
-from conformal.run import run_cpa
+from snapaudit_jax.utils.lazy import lazy_package
 
-__all__ = [
-    "FIXED_POINT_BITS",
-    "SCORES",
-    "AttackerConfig",
-    "CPAConfig",
-    "Calibration",
-    "CoverageCheck",
-    "aps_scores",
-    "calibrate",
-    "candidate_scores",
-    "conformal_rank",
-    "coverage_check",
-    "frequencies_from_samples",
-    "leakage_proxy",
-    "load_cpa_config",
-    "miss_rate_upper",
-    "prediction_sets",
-    "prob_scores",
-    "pvalues",
-    "quantize",
-    "rank_scores",
-    "ranking_metrics",
-    "run_cpa",
-    "sample_frequencies",
-    "scores",
-    "set_metrics",
-    "set_sizes",
-    "threshold",
-    "true_ranks",
-    "truncate_top_k",
-]
+# Each name loads on first use (:mod:`snapaudit_jax.utils.lazy`): the ``snapaudit`` command line registers
+# ``snapaudit cpa`` through :mod:`conformal.command` without loading JAX.
+_EXPORTS = {
+    "config": ("AttackerConfig", "CPAConfig", "load_cpa_config"),
+    "calibration": ("Calibration", "CoverageCheck", "calibrate", "coverage_check", "miss_rate_upper"),
+    "kernels": (
+        "FIXED_POINT_BITS", "SCORES", "aps_scores", "candidate_scores", "conformal_rank", "frequencies_from_samples",
+        "leakage_proxy", "prediction_sets", "prob_scores", "pvalues", "quantize", "rank_scores", "sample_frequencies",
+        "scores", "set_sizes", "threshold", "truncate_top_k",
+    ),
+    "metrics": ("ranking_metrics", "set_metrics", "true_ranks"),
+    "run": ("run_cpa",),
+}
+__all__ = [attr for attrs in _EXPORTS.values() for attr in attrs]
+__getattr__, __dir__ = lazy_package(__name__, _EXPORTS, ("attackers", "data", "mapie_adapter", "profile", "report"))

@@ -17,127 +17,36 @@ The data's way, one subpackage per stage (``docs/architecture.md``)::
 * :mod:`~snapaudit_jax.report` -- tables and plots shared by the commands.
 """
 
-from snapaudit_jax import audits, estimation, mechanisms, report, simulation, utils
-from snapaudit_jax.audits import audit, make_attack, passive_audit
-from snapaudit_jax.estimation import (
-    AuditResult,
-    Bonferroni,
-    DeclaredGrid,
-    Explicit,
-    HeldOut,
-    OneRunResult,
-    RateBound,
-    Split,
-    ThresholdTest,
-    TradeoffCurve,
-    audit_result,
-    clopper_pearson_lower,
-    clopper_pearson_upper,
-    empirical_bernstein_radius,
-    epsilon_gdp,
-    epsilon_std,
-    hoeffding_radius,
-    holm,
-    mu_lower,
-    one_run,
-    one_run_audit,
-    threshold_test,
-)
-from snapaudit_jax.mechanisms import (
-    Attack,
-    EmbeddingSpaceAggregation,
-    KeywordSpaceAggregation,
-    Mechanism,
-    PrivateVoting,
-    ProductOfExperts,
-    Release,
-    analytic_gaussian_sigma,
-    classical_gaussian_sigma,
-    exponential_mechanism_scale,
-    gaussian_sigma,
-    gdp_delta,
-    gdp_epsilon,
-    gdp_mu,
-    jem_prepare,
-    jem_select,
-    joint_exponential_topk,
-)
-from snapaudit_jax.simulation import (
-    SimulationCounts,
-    Snapshots,
-    exact_hit_probability,
-    exact_output_distribution,
-    exact_release_epsilon,
-    exact_score_probability,
-    load_snapshots,
-    profiles,
-    pv_argmax_probability,
-    save_snapshots,
-    simulate,
-)
-from snapaudit_jax.utils import use_all_cpu_cores
+from snapaudit_jax.utils.lazy import lazy_package
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "audits",
-    "mechanisms",
-    "report",
-    "simulation",
-    "utils",
-    "AuditResult",
-    "Attack",
-    "Bonferroni",
-    "Explicit",
-    "Split",
-    "ThresholdTest",
-    "TradeoffCurve",
-    "audit_result",
-    "estimation",
-    "exact_output_distribution",
-    "exact_release_epsilon",
-    "holm",
-    "one_run",
-    "one_run_audit",
-    "DeclaredGrid",
-    "HeldOut",
-    "OneRunResult",
-    "profiles",
-    "threshold_test",
-    "EmbeddingSpaceAggregation",
-    "KeywordSpaceAggregation",
-    "Mechanism",
-    "PrivateVoting",
-    "ProductOfExperts",
-    "RateBound",
-    "Release",
-    "SimulationCounts",
-    "Snapshots",
-    "analytic_gaussian_sigma",
-    "audit",
-    "classical_gaussian_sigma",
-    "clopper_pearson_lower",
-    "clopper_pearson_upper",
-    "empirical_bernstein_radius",
-    "epsilon_gdp",
-    "epsilon_std",
-    "exact_hit_probability",
-    "exact_score_probability",
-    "exponential_mechanism_scale",
-    "gaussian_sigma",
-    "gdp_delta",
-    "gdp_epsilon",
-    "gdp_mu",
-    "hoeffding_radius",
-    "jem_prepare",
-    "jem_select",
-    "joint_exponential_topk",
-    "load_snapshots",
-    "make_attack",
-    "mu_lower",
-    "passive_audit",
-    "pv_argmax_probability",
-    "save_snapshots",
-    "simulate",
-    "use_all_cpu_cores",
-]
+#: The names the package exports, by the subpackage each comes from: each loads on first use
+#: (:mod:`snapaudit_jax.utils.lazy`), so that ``import snapaudit_jax`` starts no JAX.
+_EXPORTS = {
+    "audits": ("audit", "make_attack", "passive_audit"),
+    "estimation": (
+        "AuditResult", "Bonferroni", "DeclaredGrid", "Explicit", "HeldOut", "OneRunResult", "RateBound", "Split",
+        "ThresholdTest", "TradeoffCurve", "audit_result", "clopper_pearson_lower", "clopper_pearson_upper",
+        "empirical_bernstein_radius", "epsilon_gdp", "epsilon_std", "hoeffding_radius", "holm", "mu_lower", "one_run",
+        "one_run_audit", "threshold_test",
+    ),
+    "mechanisms": (
+        "Attack", "EmbeddingSpaceAggregation", "KeywordSpaceAggregation", "Mechanism", "PrivateVoting",
+        "ProductOfExperts", "Release", "analytic_gaussian_sigma", "classical_gaussian_sigma",
+        "exponential_mechanism_scale", "gaussian_sigma", "gdp_delta", "gdp_epsilon", "gdp_mu", "jem_prepare",
+        "jem_select", "joint_exponential_topk",
+    ),
+    "simulation": (
+        "SimulationCounts", "Snapshots", "exact_hit_probability", "exact_output_distribution",
+        "exact_release_epsilon", "exact_score_probability", "load_snapshots", "profiles", "pv_argmax_probability",
+        "save_snapshots", "simulate",
+    ),
+    "utils": ("use_all_cpu_cores",),
+}
+#: The subpackages, each an attribute of the package (``sa.dpsgd``) loaded on first use.
+_SUBPACKAGES = ("dpicl", "dpsgd", "finetune", "models")
+
+__all__ = ["audits", "estimation", "mechanisms", "report", "simulation", "utils",
+           *(attr for attrs in _EXPORTS.values() for attr in attrs)]
+__getattr__, __dir__ = lazy_package(__name__, _EXPORTS, ("report", *_SUBPACKAGES))

@@ -10,8 +10,11 @@
 * :mod:`~snapaudit_jax.dpicl.command` -- the ``snapaudit audit`` command object.
 """
 
-from snapaudit_jax.dpicl import config, data, msgs, one_run, pipelines, report, run
-from snapaudit_jax.dpicl.config import AuditConfig, load_config
-from snapaudit_jax.dpicl.run import run_audit
+from snapaudit_jax.utils.lazy import lazy_package
 
-__all__ = ["AuditConfig", "config", "data", "load_config", "msgs", "one_run", "pipelines", "report", "run", "run_audit"]
+# Each loads on first use (:mod:`snapaudit_jax.utils.lazy`): the ``snapaudit`` command line registers
+# ``snapaudit audit`` through :mod:`~snapaudit_jax.dpicl.command` without loading the pipelines or JAX.
+_EXPORTS = {"config": ("AuditConfig", "load_config"), "run": ("run_audit",)}
+_SUBMODULES = ("data", "msgs", "one_run", "pipelines", "report")
+__all__ = [*_EXPORTS, *_SUBMODULES, *(attr for attrs in _EXPORTS.values() for attr in attrs)]
+__getattr__, __dir__ = lazy_package(__name__, _EXPORTS, _SUBMODULES)

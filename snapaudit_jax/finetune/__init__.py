@@ -23,36 +23,18 @@ Example::
     print(card["claim"]["epsilon"], card["models"]["private"]["held_out_perplexity"])
 """
 
-from snapaudit_jax.finetune.config import FinetuneConfig, load_finetune_config
-from snapaudit_jax.finetune.data import FinetuneData, prepare_data
-from snapaudit_jax.finetune.export import read_peft_adapter, write_hf_folder, write_peft_adapter
-from snapaudit_jax.finetune.lora import TRAINABLE, LoRAConfig, LoRAProjection, apply_lora, lora_adapters, merge_lora
-from snapaudit_jax.finetune.memorization import canary_exposure, canary_extraction, one_run_bound, secret_scores
-from snapaudit_jax.finetune.report import build_report, format_report
-from snapaudit_jax.finetune.run import Prepared, plan, prepare, run_finetune
+from snapaudit_jax.utils.lazy import lazy_package
 
-__all__ = [
-    "TRAINABLE",
-    "FinetuneConfig",
-    "FinetuneData",
-    "LoRAConfig",
-    "LoRAProjection",
-    "Prepared",
-    "apply_lora",
-    "build_report",
-    "canary_exposure",
-    "canary_extraction",
-    "format_report",
-    "load_finetune_config",
-    "lora_adapters",
-    "merge_lora",
-    "one_run_bound",
-    "plan",
-    "prepare",
-    "prepare_data",
-    "read_peft_adapter",
-    "run_finetune",
-    "secret_scores",
-    "write_hf_folder",
-    "write_peft_adapter",
-]
+# Each name loads on first use (:mod:`snapaudit_jax.utils.lazy`): the ``snapaudit`` command line registers
+# ``snapaudit finetune`` through :mod:`~snapaudit_jax.finetune.command` without loading JAX.
+_EXPORTS = {
+    "config": ("FinetuneConfig", "load_finetune_config"),
+    "data": ("FinetuneData", "prepare_data"),
+    "export": ("read_peft_adapter", "write_hf_folder", "write_peft_adapter"),
+    "lora": ("TRAINABLE", "LoRAConfig", "LoRAProjection", "apply_lora", "lora_adapters", "merge_lora"),
+    "memorization": ("canary_exposure", "canary_extraction", "one_run_bound", "secret_scores"),
+    "report": ("build_report", "format_report"),
+    "run": ("Prepared", "plan", "prepare", "run_finetune"),
+}
+__all__ = [attr for attrs in _EXPORTS.values() for attr in attrs]
+__getattr__, __dir__ = lazy_package(__name__, _EXPORTS, ("base", "synthetic"))
