@@ -47,6 +47,5 @@ _EXPORTS = {
 #: The subpackages, each an attribute of the package (``sa.dpsgd``) loaded on first use.
 _SUBPACKAGES = ("dpicl", "dpsgd", "finetune", "models")
 
-__all__ = ["audits", "estimation", "mechanisms", "report", "simulation", "utils",
-           *(attr for attrs in _EXPORTS.values() for attr in attrs)]
+__all__ = [*_EXPORTS, "report", *(attr for attrs in _EXPORTS.values() for attr in attrs)]
 __getattr__, __dir__ = lazy_package(__name__, _EXPORTS, ("report", *_SUBPACKAGES))
