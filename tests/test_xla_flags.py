@@ -46,3 +46,14 @@ def test_the_installed_jaxlib_takes_the_suites_flags_and_the_table_is_right_for_
     proc = _start_jax(f"{installed} {lacking}")
     assert proc.returncode != 0 and f"Unknown flag in XLA_FLAGS: {lacking.split('=')[0]}" in proc.stderr, (
         proc.stderr[-2000:])
+
+
+@pytest.mark.parametrize(("inherited", "expected"), [
+    ("", "--xla_force_host_platform_device_count=8"),
+    ("--xla_backend_optimization_level=0 --xla_force_host_platform_device_count=2",
+     "--xla_backend_optimization_level=0 --xla_force_host_platform_device_count=8"),
+    ("--xla_force_host_platform_device_count=4 --xla_llvm_disable_expensive_passes=true",
+     "--xla_llvm_disable_expensive_passes=true --xla_force_host_platform_device_count=8"),
+])
+def test_a_worker_keeps_the_flags_it_inherits_and_sets_its_own_device_count(inherited, expected):
+    assert bench.host_devices_xla_flags(8, inherited) == expected

@@ -48,6 +48,23 @@ def fast_compile_xla_flags(jaxlib_version: str | None = None) -> str:
 
 
 FAST_COMPILE_XLA_FLAGS = fast_compile_xla_flags()
+_DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def host_devices_xla_flags(count: int, inherited: str | None = None) -> str:
+    """``XLA_FLAGS`` for a worker process with ``count`` XLA host devices that compiles as the suite does.
+
+    Args:
+      count: the host devices.
+      inherited: the flags the worker was started with (default: its ``XLA_FLAGS``: the suite's
+        :data:`FAST_COMPILE_XLA_FLAGS`, unless the run set its own).
+
+    Returns:
+      The inherited flags without a device count of theirs, and the count.
+    """
+    inherited = os.environ.get("XLA_FLAGS", "") if inherited is None else inherited
+    kept = [flag for flag in inherited.split() if flag.split("=")[0] != _DEVICE_COUNT_FLAG]
+    return " ".join([*kept, f"{_DEVICE_COUNT_FLAG}={count}"])
 
 
 def bench_env(cache_dir) -> dict[str, str]:

@@ -19,8 +19,10 @@ import os
 import shutil
 import sys
 
+from tests.helpers.bench import host_devices_xla_flags
+
 mode, out_dir = sys.argv[1], sys.argv[2]
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={2 if mode == 'multi' else 4}"
+os.environ["XLA_FLAGS"] = host_devices_xla_flags(2 if mode == "multi" else 4)  # compiled as the suite compiles
 os.environ["JAX_PLATFORMS"] = "cpu"  # host devices, also on a machine with an accelerator
 
 import jax  # noqa: E402

@@ -17,7 +17,9 @@ import os
 import signal
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+from tests.helpers.bench import host_devices_xla_flags
+
+os.environ["XLA_FLAGS"] = host_devices_xla_flags(8)  # compiled as the suite compiles
 os.environ["JAX_PLATFORMS"] = "cpu"  # host devices, also on a machine with an accelerator
 
 import jax  # noqa: E402

@@ -7,7 +7,9 @@ import json
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={sys.argv[3]}"
+from tests.helpers.bench import host_devices_xla_flags
+
+os.environ["XLA_FLAGS"] = host_devices_xla_flags(int(sys.argv[3]))  # compiled as the suite compiles
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402

@@ -8,8 +8,10 @@ import json
 import os
 import sys
 
+from tests.helpers.bench import host_devices_xla_flags
+
 local_devices = int(sys.argv[1])
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={local_devices}"
+os.environ["XLA_FLAGS"] = host_devices_xla_flags(local_devices)  # compiled as the suite compiles
 os.environ["JAX_PLATFORMS"] = "cpu"  # host devices, also on a machine with an accelerator
 
 import jax  # noqa: E402

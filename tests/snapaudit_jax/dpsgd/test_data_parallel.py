@@ -45,7 +45,7 @@ KILL_AT = 4  # the killed run dies once step 4 is done, before its checkpoint: s
 
 def _env(cache: Path) -> dict[str, str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    env.pop("XLA_FLAGS", None)  # the worker sets its own device count; PYTHONPATH: this tree, not an installed copy
+    # PYTHONPATH: this tree, not an installed copy; the worker adds its device count to the suite's XLA_FLAGS
     env.update(
         JAX_COMPILATION_CACHE_DIR=str(cache),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
@@ -131,7 +131,7 @@ def test_one_noise_draw_on_the_summed_gradient(runs):
     """Noise only (C = 1e-20, sigma C = 0.1, SGD at learning rate 1, one step): the update is -noise / (q N).
 
     On a user-built 8-device mesh (Explicit axes, rebuilt as Auto) it is the single-device update to float32
-    rounding: one draw, from the single-device key. Noise drawn on every device and summed would be sqrt(8) times
+    rounding (one unit in the last place of the parameter it moves): one draw, from the single-device key. Noise drawn on every device and summed would be sqrt(8) times
     larger (independent draws) or 8 times (the same draw); the chi-square check of sum(d^2) / tau^2 ~ chi2_D,
     tau = sigma C / (q N), D > 3000 parameters, accepts tau at ALPHA = 1e-6 (two-sided) and must reject both
     (power); with the |z| < 5 zero-mean check (5.7e-7) false failure < 2e-6. The noise runs reuse the GPT-2
@@ -139,7 +139,13 @@ def test_one_noise_draw_on_the_summed_gradient(runs):
     a, out = runs["arrays"], runs["parity"]
     single, mesh = a["noise_single"], a["noise_mesh"]
     assert out["noise_mesh_batch"] == out["noise_single_batch"] > 0
-    np.testing.assert_allclose(mesh, single, rtol=1e-6, atol=1e-9)
+    # float32 rounding apart: the update (its division by q N compiles as the programs compile it, on one device
+    # and on eight) is rounded into the parameter, so an element may differ by one unit in the last place of the
+    # parameter (2.98e-8 at 0.25 to 0.5 without XLA's expensive CPU passes) beside the update's own rounding
+    init = a["gpt2_init"]
+    assert init.dtype == mesh.dtype == np.float32
+    ulp = np.spacing(np.abs(init) + np.abs(single))
+    np.testing.assert_array_less(np.abs(mesh - single), 1e-6 * np.abs(single) + ulp)
     noise = out["noise_config"]
     assert noise["noise_multiplier"] * noise["clip_norm"] == pytest.approx(0.1)
     tau = noise["noise_multiplier"] * noise["clip_norm"] / (noise["sampling_rate"] * noise["num_records"])

@@ -45,7 +45,7 @@ def runs(tmp_path_factory):
     """Both processes' results and arrays, and the one-process worker's, run side by side."""
     tmp = tmp_path_factory.mktemp("dp_multihost")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    env.pop("XLA_FLAGS", None)  # the worker sets its own device count; PYTHONPATH: this tree, not an installed copy
+    # PYTHONPATH: this tree, not an installed copy; the worker adds its device count to the suite's XLA_FLAGS
     coordinator = f"127.0.0.1:{_free_port()}"
     pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     multi = [subprocess.Popen([sys.executable, WORKER, "multi", str(tmp), coordinator, str(pid)], **pipes)

@@ -129,7 +129,7 @@ def test_bad_arguments():
 def _run_worker(*args, timeout=300):
     """The worker's counts for ``args`` (run once per process: the single-device reference serves two tests)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-    env.pop("XLA_FLAGS", None)  # the worker sets its own device count; PYTHONPATH: this tree, not an installed copy
+    # PYTHONPATH: this tree, not an installed copy; the worker adds its device count to the suite's XLA_FLAGS
     proc = subprocess.run([sys.executable, WORKER, *map(str, args)], capture_output=True, text=True, env=env,
                           timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -159,7 +159,7 @@ def test_two_processes_match_one_process():
     """jax.distributed with two CPU processes (gloo) gives exactly the single-process counts."""
     coordinator = f"127.0.0.1:{_free_port()}"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-    env.pop("XLA_FLAGS", None)  # the worker sets its own device count; PYTHONPATH: this tree, not an installed copy
+    # PYTHONPATH: this tree, not an installed copy; the worker adds its device count to the suite's XLA_FLAGS
     procs = [
         subprocess.Popen([sys.executable, WORKER, "2", coordinator, "2", str(pid)], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=env)
