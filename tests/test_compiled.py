@@ -68,7 +68,7 @@ def test_release_unloads_the_programs_jax_keeps():
 
 
 _CONFTEST = "from tests.helpers.compiled import *  # noqa\n"
-_FIRST = """
+_COMPILE = """
 import jax, jax.numpy as jnp, json, pathlib
 from tests.helpers import compiled
 
@@ -76,25 +76,32 @@ KEEP = []  # kept alive, as a library's module-level jitted functions are: only 
 
 
 def test_compiles():
-    fs = [jax.jit(lambda x, i=i: jnp.tanh(x) * (i + 0.5) - x) for i in range(12)]
+    compiled.MAPS_FRACTION = {fraction}  # read by the hook after this test
+    fs = [jax.jit(lambda x, i=i: jnp.tanh(x) * (i + {offset}) - x) for i in range(12)]
     for f in fs:
         f(jnp.ones(2)).block_until_ready()
     KEEP.extend(fs)
-    pathlib.Path("maps.json").write_text(json.dumps(compiled.map_count()))
+    pathlib.Path("{name}.json").write_text(json.dumps(compiled.map_count()))
 """
-_SECOND = """
+_CHECK = """
 import json, pathlib
 from tests.helpers import compiled
 
-def test_released():
-    assert compiled.map_count() < json.loads(pathlib.Path("maps.json").read_text()) - 20
+
+def test_maps():
+    assert compiled.map_count() {relation} json.loads(pathlib.Path("{name}.json").read_text()) - 20
 """
 
 
 def test_the_hook_releases_past_its_share_of_the_limit(pytester: pytest.Pytester, monkeypatch):
-    pytester.makepyfile(test_a_first=_FIRST, test_b_second=_SECOND)
+    """In a new pytest process (in this one a release would drop every program the process compiled before: its
+    time would grow with what ran before): a process never over its share keeps its programs (power), and one
+    over it lets them go after the test that put it there."""
+    pytester.makepyfile(
+        test_a=_COMPILE.format(fraction=1.0, offset=0.5, name="a"), test_b=_CHECK.format(relation=">=", name="a"),
+        test_c=_COMPILE.format(fraction=0.0, offset=0.25, name="c"), test_d=_CHECK.format(relation="<", name="c"))
     pytester.makeconftest(_CONFTEST)
-    monkeypatch.setattr(compiled, "MAPS_FRACTION", 1.0)  # power: a process never over its share keeps its programs
-    pytester.runpytest().assert_outcomes(passed=1, failed=1)
-    monkeypatch.setattr(compiled, "MAPS_FRACTION", 0.0)
-    pytester.runpytest().assert_outcomes(passed=2)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # a bare pytest: its start is most of the time
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=4)
