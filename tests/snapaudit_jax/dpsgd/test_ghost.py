@@ -599,7 +599,8 @@ def test_a_confident_heads_norms_and_sums_keep_their_precision_with_slices():
     """``1 - p_y`` near ``4e-6`` (head bias 16): with slices, the head's per-unit norms (kernel and bias) and the
     book-keeping sum of its gradients (no clipping) equal a float64 oracle to 1e-5, because the target's entry is
     taken apart (``m = sum_{v != y} p_v``). Power: the whole-logits path, which forms ``p_y - 1`` in float32,
-    misses the same norms by over 1%."""
+    misses the same norms by over 0.1%, a hundred times the tolerance (by 0.38% to over 1%, as XLA's optimisation
+    level fuses its softmax)."""
     from snapaudit_jax.dpsgd.ghost import book_keeping_clipped_sum
 
     model, tokens, mask = _confident_llama(16.0)
@@ -609,7 +610,7 @@ def test_a_confident_heads_norms_and_sums_keep_their_precision_with_slices():
     whole = dense_sq_norms(model, tokens, mask)
     for name, value in want.items():
         np.testing.assert_allclose(np.asarray(sliced.per_param[name]), value, rtol=1e-5, err_msg=name)
-        assert np.max(np.abs(np.asarray(whole.per_param[name]) / value - 1)) > 1e-2, name
+        assert np.max(np.abs(np.asarray(whole.per_param[name]) / value - 1)) > 1e-3, name
     out = book_keeping_clipped_sum(model, tokens, mask, clip_norm=1e9, trainable=nnx.Param, vocab_chunk=8)
     grads = {str(p): np.asarray(v[...]) for p, v in nnx.to_flat_state(out.grad_sum)}
     for name, value in ((str(("lm_head", "kernel")), kernel.sum(0)), (str(("lm_head", "bias")), bias.sum(0))):
