@@ -117,29 +117,115 @@ import sys
 import time
 
 import _torch  # noqa: I001  (first: it sets OMP_WAIT_POLICY before anything loads libgomp)
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
-from flax import nnx
+from _common import CLIPPING_PATHS, int_at_least, sweep_batches
 
-from _common import (
-    CLIPPING_PATHS, CompileCounter, Progress, int_at_least, machine_info, measured, paired_ratio, rotate_steps,
-    sweep_batches,
-)
-from snapaudit_jax.utils.io import write_json
-from snapaudit_jax.models.precision import full_float32_precision
-from snapaudit_jax.finetune.export import hf_config, hf_tensors
-from snapaudit_jax.dpsgd import DPSGDConfig, poisson_batch, sequence_losses
-from snapaudit_jax.dpsgd.train import _SAMPLE_STREAM, _dp_step, _prepare, resolve_layers
-from snapaudit_jax.models.config import GPT2Config
-from snapaudit_jax.models.decoders import GPT2, stack_layers
-
-SUM_TOL = 1e-4
-NOISE_MULTIPLIER, LEARNING_RATE, B1 = 1.0, 1e-3, 0.9
 PATHS = CLIPPING_PATHS
 #: The DP variants a run can time (--paths): ``per_record_vmap`` is the per-record path at --vmap-microbatch.
 VARIANT_KINDS = ("default", "per_record", "per_record_vmap", "book_keeping", "ghost")
+
+
+def positive_mb(text: str) -> float:
+    """An argparse type: a finite number of megabytes above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of MB above 0, got {text}")
+    return value
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, checked: a bad flag exits with status 2 naming it (before JAX loads when run as a
+    script)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a readable table")
+    parser.add_argument("--out", help="also write the JSON object to this file (atomically)")
+    parser.add_argument("--layers", type=int_at_least(1), default=2)
+    parser.add_argument("--dim", type=int_at_least(8), default=128)
+    parser.add_argument("--heads", type=int_at_least(1), default=4)
+    parser.add_argument("--seq", type=int_at_least(4), default=64, help="tokens per record")
+    parser.add_argument("--vocab", type=int_at_least(2), default=1024)
+    parser.add_argument("--batch", type=int_at_least(1), default=32, help="expected (Poisson) batch size")
+    parser.add_argument("--records", type=int_at_least(1), default=128, help="dataset size N (q = batch / N)")
+    parser.add_argument("--microbatch", type=int_at_least(1), default=None,
+                        help="microbatch of the 'ours' variant (default: the library's, 1 on CPU)")
+    parser.add_argument("--vmap-microbatch", type=int_at_least(1), default=32,
+                        help="microbatch of the vectorised variant 'ours_vmap<M>'")
+    parser.add_argument("--tail-microbatch", type=int_at_least(1), default=None,
+                        help="microbatch of a batch's remainder on the steps with a set microbatch (at most theirs; "
+                             "default: the library's, DPSGDConfig.tail_for; the microbatch itself: one size)")
+    parser.add_argument("--memory-microbatches", default="8,16,32,64,128,256",
+                        help="microbatches of the compiled-memory analysis, comma-separated")
+    parser.add_argument("--memory-budget-mb", type=int_at_least(1), default=1024,
+                        help="the budget of 'largest_within_budget' (compiled MB)")
+    parser.add_argument("--repeats", type=int_at_least(1), default=10, help="timed steps per implementation")
+    parser.add_argument("--sweep-batches", default="",
+                        help="also time every variant at these expected batches, comma-separated (each <= --records)")
+    parser.add_argument("--sweep-repeats", type=int_at_least(1), default=3, help="timed steps per sweep point")
+    parser.add_argument("--seed", type=int_at_least(0), default=0)
+    parser.add_argument("--skip-torch", action="store_true", help="no PyTorch / Opacus baseline")
+    parser.add_argument("--vocab-chunk", type=int_at_least(1), default=None,
+                        help="run every JAX step's LM head a slice of this many vocabulary rows at a time")
+    parser.add_argument("--fit-mb", type=positive_mb, default=None,
+                        help="run only the steps whose compiled plan (temp + arguments + outputs) is at most this "
+                        "many MB; the non-private baseline must fit (default: run every step)")
+    parser.add_argument("--paths", default=",".join(VARIANT_KINDS),
+                        help="the DP variants to time, comma-separated, of " + ", ".join(VARIANT_KINDS)
+                        + " (per_record_vmap: the per-record path at --vmap-microbatch; default: every one)")
+    parser.add_argument("--perturb-check", choices=("per_record", "book_keeping", "ghost", "torch", "sweep"),
+                        help="scale this variant's checked sum by 1 + 1e-3 (torch: Opacus's; sweep: Opacus's at the "
+                        "first sweep point; tests that the check can fail)")
+    args = parser.parse_args(argv)
+    if args.dim % args.heads:
+        parser.error(f"--dim must be a multiple of --heads, got {args.dim} and {args.heads}")
+    if args.batch > args.records:
+        parser.error(f"--batch must be <= --records, got {args.batch} > {args.records}")
+    try:
+        args.memory_microbatches = sorted({int(x) for x in args.memory_microbatches.split(",") if x.strip()})
+    except ValueError:
+        args.memory_microbatches = []
+    if not args.memory_microbatches or args.memory_microbatches[0] < 1:
+        parser.error("--memory-microbatches must be integers >= 1, comma-separated")
+    args.sweep_batches = sweep_batches(parser, args.sweep_batches, args.records)
+    text, args.paths = args.paths, [x.strip() for x in args.paths.split(",") if x.strip()]
+    if not args.paths or set(args.paths) - set(VARIANT_KINDS) or len(set(args.paths)) < len(args.paths):
+        parser.error("--paths must name distinct variants of " + ", ".join(VARIANT_KINDS)
+                     + f", comma-separated, got {text!r}")
+    if args.perturb_check in PATHS and args.perturb_check not in args.paths:
+        parser.error(f"--perturb-check {args.perturb_check} needs that variant in --paths, got "
+                     f"{','.join(args.paths)!r}")
+    if args.skip_torch and args.perturb_check in ("torch", "sweep"):
+        parser.error(f"--perturb-check {args.perturb_check} needs the torch baseline (drop --skip-torch)")
+    if args.perturb_check == "sweep" and not args.sweep_batches:
+        parser.error("--perturb-check sweep needs --sweep-batches")
+    if not args.skip_torch:
+        missing = _torch.torch_available()
+        if missing:
+            parser.error(f"the torch baseline needs {missing}; or pass --skip-torch")
+    return args
+
+
+if __name__ == "__main__":  # the flags first: a bad one is answered before JAX loads
+    ARGS = parse_args()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from _common import CompileCounter, Progress, machine_info, measured, paired_ratio, rotate_steps  # noqa: E402
+from snapaudit_jax.utils.io import write_json  # noqa: E402
+from snapaudit_jax.models.precision import full_float32_precision  # noqa: E402
+from snapaudit_jax.finetune.export import hf_config, hf_tensors  # noqa: E402
+from snapaudit_jax.dpsgd import DPSGDConfig, poisson_batch, sequence_losses  # noqa: E402
+from snapaudit_jax.dpsgd.train import _SAMPLE_STREAM, _dp_step, _prepare, resolve_layers  # noqa: E402
+from snapaudit_jax.models.config import GPT2Config  # noqa: E402
+from snapaudit_jax.models.decoders import GPT2, stack_layers  # noqa: E402
+
+SUM_TOL = 1e-4
+NOISE_MULTIPLIER, LEARNING_RATE, B1 = 1.0, 1e-3, 0.9
 GOALS = {"time_over_nonprivate": 1.25, "memory_over_nonprivate": 1.3, "largest_batch_over_per_record": 3.0}
 
 
@@ -757,84 +843,13 @@ def readable(r: dict) -> str:
     return f"{head}\n{table}\n{mem_table}\n{tail}"
 
 
-def positive_mb(text: str) -> float:
-    """An argparse type: a finite number of megabytes above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number of MB above 0, got {text}")
-    return value
-
-
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a readable table")
-    parser.add_argument("--out", help="also write the JSON object to this file (atomically)")
-    parser.add_argument("--layers", type=int_at_least(1), default=2)
-    parser.add_argument("--dim", type=int_at_least(8), default=128)
-    parser.add_argument("--heads", type=int_at_least(1), default=4)
-    parser.add_argument("--seq", type=int_at_least(4), default=64, help="tokens per record")
-    parser.add_argument("--vocab", type=int_at_least(2), default=1024)
-    parser.add_argument("--batch", type=int_at_least(1), default=32, help="expected (Poisson) batch size")
-    parser.add_argument("--records", type=int_at_least(1), default=128, help="dataset size N (q = batch / N)")
-    parser.add_argument("--microbatch", type=int_at_least(1), default=None,
-                        help="microbatch of the 'ours' variant (default: the library's, 1 on CPU)")
-    parser.add_argument("--vmap-microbatch", type=int_at_least(1), default=32,
-                        help="microbatch of the vectorised variant 'ours_vmap<M>'")
-    parser.add_argument("--tail-microbatch", type=int_at_least(1), default=None,
-                        help="microbatch of a batch's remainder on the steps with a set microbatch (at most theirs; "
-                             "default: the library's, DPSGDConfig.tail_for; the microbatch itself: one size)")
-    parser.add_argument("--memory-microbatches", default="8,16,32,64,128,256",
-                        help="microbatches of the compiled-memory analysis, comma-separated")
-    parser.add_argument("--memory-budget-mb", type=int_at_least(1), default=1024,
-                        help="the budget of 'largest_within_budget' (compiled MB)")
-    parser.add_argument("--repeats", type=int_at_least(1), default=10, help="timed steps per implementation")
-    parser.add_argument("--sweep-batches", default="",
-                        help="also time every variant at these expected batches, comma-separated (each <= --records)")
-    parser.add_argument("--sweep-repeats", type=int_at_least(1), default=3, help="timed steps per sweep point")
-    parser.add_argument("--seed", type=int_at_least(0), default=0)
-    parser.add_argument("--skip-torch", action="store_true", help="no PyTorch / Opacus baseline")
-    parser.add_argument("--vocab-chunk", type=int_at_least(1), default=None,
-                        help="run every JAX step's LM head a slice of this many vocabulary rows at a time")
-    parser.add_argument("--fit-mb", type=positive_mb, default=None,
-                        help="run only the steps whose compiled plan (temp + arguments + outputs) is at most this "
-                        "many MB; the non-private baseline must fit (default: run every step)")
-    parser.add_argument("--paths", default=",".join(VARIANT_KINDS),
-                        help="the DP variants to time, comma-separated, of " + ", ".join(VARIANT_KINDS)
-                        + " (per_record_vmap: the per-record path at --vmap-microbatch; default: every one)")
-    parser.add_argument("--perturb-check", choices=("per_record", "book_keeping", "ghost", "torch", "sweep"),
-                        help="scale this variant's checked sum by 1 + 1e-3 (torch: Opacus's; sweep: Opacus's at the "
-                        "first sweep point; tests that the check can fail)")
-    args = parser.parse_args(argv)
-    if args.dim % args.heads:
-        parser.error(f"--dim must be a multiple of --heads, got {args.dim} and {args.heads}")
-    if args.batch > args.records:
-        parser.error(f"--batch must be <= --records, got {args.batch} > {args.records}")
-    try:
-        args.memory_microbatches = sorted({int(x) for x in args.memory_microbatches.split(",") if x.strip()})
-    except ValueError:
-        args.memory_microbatches = []
-    if not args.memory_microbatches or args.memory_microbatches[0] < 1:
-        parser.error("--memory-microbatches must be integers >= 1, comma-separated")
-    args.sweep_batches = sweep_batches(parser, args.sweep_batches, args.records)
-    text, args.paths = args.paths, [x.strip() for x in args.paths.split(",") if x.strip()]
-    if not args.paths or set(args.paths) - set(VARIANT_KINDS) or len(set(args.paths)) < len(args.paths):
-        parser.error("--paths must name distinct variants of " + ", ".join(VARIANT_KINDS)
-                     + f", comma-separated, got {text!r}")
-    if args.perturb_check in PATHS and args.perturb_check not in args.paths:
-        parser.error(f"--perturb-check {args.perturb_check} needs that variant in --paths, got "
-                     f"{','.join(args.paths)!r}")
-    if args.skip_torch and args.perturb_check in ("torch", "sweep"):
-        parser.error(f"--perturb-check {args.perturb_check} needs the torch baseline (drop --skip-torch)")
-    if args.perturb_check == "sweep" and not args.sweep_batches:
-        parser.error("--perturb-check sweep needs --sweep-batches")
-    if not args.skip_torch:
-        missing = _torch.torch_available()
-        if missing:
-            parser.error(f"the torch baseline needs {missing}; or pass --skip-torch")
+    """The script's entry point from another program: :func:`parse_args`, then :func:`run`."""
+    return run(parse_args(argv))
 
+
+def run(args: argparse.Namespace) -> int:
+    """Measures, checks and reports (the flags of :func:`parse_args`); the exit status."""
     start = time.perf_counter()
     args.progress = Progress()
     result = machine_info()
@@ -866,4 +881,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(ARGS))

@@ -8,10 +8,13 @@ The script runs in subprocesses (tests never import benchmarks) that share a com
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 from tests.helpers.bench import bench_env, run_script
+from tests.helpers.paths import ROOT
 
 HAS_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers", "peft", "opacus"))
 TORCH_FLAGS = [] if HAS_TORCH else ["--skip-torch"]
@@ -202,25 +205,40 @@ def test_a_perturbed_sum_fails_the_check_before_timing_exit_1_and_no_file(tmp_pa
 
 @pytest.mark.parametrize("flags, message", [
     (["--memory-microbatches", "8,x"], "--memory-microbatches must be integers >= 1"),
-    pytest.param(["--fit-mb", "0"], "argument --fit-mb: must be a number of MB above 0, got 0",
-                 marks=pytest.mark.slow),
-    pytest.param(["--sweep-batches", "8,x"], "--sweep-batches must be integers >= 1, comma-separated, got '8,x'",
-                 marks=pytest.mark.slow),
+    pytest.param(["--fit-mb", "0"], "argument --fit-mb: must be a number of MB above 0, got 0"),
+    pytest.param(["--sweep-batches", "8,x"], "--sweep-batches must be integers >= 1, comma-separated, got '8,x'"),
     pytest.param(["--sweep-batches", "8,256", "--records", "128"],
-                 "--sweep-batches must be integers from 1 to --records (128), got 8,256", marks=pytest.mark.slow),
-    pytest.param(["--sweep-batches", "0,8"], "--sweep-batches must be integers from 1 to --records (128), got 0,8",
-                 marks=pytest.mark.slow),
-    pytest.param(["--skip-torch", "--perturb-check", "torch"], "--perturb-check torch needs the torch baseline",
-                 marks=pytest.mark.slow),
-    pytest.param(["--perturb-check", "sweep"], "--perturb-check sweep needs --sweep-batches", marks=pytest.mark.slow),
+                 "--sweep-batches must be integers from 1 to --records (128), got 8,256"),
+    pytest.param(["--sweep-batches", "0,8"], "--sweep-batches must be integers from 1 to --records (128), got 0,8"),
+    pytest.param(["--skip-torch", "--perturb-check", "torch"], "--perturb-check torch needs the torch baseline"),
+    pytest.param(["--perturb-check", "sweep"], "--perturb-check sweep needs --sweep-batches"),
     pytest.param(["--paths", "default,bk"], "--paths must name distinct variants of default, per_record, "
-                 "per_record_vmap, book_keeping, ghost, comma-separated, got 'default,bk'", marks=pytest.mark.slow),
+                 "per_record_vmap, book_keeping, ghost, comma-separated, got 'default,bk'"),
     pytest.param(["--paths", "ghost,ghost"], "--paths must name distinct variants of default, per_record, "
-                 "per_record_vmap, book_keeping, ghost, comma-separated, got 'ghost,ghost'", marks=pytest.mark.slow),
+                 "per_record_vmap, book_keeping, ghost, comma-separated, got 'ghost,ghost'"),
     pytest.param(["--skip-torch", "--paths", "ghost", "--perturb-check", "book_keeping"],
-                 "--perturb-check book_keeping needs that variant in --paths, got 'ghost'", marks=pytest.mark.slow),
+                 "--perturb-check book_keeping needs that variant in --paths, got 'ghost'"),
 ])
 def test_bad_flags_exit_2_naming_them(tmp_path, flags, message):
     proc = _run([*flags, "--out", str(tmp_path / "o.json")], dict(os.environ), timeout=60)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-500:]
     assert not (tmp_path / "o.json").exists()
+
+
+_PROBE = """
+import os, runpy, sys
+script = sys.argv[1]
+sys.path.insert(0, os.path.dirname(script))
+sys.argv = [script, "--paths", "x"]
+try:
+    runpy.run_path(script, run_name="__main__")
+except SystemExit as stop:
+    print(stop.code, [m for m in ("jax", "flax", "optax", "torch", "snapaudit_jax") if m in sys.modules])
+"""
+
+
+def test_a_bad_flag_is_answered_before_jax_or_torch_loads():
+    script = os.path.join(str(ROOT), "benchmarks", "bench_dpsgd.py")
+    proc = subprocess.run([sys.executable, "-c", _PROBE, script], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split("\n")[-2] == "2 []", proc.stdout[-500:] + proc.stderr[-500:]
+    assert "--paths must name distinct variants" in proc.stderr
