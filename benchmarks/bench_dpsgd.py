@@ -843,11 +843,6 @@ def readable(r: dict) -> str:
     return f"{head}\n{table}\n{mem_table}\n{tail}"
 
 
-def main(argv=None) -> int:
-    """The script's entry point from another program: :func:`parse_args`, then :func:`run`."""
-    return run(parse_args(argv))
-
-
 def run(args: argparse.Namespace) -> int:
     """Measures, checks and reports (the flags of :func:`parse_args`); the exit status."""
     start = time.perf_counter()

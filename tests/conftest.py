@@ -10,13 +10,12 @@ Lowering a jitted function that captures more than 16 KiB of constants fails the
 
 The test processes, and the commands they run in subprocesses, compile without XLA's expensive CPU passes and, on
 jaxlib 0.10, with its earlier CPU fusion emitters (:data:`tests.helpers.bench.FAST_COMPILE_XLA_FLAGS`, set here
-before JAX starts its backend) unless ``XLA_FLAGS``
-is already set (an empty value included: ``XLA_FLAGS= pytest ...`` compiles at XLA's default level, the level
-users run). Most of the suite's time is compilation of small programs; the checks' tolerances are far above what
-the optimisation level changes, and tests that compare two runs bit for bit compare programs compiled alike.
-(One run of 2026-12-05 under these flags crashed while deserialising a persistent-cache entry; the test processes
-have kept no persistent cache since, and the memory-map limit above, found later, crashed workers that way at
-either level.)
+before JAX starts its backend) unless ``XLA_FLAGS`` is already set (an empty value included:
+``XLA_FLAGS= pytest ...`` compiles at XLA's default level, the level users run). Most of the suite's time is
+compilation of small programs; the checks' tolerances are far above what the optimisation level changes, and tests
+that compare two runs bit for bit compare programs compiled alike. (One run of 2026-12-05 under these flags crashed
+while deserialising a persistent-cache entry; the test processes have kept no persistent cache since, and the
+memory-map limit above, found later, crashed workers that way at either level.)
 """
 
 import os

@@ -131,11 +131,11 @@ def test_one_noise_draw_on_the_summed_gradient(runs):
     """Noise only (C = 1e-20, sigma C = 0.1, SGD at learning rate 1, one step): the update is -noise / (q N).
 
     On a user-built 8-device mesh (Explicit axes, rebuilt as Auto) it is the single-device update to float32
-    rounding (one unit in the last place of the parameter it moves): one draw, from the single-device key. Noise drawn on every device and summed would be sqrt(8) times
-    larger (independent draws) or 8 times (the same draw); the chi-square check of sum(d^2) / tau^2 ~ chi2_D,
-    tau = sigma C / (q N), D > 3000 parameters, accepts tau at ALPHA = 1e-6 (two-sided) and must reject both
-    (power); with the |z| < 5 zero-mean check (5.7e-7) false failure < 2e-6. The noise runs reuse the GPT-2
-    runs' compiled steps (no trace, lowering or compilation)."""
+    rounding (one unit in the last place of the parameter it moves): one draw, from the single-device key. Noise
+    drawn on every device and summed would be sqrt(8) times larger (independent draws) or 8 times (the same draw);
+    the chi-square check of sum(d^2) / tau^2 ~ chi2_D, tau = sigma C / (q N), D > 3000 parameters, accepts tau at
+    ALPHA = 1e-6 (two-sided) and must reject both (power); with the |z| < 5 zero-mean check (5.7e-7) false failure <
+    2e-6. The noise runs reuse the GPT-2 runs' compiled steps (no trace, lowering or compilation)."""
     a, out = runs["arrays"], runs["parity"]
     single, mesh = a["noise_single"], a["noise_mesh"]
     assert out["noise_mesh_batch"] == out["noise_single_batch"] > 0
