@@ -3,8 +3,8 @@
 Usage::
 
     python benchmarks/gpu/dpsgd.py --out dpsgd.json [--records 1024] [--batch 64] [--seq 128] \
-        [--microbatch 16] [--repeats 5] [--paths per_record,book_keeping,ghost,book_keeping_bf16] \
-        [--deadline SECONDS] [--json] \
+        [--microbatch M] [--repeats 5] [--paths per_record,book_keeping,ghost,book_keeping_bf16] \
+        [--deadline SECONDS] [--reserve SECONDS] [--json] \
         [--seed S] [--vocab-chunk ROWS]
     python benchmarks/gpu/dpsgd.py --cpu-smoke --out /tmp/dpsgd_smoke.json
 
@@ -16,7 +16,7 @@ synthetic records of ``--seq`` tokens (``benchmarks/bench_dpsgd.make_data``), Po
 ``q = batch / records``:
 
 * ``paths``: the jitted step of :func:`snapaudit_jax.dpsgd.train` (``_dp_step``) on each clipping path of
-  ``--paths`` (``DPSGDConfig.clipping``): ``per_record`` (per-record gradients vectorised ``--microbatch``
+  ``--paths`` (``DPSGDConfig.clipping``): ``per_record`` (per-record gradients vectorised a microbatch of
   records at a time with ``vmap``, jax_privacy ``clipped_grad``), ``book_keeping`` (ghost norms and the clipped
   sum from one forward and one backward: every GPT-2 parameter is covered, the tied head and LayerNorms
   included) and ``ghost`` (the norms, then a second backward of the clip-weighted loss): the Poisson batch,
@@ -32,9 +32,21 @@ synthetic records of ``--seq`` tokens (``benchmarks/bench_dpsgd.make_data``), Po
   share), scaled by
   ``1 / (q N)``, the same AdamW -- what the step costs without per-record gradients.
 
+Each path runs at the microbatch a user of the library gets on the backend (``DPSGDConfig.microbatch_for`` and
+``tail_for`` with ``microbatch_size`` unset: on an accelerator ``m = min(32, q N)``, 32 at the expected batch of 64,
+and the batch's remainder in microbatches of ``m / 4``; on the CPU 1 for ``per_record`` and up to 4 on the fast
+paths), recorded per path as ``microbatch_size`` and ``tail_microbatch_size``; ``--microbatch M`` sets ``m`` on
+every path instead (the remainder at the library's ``tail_for(M)``).
+
 ``--vocab-chunk ROWS``: every step above, the non-private one included, runs the LM head a slice of ``ROWS``
 vocabulary rows at a time (``DPSGDConfig.vocab_chunk``: no ``(batch, seq, vocab)`` logits); ``model.vocab_chunk``
 in the JSON says which.
+
+Under ``--deadline`` (the kit gives the seconds its budget has left) the path that ``clipping = "auto"`` takes is
+checked and timed first, and a further path is started only if its checked and timed compiles (each projected at
+the slowest checked compile so far), the timed compiles still owed, the non-private step's compiles and
+``--reserve`` seconds for the timed steps fit before the deadline; the others are listed in ``skipped_paths`` with
+the projection, and the part writes what it measured instead of being stopped with nothing.
 
 ``records_per_s`` is records of the realised batches over the summed step times, timed steps
 rotating over the variants after one compiling step each; ``ratio_over_nonprivate`` (``ratio_dp_over_nonprivate``
@@ -52,6 +64,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import statistics
 import sys
@@ -82,8 +95,9 @@ SHAPES = {
     "gpt2-small": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257),
     "smoke": dict(n_layer=2, n_embd=64, n_head=4, vocab_size=512),
 }
-GPU_DEFAULTS = dict(records=1024, batch=64, seq=128, microbatch=16, repeats=5)
-SMOKE_DEFAULTS = dict(records=64, batch=8, seq=32, microbatch=4, repeats=3)
+# No microbatch: each path's is the library's on the backend (DPSGDConfig.microbatch_for), unless --microbatch.
+GPU_DEFAULTS = dict(records=1024, batch=64, seq=128, repeats=5, reserve=30.0)
+SMOKE_DEFAULTS = dict(records=64, batch=8, seq=32, repeats=3, reserve=5.0)
 HUGE_CLIP = 1e9
 # Each timed variant: (DPSGDConfig.clipping, DPSGDConfig.clipped_sum_dtype).
 VARIANTS = {**{path: (path, "float32") for path in CLIPPING_PATHS}, "book_keeping_bf16": ("book_keeping", "bfloat16")}
@@ -103,7 +117,15 @@ def tolerance_of(name: str, tolerance: float) -> float:
     return tolerance if VARIANTS[name][1] == "float32" else max(tolerance, BF16_TOLERANCE)
 
 
-def benchmark(args, shape: str) -> dict:
+def projected_seconds(compiles: dict, nonprivate_compile: float, sizes_left: int, reserve: float) -> float:
+    """What one more path costs from here, with what is owed already: its checked and its timed step compiled (each
+    about the slowest checked compile so far), the timed steps of the paths checked before it compiled, the
+    non-private step compiled for ``sizes_left`` more batch sizes, and ``reserve`` seconds for the timed steps."""
+    slowest = max(compiles.values())
+    return 2.0 * slowest + sum(compiles.values()) + nonprivate_compile * sizes_left + reserve
+
+
+def benchmark(args, shape: str, started: float) -> dict:
     cfg = GPT2Config(n_positions=args.seq, n_inner=4 * SHAPES[shape]["n_embd"], **SHAPES[shape])
     model = GPT2(cfg, rngs=nnx.Rngs(args.seed))
     tokens_np, mask_np = make_data(args.records, args.seq, cfg.vocab_size, args.seed)
@@ -124,8 +146,22 @@ def benchmark(args, shape: str) -> dict:
     np_compile = time.perf_counter() - start
     # Check, each path: huge clip, no noise -> the clipped sum equals the batched gradient (and compiles the step:
     # the clip norm and the noise are arguments of the compiled step, not constants).
-    checks, compile_seconds, clip = {}, {"nonprivate": round(np_compile, 2)}, None
-    for path in args.paths:
+    # The path clipping = "auto" takes goes first; one that would not be checked, compiled and timed before
+    # --deadline (projected_seconds) is skipped with those after it, and the part writes what it measured.
+    order = sorted(args.paths, key=lambda p: p != auto[0])
+    sizes_left = len({int(b.size) for b in batches[1:]})  # the check's compile ran at full precision, padded
+    checks, compile_seconds, clip, skipped, checked_compiles = {}, {"nonprivate": round(np_compile, 2)}, None, {}, {}
+    for path in order:
+        if checks and args.deadline is not None:
+            elapsed = time.perf_counter() - started
+            need = projected_seconds(checked_compiles, np_compile, sizes_left, args.reserve)
+            if skipped:
+                skipped[path] = f"not started: {next(iter(skipped))}, before it, did not fit the deadline"
+                continue
+            if elapsed + need > args.deadline:
+                skipped[path] = (f"not started at {elapsed:.0f} s of the {args.deadline:.0f} s deadline: checking, "
+                                 f"compiling and timing it with the paths before it projected {need:.0f} s more")
+                continue
         run = _prepare(model, (tokens_np, mask_np), variant_config(args, q, HUGE_CLIP, path, args.microbatch, 1),
                        key)
         start = time.perf_counter()
@@ -133,7 +169,8 @@ def benchmark(args, shape: str) -> dict:
             _, opt_after, metrics = ours_step(run, 0, jax.tree.map(jnp.array, run.params),
                                               jax.tree.map(jnp.array, run.opt_state),
                                               run.hyper._replace(noise_std=jnp.float32(0.0)))
-        compile_seconds[path] = round(time.perf_counter() - start, 2)
+        checked_compiles[path] = time.perf_counter() - start
+        compile_seconds[path] = round(checked_compiles[path], 2)
         dp_sum = flat64(optax.tree_utils.tree_get(opt_after, "mu")) * (args.records * q) / (1.0 - B1)
         checks[path] = float(np.linalg.norm(dp_sum - batched) / np.linalg.norm(batched))
         if int(metrics["batch_size"]) != batches[0].size:
@@ -142,8 +179,9 @@ def benchmark(args, shape: str) -> dict:
         if clip is None:  # the timed steps clip at the mean per-record norm of step 0 (many records clipped)
             clip = float(metrics["norm_sum"]) / max(1, int(metrics["batch_size"]))
 
+    timed = [p for p in args.paths if p in checks]
     runs, state = {}, {}
-    for path in args.paths:
+    for path in timed:
         runs[path] = _prepare(model, (tokens_np, mask_np),
                               variant_config(args, q, clip, path, args.microbatch, args.repeats + 1), key)
         state[path] = ours_step(runs[path], 0, runs[path].params, runs[path].opt_state, runs[path].hyper)[:2]
@@ -156,9 +194,11 @@ def benchmark(args, shape: str) -> dict:
                 "median_step_seconds": round(statistics.median(wall[name]), 5), "step_seconds": wall[name]}
 
     paths = {path: {**rates(path), "check_rel_error": checks[path], "clipped_sum_dtype": VARIANTS[path][1],
+                    "microbatch_size": runs[path].spec.microbatch_size,
+                    "tail_microbatch_size": runs[path].spec.tail_size,
                     "ratio_over_nonprivate": round(sum(wall["nonprivate"]) / sum(wall[path]), 4)}
-             for path in args.paths}
-    default = auto[0] if auto[0] in paths else args.paths[0]
+             for path in timed}
+    default = auto[0] if auto[0] in paths else order[0]
     out = {
         "model": {"kind": "GPT2", "shape": shape, "layers": cfg.n_layer, "dim": cfg.n_embd, "heads": cfg.n_head,
                   "vocab": cfg.vocab_size, "vocab_chunk": args.vocab_chunk, "seq": args.seq,
@@ -169,7 +209,7 @@ def benchmark(args, shape: str) -> dict:
         "clip_norm": clip,
         "noise_multiplier": NOISE_MULTIPLIER, "optimizer": "adamw",
         "auto": {"path": auto[0], "reason": auto[1]}, "layers": {"layout": layers[0], "reason": layers[1]},
-        "dp_path": default, "paths": paths,
+        "dp_path": default, "paths": paths, "skipped_paths": skipped,
         "dp": rates(default), "nonprivate": rates("nonprivate"),
         # the float32 variants' worst check (the bfloat16 one's is in its "paths" entry, with its own tolerance)
         "check_rel_error": max((e for p, e in checks.items() if VARIANTS[p][1] == "float32"), default=0.0),
@@ -188,10 +228,16 @@ def main(argv=None) -> int:
     parser.add_argument("--records", type=int_at_least(2))
     parser.add_argument("--batch", type=int_at_least(1), help="expected (Poisson) batch")
     parser.add_argument("--seq", type=int_at_least(4), help="tokens per record")
-    parser.add_argument("--microbatch", type=int_at_least(1), help="records per vmapped clipped-gradient call")
+    parser.add_argument("--microbatch", type=int_at_least(1),
+                        help="records per clipped-gradient call on every path (default: each path's library default)")
     parser.add_argument("--repeats", type=int_at_least(1), help="timed steps per implementation")
     parser.add_argument("--tolerance", type=float, help="relative L2 error allowed by the check")
-    parser.add_argument("--deadline", type=float, help="seconds; the part is skipped if fewer than 60 are given")
+    parser.add_argument("--deadline", type=float,
+                        help="seconds from the start; the part is skipped if fewer than 60 are given, and a clipping "
+                        "path that would not be timed before it is skipped (the path clipping='auto' takes is "
+                        "timed first)")
+    parser.add_argument("--reserve", type=float, help="seconds the deadline's projection keeps for the timed steps "
+                        "(default 30; smoke 5)")
     parser.add_argument("--paths", default=",".join(PATHS),
                         help=f"clipping paths timed, comma-separated (default: {','.join(PATHS)})")
     parser.add_argument("--seed", type=int_at_least(0), default=0)
@@ -206,6 +252,8 @@ def main(argv=None) -> int:
             setattr(args, name, value)
     if args.batch > args.records:
         parser.error(f"--batch must be <= --records, got {args.batch} > {args.records}")
+    if not (math.isfinite(args.reserve) and args.reserve >= 0):
+        parser.error(f"--reserve must be a finite number of seconds >= 0, got {args.reserve}")
     backend = jax.default_backend()
     if not args.cpu_smoke and backend == "cpu":
         print("error: no accelerator (jax.default_backend() is 'cpu'); use --cpu-smoke on a CPU", file=sys.stderr)
@@ -216,20 +264,20 @@ def main(argv=None) -> int:
     if args.deadline is not None and args.deadline < 60:
         result.update(status="skipped", reason=f"{args.deadline:.0f} s left before the deadline")
     else:
-        result.update(status="ok", **benchmark(args, "smoke" if args.cpu_smoke else "gpt2-small"))
+        result.update(status="ok", **benchmark(args, "smoke" if args.cpu_smoke else "gpt2-small", start))
     result["wall_seconds"] = round(time.perf_counter() - start, 2)
     if args.json:
         print(json.dumps(result), flush=True)
     elif result["status"] == "ok":
         m = result["model"]
         dp, nonprivate = result["dp"]["records_per_s"], result["nonprivate"]["records_per_s"]
-        each = ", ".join(f"{p} {r['records_per_s']:,.1f} ({r['ratio_over_nonprivate']:.3f})"
-                         for p, r in result["paths"].items())
+        each = ", ".join(f"{p} {r['records_per_s']:,.1f} ({r['ratio_over_nonprivate']:.3f}, microbatch "
+                         f"{r['microbatch_size']}/{r['tail_microbatch_size']})" for p, r in result["paths"].items())
         print(f"DP-SGD GPT-2 {m['shape']} ({m['parameters']:,} params, seq {m['seq']}, "
-              f"batches {result['batch_sizes']}, microbatch {result['microbatch_size']}): records/s (share of "
-              f"non-private) {each}; non-private {nonprivate:,.1f}; auto takes {result['dp_path']} "
-              f"({dp:,.1f}); check rel. error {result['check_rel_error']:.1e}; compile {result['compile_seconds']}",
-              flush=True)
+              f"batches {result['batch_sizes']}): records/s (share of non-private, microbatch/remainder's) {each}; "
+              f"non-private {nonprivate:,.1f}; auto takes {result['dp_path']} "
+              f"({dp:,.1f}); check rel. error {result['check_rel_error']:.1e}; compile {result['compile_seconds']}"
+              + "".join(f"; {p} skipped: {why}" for p, why in result["skipped_paths"].items()), flush=True)
     else:
         print(f"DP-SGD: skipped: {result['reason']}", flush=True)
     failed = [p for p, r in result.get("paths", {}).items() if not r["check_rel_error"] <= tolerance_of(p, tolerance)]

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from snapaudit_jax.dpsgd import DPSGDConfig
 from tests.helpers.bench import FAST_COMPILE_XLA_FLAGS
 from tests.helpers.paths import ROOT
 
@@ -60,6 +61,17 @@ def test_cpu_smoke_runs_every_part_and_writes_their_json(tmp_path):
     assert 1e-6 < dpsgd["paths"]["book_keeping_bf16"]["check_rel_error"] < 2.0**-6
     assert dpsgd["paths"]["book_keeping_bf16"]["clipped_sum_dtype"] == "bfloat16"
     assert dpsgd["dp_path"] == dpsgd["auto"]["path"] == "book_keeping"
+    # each path at the microbatch (and remainder's) that the library gives a user on the backend, as the kit's
+    # GPU run does: on the CPU one record for the per-record path and more on the fast ones (so one microbatch
+    # forced on every path fails there; accelerators give every path the same)
+    plan = DPSGDConfig(steps=1, learning_rate=1e-3, noise_multiplier=1.0, delta=1e-5,
+                       sampling_rate=dpsgd["sampling_rate"])
+    for name, r in dpsgd["paths"].items():
+        m = plan.microbatch_for(dpsgd["records"], dpsgd["backend"], name.removesuffix("_bf16"))
+        assert (r["microbatch_size"], r["tail_microbatch_size"]) == (m, plan.tail_for(dpsgd["records"], m)), name
+    if dpsgd["backend"] == "cpu":
+        assert dpsgd["paths"]["per_record"]["microbatch_size"] < dpsgd["paths"]["book_keeping"]["microbatch_size"]
+    assert dpsgd["skipped_paths"] == {}  # the kit's deadline left room for every path
     tune = json.loads((out / "finetune.json").read_text())
     assert tune["part"] == "finetune" and tune["status"] == "ok" and tune["methods"] == ["lora"]
     assert tune["jax_compiles_timed"] == 0
@@ -71,6 +83,31 @@ def test_cpu_smoke_runs_every_part_and_writes_their_json(tmp_path):
     llm = json.loads((out / "llm.json").read_text())
     assert [row["arch"] for row in llm["architectures"]] == ["smollm2-135m", "llama-3.2-1b", "llama-3-8b"]
     assert all(row["status"] == "ok" for row in llm["architectures"])
+
+
+@pytest.mark.slow
+def test_dpsgd_times_the_auto_path_first_and_skips_what_the_deadline_leaves_no_room_for(tmp_path):
+    script = os.path.join(str(ROOT), "benchmarks", "gpu", "dpsgd.py")
+    out = tmp_path / "dpsgd.json"
+    # a reserve for the timed steps far beyond the deadline: no path fits after the first one
+    proc = subprocess.run([sys.executable, script, "--cpu-smoke", "--repeats", "1", "--deadline", "60", "--reserve",
+                           "1000", "--out", str(out)], capture_output=True, text=True, timeout=300,
+                          env=_env(tmp_path, JAX_PLATFORMS="cpu"), cwd=str(ROOT))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    dpsgd = json.loads(out.read_text())
+    assert dpsgd["status"] == "ok" and dpsgd["dp_path"] == dpsgd["auto"]["path"] == "book_keeping"
+    assert list(dpsgd["paths"]) == ["book_keeping"] and dpsgd["paths"]["book_keeping"]["records_per_s"] > 0
+    assert dpsgd["paths"]["book_keeping"]["check_rel_error"] < 1e-4
+    assert list(dpsgd["skipped_paths"]) == ["per_record", "ghost", "book_keeping_bf16"]
+    first = dpsgd["skipped_paths"]["per_record"]
+    assert "of the 60 s deadline" in first and "projected" in first, first
+    assert set(dpsgd["skipped_paths"].values()) - {first} == {
+        "not started: per_record, before it, did not fit the deadline"}
+    assert set(dpsgd["compile_seconds"]) == {"nonprivate", "book_keeping"}
+    assert "per_record skipped: not started at" in proc.stdout
+    proc = subprocess.run([sys.executable, script, "--cpu-smoke", "--reserve", "nan"], capture_output=True,
+                          text=True, timeout=120, env=_env(tmp_path, JAX_PLATFORMS="cpu"), cwd=str(ROOT))
+    assert proc.returncode == 2 and "--reserve must be a finite number of seconds >= 0, got nan" in proc.stderr
 
 
 @pytest.mark.slow
