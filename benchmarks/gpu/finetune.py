@@ -2,7 +2,8 @@
 
 Usage::
 
-    python benchmarks/gpu/finetune.py --out finetune.json [--layers 4] [--method both] [--deadline SECONDS]
+    python benchmarks/gpu/finetune.py --out finetune.json [--layers 4] [--method both] [--deadline SECONDS] \
+        [--next-factor 2] [--skip-torch]
     python benchmarks/gpu/finetune.py --cpu-smoke --out /tmp/finetune_smoke.json
 
 It runs :mod:`bench_finetune` (see its docstring for what is measured and checked) with sizes for one
@@ -13,14 +14,23 @@ picks on the backend beside the other two; the torch side (transformers, PEFT, O
 runs on the CUDA device torch sees. Correctness checks
 run with float32 products at full precision on both sides; the timed steps at each backend's default.
 
+The methods run one at a time, LoRA first (DP-LoRA against Opacus + PEFT is the comparison the accelerator
+issue asks for): the JSON is rewritten after each, so a part stopped by the kit's timeout during full fine-tuning
+keeps LoRA's figures. Under ``--deadline`` a further method starts only if the time left is more than
+``--next-factor`` (default 2) times what the previous one took (full fine-tuning's steps cost more than LoRA's);
+one that does not is listed in ``skipped_methods`` with the figures.
+
 ``--cpu-smoke``: a one-layer toy of the shape, LoRA only, on the CPU (about 30 s). ``--deadline`` below 90
-seconds skips the part (status ``skipped``). The JSON is ``bench_finetune``'s, with ``part``, ``status`` and the
-arguments used; the exit status is ``bench_finetune``'s (1: a failed check, no file).
+seconds skips the part (status ``skipped``). The JSON holds ``part``, ``status``, ``methods`` (those measured, in
+order), ``runs`` (each method's ``bench_finetune`` result, with the arguments used), ``skipped_methods`` and
+``wall_seconds``; the exit status is ``bench_finetune``'s (1: a failed check; the file then holds the methods
+measured before it, or is not written).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -36,6 +46,8 @@ ACCELERATOR = ["--method", "both", "--seq", "128", "--batch", "32", "--records",
 SMOKE = ["--method", "lora", "--layers", "1", "--dim", "64", "--heads", "4", "--kv-heads", "2", "--intermediate",
          "96", "--vocab", "256", "--seq", "16", "--batch", "4", "--records", "16", "--repeats", "1"]
 MIN_DEADLINE = 90
+NEXT_METHOD_FACTOR = 2.0
+ORDER = ("lora", "full")
 
 
 def main(argv=None) -> int:
@@ -45,7 +57,13 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, default=4, help="decoder layers of the SmolLM2 shape (accelerator)")
     parser.add_argument("--method", choices=("full", "lora", "both"), default=None)
     parser.add_argument("--deadline", type=float, help=f"seconds; skipped if fewer than {MIN_DEADLINE} are given")
+    parser.add_argument("--skip-torch", action="store_true", help="no PyTorch / Opacus + PEFT side")
+    parser.add_argument("--next-factor", type=float, default=NEXT_METHOD_FACTOR,
+                        help="under --deadline, a further method starts only if the time left is more than this "
+                        f"many times what the previous method took (default {NEXT_METHOD_FACTOR:g})")
     args = parser.parse_args(argv)
+    if not (math.isfinite(args.next_factor) and args.next_factor > 0):
+        parser.error(f"--next-factor must be a finite number > 0, got {args.next_factor}")
     if args.layers < 1:
         parser.error(f"--layers must be an integer >= 1, got {args.layers}")
     import jax
@@ -56,17 +74,40 @@ def main(argv=None) -> int:
     flags = list(SMOKE if args.cpu_smoke else [*ACCELERATOR, "--layers", str(args.layers)])
     if args.method is not None:
         flags[flags.index("--method") + 1] = args.method
-    if bench_finetune._torch.torch_available() is not None:
+    if args.skip_torch or bench_finetune._torch.torch_available() is not None:
         flags.append("--skip-torch")  # recorded in the JSON (torch.skipped)
     start = time.perf_counter()
     if args.deadline is not None and args.deadline < MIN_DEADLINE:
-        result = {"part": "finetune", "status": "skipped", "reason": f"{args.deadline:.0f} s left before the deadline"}
+        result = {"part": "finetune", "status": "skipped", "reason": f"{args.deadline:.0f} s left before the deadline",
+                  "wall_seconds": round(time.perf_counter() - start, 1)}
         print(f"finetune: skipped: {result['reason']}", flush=True)
-    else:
-        rc, result = bench_finetune.run(bench_finetune.parse(flags))
+        write_json(args.out, result)
+        return 0
+    chosen = flags[flags.index("--method") + 1]
+    methods = [m for m in ORDER if chosen in (m, "both")]
+    result = {"part": "finetune", "status": "ok", "methods": [], "runs": {}, "skipped_methods": {}}
+    previous = None
+    for method in methods:
+        elapsed = time.perf_counter() - start
+        if previous is not None and args.deadline is not None:
+            left = args.deadline - elapsed
+            if left < args.next_factor * previous:
+                result["skipped_methods"][method] = (f"not started at {elapsed:.0f} s of the {args.deadline:.0f} s "
+                                                     f"deadline: {left:.0f} s left, under {args.next_factor:g} "
+                                                     f"times the {previous:.0f} s the method before it took")
+                print(f"finetune: {method} skipped: {result['skipped_methods'][method]}", flush=True)
+                continue
+        one = list(flags)
+        one[one.index("--method") + 1] = method
+        t0 = time.perf_counter()
+        rc, run = bench_finetune.run(bench_finetune.parse(one))
         if rc != 0:
-            return rc  # a failed check: no file
-        result.update(part="finetune", status="ok", arguments=flags)
+            return rc  # a failed check: the file holds the methods measured before it, if any
+        previous = time.perf_counter() - t0
+        result["methods"].append(method)
+        result["runs"][method] = {**run, "arguments": one}
+        result["wall_seconds"] = round(time.perf_counter() - start, 1)
+        write_json(args.out, result)  # what is measured so far, should the kit's timeout stop the next method
     result["wall_seconds"] = round(time.perf_counter() - start, 1)
     write_json(args.out, result)
     return 0

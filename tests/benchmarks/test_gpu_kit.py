@@ -72,8 +72,11 @@ def test_cpu_smoke_runs_every_part_and_writes_their_json(tmp_path):
     if dpsgd["backend"] == "cpu":
         assert dpsgd["paths"]["per_record"]["microbatch_size"] < dpsgd["paths"]["book_keeping"]["microbatch_size"]
     assert dpsgd["skipped_paths"] == {}  # the kit's deadline left room for every path
-    tune = json.loads((out / "finetune.json").read_text())
-    assert tune["part"] == "finetune" and tune["status"] == "ok" and tune["methods"] == ["lora"]
+    part = json.loads((out / "finetune.json").read_text())
+    assert part["part"] == "finetune" and part["status"] == "ok" and part["methods"] == ["lora"]
+    assert part["skipped_methods"] == {} and list(part["runs"]) == ["lora"]
+    tune = part["runs"]["lora"]
+    assert tune["methods"] == ["lora"] and tune["arguments"][tune["arguments"].index("--method") + 1] == "lora"
     assert tune["jax_compiles_timed"] == 0
     assert all(v <= tolerance for k, v in tune["checks"].items() if not isinstance(v, bool) and k != "tolerance")
     ours = {"ours_dp_lora", "ours_dp_per_record_lora", "ours_dp_ghost_lora", "ours_batched_lora"}
@@ -108,6 +111,34 @@ def test_dpsgd_times_the_auto_path_first_and_skips_what_the_deadline_leaves_no_r
     proc = subprocess.run([sys.executable, script, "--cpu-smoke", "--reserve", "nan"], capture_output=True,
                           text=True, timeout=120, env=_env(tmp_path, JAX_PLATFORMS="cpu"), cwd=str(ROOT))
     assert proc.returncode == 2 and "--reserve must be a finite number of seconds >= 0, got nan" in proc.stderr
+
+
+@pytest.mark.slow
+def test_finetune_measures_lora_first_and_a_further_method_only_with_time_left(tmp_path):
+    script = os.path.join(str(ROOT), "benchmarks", "gpu", "finetune.py")
+    env = _env(tmp_path, JAX_PLATFORMS="cpu")
+    runs = {}
+    for name, extra in (("tight", ["--deadline", "90", "--next-factor", "1000"]), ("room", [])):
+        out = tmp_path / f"{name}.json"
+        proc = subprocess.run([sys.executable, script, "--cpu-smoke", "--method", "both", "--skip-torch",
+                               *extra, "--out", str(out)], capture_output=True, text=True, timeout=600, env=env,
+                              cwd=str(ROOT))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        runs[name] = json.loads(out.read_text()), proc.stdout
+    tight, stdout = runs["tight"]
+    assert tight["methods"] == ["lora"] and list(tight["runs"]) == ["lora"]
+    reason = tight["skipped_methods"]["full"]
+    assert reason.startswith("not started at ") and "of the 90 s deadline" in reason and "under 1000 times" in reason
+    assert f"finetune: full skipped: {reason}" in stdout
+    room, _ = runs["room"]  # power: with no deadline both run, LoRA first, each checked and timed
+    assert room["methods"] == ["lora", "full"] and room["skipped_methods"] == {}
+    for method, run in room["runs"].items():
+        assert run["methods"] == [method] and f"ours_dp_{method}" in run["variants"]
+        assert all(v <= 1e-4 for k, v in run["checks"].items() if not isinstance(v, bool) and k != "tolerance")
+    proc = subprocess.run([sys.executable, script, "--cpu-smoke", "--next-factor", "0", "--out",
+                           str(tmp_path / "x.json")], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2 and "--next-factor must be a finite number > 0, got 0.0" in proc.stderr
+    assert not (tmp_path / "x.json").exists()
 
 
 @pytest.mark.slow
