@@ -17,7 +17,8 @@ Parts (each writes ``DIR/<part>.json``; see ``benchmarks/gpu/README.md``):
   chunk sizes, device counts and vectorised blocks, its kernels' exactness (variates, mechanisms),
   and bfloat16 model parity.
 
-Every part gets ``--deadline`` (the seconds left of ``--budget`` minus a margin) and a hard timeout;
+Every part gets ``--deadline`` (the seconds left of ``--budget`` minus a margin, less the least time of each
+part after it, ``LEAST``, but never under its own) and a hard timeout at the budget;
 a part that fails, times out or is skipped is recorded in ``DIR/kit.json`` with its exit status and
 the tail of its output, and the kit goes on. Exit status: 0 if every part that ran succeeded.
 """
@@ -41,6 +42,10 @@ PARTS = ("simulation", "dpsgd", "finetune", "llm", "tests")
 # not yet measured there -- about a dozen compiles of a 4-layer SmolLM2 shape and the torch side).
 PLANNED = {"simulation": 90, "dpsgd": 240, "finetune": 180, "llm": 210, "tests": 120}
 MARGIN = 15
+# The least time each part measures something in (its own thresholds: dpsgd and finetune skip themselves below 60
+# and 90 s; one simulation case, one LLM shape, the test subset): a part's deadline leaves the parts after it this
+# much, so that the first cannot spend the whole budget (dpsgd, finetune and llm stop starting work at theirs).
+LEAST = {"simulation": 30, "dpsgd": 60, "finetune": 90, "llm": 60, "tests": 60}
 TEST_FILES = (
     "tests/snapaudit_jax/simulation/test_trials.py",
     "tests/snapaudit_jax/mechanisms/test_variates.py",
@@ -134,26 +139,31 @@ def main(argv=None) -> int:
         env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), ROOT]))
     summary = {"mode": "cpu-smoke" if args.cpu_smoke else "accelerator", "budget_seconds": budget,
+               "margin_seconds": MARGIN, "least_seconds": {p: LEAST[p] for p in parts},
                "environment": environment(), "parts": {}}
     print(f"kit: {summary['mode']}, {summary['environment']}", flush=True)
     ok = True
-    for part in parts:
+    for index, part in enumerate(parts):
         left = budget - (time.perf_counter() - start)
+        later = sum(LEAST[p] for p in parts[index + 1:])
+        deadline = min(left - MARGIN, max(LEAST[part], left - MARGIN - later))
         if left < 30:
             summary["parts"][part] = {"status": "skipped", "reason": f"{left:.0f} s of the budget left"}
             print(f"kit: {part}: skipped ({left:.0f} s left)", flush=True)
             continue
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run(command(part, args.out, args.cpu_smoke, left - MARGIN), cwd=ROOT, env=env,
+            proc = subprocess.run(command(part, args.out, args.cpu_smoke, deadline), cwd=ROOT, env=env,
                                   capture_output=True, text=True, timeout=left)
             rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
         except subprocess.TimeoutExpired as err:
             partial = err.stdout or ""  # bytes in some Python versions, even with text=True
             stdout = partial.decode(errors="replace") if isinstance(partial, bytes) else partial
             rc, stderr = "timeout", f"killed after {left:.0f} s"
-        row = {"status": "ok" if rc == 0 else "failed", "returncode": rc,
-               "seconds": round(time.perf_counter() - t0, 1), "stdout_tail": _tail(stdout),
+        row = {"status": "ok" if rc == 0 else "failed", "returncode": rc, "started_at_seconds": round(budget - left, 1),
+               "deadline_seconds": None if part == "tests" else round(deadline, 1),  # pytest: the timeout only
+               "seconds": round(time.perf_counter() - t0, 1),
+               "stdout_tail": _tail(stdout),
                "stderr_tail": _tail(stderr)}
         if part == "tests":
             row["summary"] = tests_summary(args.out)

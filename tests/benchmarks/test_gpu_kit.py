@@ -32,6 +32,19 @@ def test_cpu_smoke_runs_every_part_and_writes_their_json(tmp_path):
     assert kit["mode"] == "cpu-smoke"
     assert {p: r["status"] for p, r in kit["parts"].items()} == dict.fromkeys(
         ["simulation", "dpsgd", "finetune", "llm", "tests"], "ok")
+    # each part's deadline leaves every part after it the least time it measures something in, and is never
+    # under its own least (or, short of that, the budget left less the margin); the tests part has no deadline
+    names, least, margin = list(kit["parts"]), kit["least_seconds"], kit["margin_seconds"]
+    for index, name in enumerate(names):
+        row = kit["parts"][name]
+        if name == "tests":
+            assert row["deadline_seconds"] is None
+            continue
+        left = kit["budget_seconds"] - row["started_at_seconds"]
+        later = sum(least[p] for p in names[index + 1:])
+        assert row["deadline_seconds"] <= max(least[name], left - margin - later) + 0.1, (name, row)
+        assert row["deadline_seconds"] >= min(least[name], left - margin) - 0.1, (name, row)
+    assert kit["parts"]["simulation"]["deadline_seconds"] < kit["budget_seconds"] - margin - 200  # power
     tests = kit["parts"]["tests"]["summary"]
     assert tests["tests"] >= 3 and tests["failures"] == tests["errors"] == 0
     sim = json.loads((out / "simulation.json").read_text())
