@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/gpu/dpsgd.py --out dpsgd.json [--records 1024] [--batch 64] [--seq 128] \
-        [--microbatch M] [--repeats 5] [--paths per_record,book_keeping,ghost,book_keeping_bf16] \
+        [--microbatch M] [--repeats 5] [--paths per_record,book_keeping,book_keeping_batch,book_keeping_bf16,ghost] \
         [--deadline SECONDS] [--reserve SECONDS] [--json] \
         [--seed S] [--vocab-chunk ROWS]
     python benchmarks/gpu/dpsgd.py --cpu-smoke --out /tmp/dpsgd_smoke.json
@@ -23,6 +23,8 @@ synthetic records of ``--seq`` tokens (``benchmarks/bench_dpsgd.make_data``), Po
   each record's gradient clipped to ``C`` (the mean per-record norm of step 0), summed, Gaussian noise
   ``sigma C`` (``sigma = 1``), scaled by ``1 / (q N)``, AdamW; ``dp`` repeats the path ``clipping = "auto"``
   takes on this backend (``auto``: the path and the reason);
+* ``book_keeping_batch``: book-keeping with the whole expected batch a microbatch (``ceil(q N)``, the remainder
+  at ``tail_for``): whether the accelerators' default of 32 leaves the device idle;
 * ``book_keeping_bf16``: book-keeping with bfloat16 clipped-sum operands (``DPSGDConfig.clipped_sum_dtype``: the
   products at the rate of the matrix units, two a dense layer), its check against the float32 gradient within
   ``2^-6`` (the factors' rounding);
@@ -36,7 +38,9 @@ Each path runs at the microbatch a user of the library gets on the backend (``DP
 ``tail_for`` with ``microbatch_size`` unset: on an accelerator ``m = min(32, q N)``, 32 at the expected batch of 64,
 and the batch's remainder in microbatches of ``m / 4``; on the CPU 1 for ``per_record`` and up to 4 on the fast
 paths), recorded per path as ``microbatch_size`` and ``tail_microbatch_size``; ``--microbatch M`` sets ``m`` on
-every path instead (the remainder at the library's ``tail_for(M)``).
+every path but ``book_keeping_batch`` instead (the remainder at the library's ``tail_for(M)``). After the path
+``auto`` takes, the paths run in the order of ``--paths`` (default: per-record, book-keeping, its whole-batch
+microbatch, bfloat16 operands, ghost clipping).
 
 ``--vocab-chunk ROWS``: every step above, the non-private one included, runs the LM head a slice of ``ROWS``
 vocabulary rows at a time (``DPSGDConfig.vocab_chunk``: no ``(batch, seq, vocab)`` logits); ``model.vocab_chunk``
@@ -100,15 +104,24 @@ GPU_DEFAULTS = dict(records=1024, batch=64, seq=128, repeats=5, reserve=30.0)
 SMOKE_DEFAULTS = dict(records=64, batch=8, seq=32, repeats=3, reserve=5.0)
 HUGE_CLIP = 1e9
 # Each timed variant: (DPSGDConfig.clipping, DPSGDConfig.clipped_sum_dtype).
-VARIANTS = {**{path: (path, "float32") for path in CLIPPING_PATHS}, "book_keeping_bf16": ("book_keeping", "bfloat16")}
-PATHS = tuple(VARIANTS)
+VARIANTS = {**{path: (path, "float32") for path in CLIPPING_PATHS}, "book_keeping_bf16": ("book_keeping", "bfloat16"),
+            "book_keeping_batch": ("book_keeping", "float32")}
+# Variants whose microbatch is the expected batch itself (ceil(q N)), whatever the library's default or --microbatch:
+# whether the fast path's accelerator default (32) leaves the device idle.
+WHOLE_BATCH = ("book_keeping_batch",)
+# The default order after the path clipping = "auto" takes (a deadline skips from the end): the per-record baseline,
+# the microbatch question, bfloat16 operands, ghost clipping.
+PATHS = ("per_record", "book_keeping", "book_keeping_batch", "book_keeping_bf16", "ghost")
 # The bfloat16 operands' check against the float32 batched gradient: their rounding, 2^-8 a product at most.
 BF16_TOLERANCE = 2.0**-6
 
 
 def variant_config(args, q: float, clip: float, name: str, micro, steps: int):
-    """:func:`bench_dpsgd.dp_config` of variant ``name`` (its clipping path and clipped-sum operands)."""
+    """:func:`bench_dpsgd.dp_config` of variant ``name`` (its clipping path, clipped-sum operands and, for
+    :data:`WHOLE_BATCH`, the expected batch as its microbatch)."""
     path, dtype = VARIANTS[name]
+    if name in WHOLE_BATCH:
+        micro = math.ceil(args.batch)
     return dataclasses.replace(dp_config(args, q, clip, path, micro, steps), clipped_sum_dtype=dtype)
 
 

@@ -36,9 +36,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 PARTS = ("simulation", "dpsgd", "finetune", "llm", "tests")
-# Seconds each part is planned for on one H200 (llm: mostly XLA compilation of the unrolled models; dpsgd: three
-# clipping paths of GPT-2-small, measured at about 56 s of compilation each with the blocks unrolled -- they now
-# run under one scan there, DPSGDConfig.layers = "auto", not yet measured on the device; finetune: an estimate,
+# Seconds each part is planned for on one H200 (llm: mostly XLA compilation of the unrolled models; dpsgd: five
+# variants of GPT-2-small, each compiled twice (checked and timed), the per-record one measured at about 56 s of
+# compilation with the blocks unrolled -- they now run under one scan there, DPSGDConfig.layers = "auto", not yet
+# measured on the device; a deadline stops it starting further variants; finetune: an estimate,
 # not yet measured there -- about a dozen compiles of a 4-layer SmolLM2 shape and the torch side).
 PLANNED = {"simulation": 90, "dpsgd": 240, "finetune": 180, "llm": 210, "tests": 120}
 MARGIN = 15

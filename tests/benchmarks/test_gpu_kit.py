@@ -1,6 +1,7 @@
 """The accelerator benchmark kit (benchmarks/gpu/) in its CPU smoke mode, so that it cannot rot."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -67,7 +68,7 @@ def test_cpu_smoke_runs_every_part_and_writes_their_json(tmp_path):
     assert dpsgd["dp"]["records_per_s"] > 0 and dpsgd["nonprivate"]["records_per_s"] > 0
     assert dpsgd["nonprivate_batch_sizes"] == sorted(set(dpsgd["batch_sizes"]))  # each batch at its own size
     # every clipping path timed and checked; dp is the one clipping = "auto" takes on this backend
-    assert set(dpsgd["paths"]) == {"per_record", "book_keeping", "ghost", "book_keeping_bf16"}
+    assert list(dpsgd["paths"]) == ["per_record", "book_keeping", "book_keeping_batch", "book_keeping_bf16", "ghost"]
     assert all(r["records_per_s"] > 0 for r in dpsgd["paths"].values())
     assert all(r["check_rel_error"] < tolerance for p, r in dpsgd["paths"].items() if p != "book_keeping_bf16")
     # bfloat16 operands: the float32 gradient to their rounding, and off it (they took effect)
@@ -80,7 +81,9 @@ def test_cpu_smoke_runs_every_part_and_writes_their_json(tmp_path):
     plan = DPSGDConfig(steps=1, learning_rate=1e-3, noise_multiplier=1.0, delta=1e-5,
                        sampling_rate=dpsgd["sampling_rate"])
     for name, r in dpsgd["paths"].items():
-        m = plan.microbatch_for(dpsgd["records"], dpsgd["backend"], name.removesuffix("_bf16"))
+        m = plan.microbatch_for(dpsgd["records"], dpsgd["backend"], name.removesuffix("_bf16").removesuffix("_batch"))
+        if name == "book_keeping_batch":  # the whole expected batch a microbatch
+            m = math.ceil(dpsgd["expected_batch"])
         assert (r["microbatch_size"], r["tail_microbatch_size"]) == (m, plan.tail_for(dpsgd["records"], m)), name
     if dpsgd["backend"] == "cpu":
         assert dpsgd["paths"]["per_record"]["microbatch_size"] < dpsgd["paths"]["book_keeping"]["microbatch_size"]
@@ -114,7 +117,7 @@ def test_dpsgd_times_the_auto_path_first_and_skips_what_the_deadline_leaves_no_r
     assert dpsgd["status"] == "ok" and dpsgd["dp_path"] == dpsgd["auto"]["path"] == "book_keeping"
     assert list(dpsgd["paths"]) == ["book_keeping"] and dpsgd["paths"]["book_keeping"]["records_per_s"] > 0
     assert dpsgd["paths"]["book_keeping"]["check_rel_error"] < 1e-4
-    assert list(dpsgd["skipped_paths"]) == ["per_record", "ghost", "book_keeping_bf16"]
+    assert list(dpsgd["skipped_paths"]) == ["per_record", "book_keeping_batch", "book_keeping_bf16", "ghost"]
     first = dpsgd["skipped_paths"]["per_record"]
     assert "of the 60 s deadline" in first and "projected" in first, first
     assert set(dpsgd["skipped_paths"].values()) - {first} == {
