@@ -54,7 +54,8 @@ the projection, and the part writes what it measured instead of being stopped wi
 
 ``records_per_s`` is records of the realised batches over the summed step times, timed steps
 rotating over the variants after one compiling step each; ``ratio_over_nonprivate`` (``ratio_dp_over_nonprivate``
-for ``dp``) is the share of the non-private throughput each path keeps.
+for ``dp``) is the share of the non-private throughput each path keeps; ``median_step_time_ratio`` the median over
+the timed steps of the path's step time over the non-private one's on the same batch (robust to one slow step).
 
 Check (before timing): with ``C`` far above every per-record norm and the noise off, each path's
 clipped sum (read back from AdamW's first moment) equals the non-private gradient of the same batch
@@ -85,7 +86,7 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from _common import CLIPPING_PATHS  # noqa: E402
-from _common import int_at_least  # noqa: E402
+from _common import int_at_least, paired_ratio  # noqa: E402
 from bench_dpsgd import (  # noqa: E402
     B1, NOISE_MULTIPLIER, NonPrivate, dp_config, flat64, make_data, ours_step, rotate, same_layout, step_batches,
 )
@@ -209,7 +210,8 @@ def benchmark(args, shape: str, started: float) -> dict:
     paths = {path: {**rates(path), "check_rel_error": checks[path], "clipped_sum_dtype": VARIANTS[path][1],
                     "microbatch_size": runs[path].spec.microbatch_size,
                     "tail_microbatch_size": runs[path].spec.tail_size,
-                    "ratio_over_nonprivate": round(sum(wall["nonprivate"]) / sum(wall[path]), 4)}
+                    "ratio_over_nonprivate": round(sum(wall["nonprivate"]) / sum(wall[path]), 4),
+                    "median_step_time_ratio": paired_ratio(wall, path, "nonprivate")}
              for path in timed}
     default = auto[0] if auto[0] in paths else order[0]
     out = {

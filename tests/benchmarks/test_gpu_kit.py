@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 
@@ -70,6 +71,10 @@ def test_cpu_smoke_runs_every_part_and_writes_their_json(tmp_path):
     # every clipping path timed and checked; dp is the one clipping = "auto" takes on this backend
     assert list(dpsgd["paths"]) == ["per_record", "book_keeping", "book_keeping_batch", "book_keeping_bf16", "ghost"]
     assert all(r["records_per_s"] > 0 for r in dpsgd["paths"].values())
+    for r in dpsgd["paths"].values():  # the median of the per-step ratios on the same batches
+        ratios = [a / b for a, b in zip(r["step_seconds"], dpsgd["nonprivate"]["step_seconds"])]
+        assert len(ratios) == len(dpsgd["batch_sizes"]) and r["median_step_time_ratio"] == round(
+            statistics.median(ratios), 3)
     assert all(r["check_rel_error"] < tolerance for p, r in dpsgd["paths"].items() if p != "book_keeping_bf16")
     # bfloat16 operands: the float32 gradient to their rounding, and off it (they took effect)
     assert 1e-6 < dpsgd["paths"]["book_keeping_bf16"]["check_rel_error"] < 2.0**-6
