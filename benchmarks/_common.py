@@ -7,6 +7,7 @@ call a helper) only after any environment variable the script sets for XLA.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import sys
@@ -64,6 +65,22 @@ def int_at_least(minimum: int, maximum: int | None = None):
         if value < minimum or (maximum is not None and value > maximum):
             bound = f">= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
             raise argparse.ArgumentTypeError(f"must be an integer {bound}, got {text}")
+        return value
+
+    return parse
+
+
+def number_at_least(minimum: float, *, strict: bool = False):
+    """An argparse type: a finite number ``>= minimum`` (``> minimum`` where ``strict``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and (value > minimum if strict else value >= minimum)):
+            raise argparse.ArgumentTypeError(f"must be a finite number {'>' if strict else '>='} {minimum:g}, "
+                                             f"got {text}")
         return value
 
     return parse

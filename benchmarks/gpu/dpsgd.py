@@ -86,7 +86,7 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from _common import CLIPPING_PATHS  # noqa: E402
-from _common import int_at_least, paired_ratio  # noqa: E402
+from _common import int_at_least, number_at_least, paired_ratio  # noqa: E402
 from bench_dpsgd import (  # noqa: E402
     B1, NOISE_MULTIPLIER, NonPrivate, dp_config, flat64, make_data, ours_step, rotate, same_layout, step_batches,
 )
@@ -246,13 +246,14 @@ def main(argv=None) -> int:
     parser.add_argument("--microbatch", type=int_at_least(1),
                         help="records per clipped-gradient call on every path (default: each path's library default)")
     parser.add_argument("--repeats", type=int_at_least(1), help="timed steps per implementation")
-    parser.add_argument("--tolerance", type=float, help="relative L2 error allowed by the check")
-    parser.add_argument("--deadline", type=float,
+    parser.add_argument("--tolerance", type=number_at_least(0.0, strict=True),
+                        help="relative L2 error allowed by the check")
+    parser.add_argument("--deadline", type=number_at_least(0.0),
                         help="seconds from the start; the part is skipped if fewer than 60 are given, and a clipping "
                         "path that would not be timed before it is skipped (the path clipping='auto' takes is "
                         "timed first)")
-    parser.add_argument("--reserve", type=float, help="seconds the deadline's projection keeps for the timed steps "
-                        "(default 30; smoke 5)")
+    parser.add_argument("--reserve", type=number_at_least(0.0),
+                        help="seconds the deadline's projection keeps for the timed steps (default 30; smoke 5)")
     parser.add_argument("--paths", default=",".join(PATHS),
                         help=f"clipping paths timed, comma-separated (default: {','.join(PATHS)})")
     parser.add_argument("--seed", type=int_at_least(0), default=0)
@@ -267,8 +268,6 @@ def main(argv=None) -> int:
             setattr(args, name, value)
     if args.batch > args.records:
         parser.error(f"--batch must be <= --records, got {args.batch} > {args.records}")
-    if not (math.isfinite(args.reserve) and args.reserve >= 0):
-        parser.error(f"--reserve must be a finite number of seconds >= 0, got {args.reserve}")
     backend = jax.default_backend()
     if not args.cpu_smoke and backend == "cpu":
         print("error: no accelerator (jax.default_backend() is 'cpu'); use --cpu-smoke on a CPU", file=sys.stderr)

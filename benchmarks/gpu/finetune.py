@@ -30,7 +30,6 @@ measured before it, or is not written).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -40,6 +39,7 @@ sys.path.insert(0, os.path.dirname(HERE))  # benchmarks/ (_common, bench_*)
 sys.path.append(os.path.dirname(os.path.dirname(HERE)))  # the repository, unless the package is installed
 
 import bench_finetune  # noqa: E402
+from _common import number_at_least  # noqa: E402
 from snapaudit_jax.utils.io import write_json  # noqa: E402
 
 ACCELERATOR = ["--method", "both", "--seq", "128", "--batch", "32", "--records", "256", "--repeats", "3"]
@@ -56,14 +56,13 @@ def main(argv=None) -> int:
     parser.add_argument("--cpu-smoke", action="store_true", help="a one-layer toy, LoRA only, on the CPU")
     parser.add_argument("--layers", type=int, default=4, help="decoder layers of the SmolLM2 shape (accelerator)")
     parser.add_argument("--method", choices=("full", "lora", "both"), default=None)
-    parser.add_argument("--deadline", type=float, help=f"seconds; skipped if fewer than {MIN_DEADLINE} are given")
+    parser.add_argument("--deadline", type=number_at_least(0.0),
+                        help=f"seconds; skipped if fewer than {MIN_DEADLINE} are given")
     parser.add_argument("--skip-torch", action="store_true", help="no PyTorch / Opacus + PEFT side")
-    parser.add_argument("--next-factor", type=float, default=NEXT_METHOD_FACTOR,
+    parser.add_argument("--next-factor", type=number_at_least(0.0, strict=True), default=NEXT_METHOD_FACTOR,
                         help="under --deadline, a further method starts only if the time left is more than this "
                         f"many times what the previous method took (default {NEXT_METHOD_FACTOR:g})")
     args = parser.parse_args(argv)
-    if not (math.isfinite(args.next_factor) and args.next_factor > 0):
-        parser.error(f"--next-factor must be a finite number > 0, got {args.next_factor}")
     if args.layers < 1:
         parser.error(f"--layers must be an integer >= 1, got {args.layers}")
     import jax

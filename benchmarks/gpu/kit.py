@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import subprocess
@@ -131,8 +132,8 @@ def main(argv=None) -> int:
     if not parts or any(p not in PARTS for p in parts):
         parser.error(f"--parts must name some of {', '.join(PARTS)}, got {args.parts!r}")
     budget = args.budget if args.budget is not None else (600.0 if args.cpu_smoke else 450.0)
-    if not budget > 0:
-        parser.error(f"--budget must be > 0 seconds, got {args.budget}")
+    if not (math.isfinite(budget) and budget > 0):
+        parser.error(f"--budget must be a finite number of seconds > 0, got {args.budget}")
     os.makedirs(args.out, exist_ok=True)
     start = time.perf_counter()
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONUNBUFFERED="1", TQDM_DISABLE="1")
