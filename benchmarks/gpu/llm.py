@@ -41,6 +41,10 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+if os.path.dirname(HERE) not in sys.path:  # benchmarks/_common.py (light: no JAX or torch)
+    sys.path.insert(0, os.path.dirname(HERE))
+
+from _common import number_at_least  # noqa: E402
 
 # name -> transformers LlamaConfig fields of the real models (published config.json files).
 ARCHS = {
@@ -84,19 +88,6 @@ SMOKE_DEFAULTS = dict(batch=2, prompt_tokens=37, decode_prompt_tokens=13, new_to
 # ---------------------------------------------------------------------------
 
 
-def _number(minimum_exclusive: float, what: str):
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = float("nan")
-        if not (math.isfinite(value) and value > minimum_exclusive):
-            raise argparse.ArgumentTypeError(f"must be a finite number > {minimum_exclusive:g} ({what}), got {text!r}")
-        return value
-
-    return parse
-
-
 def _int_at_least(minimum: int):
     def parse(text: str) -> int:
         try:
@@ -126,9 +117,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--archs", type=_arch_list, default=list(ARCHS),
                         help=f"comma-separated architectures, in order (default: {','.join(ARCHS)})")
     when = parser.add_mutually_exclusive_group()
-    when.add_argument("--deadline", type=_number(0, "seconds from the start"),
+    when.add_argument("--deadline", type=number_at_least(0, strict=True),
                       help="finish within this many seconds of the start: later architectures are skipped")
-    when.add_argument("--deadline-at", type=_number(0, "a Unix time"),
+    when.add_argument("--deadline-at", type=number_at_least(0, strict=True),
                       help="finish by this Unix time (seconds since the epoch), e.g. a kit's common deadline")
     parser.add_argument("--batch", type=_int_at_least(1), help="rows per prefill and decode batch (GPU 8, smoke 2)")
     parser.add_argument("--prompt-tokens", type=_int_at_least(2), help="prefill prompt length (GPU 512, smoke 37)")
@@ -457,8 +448,6 @@ def main(argv=None) -> int:
     os.environ.setdefault("TQDM_DISABLE", "1")
     if args.cpu_smoke:
         os.environ["JAX_PLATFORMS"] = "cpu"
-    if os.path.dirname(HERE) not in sys.path:  # benchmarks/_common.py
-        sys.path.insert(0, os.path.dirname(HERE))
     if ROOT not in sys.path:  # the package, unless it is installed
         sys.path.append(ROOT)
     if args.out:

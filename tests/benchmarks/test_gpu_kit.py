@@ -23,6 +23,17 @@ def _env(tmp_path, **extra):
     return env
 
 
+def _refuses_numbers(script, tmp_path, cases):
+    """Each ``(flag, value, rule)``: the script's smoke run exits 2 naming the flag and the rule, and writes no file."""
+    for flag, value, rule in cases:
+        proc = subprocess.run([sys.executable, script, "--cpu-smoke", flag, value, "--out", str(tmp_path / "x.json")],
+                              capture_output=True, text=True, timeout=120, env=_env(tmp_path, JAX_PLATFORMS="cpu"),
+                              cwd=str(ROOT))
+        assert proc.returncode == 2, (flag, value, proc.stderr[-500:])
+        assert f"argument {flag}: must be a finite number {rule}, got {value}" in proc.stderr, proc.stderr[-500:]
+    assert not (tmp_path / "x.json").exists()
+
+
 @pytest.mark.slow
 def test_cpu_smoke_runs_every_part_and_writes_their_json(tmp_path):
     proc = subprocess.run(["bash", RUN, "--cpu-smoke"], env=_env(tmp_path), capture_output=True, text=True,
@@ -129,14 +140,8 @@ def test_dpsgd_times_the_auto_path_first_and_skips_what_the_deadline_leaves_no_r
         "not started: per_record, before it, did not fit the deadline"}
     assert set(dpsgd["compile_seconds"]) == {"nonprivate", "book_keeping"}
     assert "per_record skipped: not started at" in proc.stdout
-    for flag, value, rule in (("--reserve", "nan", ">= 0"), ("--deadline", "inf", ">= 0"), ("--deadline", "-1", ">= 0"),
-                              ("--tolerance", "0", "> 0")):
-        proc = subprocess.run([sys.executable, script, "--cpu-smoke", flag, value, "--out", str(tmp_path / "x.json")],
-                              capture_output=True, text=True, timeout=120, env=_env(tmp_path, JAX_PLATFORMS="cpu"),
-                              cwd=str(ROOT))
-        assert proc.returncode == 2, (flag, value, proc.stderr[-500:])
-        assert f"argument {flag}: must be a finite number {rule}, got {value}" in proc.stderr, proc.stderr[-500:]
-    assert not (tmp_path / "x.json").exists()
+    _refuses_numbers(script, tmp_path, (("--reserve", "nan", ">= 0"), ("--deadline", "inf", ">= 0"),
+                                        ("--deadline", "-1", ">= 0"), ("--tolerance", "0", "> 0")))
 
 
 @pytest.mark.slow
@@ -161,12 +166,7 @@ def test_finetune_measures_lora_first_and_a_further_method_only_with_time_left(t
     for method, run in room["runs"].items():
         assert run["methods"] == [method] and f"ours_dp_{method}" in run["variants"]
         assert all(v <= 1e-4 for k, v in run["checks"].items() if not isinstance(v, bool) and k != "tolerance")
-    for flag, value, rule in (("--next-factor", "0", "> 0"), ("--deadline", "nan", ">= 0")):
-        proc = subprocess.run([sys.executable, script, "--cpu-smoke", flag, value, "--out", str(tmp_path / "x.json")],
-                              capture_output=True, text=True, timeout=120, env=env)
-        assert proc.returncode == 2, (flag, value, proc.stderr[-500:])
-        assert f"argument {flag}: must be a finite number {rule}, got {value}" in proc.stderr, proc.stderr[-500:]
-    assert not (tmp_path / "x.json").exists()
+    _refuses_numbers(script, tmp_path, (("--next-factor", "0", "> 0"), ("--deadline", "nan", ">= 0")))
 
 
 @pytest.mark.slow
@@ -177,6 +177,8 @@ def test_bad_arguments_exit_2_naming_them(tmp_path):
     proc = subprocess.run([sys.executable, kit, "--out", str(tmp_path / "o"), "--parts", "simulation,train"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--parts must name some of simulation, dpsgd, finetune, llm, tests" in proc.stderr
+    llm = os.path.join(str(ROOT), "benchmarks", "gpu", "llm.py")  # its flags are checked before JAX or torch load
+    _refuses_numbers(llm, tmp_path, (("--deadline", "inf", "> 0"), ("--deadline-at", "0", "> 0")))
     for budget in ("inf", "0", "nan"):  # an infinite budget would hand its parts an infinite deadline
         proc = subprocess.run([sys.executable, kit, "--out", str(tmp_path / "o"), "--budget", budget],
                               capture_output=True, text=True, timeout=60)
