@@ -220,7 +220,11 @@ from snapaudit_jax.utils.io import write_json  # noqa: E402
 from snapaudit_jax.models.precision import full_float32_precision  # noqa: E402
 from snapaudit_jax.finetune.export import hf_config, hf_tensors  # noqa: E402
 from snapaudit_jax.dpsgd import DPSGDConfig, poisson_batch, sequence_losses  # noqa: E402
-from snapaudit_jax.dpsgd.train import _SAMPLE_STREAM, _dp_step, _prepare, resolve_layers  # noqa: E402
+from snapaudit_jax.dpsgd.sampling import microbatch_calls  # noqa: E402
+from snapaudit_jax.dpsgd.train import (  # noqa: E402
+    _SAMPLE_STREAM, _dp_step, _path_clipped_sum, _prepare, resolve_layers,
+)
+from snapaudit_jax.models.flops import count_matmul_flops  # noqa: E402
 from snapaudit_jax.models.config import GPT2Config  # noqa: E402
 from snapaudit_jax.models.decoders import GPT2, stack_layers  # noqa: E402
 
@@ -352,6 +356,11 @@ class NonPrivate:
         idx, weight = self.padded(np.zeros(1, np.int64), batch)
         return _bytes(self._step.lower(self.params, self.opt_state, idx, weight).compile())
 
+    def matmul_flops(self, batch: int):
+        """:func:`~snapaudit_jax.models.flops.count_matmul_flops` of the step at batch ``batch`` (nothing runs)."""
+        idx, weight = self.padded(np.zeros(1, np.int64), batch)
+        return count_matmul_flops(self._step, shapes(self.params), shapes(self.opt_state), idx, weight)
+
 
 def _bytes(compiled) -> int:
     analysis = compiled.memory_analysis()
@@ -368,6 +377,39 @@ def dp_compiled_bytes(run) -> int:
     """XLA's memory analysis of a prepared DP step (:func:`snapaudit_jax.dpsgd.train`'s ``_dp_step``)."""
     return _bytes(_dp_step.lower(run.key, np.int32(0), run.params, run.opt_state, run.rest, run.tokens, run.mask,
                                  run.hyper, graphdef=run.graphdef, spec=run.spec).compile())
+
+
+def microbatch_flops(run, units: int):
+    """:func:`~snapaudit_jax.models.flops.count_matmul_flops` of one call of a prepared DP step's clipped sum over
+    ``units`` units: its clipping path, head and operands, exactly as the step's microbatch loop calls it."""
+    spec = run.spec
+
+    def call(params, tokens, mask, padding):
+        return _path_clipped_sum(spec.clipping, run.graphdef, params, run.rest, tokens, mask, padding,
+                                 jnp.float32(1.0), vocab_chunk=spec.vocab_chunk, sum_dtype=spec.sum_dtype)
+
+    return count_matmul_flops(call, shapes(run.params),
+                              jax.ShapeDtypeStruct((units, *run.tokens.shape[1:]), run.tokens.dtype),
+                              jax.ShapeDtypeStruct((units, *run.mask.shape[1:]), run.mask.dtype),
+                              jax.ShapeDtypeStruct((units,), jnp.bool_))
+
+
+def dp_step_flops(run, sizes: list[int]) -> tuple[int, dict[str, int]]:
+    """The matrix-product operations of a prepared DP step over batches of ``sizes`` units: ``(total,
+    by_operands)``, each batch's microbatch calls (:func:`~snapaudit_jax.dpsgd.sampling.microbatch_calls`: the padded
+    units of its last calls are computed, and counted) times one call's count. The noise and the optimizer
+    multiply no matrices."""
+    m = run.spec.microbatch_size
+    t = run.spec.tail_size or m
+    per = {k: microbatch_flops(run, k) for k in {m, t}}
+    total, by_operands = 0, {}
+    for size in sizes:
+        full, rest = microbatch_calls(size, m, t)
+        for k, calls in ((m, full), (t, rest if t < m else 0)):
+            total += calls * per[k].total
+            for dtype, value in per[k].by_operands.items():
+                by_operands[dtype] = by_operands.get(dtype, 0) + calls * value
+    return total, by_operands
 
 
 def ours_step(run, t, params, opt_state, hyper):

@@ -57,6 +57,17 @@ rotating over the variants after one compiling step each; ``ratio_over_nonprivat
 for ``dp``) is the share of the non-private throughput each path keeps; ``median_step_time_ratio`` the median over
 the timed steps of the path's step time over the non-private one's on the same batch (robust to one slow step).
 
+The matrix products each step executes are counted from its jaxpr (:func:`snapaudit_jax.models.count_matmul_flops`;
+nothing runs, a second or two a path): ``matmul_flops`` (over the timed steps; a DP step's microbatch calls with
+their padded units, ``bench_dpsgd.dp_step_flops``), ``matmul_tflop_per_step`` (their mean) and
+``achieved_tflop_per_s`` (over the summed step times) for every path and the non-private step; per path
+``matmul_flops_over_nonprivate`` on the same batches, its inverse ``arithmetic_ceiling`` -- the share of the
+non-private throughput the path can keep at most where every product runs at one rate (ghost norms' Gram products,
+ghost clipping's second backward, padded units; ``null`` with bfloat16 operands, which a device multiplies faster)
+-- and ``matmul_flops_by_operands``: each operand dtype's share, ``float32@highest`` the products that ask for full
+float32 precision (the fast paths' norms and float32 clipped sums, ghost clipping's both passes: an accelerator runs
+them without its matrix units, several times slower than the TF32 of the default precision).
+
 Check (before timing): with ``C`` far above every per-record norm and the noise off, each path's
 clipped sum (read back from AdamW's first moment) equals the non-private gradient of the same batch
 up to ``--tolerance`` relative L2 (default ``1e-4`` on every backend: the check runs with float32 products at
@@ -88,7 +99,8 @@ from flax import nnx  # noqa: E402
 from _common import CLIPPING_PATHS  # noqa: E402
 from _common import int_at_least, number_at_least, paired_ratio  # noqa: E402
 from bench_dpsgd import (  # noqa: E402
-    B1, NOISE_MULTIPLIER, NonPrivate, dp_config, flat64, make_data, ours_step, rotate, same_layout, step_batches,
+    B1, NOISE_MULTIPLIER, NonPrivate, dp_config, dp_step_flops, flat64, make_data, ours_step, rotate, same_layout,
+    step_batches,
 )
 from snapaudit_jax.dpsgd.train import _prepare, resolve_clipping, resolve_layers  # noqa: E402
 from snapaudit_jax.models.config import GPT2Config  # noqa: E402
@@ -163,7 +175,14 @@ def benchmark(args, shape: str, started: float) -> dict:
     # The path clipping = "auto" takes goes first; one that would not be checked, compiled and timed before
     # --deadline (projected_seconds) is skipped with those after it, and the part writes what it measured.
     order = sorted(args.paths, key=lambda p: p != auto[0])
-    sizes_left = len({int(b.size) for b in batches[1:]})  # the check's compile ran at full precision, padded
+    sizes = [int(b.size) for b in batches[1:]]
+    sizes_left = len(set(sizes))  # the check's compile ran at full precision, padded
+    # The matrix products of the timed steps, counted from their jaxprs (nothing runs): the non-private step at
+    # each batch's size here, each path after its check (its seconds in the deadline's projection).
+    start = time.perf_counter()
+    per_size = {size: nonprivate.matmul_flops(max(1, size)).total for size in set(sizes)}  # as it runs
+    flops = {"nonprivate": (sum(per_size[size] for size in sizes), {})}
+    count_seconds = {"nonprivate": time.perf_counter() - start}
     checks, compile_seconds, clip, skipped, checked_compiles = {}, {"nonprivate": round(np_compile, 2)}, None, {}, {}
     for path in order:
         if checks and args.deadline is not None:
@@ -192,6 +211,10 @@ def benchmark(args, shape: str, started: float) -> dict:
                                f"{batches[0].size}")
         if clip is None:  # the timed steps clip at the mean per-record norm of step 0 (many records clipped)
             clip = float(metrics["norm_sum"]) / max(1, int(metrics["batch_size"]))
+        start = time.perf_counter()
+        flops[path] = dp_step_flops(run, sizes)
+        count_seconds[path] = time.perf_counter() - start
+        checked_compiles[path] += count_seconds[path]
 
     timed = [p for p in args.paths if p in checks]
     runs, state = {}, {}
@@ -201,17 +224,23 @@ def benchmark(args, shape: str, started: float) -> dict:
         state[path] = ours_step(runs[path], 0, runs[path].params, runs[path].opt_state, runs[path].hyper)[:2]
     nonprivate_sizes = nonprivate.warm(batches[1:])  # compiles the step for every timed batch size
     wall, compiled = rotate(runs, state, nonprivate, batches, args.repeats)
-    sizes = [int(b.size) for b in batches[1:]]
 
     def rates(name):
+        total = flops[name][0]
         return {"records_per_s": round(sum(sizes) / sum(wall[name]), 2),
-                "median_step_seconds": round(statistics.median(wall[name]), 5), "step_seconds": wall[name]}
+                "median_step_seconds": round(statistics.median(wall[name]), 5), "step_seconds": wall[name],
+                "matmul_flops": total, "matmul_tflop_per_step": round(total / len(sizes) / 1e12, 6),
+                "achieved_tflop_per_s": round(total / sum(wall[name]) / 1e12, 4)}
 
     paths = {path: {**rates(path), "check_rel_error": checks[path], "clipped_sum_dtype": VARIANTS[path][1],
                     "microbatch_size": runs[path].spec.microbatch_size,
                     "tail_microbatch_size": runs[path].spec.tail_size,
                     "ratio_over_nonprivate": round(sum(wall["nonprivate"]) / sum(wall[path]), 4),
-                    "median_step_time_ratio": paired_ratio(wall, path, "nonprivate")}
+                    "median_step_time_ratio": paired_ratio(wall, path, "nonprivate"),
+                    "matmul_flops_over_nonprivate": round(flops[path][0] / flops["nonprivate"][0], 4),
+                    "arithmetic_ceiling": (round(flops["nonprivate"][0] / flops[path][0], 4)
+                                           if all(k.split("@")[0] == "float32" for k in flops[path][1]) else None),
+                    "matmul_flops_by_operands": {k: round(v / flops[path][0], 4) for k, v in flops[path][1].items()}}
              for path in timed}
     default = auto[0] if auto[0] in paths else order[0]
     out = {
@@ -229,6 +258,7 @@ def benchmark(args, shape: str, started: float) -> dict:
         # the float32 variants' worst check (the bfloat16 one's is in its "paths" entry, with its own tolerance)
         "check_rel_error": max((e for p, e in checks.items() if VARIANTS[p][1] == "float32"), default=0.0),
         "compile_seconds": compile_seconds,
+        "matmul_count_seconds": {name: round(value, 2) for name, value in count_seconds.items()},
         "jax_compiles_timed": compiled,
     }
     out["ratio_dp_over_nonprivate"] = paths[default]["ratio_over_nonprivate"]
@@ -285,11 +315,15 @@ def main(argv=None) -> int:
     elif result["status"] == "ok":
         m = result["model"]
         dp, nonprivate = result["dp"]["records_per_s"], result["nonprivate"]["records_per_s"]
-        each = ", ".join(f"{p} {r['records_per_s']:,.1f} ({r['ratio_over_nonprivate']:.3f}, microbatch "
+        each = ", ".join(f"{p} {r['records_per_s']:,.1f} ({r['ratio_over_nonprivate']:.3f} of at most "
+                         f"{'n/a' if r['arithmetic_ceiling'] is None else format(r['arithmetic_ceiling'], '.3f')}, "
+                         f"{r['achieved_tflop_per_s']:.3g} TFLOP/s, "
+                         f"microbatch "
                          f"{r['microbatch_size']}/{r['tail_microbatch_size']})" for p, r in result["paths"].items())
         print(f"DP-SGD GPT-2 {m['shape']} ({m['parameters']:,} params, seq {m['seq']}, "
-              f"batches {result['batch_sizes']}): records/s (share of non-private, microbatch/remainder's) {each}; "
-              f"non-private {nonprivate:,.1f}; auto takes {result['dp_path']} "
+              f"batches {result['batch_sizes']}): records/s (share of non-private of at most its arithmetic's, "
+              f"products' rate, microbatch/remainder's) {each}; non-private {nonprivate:,.1f} "
+              f"({result['nonprivate']['achieved_tflop_per_s']:.3g} TFLOP/s); auto takes {result['dp_path']} "
               f"({dp:,.1f}); check rel. error {result['check_rel_error']:.1e}; compile {result['compile_seconds']}"
               + "".join(f"; {p} skipped: {why}" for p, why in result["skipped_paths"].items()), flush=True)
     else:

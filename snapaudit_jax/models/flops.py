@@ -48,13 +48,17 @@ class MatmulCount(NamedTuple):
 
     Attributes:
       total: floating-point operations of every matrix product (``2 x batch x M x N x K`` each), a Python int.
-      by_dtype: the same split by the products' operand dtype (``"float32"``, ``"bfloat16"``, ...; a product of
-        two dtypes under ``"lhs*rhs"``), the rate a device gives each being different.
+      by_operands: the same split by the products' operands, the rate a device gives each being different: their
+        dtype (``"float32"``, ``"bfloat16"``, ...; two dtypes as ``"lhs*rhs"``), with ``"@highest"`` or ``"@high"``
+        where the product asks for that precision (``precision=`` of ``jnp.dot`` / ``einsum``; a
+        ``jax.lax.DotAlgorithmPreset`` by its name): an accelerator runs a float32 product at the default
+        precision on its matrix units (TF32) and at ``"highest"`` without them, several times slower. A
+        ``jax.default_matmul_precision`` around the call (or inside ``fn``) enters the trace and counts alike.
       products: how many products the program executes (a scanned product counted once per iteration).
     """
 
     total: int
-    by_dtype: dict[str, int]
+    by_operands: dict[str, int]
     products: int
 
 
@@ -65,9 +69,21 @@ def _dot_flops(eqn) -> int:
     return 2 * math.prod(lhs) * math.prod(free_rhs)  # lhs holds batch x M x K; times N, two operations each
 
 
-def _dtype_name(eqn) -> str:
+_PRECISION_ORDER = ("DEFAULT", "HIGH", "HIGHEST")
+
+
+def _operands_name(eqn) -> str:
     lhs, rhs = (str(v.aval.dtype) for v in eqn.invars[:2])
-    return lhs if lhs == rhs else f"{lhs}*{rhs}"
+    name = lhs if lhs == rhs else f"{lhs}*{rhs}"
+    precision = eqn.params.get("precision")
+    if isinstance(precision, (tuple, list)):  # a Precision per operand: the higher one
+        asked = max((getattr(p, "name", "DEFAULT") for p in precision if p is not None),
+                    key=lambda n: _PRECISION_ORDER.index(n) if n in _PRECISION_ORDER else -1, default="DEFAULT")
+        return name if asked == "DEFAULT" else f"{name}@{asked.lower()}"
+    if precision is not None:  # a dot algorithm (jax.lax.DotAlgorithmPreset)
+        asked = getattr(precision, "name", str(precision))
+        return name if asked == "DEFAULT" else f"{name}@{asked.lower()}"
+    return name
 
 
 def _sub_jaxprs(value: Any):
@@ -80,17 +96,17 @@ def _sub_jaxprs(value: Any):
             yield from _sub_jaxprs(item)
 
 
-def _count(jaxpr, times: int, by_dtype: dict[str, int], tally: list[int]) -> None:
+def _count(jaxpr, times: int, by_operands: dict[str, int], tally: list[int]) -> None:
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         if name in _REFUSED:
             raise InputError(f"count_matmul_flops cannot count primitive {name!r}: {_REFUSED[name]}")
         if name == "dot_general":
-            key = _dtype_name(eqn)
-            by_dtype[key] = by_dtype.get(key, 0) + times * _dot_flops(eqn)
+            key = _operands_name(eqn)
+            by_operands[key] = by_operands.get(key, 0) + times * _dot_flops(eqn)
             tally[0] += times
         elif name == "scan":
-            _count(eqn.params["jaxpr"].jaxpr, times * int(eqn.params["length"]), by_dtype, tally)
+            _count(eqn.params["jaxpr"].jaxpr, times * int(eqn.params["length"]), by_operands, tally)
         elif name == "cond":  # the costliest branch
             best = None
             for branch in eqn.params["branches"]:
@@ -99,12 +115,12 @@ def _count(jaxpr, times: int, by_dtype: dict[str, int], tally: list[int]) -> Non
                 if best is None or sum(counts.values()) > sum(best[0].values()):
                     best = (counts, products)
             for key, value in best[0].items():
-                by_dtype[key] = by_dtype.get(key, 0) + value
+                by_operands[key] = by_operands.get(key, 0) + value
             tally[0] += best[1][0]
         else:  # nested jit, remat, custom_jvp / custom_vjp calls: their jaxprs run once
             for value in eqn.params.values():
                 for sub in _sub_jaxprs(value):
-                    _count(sub, times, by_dtype, tally)
+                    _count(sub, times, by_operands, tally)
 
 
 def jaxpr_matmul_flops(jaxpr) -> MatmulCount:
@@ -114,7 +130,7 @@ def jaxpr_matmul_flops(jaxpr) -> MatmulCount:
       jaxpr: a :class:`jax.extend.core.ClosedJaxpr` (:func:`jax.make_jaxpr`'s output) or its ``Jaxpr``.
 
     Returns:
-      :class:`MatmulCount` ``(total, by_dtype, products)``, its dead code removed first.
+      :class:`MatmulCount` ``(total, by_operands, products)``, its dead code removed first.
 
     Raises:
       InputError: a ``while`` loop, a convolution, a ``shard_map`` or ``pmap`` anywhere in it (named).
@@ -123,10 +139,10 @@ def jaxpr_matmul_flops(jaxpr) -> MatmulCount:
     if not isinstance(jaxpr, core.Jaxpr):
         raise InputError(f"jaxpr must be a jaxpr (jax.make_jaxpr's output), got {type(jaxpr).__name__}")
     jaxpr, _ = _pe.dce_jaxpr(jaxpr, True)
-    by_dtype: dict[str, int] = {}
+    by_operands: dict[str, int] = {}
     tally = [0]
-    _count(jaxpr, 1, by_dtype, tally)
-    return MatmulCount(sum(by_dtype.values()), dict(sorted(by_dtype.items())), tally[0])
+    _count(jaxpr, 1, by_operands, tally)
+    return MatmulCount(sum(by_operands.values()), dict(sorted(by_operands.items())), tally[0])
 
 
 def count_matmul_flops(fn: Callable, *args, **kwargs) -> MatmulCount:
@@ -149,7 +165,7 @@ def count_matmul_flops(fn: Callable, *args, **kwargs) -> MatmulCount:
       **kwargs: its keyword arguments, static.
 
     Returns:
-      :class:`MatmulCount` ``(total, by_dtype, products)``.
+      :class:`MatmulCount` ``(total, by_operands, products)``.
 
     Raises:
       InputError: the program holds a ``while`` loop, a convolution, a ``shard_map`` or a ``pmap`` (named: their

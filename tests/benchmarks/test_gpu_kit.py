@@ -103,6 +103,29 @@ def test_cpu_smoke_runs_every_part_and_writes_their_json(tmp_path):
         assert (r["microbatch_size"], r["tail_microbatch_size"]) == (m, plan.tail_for(dpsgd["records"], m)), name
     if dpsgd["backend"] == "cpu":
         assert dpsgd["paths"]["per_record"]["microbatch_size"] < dpsgd["paths"]["book_keeping"]["microbatch_size"]
+    # The products each step executes, against the closed form of the smoke GPT-2 (whole logits): every block's
+    # Q/K/V, scores, weighted values, projection and MLP, the tied head on the L - 1 positions with a target, each
+    # product and its two cotangent products (the token ids have none), a record at a time.
+    m = dpsgd["model"]
+    d, length, vocab, blocks = m["dim"], m["seq"], m["vocab"], m["layers"]
+    record = 3 * (blocks * (2 * length * d * 3 * d + 2 * 2 * length * length * d + 2 * length * d * d
+                            + 2 * 2 * length * d * 4 * d) + 2 * (length - 1) * d * vocab)
+    assert m["vocab_chunk"] is None
+    assert dpsgd["nonprivate"]["matmul_flops"] == record * sum(dpsgd["batch_sizes"])
+    # the per-record path runs the same products a unit slot at a time, padded slots included (none at microbatch 1)
+    pr = dpsgd["paths"]["per_record"]
+    slots = 0
+    for size in dpsgd["batch_sizes"]:
+        mb, tail = pr["microbatch_size"], pr["tail_microbatch_size"]
+        full = (size + tail - 1) // mb
+        slots += full * mb + (-(-(size - full * mb) // tail) * tail if tail < mb and size > full * mb else 0)
+    assert pr["matmul_flops"] == record * slots and pr["arithmetic_ceiling"] <= 1.0
+    assert 1.0 < dpsgd["paths"]["book_keeping"]["matmul_flops_over_nonprivate"] < (
+        dpsgd["paths"]["ghost"]["matmul_flops_over_nonprivate"])  # the Gram products; ghost's second backward
+    for r in dpsgd["paths"].values():
+        assert abs(sum(r["matmul_flops_by_operands"].values()) - 1.0) < 1e-3 and r["achieved_tflop_per_s"] > 0
+    assert dpsgd["paths"]["book_keeping_bf16"]["arithmetic_ceiling"] is None
+    assert dpsgd["paths"]["book_keeping_bf16"]["matmul_flops_by_operands"]["bfloat16"] > 0.3
     assert dpsgd["skipped_paths"] == {}  # the kit's deadline left room for every path
     part = json.loads((out / "finetune.json").read_text())
     assert part["part"] == "finetune" and part["status"] == "ok" and part["methods"] == ["lora"]

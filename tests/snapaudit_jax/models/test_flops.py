@@ -24,10 +24,23 @@ def test_a_product_counts_two_operations_per_multiply_add_split_by_operand_dtype
     assert count_matmul_flops(lambda a, b: jnp.einsum("hbik,hbkj->hbij", a, b), a, b).total == 2 * 4 * 6 * 9 * 8 * 10
     low = count_matmul_flops(lambda x, w: jnp.matmul(x, w, preferred_element_type=jnp.float32),
                              _shape(3, 7, dtype=jnp.bfloat16), _shape(7, 11, dtype=jnp.bfloat16))
-    assert low.by_dtype == {"bfloat16": 2 * 3 * 7 * 11}
+    assert low.by_operands == {"bfloat16": 2 * 3 * 7 * 11}
     mixed = count_matmul_flops(lambda x, w: jax.lax.dot(x, w, preferred_element_type=jnp.float32),
                                _shape(3, 7, dtype=jnp.bfloat16), _shape(7, 11))
-    assert mixed.by_dtype == {"bfloat16*float32": 2 * 3 * 7 * 11}
+    assert mixed.by_operands == {"bfloat16*float32": 2 * 3 * 7 * 11}
+    # the precision a product asks for, by argument or by a default set around the trace: an accelerator's rate
+    # differs (full float32 runs without its matrix units)
+    def square(x, **kw):
+        return jnp.dot(x, x.T, **kw)
+
+    rows = _shape(3, 7)
+    assert count_matmul_flops(square, rows, precision="highest").by_operands == {"float32@highest": 2 * 3 * 3 * 7}
+    assert count_matmul_flops(square, rows, precision=("default", "high")).by_operands == {"float32@high": 126}
+    assert count_matmul_flops(square, rows, precision=jax.lax.DotAlgorithmPreset.BF16_BF16_F32).by_operands == {
+        "float32@bf16_bf16_f32": 126}
+    with jax.default_matmul_precision("highest"):
+        assert count_matmul_flops(square, rows).by_operands == {"float32@highest": 126}
+    assert count_matmul_flops(square, rows).by_operands == {"float32": 126}
     # element-wise work is not counted
     assert count_matmul_flops(lambda x: jnp.tanh(x) * 2 + jnp.sum(x), x) == (0, {}, 0)
 
