@@ -358,6 +358,7 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
     from snapaudit_jax.dpsgd import record_losses
     from snapaudit_jax.dpsgd.train import _check_sum_path, _path_clipped_sum, resolve_clipping, resolve_layers
     from snapaudit_jax.models.decoders import stack_layers
+    from snapaudit_jax.models.flops import count_matmul_flops
 
     cfg = prep.config
     model = _build_model(prep)
@@ -381,7 +382,8 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
                                                            sum_dtype=dtype).grad_sum)
 
     def measure(units):
-        """(compile seconds, seconds a call, compiled plan) of one microbatch of ``units`` longest units."""
+        """(compile seconds, seconds a call, compiled plan, matrix-product operations) of one microbatch of
+        ``units`` longest units (every unit is computed at the dataset's padded length, whatever its own)."""
         t = jax.numpy.asarray(np.repeat(tokens[longest:longest + 1], units, axis=0))
         m = jax.numpy.asarray(np.repeat(mask[longest:longest + 1], units, axis=0))
         padding = jax.numpy.zeros(units, bool)
@@ -389,18 +391,23 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
         compiled = fn.lower(params, rest, t, m, padding).compile()
         lowering = time.perf_counter() - began
         compile_s, seconds = _timed(lambda: compiled(params, rest, t, m, padding))
-        return compile_s + lowering, seconds, compiled
+        return compile_s + lowering, seconds, compiled, count_matmul_flops(fn, params, rest, t, m, padding)
 
-    compile_train, per_microbatch, compiled = measure(size)
+    compile_train, per_microbatch, compiled, counted = measure(size)
+    flops_microbatch = counted.total
+    # the share a GPU runs without its tensor cores (full float32 precision: the fast paths' norms and sums)
+    full_precision = sum(v for k, v in counted.by_operands.items() if k.endswith("@highest")) / max(1, counted.total)
     analysis = compiled.memory_analysis()  # XLA's plan of the microbatch (None where a backend has none)
     trainable = prep.trainable_parameters
     batch = prep.sampling_rate * prep.data.num_units
     microbatches, tails = _expected_microbatches(prep.data.num_units, prep.sampling_rate, size, tail)
-    per_tail = 0.0
+    per_tail, flops_tail = 0.0, 0
     if tail < size:  # the step compiles and runs the remainder's smaller microbatch too
-        compile_tail, per_tail, _ = measure(tail)
+        compile_tail, per_tail, _, counted = measure(tail)
+        flops_tail = counted.total
         compile_train += compile_tail
     per_step = per_microbatch * microbatches + per_tail * tails
+    flops_step = flops_microbatch * microbatches + flops_tail * tails
     if prep.sweep is None:
         private_steps = baseline_steps = cfg.finetune.steps
     else:
@@ -416,6 +423,7 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
     phases = {"private_training": per_step * private_steps}
     if cfg.baseline:
         phases["baseline_training"] = per_step * baseline_steps
+    training_steps = private_steps + (baseline_steps if cfg.baseline else 0)
     phases["evaluations"] = per_batch * -(-len(prep.data.held_out) // bs) * models
     if prep.sweep is not None:
         runs = prep.sweep["accounting"].runs
@@ -425,6 +433,12 @@ def _phase_timing(prep: Prepared) -> dict[str, Any]:
                 "seconds_per_tail_microbatch": per_tail,
                 "microbatches_per_step": microbatches, "seconds_per_microbatch": per_microbatch,
                 "seconds_per_unit": per_microbatch / size, "seconds_per_eval_batch": per_batch,
+                # the step's matrix products (models.flops, from the jaxpr): the same on every backend
+                "matmul_flops_per_microbatch": flops_microbatch, "matmul_flops_per_tail_microbatch": flops_tail,
+                "matmul_tflop_per_step": flops_step / 1e12,
+                "matmul_pflop_training": flops_step * training_steps / 1e15,
+                "achieved_tflop_per_s": flops_microbatch / per_microbatch / 1e12,
+                "matmul_share_full_float32_precision": full_precision,
                 "vocab_chunk": chunk,
                 # the whole logits of a microbatch and their cotangent (float32): what vocab_chunk leaves out
                 "logits_bytes": 2 * 4 * size * tokens.shape[-1] * (tokens.shape[1] if tokens.ndim == 3 else 1)
@@ -595,6 +609,11 @@ def format_plan(info: dict[str, Any]) -> str:
             f"{t['seconds_per_step']:.3g} s a step; the run, about {t['seconds_total'] / 60:.1f} min: "
             + ", ".join(f"{name.replace('_', ' ')} {sec / 60:.1f}" for name, sec in t["phases"].items())
             + " (min, each from one measured step of its kind)",
+            f"matrix products: {t['matmul_tflop_per_step']:.3g} TFLOP a step, {t['matmul_pflop_training']:.3g} PFLOP "
+            f"over the training steps ({t['achieved_tflop_per_s']:.3g} TFLOP/s on this machine; another device "
+            "trains in about the PFLOP over its sustained rate), "
+            f"{100 * t['matmul_share_full_float32_precision']:.0f}% of them at full float32 precision (which a GPU "
+            "runs without its tensor cores)",
             f"memory: parameters {format_bytes(mem['parameters_bytes'])}, trainable state "
             f"{format_bytes(mem['trainable_state_bytes'])}, peak resident "
             f"{format_bytes(mem['peak_rss_bytes_measured'])} measured",

@@ -722,8 +722,17 @@ def test_the_plan_lists_the_phases_that_run_and_the_records_the_cap_drops(tiny):
         assert phases["private_training"] == pytest.approx(
             (t["seconds_per_microbatch"] * t["microbatches_per_step"]
              + t["seconds_per_tail_microbatch"] * t["tail_microbatches_per_step"]) * info["steps"])
+        # the matrix products, counted from the step's jaxpr: a step's expected calls, the twin's steps too
+        per_step = (t["matmul_flops_per_microbatch"] * t["microbatches_per_step"]
+                    + t["matmul_flops_per_tail_microbatch"] * t["tail_microbatches_per_step"])
+        assert t["matmul_flops_per_microbatch"] > 0 and t["matmul_tflop_per_step"] == pytest.approx(per_step / 1e12)
+        assert t["matmul_flops_per_tail_microbatch"] == 0 or (
+            t["matmul_flops_per_tail_microbatch"] < t["matmul_flops_per_microbatch"])
+        assert t["matmul_pflop_training"] == pytest.approx(per_step * info["steps"] * (1 + baseline) / 1e15)
         text = run_mod_format(info)
         assert ("baseline training" in text) is baseline and "(baseline included)" not in text
+        assert f"matrix products: {t['matmul_tflop_per_step']:.3g} TFLOP a step" in text
+        assert 0 < t["matmul_share_full_float32_precision"] < 1  # book-keeping's norms and sums of the adapters
         assert "export" in text
     # the microbatch's compiled memory (XLA's analysis) and its whole logits (2 float32 arrays: logits, cotangent)
     prep = prepare(load_finetune_config(cfg))
