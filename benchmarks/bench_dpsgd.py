@@ -58,6 +58,13 @@ process's peak RSS during a step, the peak reset before each: ``/proc/self/clear
 of the per-step time ratios against ``nonprivate`` on the same batch. ``jax_compiles_timed`` counts XLA
 compilations during the timed steps (expected 0).
 
+Arithmetic (``matmul_products``): every timed step's matrix products over the timed batches, counted from its
+jaxpr (:func:`snapaudit_jax.models.count_matmul_flops`; nothing runs), per variant and for the non-private step:
+``flops``, ``tflop_per_step``, ``over_nonprivate`` (what a path adds: the norms' Gram products, ghost clipping's
+second backward, a microbatch's padded units), ``achieved_tflop_per_s`` and ``by_operands`` (the shares by operand
+dtype and asked precision; ``float32@highest``: full float32 precision, which a GPU runs without its tensor cores).
+A time ratio far above ``over_nonprivate`` is the layout's or memory's, not arithmetic.
+
 Memory by the compiler (``memory``): for each microbatch ``m`` of ``--memory-microbatches``, XLA's memory
 analysis of the compiled step (``temp + argument + output`` bytes; nothing runs) of every DP path at microbatch
 ``m`` and of the non-private step at batch ``m``; ``largest_within_budget`` is the largest listed ``m`` within
@@ -636,6 +643,8 @@ def benchmark(args) -> dict:
 
     ratio = functools.partial(paired_ratio, wall)
     ratios = {name: ratio(name, "nonprivate") for name in runs}
+    say("matrix products: every timed step's, from its jaxpr")
+    products = matmul_products(runs, nonprivate, sizes, wall)
     ratios_torch = {}
     if torch_steps:
         ratios_torch = {f"{name}_over_opacus": ratio(name, "torch_opacus") for name in [*runs, "nonprivate"]}
@@ -715,6 +724,7 @@ def benchmark(args) -> dict:
         "clip_norm": clip, "clipped_fraction_step0": float(np.mean(norms > clip)),
         "noise_multiplier": NOISE_MULTIPLIER, "optimizer": "adamw", "repeats": args.repeats,
         "variants": {name: rates(name) for name in names}, "ratios_over_nonprivate": ratios,
+        "matmul_products": products,
         "ratios_vs_torch": ratios_torch, "memory": memory, "goals": goals, "fit": fit, "check_rel_error": rel_err,
         "torch": {"skipped": True} if torch_info is None else {"skipped": False, **torch_info, "parity": parity},
         "compile_seconds": compile_s,
@@ -722,6 +732,28 @@ def benchmark(args) -> dict:
         "sweep": sweep,
         "noise_draw": noise_draw(initial, args.seed, args.repeats),
     }
+
+
+def matmul_products(runs: dict, nonprivate: NonPrivate, sizes: list[int], wall: dict) -> dict:
+    """Every timed step's matrix products over the timed batches of ``sizes`` records, counted from the jaxprs
+    (:func:`~snapaudit_jax.models.flops.count_matmul_flops`; nothing runs): per variant and the non-private step
+    (each batch at its own size, as it runs), ``flops`` (over the timed steps), ``tflop_per_step``,
+    ``over_nonprivate`` (the arithmetic a path adds: norms' Gram products, a second backward, padded units),
+    ``achieved_tflop_per_s`` (over the summed step times ``wall``) and ``by_operands`` (each operand dtype and asked
+    precision's share)."""
+    counted = {"nonprivate": [0, {}]}
+    for size in sizes:
+        count = nonprivate.matmul_flops(max(1, size))
+        counted["nonprivate"][0] += count.total
+        for key, value in count.by_operands.items():
+            counted["nonprivate"][1][key] = counted["nonprivate"][1].get(key, 0) + value
+    counted.update({name: list(dp_step_flops(run, sizes)) for name, run in runs.items()})
+    base = counted["nonprivate"][0]
+    return {name: {"flops": total, "tflop_per_step": round(total / len(sizes) / 1e12, 6),
+                   "over_nonprivate": round(total / base, 4),
+                   "achieved_tflop_per_s": round(total / sum(wall[name]) / 1e12, 4),
+                   "by_operands": {k: round(v / total, 4) for k, v in sorted(by.items())}}
+            for name, (total, by) in counted.items()}
 
 
 def compiled_memory(args, model, data, key, q: float, clip: float, nonprivate: NonPrivate,
@@ -818,7 +850,8 @@ def readable(r: dict) -> str:
         f"{r['expected_batch']}, realised {min(r['batch_sizes'])}..{max(r['batch_sizes'])}), C={r['clip_norm']:.4g}, "
         f"sigma={r['noise_multiplier']:g}, AdamW"
     )
-    rows = [("", "microbatch", "records/s", "median step s", "CPU s/step", "peak RSS +MB", "vs its non-private")]
+    rows = [("", "microbatch", "records/s", "median step s", "CPU s/step", "peak RSS +MB", "vs its non-private",
+             "products vs it")]
     vs_torch = r["ratios_vs_torch"]
     for name, x in r["variants"].items():
         micro = str(r["microbatch_size"].get(name, "batch"))
@@ -831,8 +864,10 @@ def readable(r: dict) -> str:
             ratio = "1" if own is None else f"{own:.2f}x"
         else:
             ratio = "1" if name == "nonprivate" else f"{r['ratios_over_nonprivate'][name]:.2f}x"
+        counted = r.get("matmul_products", {}).get(name)
         rows.append((name, micro, f"{x['records_per_s']:.1f}", f"{x['median_step_seconds']:.4f}",
-                     f"{x['cpu_seconds_per_step']:.3f}", str(x["peak_rss_delta_mb"]), ratio))
+                     f"{x['cpu_seconds_per_step']:.3f}", str(x["peak_rss_delta_mb"]), ratio,
+                     "" if counted is None else f"{counted['over_nonprivate']:.3f}x"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     table = "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows)
     mem = r["memory"]

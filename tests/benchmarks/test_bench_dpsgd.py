@@ -60,6 +60,26 @@ def test_tiny_run_reports_every_path_against_the_nonprivate_step(tmp_path, env):
     assert r["tail_microbatch_size"] == {name: 2 if m == 8 else m for name, m in r["microbatch_size"].items()}
     for v in r["variants"].values():
         assert v["median_step_seconds"] > 0 and len(v["step_seconds"]) == 2
+    # the matrix products of the timed steps, against GPT-2's closed form: every block's Q/K/V, scores, weighted
+    # values, projection and MLP, the tied head on the L - 1 positions with a target; each with its two cotangent
+    # products (the token ids have none); the per-record paths compute the same a unit slot at a time, padded ones
+    # included
+    m = r["model"]
+    d, length, vocab = m["dim"], m["seq"], m["vocab"]
+    record = 3 * (m["layers"] * (2 * length * d * 3 * d + 2 * 2 * length * length * d + 2 * length * d * d
+                                 + 2 * 2 * length * d * 4 * d) + 2 * (length - 1) * d * vocab)
+    products = r["matmul_products"]
+    assert set(products) == {*names, "nonprivate"}
+    assert products["nonprivate"]["flops"] == record * sum(r["batch_sizes"])
+    for name in ("per_record", "per_record_vmap8"):
+        mb, tail = r["microbatch_size"][name], r["tail_microbatch_size"][name]
+        slots = 0
+        for size in r["batch_sizes"]:
+            full = (size + tail - 1) // mb
+            slots += full * mb + (-(-(size - full * mb) // tail) * tail if tail < mb and size > full * mb else 0)
+        assert products[name]["flops"] == record * slots, name
+    assert 1 < products["book_keeping"]["over_nonprivate"] < products["ghost"]["over_nonprivate"]
+    assert products["ghost"]["by_operands"] == {"float32@highest": 1.0}  # both passes at full precision
     # the non-private baseline runs each batch at its own size (no padded records timed), compiled before timing
     assert r["nonprivate_batch_sizes"] == sorted(set(r["batch_sizes"]))
     assert all(x > 0 for x in r["ratios_over_nonprivate"].values()) and r["jax_compiles_timed"] == 0
