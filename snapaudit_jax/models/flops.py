@@ -27,10 +27,9 @@ import math
 from typing import Any, Callable, NamedTuple
 
 import jax
-from jax._src.interpreters import partial_eval as _pe  # dce_jaxpr: the products XLA would not run, dropped first
 from jax.extend import core
 
-from snapaudit_jax.utils.errors import InputError
+from snapaudit_jax.utils.errors import DependencyError, InputError
 
 __all__ = ["MatmulCount", "count_matmul_flops", "jaxpr_matmul_flops"]
 
@@ -86,6 +85,17 @@ def _operands_name(eqn) -> str:
     return name
 
 
+def _dce(jaxpr):
+    """``jaxpr`` without the equations its outputs do not need (the products XLA would not run): JAX's own pass,
+    imported here so that a JAX release without it fails this count alone, by name, not ``snapaudit_jax.models``."""
+    try:
+        from jax._src.interpreters.partial_eval import dce_jaxpr
+    except ImportError as err:  # the pin (jax < 0.12) has it; a later release may move it
+        raise DependencyError(f"count_matmul_flops needs JAX's dce_jaxpr (jax._src.interpreters.partial_eval), "
+                              f"which jax {jax.__version__} does not have: {err}") from err
+    return dce_jaxpr(jaxpr, True)
+
+
 def _sub_jaxprs(value: Any):
     if isinstance(value, core.ClosedJaxpr):
         yield value.jaxpr
@@ -138,7 +148,7 @@ def jaxpr_matmul_flops(jaxpr) -> MatmulCount:
     jaxpr = jaxpr.jaxpr if isinstance(jaxpr, core.ClosedJaxpr) else jaxpr
     if not isinstance(jaxpr, core.Jaxpr):
         raise InputError(f"jaxpr must be a jaxpr (jax.make_jaxpr's output), got {type(jaxpr).__name__}")
-    jaxpr, _ = _pe.dce_jaxpr(jaxpr, True)
+    jaxpr, _ = _dce(jaxpr)
     by_operands: dict[str, int] = {}
     tally = [0]
     _count(jaxpr, 1, by_operands, tally)
