@@ -108,13 +108,14 @@ import optax
 from flax import nnx
 
 from _common import CompileCounter, int_at_least, machine_info, measured, paired_ratio, rotate_steps, sweep_batches
-from bench_dpsgd import flat64, make_data, noise_draw, ours_step, same_layout, step_batches
+from bench_dpsgd import dp_step_flops, flat64, make_data, noise_draw, ours_step, same_layout, shapes, step_batches
 from snapaudit_jax.dpsgd import DPSGDConfig, ghost, sequence_losses
 from snapaudit_jax.dpsgd.train import _prepare
 from snapaudit_jax.finetune.export import hf_config, hf_tensors
 from snapaudit_jax.finetune.lora import TARGETS, LoRAConfig, LoRAProjection, apply_lora, lora_adapters
 from snapaudit_jax.models.config import LlamaConfig
 from snapaudit_jax.models.decoders import Llama
+from snapaudit_jax.models.flops import count_matmul_flops
 from snapaudit_jax.utils.errors import InputError
 from snapaudit_jax.utils.io import write_json
 from snapaudit_jax.models.precision import full_float32_precision
@@ -197,6 +198,11 @@ class Batched:
                                                  jnp.asarray(indices, jnp.int32))
         jax.block_until_ready(self.params)
 
+    def matmul_flops(self, size: int):
+        """:func:`~snapaudit_jax.models.flops.count_matmul_flops` of the step on a batch of ``size`` records."""
+        return count_matmul_flops(self._step, shapes(self.params), shapes(self.opt_state), self.rest, self.tokens,
+                                  self.mask, jax.ShapeDtypeStruct((size,), jnp.int32))
+
 
 class Ours:
     """Our DP and non-private ``train`` steps of one method, and the batched plain step."""
@@ -270,6 +276,26 @@ class Ours:
         compile_s["batched_warmup"] = round(time.perf_counter() - start, 2)
         compile_s["batched_sizes"] = sorted(set(sizes) | {self.batches[0].size})
         return compile_s
+
+    def products(self, sizes: list[int], wall: dict, method: str) -> dict:
+        """The matrix products of the timed steps over batches of ``sizes`` records, from their jaxprs: the DP
+        steps' (their microbatch calls, padded units included) and the batched step's, each over the batched one,
+        with the rate achieved over the summed step times ``wall`` and the shares by operand dtype and precision."""
+        counted = {f"ours_batched_{method}": [0, {}]}
+        for size in sizes:
+            count = self.batched.matmul_flops(size)
+            counted[f"ours_batched_{method}"][0] += count.total
+            for key, value in count.by_operands.items():
+                counted[f"ours_batched_{method}"][1][key] = counted[f"ours_batched_{method}"][1].get(key, 0) + value
+        for kind, run in self.runs.items():
+            if kind.startswith("dp"):
+                counted[f"ours_{kind}_{method}"] = list(dp_step_flops(run, sizes))
+        base = counted[f"ours_batched_{method}"][0]
+        return {name: {"flops": total, "tflop_per_step": round(total / len(sizes) / 1e12, 6),
+                       "over_batched": round(total / base, 4),
+                       "achieved_tflop_per_s": round(total / sum(wall[name]) / 1e12, 4),
+                       "by_operands": {k: round(v / total, 4) for k, v in sorted(by.items())}}
+                for name, (total, by) in counted.items()}
 
     def step(self, name: str, t: int) -> None:
         if name == "batched":
@@ -462,6 +488,10 @@ def benchmark(args) -> dict:
             r = ratios.get("dp_over_opacus_ghost_lora")
             goals["lora_dp_faster_than_opacus_ghost_peft"] = {"ratio": r, "met": None if r is None else r < 1.0}
 
+    # the arithmetic of our steps (torch's cannot be counted from a jaxpr): what DP adds over the batched step
+    out["matmul_products"] = {}
+    for method in args.methods:
+        out["matmul_products"].update(ours[method].products(sizes, wall, method))
     out["noise_draw"] = {m: noise_draw(nnx.state(models[m], nnx.LoRAParam if m == "lora" else nnx.Param),
                                        args.seed, args.repeats) for m in args.methods}
     shape = {
@@ -631,7 +661,11 @@ def readable(r: dict) -> str:
     tail = (
         f"noise draw, timed apart: {draws}\n"
         f"clipping paths: {paths}\n"
-        f"ratios (median of per-step time ratios): {ratios}\n" + "\n".join(goal_lines) + "\n"
+        f"ratios (median of per-step time ratios): {ratios}\n"
+        + "matrix products over our batched step's (from the jaxprs): "
+        + ", ".join(f"{k} {v['over_batched']:.3f}x" for k, v in r.get("matmul_products", {}).items()
+                    if not k.startswith("ours_batched")) + "\n"
+        + "\n".join(goal_lines) + "\n"
         f"checks: {checks} (tolerance {SUM_TOL:g}); compiles during timing {r['jax_compiles_timed']}; threads "
         f"{r['threads']}; {r['cpu_count']} CPUs, load at start {r['loadavg_at_start']}; total "
         f"{r['wall_seconds_total']:.0f} s"

@@ -52,6 +52,21 @@ def test_tiny_run_reports_every_variant_ratio_goal_and_check(tmp_path, env):
     for v in r["variants"].values():
         assert v["median_step_seconds"] > 0 and v["tokens_per_s"] > 0 and len(v["step_seconds"]) == 1
     assert r["jax_compiles_timed"] == 0
+    # our steps' matrix products: the per-record path computes the batched step's products a unit slot at a time
+    # (padded slots included), exactly; book-keeping adds its norms' Gram products, ghost clipping a second backward
+    products = r["matmul_products"]
+    assert sorted(products) == sorted([f"ours_{k}_{m}" for k in ("dp", "batched") for m in ("full", "lora")]
+                                      + paths)
+    for m in ("full", "lora"):
+        name = f"ours_dp_per_record_{m}"
+        mb, tail = r["microbatch_sizes"][name], r["tail_microbatch_sizes"][name] or r["microbatch_sizes"][name]
+        slots = 0
+        for size in r["batch_sizes"]:
+            full = (size + tail - 1) // mb
+            slots += full * mb + (-(-(size - full * mb) // tail) * tail if tail < mb and size > full * mb else 0)
+        assert products[name]["flops"] * sum(r["batch_sizes"]) == products[f"ours_batched_{m}"]["flops"] * slots
+        assert products[f"ours_batched_{m}"]["over_batched"] == 1.0
+        assert 1.0 < products[f"ours_dp_{m}"]["over_batched"] < products[f"ours_dp_ghost_{m}"]["over_batched"], m
     # the batch sweep: every variant again at q = 16 / 16 (every record), nothing compiled while timed
     point = r["sweep"]["16"]
     assert list(r["sweep"]) == ["16"] and point["sampling_rate"] == 1.0 and point["batch_sizes"] == [16]
