@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/gpu/dpsgd.py --out dpsgd.json [--records 1024] [--batch 64] [--seq 128] \
-        [--microbatch M] [--repeats 5] [--paths per_record,book_keeping,book_keeping_batch,book_keeping_bf16,ghost] \
+        [--microbatch M] [--repeats 5] [--paths book_keeping,book_keeping_bf16,per_record,book_keeping_batch,ghost] \
         [--deadline SECONDS] [--reserve SECONDS] [--json] \
         [--seed S] [--vocab-chunk ROWS]
     python benchmarks/gpu/dpsgd.py --cpu-smoke --out /tmp/dpsgd_smoke.json
@@ -39,8 +39,8 @@ Each path runs at the microbatch a user of the library gets on the backend (``DP
 and the batch's remainder in microbatches of ``m / 4``; on the CPU 1 for ``per_record`` and up to 4 on the fast
 paths), recorded per path as ``microbatch_size`` and ``tail_microbatch_size``; ``--microbatch M`` sets ``m`` on
 every path but ``book_keeping_batch`` instead (the remainder at the library's ``tail_for(M)``). After the path
-``auto`` takes, the paths run in the order of ``--paths`` (default: per-record, book-keeping, its whole-batch
-microbatch, bfloat16 operands, ghost clipping).
+``auto`` takes, the paths run in the order of ``--paths`` (default: book-keeping, bfloat16 operands, per-record,
+book-keeping with the whole batch a microbatch, ghost clipping).
 
 ``--vocab-chunk ROWS``: every step above, the non-private one included, runs the LM head a slice of ``ROWS``
 vocabulary rows at a time (``DPSGDConfig.vocab_chunk``: no ``(batch, seq, vocab)`` logits); ``model.vocab_chunk``
@@ -122,9 +122,10 @@ VARIANTS = {**{path: (path, "float32") for path in CLIPPING_PATHS}, "book_keepin
 # Variants whose microbatch is the expected batch itself (ceil(q N)), whatever the library's default or --microbatch:
 # whether the fast path's accelerator default (32) leaves the device idle.
 WHOLE_BATCH = ("book_keeping_batch",)
-# The default order after the path clipping = "auto" takes (a deadline skips from the end): the per-record baseline,
-# the microbatch question, bfloat16 operands, ghost clipping.
-PATHS = ("per_record", "book_keeping", "book_keeping_batch", "book_keeping_bf16", "ghost")
+# The default order after the path clipping = "auto" takes (a deadline skips from the end): bfloat16 operands (no
+# product at full float32 precision, which a GPU runs without its tensor cores: the accelerators' default may follow
+# it), the per-record baseline, the microbatch question, ghost clipping.
+PATHS = ("book_keeping", "book_keeping_bf16", "per_record", "book_keeping_batch", "ghost")
 # The bfloat16 operands' check against the float32 batched gradient: their rounding, 2^-8 a product at most.
 BF16_TOLERANCE = 2.0**-6
 
