@@ -57,6 +57,12 @@ rotating over the variants after one compiling step each; ``ratio_over_nonprivat
 for ``dp``) is the share of the non-private throughput each path keeps; ``median_step_time_ratio`` the median over
 the timed steps of the path's step time over the non-private one's on the same batch (robust to one slow step).
 
+``matmul_rates_tflop_per_s``: the device's rate for one large product (``matmul_rate_shape``, a chain of eight)
+of each operand class, float32 at the default precision (TF32 on a GPU), at full precision, and bfloat16 operands;
+per path ``roofline_share``, the share of the non-private throughput predicted from the two steps' products at
+those rates, and ``share_of_roofline_share``, the measured share over it (below 1: the path uses the device worse
+than its products allow).
+
 The matrix products each step executes are counted from its jaxpr (:func:`snapaudit_jax.models.count_matmul_flops`;
 nothing runs, a second or two a path): ``matmul_flops`` (over the timed steps; a DP step's microbatch calls with
 their padded units, ``bench_dpsgd.dp_step_flops``), ``matmul_tflop_per_step`` (their mean) and
@@ -152,6 +158,52 @@ def projected_seconds(compiles: dict, nonprivate_compile: float, sizes_left: int
     return 2.0 * slowest + sum(compiles.values()) + nonprivate_compile * sizes_left + reserve
 
 
+# The shape (rows, inner, columns) of the products timed for each operand class: GPT-2-small's MLP on 64 records of
+# 128 tokens (smoke: a small one).
+RATE_SHAPES = {"gpt2-small": (8192, 768, 3072), "smoke": (256, 64, 256)}
+RATE_CHAIN = 8  # products a timed call, each on a scaled operand (no two the same, so none is folded away)
+
+
+def operand_class(key: str) -> str:
+    """The rate class of a :class:`~snapaudit_jax.models.flops.MatmulCount` ``by_operands`` key: full float32
+    precision, bfloat16 operands, or float32 at the backend's default precision."""
+    if key.endswith("@highest"):
+        return "float32@highest"
+    return "bfloat16" if key.startswith("bfloat16") else "float32"
+
+
+def matmul_rates(shape: tuple[int, int, int], repeats: int = 5) -> dict[str, float]:
+    """TFLOP/s of a jitted chain of :data:`RATE_CHAIN` products of ``shape`` per operand class (float32 at the
+    default precision, float32 at full precision, bfloat16 operands accumulated in float32), the median of
+    ``repeats`` timed calls after one compiling call."""
+    m, k, n = shape
+    keys = jax.random.split(jax.random.key(0))
+    a32, b32 = jax.random.normal(keys[0], (m, k)), jax.random.normal(keys[1], (k, n))
+    out = {}
+    for name, dtype, precision in (("float32", jnp.float32, None), ("float32@highest", jnp.float32, "highest"),
+                                   ("bfloat16", jnp.bfloat16, None)):
+        def chain(a, b, dtype=dtype, precision=precision):
+            def body(i, acc):
+                x = (a * (1.0 + i.astype(jnp.float32) / RATE_CHAIN)).astype(dtype)
+                return acc + jnp.matmul(x, b.astype(dtype), precision=precision, preferred_element_type=jnp.float32)
+            return jax.lax.fori_loop(0, RATE_CHAIN, body, jnp.zeros((m, n), jnp.float32))
+
+        fn = jax.jit(chain)
+        jax.block_until_ready(fn(a32, b32))
+        times = []
+        for _ in range(repeats):
+            began = time.perf_counter()
+            jax.block_until_ready(fn(a32, b32))
+            times.append(time.perf_counter() - began)
+        out[name] = round(2 * m * k * n * RATE_CHAIN / statistics.median(times) / 1e12, 4)
+    return out
+
+
+def roofline_seconds(by_operands: dict[str, int], rates: dict[str, float]) -> float:
+    """Seconds of the products ``by_operands`` (counts) at the measured ``rates`` (TFLOP/s per operand class)."""
+    return sum(count / (rates[operand_class(key)] * 1e12) for key, count in by_operands.items())
+
+
 def benchmark(args, shape: str, started: float) -> dict:
     cfg = GPT2Config(n_positions=args.seq, n_inner=4 * SHAPES[shape]["n_embd"], **SHAPES[shape])
     model = GPT2(cfg, rngs=nnx.Rngs(args.seed))
@@ -181,8 +233,12 @@ def benchmark(args, shape: str, started: float) -> dict:
     # The matrix products of the timed steps, counted from their jaxprs (nothing runs): the non-private step at
     # each batch's size here, each path after its check (its seconds in the deadline's projection).
     start = time.perf_counter()
-    per_size = {size: nonprivate.matmul_flops(max(1, size)).total for size in set(sizes)}  # as it runs
-    flops = {"nonprivate": (sum(per_size[size] for size in sizes), {})}
+    per_size = {size: nonprivate.matmul_flops(max(1, size)) for size in set(sizes)}  # as it runs
+    by_operands = {}
+    for size in sizes:
+        for operands, value in per_size[size].by_operands.items():
+            by_operands[operands] = by_operands.get(operands, 0) + value
+    flops = {"nonprivate": (sum(per_size[size].total for size in sizes), by_operands)}
     count_seconds = {"nonprivate": time.perf_counter() - start}
     checks, compile_seconds, clip, skipped, checked_compiles = {}, {"nonprivate": round(np_compile, 2)}, None, {}, {}
     for path in order:
@@ -225,6 +281,8 @@ def benchmark(args, shape: str, started: float) -> dict:
         state[path] = ours_step(runs[path], 0, runs[path].params, runs[path].opt_state, runs[path].hyper)[:2]
     nonprivate_sizes = nonprivate.warm(batches[1:])  # compiles the step for every timed batch size
     wall, compiled = rotate(runs, state, nonprivate, batches, args.repeats)
+    rates_measured = matmul_rates(RATE_SHAPES[shape])  # after the timed steps: nothing of it in theirs
+    roofline = {name: roofline_seconds(counts, rates_measured) for name, (_, counts) in flops.items()}
 
     def rates(name):
         total = flops[name][0]
@@ -241,7 +299,10 @@ def benchmark(args, shape: str, started: float) -> dict:
                     "matmul_flops_over_nonprivate": round(flops[path][0] / flops["nonprivate"][0], 4),
                     "arithmetic_ceiling": (round(flops["nonprivate"][0] / flops[path][0], 4)
                                            if all(k.split("@")[0] == "float32" for k in flops[path][1]) else None),
-                    "matmul_flops_by_operands": {k: round(v / flops[path][0], 4) for k, v in flops[path][1].items()}}
+                    "matmul_flops_by_operands": {k: round(v / flops[path][0], 4) for k, v in flops[path][1].items()},
+                    "roofline_share": round(roofline["nonprivate"] / roofline[path], 4),
+                    "share_of_roofline_share": round(sum(wall["nonprivate"]) / sum(wall[path])
+                                                     / (roofline["nonprivate"] / roofline[path]), 4)}
              for path in timed}
     default = auto[0] if auto[0] in paths else order[0]
     out = {
@@ -260,6 +321,7 @@ def benchmark(args, shape: str, started: float) -> dict:
         "check_rel_error": max((e for p, e in checks.items() if VARIANTS[p][1] == "float32"), default=0.0),
         "compile_seconds": compile_seconds,
         "matmul_count_seconds": {name: round(value, 2) for name, value in count_seconds.items()},
+        "matmul_rates_tflop_per_s": rates_measured, "matmul_rate_shape": list(RATE_SHAPES[shape]),
         "jax_compiles_timed": compiled,
     }
     out["ratio_dp_over_nonprivate"] = paths[default]["ratio_over_nonprivate"]

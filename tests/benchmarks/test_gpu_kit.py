@@ -125,6 +125,15 @@ def test_cpu_smoke_runs_every_part_and_writes_their_json(tmp_path):
     for r in dpsgd["paths"].values():
         assert abs(sum(r["matmul_flops_by_operands"].values()) - 1.0) < 1e-3 and r["achieved_tflop_per_s"] > 0
     assert dpsgd["paths"]["book_keeping_bf16"]["arithmetic_ceiling"] is None
+    # the products at the device's measured rate per operand class: where a path's products are all of the
+    # non-private step's class, the predicted share is its arithmetic ceiling
+    rates = dpsgd["matmul_rates_tflop_per_s"]
+    assert set(rates) == {"float32", "float32@highest", "bfloat16"} and min(rates.values()) > 0
+    assert pr["matmul_flops_by_operands"] == {"float32": 1.0}
+    assert pr["roofline_share"] == pytest.approx(pr["arithmetic_ceiling"], abs=2e-4)
+    for r in dpsgd["paths"].values():
+        assert r["share_of_roofline_share"] == pytest.approx(r["ratio_over_nonprivate"] / r["roofline_share"],
+                                                             rel=2e-3)
     assert dpsgd["paths"]["book_keeping_bf16"]["matmul_flops_by_operands"]["bfloat16"] > 0.3
     assert dpsgd["skipped_paths"] == {}  # the kit's deadline left room for every path
     part = json.loads((out / "finetune.json").read_text())
