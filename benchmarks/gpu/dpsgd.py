@@ -57,12 +57,6 @@ rotating over the variants after one compiling step each; ``ratio_over_nonprivat
 for ``dp``) is the share of the non-private throughput each path keeps; ``median_step_time_ratio`` the median over
 the timed steps of the path's step time over the non-private one's on the same batch (robust to one slow step).
 
-``matmul_rates_tflop_per_s``: the device's rate for one large product (``matmul_rate_shape``, a chain of eight)
-of each operand class, float32 at the default precision (TF32 on a GPU), at full precision, and bfloat16 operands;
-per path ``roofline_share``, the share of the non-private throughput predicted from the two steps' products at
-those rates, and ``share_of_roofline_share``, the measured share over it (below 1: the path uses the device worse
-than its products allow).
-
 The matrix products each step executes are counted from its jaxpr (:func:`snapaudit_jax.models.count_matmul_flops`;
 nothing runs, a second or two a path): ``matmul_flops`` (over the timed steps; a DP step's microbatch calls with
 their padded units, ``bench_dpsgd.dp_step_flops``), ``matmul_tflop_per_step`` (their mean) and
@@ -73,6 +67,12 @@ ghost clipping's second backward, padded units; ``null`` with bfloat16 operands,
 -- and ``matmul_flops_by_operands``: each operand dtype's share, ``float32@highest`` the products that ask for full
 float32 precision (the fast paths' norms and float32 clipped sums, ghost clipping's both passes: an accelerator runs
 them without its matrix units, several times slower than the TF32 of the default precision).
+
+``matmul_rates_tflop_per_s``: the device's rate for one large product (``matmul_rate_shape``) of each operand
+class, float32 at the default precision (TF32 on a GPU), at full precision, and bfloat16 operands;
+per path ``roofline_share``, the share of the non-private throughput predicted from the two steps' products at
+those rates, and ``share_of_roofline_share``, the measured share over it (below 1: the path uses the device worse
+than its products allow).
 
 Check (before timing): with ``C`` far above every per-record norm and the noise off, each path's
 clipped sum (read back from AdamW's first moment) equals the non-private gradient of the same batch
@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -158,10 +159,9 @@ def projected_seconds(compiles: dict, nonprivate_compile: float, sizes_left: int
     return 2.0 * slowest + sum(compiles.values()) + nonprivate_compile * sizes_left + reserve
 
 
-# The shape (rows, inner, columns) of the products timed for each operand class: GPT-2-small's MLP on 64 records of
-# 128 tokens (smoke: a small one).
-RATE_SHAPES = {"gpt2-small": (8192, 768, 3072), "smoke": (256, 64, 256)}
-RATE_CHAIN = 8  # products a timed call, each on a scaled operand (no two the same, so none is folded away)
+# The product (rows, inner, columns) timed for each operand class: large enough to be bound by the device's
+# arithmetic rather than its memory or a call's overhead (smoke: a small one).
+RATE_SHAPES = {"gpt2-small": (16384, 4096, 4096), "smoke": (256, 64, 256)}
 
 
 def operand_class(key: str) -> str:
@@ -173,29 +173,25 @@ def operand_class(key: str) -> str:
 
 
 def matmul_rates(shape: tuple[int, int, int], repeats: int = 5) -> dict[str, float]:
-    """TFLOP/s of a jitted chain of :data:`RATE_CHAIN` products of ``shape`` per operand class (float32 at the
-    default precision, float32 at full precision, bfloat16 operands accumulated in float32), the median of
-    ``repeats`` timed calls after one compiling call."""
+    """TFLOP/s of one jitted product of ``shape`` per operand class (float32 at the default precision, float32 at
+    full precision, bfloat16 operands accumulated in float32; the operands made in their dtype beforehand), the
+    median of ``repeats`` timed calls after one compiling call."""
     m, k, n = shape
     keys = jax.random.split(jax.random.key(0))
-    a32, b32 = jax.random.normal(keys[0], (m, k)), jax.random.normal(keys[1], (k, n))
     out = {}
     for name, dtype, precision in (("float32", jnp.float32, None), ("float32@highest", jnp.float32, "highest"),
                                    ("bfloat16", jnp.bfloat16, None)):
-        def chain(a, b, dtype=dtype, precision=precision):
-            def body(i, acc):
-                x = (a * (1.0 + i.astype(jnp.float32) / RATE_CHAIN)).astype(dtype)
-                return acc + jnp.matmul(x, b.astype(dtype), precision=precision, preferred_element_type=jnp.float32)
-            return jax.lax.fori_loop(0, RATE_CHAIN, body, jnp.zeros((m, n), jnp.float32))
-
-        fn = jax.jit(chain)
-        jax.block_until_ready(fn(a32, b32))
+        a = jax.random.normal(keys[0], (m, k), dtype)
+        b = jax.random.normal(keys[1], (k, n), dtype)
+        fn = jax.jit(functools.partial(jnp.matmul, precision=precision, preferred_element_type=jnp.float32))
+        jax.block_until_ready(fn(a, b))
         times = []
         for _ in range(repeats):
             began = time.perf_counter()
-            jax.block_until_ready(fn(a32, b32))
+            jax.block_until_ready(fn(a, b))
             times.append(time.perf_counter() - began)
-        out[name] = round(2 * m * k * n * RATE_CHAIN / statistics.median(times) / 1e12, 4)
+        out[name] = round(2 * m * k * n / statistics.median(times) / 1e12, 4)
+        del a, b
     return out
 
 
