@@ -401,6 +401,23 @@ def microbatch_flops(run, units: int):
                               jax.ShapeDtypeStruct((units,), jnp.bool_))
 
 
+def summed_flops(counts) -> tuple[int, dict[str, int]]:
+    """``(total, by_operands)`` of ``counts``, pairs ``(times, MatmulCount)``: each count taken ``times`` times."""
+    total, by_operands = 0, {}
+    for times, count in counts:
+        total += times * count.total
+        for key, value in count.by_operands.items():
+            by_operands[key] = by_operands.get(key, 0) + times * value
+    return total, by_operands
+
+
+def batch_flops(count, sizes: list[int]) -> tuple[int, dict[str, int]]:
+    """:func:`summed_flops` of a step counted by ``count(size)`` over batches of ``sizes`` records, each distinct
+    size counted once."""
+    per = {size: count(size) for size in set(sizes)}
+    return summed_flops((1, per[size]) for size in sizes)
+
+
 def dp_step_flops(run, sizes: list[int]) -> tuple[int, dict[str, int]]:
     """The matrix-product operations of a prepared DP step over batches of ``sizes`` units: ``(total,
     by_operands)``, each batch's microbatch calls (:func:`~snapaudit_jax.dpsgd.sampling.microbatch_calls`: the padded
@@ -409,14 +426,19 @@ def dp_step_flops(run, sizes: list[int]) -> tuple[int, dict[str, int]]:
     m = run.spec.microbatch_size
     t = run.spec.tail_size or m
     per = {k: microbatch_flops(run, k) for k in {m, t}}
-    total, by_operands = 0, {}
-    for size in sizes:
-        full, rest = microbatch_calls(size, m, t)
-        for k, calls in ((m, full), (t, rest if t < m else 0)):
-            total += calls * per[k].total
-            for dtype, value in per[k].by_operands.items():
-                by_operands[dtype] = by_operands.get(dtype, 0) + calls * value
-    return total, by_operands
+    calls = [microbatch_calls(size, m, t) for size in sizes]
+    return summed_flops(pair for full, rest in calls for pair in ((full, per[m]), (rest if t < m else 0, per[t])))
+
+
+def products_table(counted: dict, sizes: list[int], wall: dict, base: str, ratio_name: str) -> dict:
+    """Per step of ``counted`` (``{name: (total, by_operands)}`` over the timed batches of ``sizes``): ``flops``,
+    ``tflop_per_step``, ``ratio_name`` (over ``base``'s), ``achieved_tflop_per_s`` (over the summed step times
+    ``wall``) and ``by_operands`` (each operand dtype and asked precision's share)."""
+    return {name: {"flops": total, "tflop_per_step": round(total / len(sizes) / 1e12, 6),
+                   ratio_name: round(total / counted[base][0], 4),
+                   "achieved_tflop_per_s": round(total / sum(wall[name]) / 1e12, 4),
+                   "by_operands": {k: round(v / total, 4) for k, v in sorted(by.items())}}
+            for name, (total, by) in counted.items()}
 
 
 def ours_step(run, t, params, opt_state, hyper):
@@ -741,19 +763,9 @@ def matmul_products(runs: dict, nonprivate: NonPrivate, sizes: list[int], wall: 
     ``over_nonprivate`` (the arithmetic a path adds: norms' Gram products, a second backward, padded units),
     ``achieved_tflop_per_s`` (over the summed step times ``wall``) and ``by_operands`` (each operand dtype and asked
     precision's share)."""
-    counted = {"nonprivate": [0, {}]}
-    for size in sizes:
-        count = nonprivate.matmul_flops(max(1, size))
-        counted["nonprivate"][0] += count.total
-        for key, value in count.by_operands.items():
-            counted["nonprivate"][1][key] = counted["nonprivate"][1].get(key, 0) + value
-    counted.update({name: list(dp_step_flops(run, sizes)) for name, run in runs.items()})
-    base = counted["nonprivate"][0]
-    return {name: {"flops": total, "tflop_per_step": round(total / len(sizes) / 1e12, 6),
-                   "over_nonprivate": round(total / base, 4),
-                   "achieved_tflop_per_s": round(total / sum(wall[name]) / 1e12, 4),
-                   "by_operands": {k: round(v / total, 4) for k, v in sorted(by.items())}}
-            for name, (total, by) in counted.items()}
+    counted = {"nonprivate": batch_flops(lambda size: nonprivate.matmul_flops(max(1, size)), sizes)}  # as it runs
+    counted.update({name: dp_step_flops(run, sizes) for name, run in runs.items()})
+    return products_table(counted, sizes, wall, "nonprivate", "over_nonprivate")
 
 
 def compiled_memory(args, model, data, key, q: float, clip: float, nonprivate: NonPrivate,

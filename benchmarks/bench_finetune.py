@@ -108,7 +108,10 @@ import optax
 from flax import nnx
 
 from _common import CompileCounter, int_at_least, machine_info, measured, paired_ratio, rotate_steps, sweep_batches
-from bench_dpsgd import dp_step_flops, flat64, make_data, noise_draw, ours_step, same_layout, shapes, step_batches
+from bench_dpsgd import (
+    batch_flops, dp_step_flops, flat64, make_data, noise_draw, ours_step, products_table, same_layout, shapes,
+    step_batches,
+)
 from snapaudit_jax.dpsgd import DPSGDConfig, ghost, sequence_losses
 from snapaudit_jax.dpsgd.train import _prepare
 from snapaudit_jax.finetune.export import hf_config, hf_tensors
@@ -281,21 +284,10 @@ class Ours:
         """The matrix products of the timed steps over batches of ``sizes`` records, from their jaxprs: the DP
         steps' (their microbatch calls, padded units included) and the batched step's, each over the batched one,
         with the rate achieved over the summed step times ``wall`` and the shares by operand dtype and precision."""
-        counted = {f"ours_batched_{method}": [0, {}]}
-        for size in sizes:
-            count = self.batched.matmul_flops(size)
-            counted[f"ours_batched_{method}"][0] += count.total
-            for key, value in count.by_operands.items():
-                counted[f"ours_batched_{method}"][1][key] = counted[f"ours_batched_{method}"][1].get(key, 0) + value
-        for kind, run in self.runs.items():
-            if kind.startswith("dp"):
-                counted[f"ours_{kind}_{method}"] = list(dp_step_flops(run, sizes))
-        base = counted[f"ours_batched_{method}"][0]
-        return {name: {"flops": total, "tflop_per_step": round(total / len(sizes) / 1e12, 6),
-                       "over_batched": round(total / base, 4),
-                       "achieved_tflop_per_s": round(total / sum(wall[name]) / 1e12, 4),
-                       "by_operands": {k: round(v / total, 4) for k, v in sorted(by.items())}}
-                for name, (total, by) in counted.items()}
+        counted = {f"ours_batched_{method}": batch_flops(self.batched.matmul_flops, sizes)}
+        counted.update({f"ours_{kind}_{method}": dp_step_flops(run, sizes) for kind, run in self.runs.items()
+                        if kind.startswith("dp")})
+        return products_table(counted, sizes, wall, f"ours_batched_{method}", "over_batched")
 
     def step(self, name: str, t: int) -> None:
         if name == "batched":

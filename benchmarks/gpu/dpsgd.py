@@ -106,8 +106,8 @@ from flax import nnx  # noqa: E402
 from _common import CLIPPING_PATHS  # noqa: E402
 from _common import int_at_least, number_at_least, paired_ratio  # noqa: E402
 from bench_dpsgd import (  # noqa: E402
-    B1, NOISE_MULTIPLIER, NonPrivate, dp_config, dp_step_flops, flat64, make_data, ours_step, rotate, same_layout,
-    step_batches,
+    B1, NOISE_MULTIPLIER, NonPrivate, batch_flops, dp_config, dp_step_flops, flat64, make_data, ours_step, rotate,
+    same_layout, step_batches,
 )
 from snapaudit_jax.dpsgd.train import _prepare, resolve_clipping, resolve_layers  # noqa: E402
 from snapaudit_jax.models.config import GPT2Config  # noqa: E402
@@ -229,12 +229,7 @@ def benchmark(args, shape: str, started: float) -> dict:
     # The matrix products of the timed steps, counted from their jaxprs (nothing runs): the non-private step at
     # each batch's size here, each path after its check (its seconds in the deadline's projection).
     start = time.perf_counter()
-    per_size = {size: nonprivate.matmul_flops(max(1, size)) for size in set(sizes)}  # as it runs
-    by_operands = {}
-    for size in sizes:
-        for operands, value in per_size[size].by_operands.items():
-            by_operands[operands] = by_operands.get(operands, 0) + value
-    flops = {"nonprivate": (sum(per_size[size].total for size in sizes), by_operands)}
+    flops = {"nonprivate": batch_flops(lambda size: nonprivate.matmul_flops(max(1, size)), sizes)}  # as it runs
     count_seconds = {"nonprivate": time.perf_counter() - start}
     checks, compile_seconds, clip, skipped, checked_compiles = {}, {"nonprivate": round(np_compile, 2)}, None, {}, {}
     for path in order:
